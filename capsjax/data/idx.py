@@ -1,0 +1,74 @@
+"""Reader for the IDX format of LeCun's MNIST files (gzipped or not), strict about its header.
+
+Layout: two zero bytes, a type code, the number of dimensions n, then n big-endian uint32
+sizes, then the data in C order (big-endian for multi-byte types).
+"""
+import gzip
+import os
+import zlib
+
+import numpy as np
+
+from capsjax.errors import DataError
+
+_IDX_TYPES = {
+    0x08: np.dtype('u1'), 0x09: np.dtype('i1'), 0x0B: np.dtype('>i2'),
+    0x0C: np.dtype('>i4'), 0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8'),
+}
+_GZIP_MAGIC = b'\x1f\x8b'
+
+
+def _read_bytes(path: str) -> bytes:
+  try:
+    with open(path, 'rb') as f:
+      raw = f.read()
+  except OSError as e:
+    raise DataError(f'cannot read IDX file {path}: {e.strerror}') from None
+  if raw[:2] == _GZIP_MAGIC:
+    try:
+      return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+      raise DataError(f'{path}: corrupt gzip stream ({e})') from None
+  return raw
+
+
+def parse_idx(raw: bytes, name: str = '<bytes>') -> np.ndarray:
+  """Decode IDX bytes into an array, checking magic number and sizes."""
+  if len(raw) < 4:
+    raise DataError(f'{name}: too short for an IDX header ({len(raw)} bytes)')
+  if raw[0] != 0 or raw[1] != 0:
+    raise DataError(f'{name}: bad IDX magic number {raw[:4].hex()} (must start with 0000)')
+  type_code, ndim = raw[2], raw[3]
+  if type_code not in _IDX_TYPES:
+    raise DataError(f'{name}: unknown IDX type code 0x{type_code:02x}')
+  if ndim == 0:
+    raise DataError(f'{name}: IDX file declares zero dimensions')
+  header_size = 4 + 4 * ndim
+  if len(raw) < header_size:
+    raise DataError(f'{name}: truncated IDX header')
+  shape = tuple(int.from_bytes(raw[4 + 4 * k: 8 + 4 * k], 'big') for k in range(ndim))
+  dtype = _IDX_TYPES[type_code]
+  expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+  actual = len(raw) - header_size
+  if actual != expected:
+    raise DataError(f'{name}: IDX header declares shape {shape} ({expected} bytes of data) '
+                    f'but the file holds {actual}')
+  return np.frombuffer(raw, dtype=dtype, offset=header_size).reshape(shape).astype(dtype.newbyteorder('='))
+
+
+def read_idx(path: str) -> np.ndarray:
+  return parse_idx(_read_bytes(path), os.path.basename(path))
+
+
+def write_idx(path: str, array: np.ndarray, compress: bool = False) -> None:
+  """Write an IDX file (used by tests and for exporting generated data)."""
+  codes = {v.newbyteorder('='): k for k, v in _IDX_TYPES.items()}
+  dtype = np.dtype(array.dtype).newbyteorder('=')
+  if dtype not in codes:
+    raise ValueError(f'no IDX type for {array.dtype}')
+  code = codes[dtype]
+  header = bytes([0, 0, code, array.ndim]) + b''.join(int(d).to_bytes(4, 'big') for d in array.shape)
+  payload = header + np.ascontiguousarray(array).astype(_IDX_TYPES[code]).tobytes()
+  opener = gzip.open if compress else open
+  with opener(path, 'wb') as f:
+    f.write(payload)

@@ -1,0 +1,109 @@
+"""Flax (linen) capsule layers: they hold parameters and call the pure functions."""
+import math
+from typing import Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from capsjax import ops
+from capsjax.routing import dynamic_routing, squash
+
+Array = jax.Array
+
+
+class Conv(nn.Module):
+  """VALID convolution with a [kh, kw, in, out] kernel; `impl` picks the formulation."""
+  features: int
+  kernel_size: int
+  stride: int = 1
+  use_bias: bool = True
+  impl: str = 'auto'
+  dtype: Optional[jnp.dtype] = None
+
+  @nn.compact
+  def __call__(self, images: Array) -> Array:
+    in_features = images.shape[-1]
+    kernel = self.param('kernel', nn.initializers.lecun_normal(),
+                        (self.kernel_size, self.kernel_size, in_features, self.features))
+    dtype = self.dtype or images.dtype
+    outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, self.impl)
+    if self.use_bias:
+      bias = self.param('bias', nn.initializers.zeros, (self.features,))
+      outputs = outputs + bias.astype(dtype)
+    return outputs
+
+
+class PrimaryCaps(nn.Module):
+  """Convolutional capsules: one conv, outputs grouped into `dim`-D vectors, squashed.
+
+  [batch, h, w, c] → [batch, out_h * out_w * num_types, dim], capsules ordered (h, w, type).
+  """
+  num_types: int = 32
+  dim: int = 8
+  kernel_size: int = 9
+  stride: int = 2
+  impl: str = 'auto'
+  dtype: Optional[jnp.dtype] = None
+
+  @nn.compact
+  def __call__(self, features: Array) -> Array:
+    outputs = Conv(self.num_types * self.dim, self.kernel_size, self.stride,
+                   impl=self.impl, dtype=self.dtype, name='conv')(features)
+    batch, height, width, _ = outputs.shape
+    capsules = outputs.reshape(batch, height * width * self.num_types, self.dim)
+    return squash(capsules.astype(jnp.float32))
+
+
+class CapsuleLayer(nn.Module):
+  """Fully connected capsule layer with routing by agreement (DigitCaps).
+
+  Every input capsule i has its own W_ij for every output capsule j:
+  û_{j|i} = W_ij u_i, then `dynamic_routing`. [batch, in_caps, in_dim] →
+  [batch, out_caps, out_dim].
+  """
+  num_capsules: int = 10
+  dim: int = 16
+  routing_iterations: int = 3
+  use_bias: bool = False
+  learn_log_priors: bool = False
+  leaky_routing: bool = False
+  stop_gradient_predictions: bool = False
+  weight_stddev: float = 0.01
+  dtype: Optional[jnp.dtype] = None
+
+  @nn.compact
+  def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
+               return_logits: bool = False):
+    _, in_caps, in_dim = capsules.shape
+    weights = self.param('weights', nn.initializers.normal(self.weight_stddev),
+                         (in_caps, self.num_capsules, self.dim, in_dim))
+    dtype = self.dtype or capsules.dtype
+    # û_{j|i} = W_ij u_i                                   # [batch, in_caps, out_caps, out_dim]
+    prediction_vectors = jnp.einsum('ijdk,bik->bijd', weights.astype(dtype), capsules.astype(dtype))
+    bias = self.param('bias', nn.initializers.zeros, (self.num_capsules, self.dim)) if self.use_bias else None
+    log_priors = (self.param('log_priors', nn.initializers.zeros, (in_caps, self.num_capsules))
+                  if self.learn_log_priors else None)
+    iterations = self.routing_iterations if routing_iterations is None else routing_iterations
+    result = dynamic_routing(
+        prediction_vectors.astype(jnp.float32), iterations,
+        max_iterations=max_iterations,
+        stop_gradient_predictions=self.stop_gradient_predictions,
+        leaky=self.leaky_routing, log_priors=log_priors, bias=bias,
+        return_logits=return_logits)
+    return result
+
+
+class Decoder(nn.Module):
+  """Fully connected decoder (512-1024-pixels, ReLU, sigmoid) from masked digit capsules."""
+  hidden: Sequence[int] = (512, 1024)
+  output_shape: Sequence[int] = (28, 28, 1)
+
+  @nn.compact
+  def __call__(self, masked_capsules: Array) -> Array:
+    batch = masked_capsules.shape[0]
+    hidden = masked_capsules.reshape(batch, -1)  # [batch, out_caps * out_dim]
+    for width in self.hidden:
+      hidden = nn.relu(nn.Dense(width)(hidden))
+    pixels = nn.sigmoid(nn.Dense(math.prod(self.output_shape))(hidden))
+    return pixels.reshape((batch,) + tuple(self.output_shape))

@@ -1,0 +1,35 @@
+"""The paper's losses as pure functions; every loss is per example, shape [batch]."""
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: float = 0.1,
+                negative_weight: float = 0.5) -> Array:
+  """Eq. 4: L_k = T_k max(0, m+ − |v_k|)² + λ (1 − T_k) max(0, |v_k| − m−)², summed over k.
+
+  lengths [batch, classes]; targets [batch, classes] in {0, 1}, any number of positives
+  (two for MultiMNIST). Returns [batch].
+  """
+  targets = targets.astype(lengths.dtype)
+  present = targets * jnp.square(jax.nn.relu(m_plus - lengths))
+  absent = negative_weight * (1.0 - targets) * jnp.square(jax.nn.relu(lengths - m_minus))
+  return jnp.sum(present + absent, axis=-1)
+
+
+def reconstruction_loss(reconstructions: Array, images: Array) -> Array:
+  """Sum of squared pixel differences per image (section 4.1), [batch, ...] → [batch]."""
+  squared = jnp.square(reconstructions.astype(jnp.float32) - images.astype(jnp.float32))
+  return jnp.sum(squared.reshape(squared.shape[0], -1), axis=-1)
+
+
+def capsnet_loss(lengths: Array, targets: Array, reconstructions, images: Array,
+                 reconstruction_weight: float = 0.0005, **margin_kwargs):
+  """margin + reconstruction_weight × reconstruction; returns (per-example total, parts)."""
+  margin = margin_loss(lengths, targets, **margin_kwargs)
+  if reconstructions is None:
+    recon = jnp.zeros_like(margin)
+  else:
+    recon = reconstruction_loss(reconstructions, images)
+  return margin + reconstruction_weight * recon, {'margin_loss': margin, 'reconstruction_loss': recon}

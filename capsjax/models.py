@@ -1,0 +1,107 @@
+"""CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
+from typing import Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from capsjax.layers import CapsuleLayer, Conv, Decoder, PrimaryCaps
+
+Array = jax.Array
+
+
+def capsule_lengths(capsules: Array) -> Array:
+  """Existence probabilities: |v_j|, [batch, caps, dim] → [batch, caps]."""
+  return jnp.sqrt(jnp.sum(jnp.square(capsules), axis=-1) + 1e-12)
+
+
+def mask_capsules(capsules: Array, mask: Array) -> Array:
+  """Zero all capsules but the masked ones: [batch, caps, dim] × [batch, caps]."""
+  return capsules * mask[..., None].astype(capsules.dtype)
+
+
+def longest_capsule_mask(lengths: Array) -> Array:
+  """One-hot of the longest capsule (test-time masking), [batch, caps]."""
+  return jax.nn.one_hot(jnp.argmax(lengths, axis=-1), lengths.shape[-1], dtype=lengths.dtype)
+
+
+class CapsNet(nn.Module):
+  """Conv1 → PrimaryCaps → DigitCaps (routing) → Decoder.
+
+  `__call__(images, mask)` returns a dict with `capsules` [batch, classes, dim], `lengths`
+  [batch, classes] and, with a decoder, `reconstructions` [batch, *input_shape]. `mask`
+  [batch, classes] selects the capsules the decoder sees (true labels in training); None
+  masks by the longest capsule, as at test time.
+  """
+  conv1_channels: int = 256
+  conv1_kernel: int = 9
+  primary_types: int = 32
+  primary_dim: int = 8
+  primary_kernel: int = 9
+  primary_stride: int = 2
+  num_classes: int = 10
+  digit_dim: int = 16
+  routing_iterations: int = 3
+  digit_bias: bool = False
+  learn_log_priors: bool = False
+  leaky_routing: bool = False
+  stop_gradient_predictions: bool = False
+  decoder_hidden: Sequence[int] = (512, 1024)
+  use_decoder: bool = True
+  input_shape: Sequence[int] = (28, 28, 1)
+  conv_impl: str = 'auto'
+  dtype: Optional[jnp.dtype] = None
+
+  def setup(self):
+    self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, impl=self.conv_impl, dtype=self.dtype)
+    self.primary_caps = PrimaryCaps(self.primary_types, self.primary_dim, self.primary_kernel,
+                                    self.primary_stride, impl=self.conv_impl, dtype=self.dtype)
+    self.digit_caps = CapsuleLayer(
+        self.num_classes, self.digit_dim, self.routing_iterations, use_bias=self.digit_bias,
+        learn_log_priors=self.learn_log_priors, leaky_routing=self.leaky_routing,
+        stop_gradient_predictions=self.stop_gradient_predictions, dtype=self.dtype)
+    if self.use_decoder:
+      self.decoder = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape))
+
+  def encode(self, images: Array, routing_iterations=None, max_iterations=None,
+             return_logits: bool = False):
+    """Images [batch, h, w, c] → digit capsules [batch, classes, dim] (and logits)."""
+    expected = tuple(self.input_shape)
+    if tuple(images.shape[1:]) != expected:
+      raise ValueError(f'CapsNet expects images of shape [batch, {", ".join(map(str, expected))}], '
+                       f'got {list(images.shape)}')
+    features = nn.relu(self.conv1(images))
+    primary = self.primary_caps(features)
+    return self.digit_caps(primary, routing_iterations, max_iterations, return_logits)
+
+  def decode(self, capsules: Array, mask: Array) -> Array:
+    return self.decoder(mask_capsules(capsules, mask))
+
+  def __call__(self, images: Array, mask: Optional[Array] = None, routing_iterations=None,
+               max_iterations=None):
+    capsules = self.encode(images, routing_iterations, max_iterations)
+    lengths = capsule_lengths(capsules)
+    outputs = {'capsules': capsules, 'lengths': lengths}
+    if self.use_decoder:
+      if mask is None:
+        mask = longest_capsule_mask(lengths)
+      outputs['reconstructions'] = self.decode(capsules, mask)
+    return outputs
+
+
+def build_model(model_config: ml_collections.ConfigDict) -> nn.Module:
+  """The model named by `model_config.name`, with the remaining fields as its sizes."""
+  fields = dict(model_config)
+  name = fields.pop('name')
+  if name == 'capsnet':
+    for key in ('decoder_hidden', 'input_shape'):
+      fields[key] = tuple(fields[key])
+    if fields.get('dtype') is not None:
+      fields['dtype'] = jnp.dtype(fields['dtype'])
+    return CapsNet(**fields)
+  raise ValueError(f'unknown model {name!r}')
+
+
+def count_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

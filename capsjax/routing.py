@@ -1,0 +1,133 @@
+"""Routing-by-agreement (Sabour et al. 2017, Procedure 1) as pure functions of arrays.
+
+Shapes used throughout:
+  prediction_vectors  û_{j|i}   [batch, in_caps, out_caps, out_dim]
+  routing_logits      b_ij      [batch, in_caps, out_caps]
+  coupling            c_ij      [batch, in_caps, out_caps]   (softmax of b over out_caps)
+  parents             v_j       [batch, out_caps, out_dim]
+"""
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+# Keeps squash (and its gradient) finite at the zero vector; it changes the length of a
+# vector with squared norm n by a relative ~eps/(2n), far below float32 noise for any
+# capsule that matters.
+SQUASH_EPS = 1e-7
+
+
+def squash(vectors: Array, axis: int = -1, eps: float = SQUASH_EPS) -> Array:
+  """v = |s|^2 / (1 + |s|^2) * s / |s|: keeps the direction, maps length into [0, 1)."""
+  squared_norm = jnp.sum(jnp.square(vectors), axis=axis, keepdims=True)
+  scale = squared_norm / (1.0 + squared_norm) * jax.lax.rsqrt(squared_norm + eps)
+  return scale * vectors
+
+
+def coupling_coefficients(routing_logits: Array, leaky: bool = False) -> Array:
+  """c_ij = softmax_j(b_ij); with `leaky`, an extra parent whose logit is always 0.
+
+  The leaky "none-of-the-above" parent takes a share of every child's output and is then
+  dropped, so children that agree with no real parent can route away from all of them.
+  """
+  if not leaky:
+    return jax.nn.softmax(routing_logits, axis=-1)
+  leak = jnp.zeros(routing_logits.shape[:-1] + (1,), routing_logits.dtype)
+  return jax.nn.softmax(jnp.concatenate([routing_logits, leak], axis=-1), axis=-1)[..., :-1]
+
+
+def _routing_iteration(prediction_vectors, routing_logits, leaky, bias):
+  """One pass of Procedure 1's loop body: returns (parents v_j, updated logits b_ij)."""
+  coupling = coupling_coefficients(routing_logits, leaky)
+  # s_j = sum_i c_ij û_{j|i}                              # [batch, out_caps, out_dim]
+  total_input = jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors)
+  if bias is not None:
+    total_input = total_input + bias
+  parents = squash(total_input)
+  # a_ij = û_{j|i} · v_j                                  # [batch, in_caps, out_caps]
+  agreement = jnp.einsum('bijd,bjd->bij', prediction_vectors, parents)
+  return parents, routing_logits + agreement
+
+
+def dynamic_routing(
+    prediction_vectors: Array,
+    num_iterations: Union[int, Array],
+    *,
+    max_iterations: Optional[int] = None,
+    stop_gradient_predictions: bool = False,
+    leaky: bool = False,
+    log_priors: Optional[Array] = None,
+    bias: Optional[Array] = None,
+    return_logits: bool = False,
+):
+  """Procedure 1 of the paper: routing by agreement.
+
+  b = log_priors (0 by default); repeat r times: c = softmax_j(b), s_j = Σ_i c_ij û_{j|i},
+  v_j = squash(s_j), b_ij += û_{j|i}·v_j. Returns v from the last iteration.
+
+  Args:
+    prediction_vectors: û, [batch, in_caps, out_caps, out_dim].
+    num_iterations: r ≥ 1. A Python int runs exactly r iterations. A traced integer (for
+      `jax.vmap` over r, or r as a jit argument) needs `max_iterations`, a static bound:
+      the loop then runs max_iterations times and iterations ≥ r leave the state as it
+      is, which keeps reverse-mode differentiation available (a loop with traced bounds
+      would be a while_loop, which cannot be reverse-differentiated).
+    max_iterations: static upper bound on r; required when r is traced.
+    stop_gradient_predictions: gradients reach û only through the last iteration, as in
+      the authors' later code; the earlier iterations only choose the coupling.
+    leaky: add a "none-of-the-above" parent with a constant zero logit (see
+      `coupling_coefficients`).
+    log_priors: initial logits, broadcastable to [batch, in_caps, out_caps]; learned
+      log priors (the paper's section 2) are passed here. Default zeros.
+    bias: optional [out_caps, out_dim] added to s_j before squash.
+    return_logits: also return the logits after every iteration,
+      [max_iterations or r, batch, in_caps, out_caps] (rows past r repeat the final
+      logits), for routing-convergence analysis.
+
+  Returns:
+    parents [batch, out_caps, out_dim], or (parents, logits_per_iteration).
+  """
+  batch, in_caps, out_caps, out_dim = prediction_vectors.shape
+  static_count = isinstance(num_iterations, int)
+  if static_count:
+    if num_iterations < 1:
+      raise ValueError(f'num_iterations must be >= 1, got {num_iterations}')
+    if max_iterations is not None and num_iterations > max_iterations:
+      raise ValueError(f'num_iterations={num_iterations} exceeds max_iterations={max_iterations}')
+    loop_length = num_iterations
+  elif max_iterations is None:
+    raise ValueError('a traced num_iterations needs a static max_iterations bound')
+  else:
+    loop_length = max_iterations
+  last_iteration = jnp.asarray(num_iterations) - 1
+
+  dtype = prediction_vectors.dtype
+  routing_logits = jnp.zeros((batch, in_caps, out_caps), dtype)
+  if log_priors is not None:
+    routing_logits = routing_logits + log_priors.astype(dtype)
+  parents = jnp.zeros((batch, out_caps, out_dim), dtype)
+  history = jnp.zeros((loop_length,) + routing_logits.shape, dtype) if return_logits else None
+  frozen_predictions = jax.lax.stop_gradient(prediction_vectors)
+
+  def body(t, carry):
+    parents, routing_logits, history = carry
+    predictions = prediction_vectors
+    if stop_gradient_predictions:
+      # Forward values are identical; only the gradient path differs.
+      predictions = jnp.where(t == last_iteration, prediction_vectors, frozen_predictions)
+    new_parents, new_logits = _routing_iteration(predictions, routing_logits, leaky, bias)
+    if not static_count:
+      active = t <= last_iteration
+      new_parents = jnp.where(active, new_parents, parents)
+      new_logits = jnp.where(active, new_logits, routing_logits)
+    if history is not None:
+      history = history.at[t].set(new_logits)
+    return new_parents, new_logits, history
+
+  parents, _, history = jax.lax.fori_loop(
+      0, loop_length, body, (parents, routing_logits, history))
+  if return_logits:
+    return parents, history
+  return parents

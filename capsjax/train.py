@@ -1,0 +1,337 @@
+"""The one training loop: `train_and_evaluate(config, workdir)`.
+
+Sections: setup · data · model and optimizer · steps · checkpoints · loop · results.
+State is a plain pytree {'params', 'opt_state', 'step'}; the step's randomness is
+`fold_in(key(seed), step)`, and the data order is a function of (seed, epoch), so a run
+resumed from a checkpoint continues exactly as the uninterrupted run would have.
+"""
+import json
+import math
+import os
+import time
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from capsjax import losses
+from capsjax.data import augment
+from capsjax.data.mnist import Dataset, load_dataset
+from capsjax.errors import CheckpointError, ConfigError, NaNLossError
+from capsjax.models import build_model, count_params
+
+State = Dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- setup
+
+def _log(message: str) -> None:
+  print(message, flush=True)
+
+
+class MetricsWriter:
+  """Appends one JSON object per line to workdir/metrics.jsonl."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+
+  def write(self, **record) -> None:
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+
+
+def _format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  hours, rest = divmod(seconds, 3600)
+  return f'{hours}h{rest // 60:02d}m' if hours else f'{rest // 60}m{rest % 60:02d}s'
+
+
+# ----------------------------------------------------------------------------- data
+
+def labels_to_targets(labels: jax.Array, num_classes: int) -> jax.Array:
+  """Integer labels [batch] or [batch, k] (k positives) → multi-hot targets [batch, classes]."""
+  one_hot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+  return one_hot if labels.ndim == 1 else jnp.clip(jnp.sum(one_hot, axis=1), 0.0, 1.0)
+
+
+def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+  """The order of the training set in one epoch: a pure function of (seed, epoch)."""
+  return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+def batch_indices(config, step: int, num_examples: int) -> np.ndarray:
+  steps_per_epoch = num_examples // config.batch_size
+  epoch, position = divmod(step, steps_per_epoch)
+  order = epoch_permutation(config.seed, epoch, num_examples)
+  return order[position * config.batch_size:(position + 1) * config.batch_size]
+
+
+def load_train_and_test(config):
+  train = load_dataset(config, 'train')
+  test = load_dataset(config, 'test')
+  if config.num_train_examples:
+    train = train.take(config.num_train_examples)
+  if config.num_test_examples:
+    test = test.take(config.num_test_examples)
+  if len(train) < config.batch_size:
+    raise ConfigError(f'batch_size {config.batch_size} exceeds the {len(train)} training examples')
+  return train, test
+
+
+def total_steps(config, num_train_examples: int) -> int:
+  if config.num_steps:
+    return int(config.num_steps)
+  return int(math.ceil(config.num_epochs * (num_train_examples // config.batch_size)))
+
+
+# ----------------------------------------------------------------------------- model and optimizer
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  schedule = optax.exponential_decay(
+      init_value=config.learning_rate, transition_steps=config.lr_decay_steps,
+      decay_rate=config.lr_decay_rate, staircase=config.lr_staircase)
+  return optax.adam(schedule)
+
+
+def init_state(config, model, optimizer) -> State:
+  dummy = jnp.zeros((1,) + tuple(config.model.input_shape), jnp.float32)
+  params = model.init(jax.random.key(config.seed), dummy)['params']
+  return {'params': params, 'opt_state': optimizer.init(params), 'step': jnp.zeros((), jnp.int32)}
+
+
+# ----------------------------------------------------------------------------- steps
+
+def preprocess(images_uint8: jax.Array) -> jax.Array:
+  return images_uint8.astype(jnp.float32) / 255.0
+
+
+def make_loss_fn(config, model):
+  """(params, images, targets) → (mean loss, aux) for the CapsNet objective."""
+  loss_config = config.loss
+
+  def loss_fn(params, images, targets):
+    outputs = model.apply({'params': params}, images, mask=targets)
+    per_example, parts = losses.capsnet_loss(
+        outputs['lengths'], targets, outputs.get('reconstructions'), images,
+        reconstruction_weight=loss_config.reconstruction_weight, m_plus=loss_config.m_plus,
+        m_minus=loss_config.m_minus, negative_weight=loss_config.negative_weight)
+    return jnp.mean(per_example), (outputs['lengths'], parts)
+
+  return loss_fn
+
+
+def make_train_step(config, model, optimizer):
+  loss_fn = make_loss_fn(config, model)
+  base_key = jax.random.key(config.seed)
+  num_classes = config.model.num_classes
+
+  def train_step(state: State, images_uint8, labels):
+    step_key = jax.random.fold_in(base_key, state['step'])
+    images = augment.random_shift(preprocess(images_uint8), step_key, config.max_shift)
+    targets = labels_to_targets(labels, num_classes)
+    (loss, (lengths, parts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state['params'], images, targets)
+    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    metrics = {
+        'loss': loss,
+        'accuracy': jnp.mean(jnp.argmax(lengths, -1) == labels),
+        'margin_loss': jnp.mean(parts['margin_loss']),
+        'reconstruction_loss': jnp.mean(parts['reconstruction_loss']),
+    }
+    return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
+
+  # The old state is dead after the step: donating it lets XLA update parameters in place.
+  return jax.jit(train_step, donate_argnums=(0,))
+
+
+def make_eval_step(config, model):
+  """Sums over one padded batch: (correct, margin loss, reconstruction loss, count)."""
+  num_classes = config.model.num_classes
+  loss_config = config.loss
+
+  def eval_step(params, images_uint8, labels, weights):
+    images = preprocess(images_uint8)
+    outputs = model.apply({'params': params}, images)  # masked by the longest capsule
+    targets = labels_to_targets(labels, num_classes)
+    margin = losses.margin_loss(outputs['lengths'], targets, loss_config.m_plus,
+                                loss_config.m_minus, loss_config.negative_weight)
+    recon = (losses.reconstruction_loss(outputs['reconstructions'], images)
+             if 'reconstructions' in outputs else jnp.zeros_like(margin))
+    correct = (jnp.argmax(outputs['lengths'], -1) == labels).astype(jnp.float32)
+    return {'correct': jnp.sum(correct * weights), 'margin_loss': jnp.sum(margin * weights),
+            'reconstruction_loss': jnp.sum(recon * weights), 'count': jnp.sum(weights)}
+
+  return jax.jit(eval_step)
+
+
+def evaluate(eval_step, params, dataset: Dataset, batch_size: int) -> Dict[str, float]:
+  """Accuracy and mean losses over the whole dataset; the last batch is padded and masked."""
+  totals = None
+  for start in range(0, len(dataset), batch_size):
+    images = dataset.images[start:start + batch_size]
+    labels = dataset.labels[start:start + batch_size]
+    valid = len(labels)
+    weights = np.zeros(batch_size, np.float32)
+    weights[:valid] = 1.0
+    if valid < batch_size:  # fixed shapes: one compilation for every batch
+      pad = batch_size - valid
+      images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+      labels = np.concatenate([labels, np.zeros((pad,) + labels.shape[1:], labels.dtype)])
+    sums = eval_step(params, images, labels, weights)
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  totals = jax.device_get(totals)
+  count = float(totals['count'])
+  accuracy = float(totals['correct']) / count
+  return {'accuracy': accuracy, 'error': 1.0 - accuracy,
+          'margin_loss': float(totals['margin_loss']) / count,
+          'reconstruction_loss': float(totals['reconstruction_loss']) / count}
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def make_checkpoint_manager(config, workdir: str) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True)
+  return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), 'checkpoints'), options=options)
+
+
+def save_checkpoint(manager: ocp.CheckpointManager, state: State) -> None:
+  # A host copy first: the device buffers are donated to the next step while orbax writes.
+  host_state = jax.tree.map(np.array, jax.device_get(state))
+  manager.save(int(host_state['step']), args=ocp.args.StandardSave(host_state))
+
+
+def restore_checkpoint(manager: ocp.CheckpointManager, state: State) -> State:
+  """The latest checkpoint in the workdir, or `state` unchanged when there is none."""
+  step = manager.latest_step()
+  if step is None:
+    return state
+  abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(state))
+  try:
+    restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  except Exception as e:  # orbax raises many types for unreadable / mismatched files.
+    raise CheckpointError(
+        f'cannot restore checkpoint step {step} in {manager.directory} '
+        f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}); '
+        f'it was left in place: move it away to start afresh') from None
+  return jax.tree.map(jnp.asarray, restored)
+
+
+def check_losses(pending, manager) -> None:
+  """Raises NaNLossError naming the first step whose loss is not finite."""
+  if not pending:
+    return
+  steps, values = zip(*pending)
+  values = np.asarray(jax.device_get(list(values)), np.float64)
+  bad = np.flatnonzero(~np.isfinite(values))
+  if bad.size:
+    manager.wait_until_finished()
+    last = manager.latest_step()
+    kept = f'last good checkpoint: step {last} in {manager.directory}' if last is not None else 'no checkpoint was written yet'
+    raise NaNLossError(f'training loss became {values[bad[0]]} at step {steps[bad[0]]}; stopped ({kept})')
+
+
+# ----------------------------------------------------------------------------- loop
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       stop_at_step: Optional[int] = None) -> Dict[str, Any]:
+  """Trains `config`'s model, evaluating periodically; resumes from workdir's checkpoint.
+
+  `stop_at_step` ends this invocation early (after checkpointing), as a preemption would;
+  calling again with the same workdir continues the same run.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  start_time = time.time()
+  train, test = load_train_and_test(config)
+  num_steps = total_steps(config, len(train))
+  steps_per_epoch = len(train) // config.batch_size
+
+  model = build_model(config.model)
+  optimizer = make_optimizer(config)
+  state = init_state(config, model, optimizer)
+  num_params = count_params(state['params'])
+  train_step = make_train_step(config, model, optimizer)
+  eval_step = make_eval_step(config, model)
+
+  manager = make_checkpoint_manager(config, workdir)
+  state = restore_checkpoint(manager, state)
+  first_step = int(state['step'])
+  if first_step:
+    _log(f'resumed from checkpoint at step {first_step}')
+  metrics_writer = MetricsWriter(workdir)
+  _log(f'{config.experiment}: {num_params:,} parameters, {len(train)} train / {len(test)} test '
+       f'examples, {num_steps} steps of {config.batch_size} ({num_steps / steps_per_epoch:.2f} epochs)')
+
+  last_step = num_steps if stop_at_step is None else min(num_steps, stop_at_step)
+  pending_losses = []
+  window_start, window_images = time.time(), 0
+  train_metrics = None
+  for step in range(first_step, last_step):
+    indices = batch_indices(config, step, len(train))
+    state, train_metrics = train_step(state, train.images[indices], train.labels[indices])
+    pending_losses.append((step, train_metrics['loss']))
+    window_images += config.batch_size
+    done = step + 1
+    is_last = done == last_step
+
+    if done % config.log_every_steps == 0 or is_last:
+      check_losses(pending_losses, manager)
+      pending_losses = []
+      host_metrics = {k: float(v) for k, v in jax.device_get(train_metrics).items()}
+      elapsed = time.time() - window_start
+      images_per_s = window_images / max(elapsed, 1e-9)
+      eta = (num_steps - done) * config.batch_size / max(images_per_s, 1e-9)
+      _log(f'step {done}/{num_steps} epoch {done / steps_per_epoch:.2f} | loss {host_metrics["loss"]:.4f} '
+           f'| acc {host_metrics["accuracy"]:.3f} | {images_per_s:.1f} img/s | ETA {_format_duration(eta)}')
+      metrics_writer.write(split='train', step=done, epoch=done / steps_per_epoch,
+                           images_per_s=images_per_s, **host_metrics)
+      window_start, window_images = time.time(), 0
+
+    if (config.eval_every_steps and done % config.eval_every_steps == 0) or done == num_steps:
+      eval_metrics = evaluate(eval_step, state['params'], test, config.eval_batch_size)
+      _log(f'step {done} test: accuracy {eval_metrics["accuracy"]:.4f} error {100 * eval_metrics["error"]:.2f}%')
+      metrics_writer.write(split='test', step=done, epoch=done / steps_per_epoch, **eval_metrics)
+      window_start = time.time()  # evaluation time is not training throughput
+
+    if done % config.checkpoint_every_steps == 0 or is_last:
+      check_losses(pending_losses, manager)
+      pending_losses = []
+      save_checkpoint(manager, state)
+  manager.wait_until_finished()
+  manager.close()
+
+  # --------------------------------------------------------------------------- results
+  if last_step < num_steps:
+    _log(f'stopped at step {last_step} of {num_steps}; run again to resume')
+    return {'steps': last_step, 'completed': False}
+  if train_metrics is None:  # resumed a finished run: evaluate the restored parameters
+    eval_metrics = evaluate(eval_step, state['params'], test, config.eval_batch_size)
+    final_train_loss = None
+  else:
+    final_train_loss = float(train_metrics['loss'])
+  results = {
+      'experiment': config.experiment,
+      'test_accuracy': eval_metrics['accuracy'],
+      'test_error': eval_metrics['error'],
+      'test_margin_loss': eval_metrics['margin_loss'],
+      'test_reconstruction_loss': eval_metrics['reconstruction_loss'],
+      'num_params': num_params,
+      'steps': num_steps,
+      'epochs': num_steps / steps_per_epoch,
+      'num_train_examples': len(train),
+      'num_test_examples': len(test),
+      'final_train_loss': final_train_loss,
+      'wall_time_s': time.time() - start_time,
+      'backend': jax.default_backend(),
+      'completed': True,
+      'config': config.to_dict(),
+  }
+  with open(os.path.join(workdir, 'results.json'), 'w') as f:
+    json.dump(results, f, indent=2, default=str)
+  _log(f'test accuracy {results["test_accuracy"]:.4f} (error {100 * results["test_error"]:.2f}%) '
+       f'after {num_steps} steps; results in {os.path.join(workdir, "results.json")}')
+  return results

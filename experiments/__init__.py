@@ -1,0 +1,1 @@
+"""Experiment configs: `experiments/NAME.py` defines `get_config()` → ConfigDict."""

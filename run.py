@@ -1,0 +1,111 @@
+"""Train and evaluate an experiment: `python run.py --experiment=NAME --workdir=DIR`.
+
+  --experiment=NAME      the config module experiments/NAME.py
+  --workdir=DIR          checkpoints, metrics.jsonl and results.json (resumes from it)
+  --config.KEY=VALUE     override any config field, e.g. --config.data_dir=../data/mnist
+  --summary              print the model's parameter table and num_params=N, then exit
+"""
+import importlib
+import logging
+import os
+import pkgutil
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+import experiments  # pylint: disable=g-import-not-at-top
+
+flags.DEFINE_string('experiment', None, 'Experiment name: a module in experiments/.')
+flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and results.')
+flags.DEFINE_bool('summary', False, 'Print the parameter table and exit.')
+FLAGS = flags.FLAGS
+
+
+def available_experiments():
+  return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__))
+
+
+def _fail(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def _experiment_from_argv(argv):
+  """--experiment must be known before absl parses --config.KEY overrides."""
+  for i, arg in enumerate(argv):
+    if arg.startswith('--experiment='):
+      return arg.split('=', 1)[1]
+    if arg == '--experiment' and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def load_experiment_config(name: str):
+  if name not in available_experiments():
+    _fail(f'unknown experiment {name!r}; available: {", ".join(available_experiments())}')
+  return importlib.import_module(f'experiments.{name}').get_config()
+
+
+def print_summary(config) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+  from capsjax.models import build_model
+
+  model = build_model(config.model)
+  dummy = jnp.zeros((1,) + tuple(config.model.input_shape), jnp.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy))['params']
+  rows = [('/'.join(str(getattr(k, 'key', k)) for k in path), leaf.shape, leaf.size)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(shapes)]
+  width = max(len(name) for name, _, _ in rows)
+  print(f'{"parameter".ljust(width)}  {"shape":>22}  {"count":>10}')
+  for name, shape, size in rows:
+    print(f'{name.ljust(width)}  {str(tuple(shape)):>22}  {size:>10,}')
+  total = sum(size for _, _, size in rows)
+  print(f'{"total".ljust(width)}  {"":>22}  {total:>10,}')
+  print(f'num_params={total}')
+
+
+def main(argv):
+  # JAX reports every accelerator plugin it did not find; that is noise on a CPU machine.
+  logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save step at INFO
+  if len(argv) > 1:
+    _fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  config = FLAGS.config
+  if FLAGS.summary:
+    print_summary(config)
+    return
+  if not FLAGS.workdir:
+    _fail('--workdir is required to train')
+  from capsjax.errors import CapsjaxError  # pylint: disable=g-import-not-at-top
+  from capsjax.train import train_and_evaluate
+  try:
+    train_and_evaluate(config, FLAGS.workdir)
+  except CapsjaxError as e:
+    _fail(str(e))
+
+
+def entry_point():
+  name = _experiment_from_argv(sys.argv[1:])
+  if name is None:
+    _fail(f'--experiment=NAME is required; available: {", ".join(available_experiments())}')
+  config = load_experiment_config(name)
+  try:
+    # Defining the flag already applies the --config.KEY=VALUE overrides in sys.argv.
+    config_flags.DEFINE_config_dict('config', config, 'Experiment config.')
+    FLAGS(sys.argv)
+  except flags.Error as e:
+    _fail(str(e).splitlines()[0])
+  except (AttributeError, KeyError) as e:
+    _fail(f'unknown config key in the overrides of experiment {name!r}: {e}')
+  app.run(main, argv=sys.argv)
+
+
+if __name__ == '__main__':
+  entry_point()
