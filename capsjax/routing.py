@@ -13,17 +13,17 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-# Keeps squash (and its gradient) finite at the zero vector; it changes the length of a
-# vector with squared norm n by a relative ~eps/(2n), far below float32 noise for any
-# capsule that matters.
-SQUASH_EPS = 1e-7
+def squash(vectors: Array, axis: int = -1) -> Array:
+  """v = |s|² / (1 + |s|²) · s / |s| = s · |s| / (1 + |s|²): keeps direction, length → [0, 1).
 
-
-def squash(vectors: Array, axis: int = -1, eps: float = SQUASH_EPS) -> Array:
-  """v = |s|^2 / (1 + |s|^2) * s / |s|: keeps the direction, maps length into [0, 1)."""
+  Written as s·|s|/(1+|s|²) there is no division by |s|; the norm's own gradient is
+  infinite at 0, so zero vectors take a separate branch (the double-where trick) and
+  get value 0 and gradient 0, which is squash's true derivative at the origin.
+  """
   squared_norm = jnp.sum(jnp.square(vectors), axis=axis, keepdims=True)
-  scale = squared_norm / (1.0 + squared_norm) * jax.lax.rsqrt(squared_norm + eps)
-  return scale * vectors
+  nonzero = squared_norm > 0
+  norm = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, squared_norm, 1.0)), 0.0)
+  return vectors * (norm / (1.0 + squared_norm))
 
 
 def coupling_coefficients(routing_logits: Array, leaky: bool = False) -> Array:

@@ -142,6 +142,9 @@ def make_train_step(config, model, optimizer):
         'accuracy': jnp.mean(jnp.argmax(lengths, -1) == labels),
         'margin_loss': jnp.mean(parts['margin_loss']),
         'reconstruction_loss': jnp.mean(parts['reconstruction_loss']),
+        # A finite loss can still come with a non-finite update (a NaN gradient); the
+        # divergence check looks at both so that no non-finite parameters get saved.
+        'update_norm': optax.tree.norm(updates),
     }
     return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
 
@@ -222,7 +225,7 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: State) -> State:
 
 
 def check_losses(pending, manager) -> None:
-  """Raises NaNLossError naming the first step whose loss is not finite."""
+  """Raises NaNLossError naming the first step whose loss (+ update norm) is not finite."""
   if not pending:
     return
   steps, values = zip(*pending)
@@ -232,7 +235,8 @@ def check_losses(pending, manager) -> None:
     manager.wait_until_finished()
     last = manager.latest_step()
     kept = f'last good checkpoint: step {last} in {manager.directory}' if last is not None else 'no checkpoint was written yet'
-    raise NaNLossError(f'training loss became {values[bad[0]]} at step {steps[bad[0]]}; stopped ({kept})')
+    raise NaNLossError(f'training diverged: non-finite loss or update at step {steps[bad[0]]}; '
+                       f'stopped ({kept})')
 
 
 # ----------------------------------------------------------------------------- loop
@@ -267,20 +271,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
        f'examples, {num_steps} steps of {config.batch_size} ({num_steps / steps_per_epoch:.2f} epochs)')
 
   last_step = num_steps if stop_at_step is None else min(num_steps, stop_at_step)
-  pending_losses = []
+  unchecked_steps = []
   window_start, window_images = time.time(), 0
   train_metrics = None
   for step in range(first_step, last_step):
     indices = batch_indices(config, step, len(train))
     state, train_metrics = train_step(state, train.images[indices], train.labels[indices])
-    pending_losses.append((step, train_metrics['loss']))
+    unchecked_steps.append((step, train_metrics['loss'] + train_metrics['update_norm']))
     window_images += config.batch_size
     done = step + 1
     is_last = done == last_step
 
     if done % config.log_every_steps == 0 or is_last:
-      check_losses(pending_losses, manager)
-      pending_losses = []
+      check_losses(unchecked_steps, manager)
+      unchecked_steps = []
       host_metrics = {k: float(v) for k, v in jax.device_get(train_metrics).items()}
       elapsed = time.time() - window_start
       images_per_s = window_images / max(elapsed, 1e-9)
@@ -298,8 +302,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       window_start = time.time()  # evaluation time is not training throughput
 
     if done % config.checkpoint_every_steps == 0 or is_last:
-      check_losses(pending_losses, manager)
-      pending_losses = []
+      check_losses(unchecked_steps, manager)
+      unchecked_steps = []
       save_checkpoint(manager, state)
   manager.wait_until_finished()
   manager.close()

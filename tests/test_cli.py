@@ -1,0 +1,60 @@
+"""run.py: the summary, and one clear error line (no traceback) for bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, cwd=ROOT):
+  return subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_summary_prints_the_paper_count():
+  result = run('--experiment=mnist', '--summary')
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.strip().splitlines()
+  assert lines[-1] == 'num_params=8215568'
+  assert any(line.startswith('digit_caps/weights') and '(1152, 10, 16, 8)' in line for line in lines)
+
+
+def test_summary_follows_config_overrides():
+  result = run('--experiment=mnist', '--summary', '--config.model.use_decoder=False')
+  assert result.stdout.strip().splitlines()[-1] == 'num_params=6804224'
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--experiment=nope', '--workdir=/tmp/x'], "unknown experiment 'nope'"),
+    (['--experiment=mnist', '--config.no_such_key=1', '--summary'], 'unknown config key'),
+    (['--experiment=mnist', '--config.batch_size=abc', '--summary'], 'config.batch_size'),
+    (['--workdir=/tmp/x'], '--experiment=NAME is required'),
+])
+def test_bad_arguments_give_one_line(args, message):
+  result = run(*args)
+  assert result.returncode != 0
+  assert result.stderr.strip().count('\n') == 0, result.stderr
+  assert message in result.stderr and 'Traceback' not in result.stderr
+
+
+def test_missing_data_dir_gives_one_line(tmp_path):
+  result = run('--experiment=mnist_smoke', f'--workdir={tmp_path}/w',
+               f'--config.data_dir={tmp_path}/missing')
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1].startswith('error: data directory')
+  assert 'Traceback' not in result.stderr
+  assert not os.path.exists(tmp_path / 'w' / 'results.json')
+
+
+def test_training_through_run_py(mnist_dir, tmp_path):
+  workdir = tmp_path / 'w'
+  result = run('--experiment=mnist_smoke', f'--workdir={workdir}', f'--config.data_dir={mnist_dir}',
+               '--config.num_steps=3', '--config.num_test_examples=200', '--config.log_every_steps=1')
+  assert result.returncode == 0, result.stderr
+  assert 'step 3/3' in result.stdout and 'img/s' in result.stdout and 'ETA' in result.stdout
+  results = json.loads((workdir / 'results.json').read_text())
+  assert results['steps'] == 3 and results['config']['num_steps'] == 3
+  assert results['num_test_examples'] == 200

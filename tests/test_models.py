@@ -1,0 +1,81 @@
+"""CapsNet: exact parameter counts, conv formulations, masking, input checks."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from capsjax import ops
+from capsjax.models import CapsNet, build_model, count_params
+from experiments import mnist
+
+
+def _param_shapes(model, input_shape=(28, 28, 1)):
+  dummy = jnp.zeros((1,) + input_shape)
+  return jax.eval_shape(lambda: model.init(jax.random.key(0), dummy))['params']
+
+
+def test_paper_parameter_counts():
+  # conv1 9*9*256+256, primary 9*9*256*256+256, W 1152*10*16*8, decoder 160-512-1024-784.
+  model = build_model(mnist.get_model_config())
+  assert count_params(_param_shapes(model)) == 8_215_568
+  no_decoder = CapsNet(use_decoder=False)
+  assert count_params(_param_shapes(no_decoder)) == 6_804_224
+  params = _param_shapes(model)
+  assert params['digit_caps']['weights'].shape == (1152, 10, 16, 8)
+
+
+def test_optional_parameters_add_exactly_their_size():
+  base = count_params(_param_shapes(CapsNet(use_decoder=False)))
+  with_bias = count_params(_param_shapes(CapsNet(use_decoder=False, digit_bias=True)))
+  with_priors = count_params(_param_shapes(CapsNet(use_decoder=False, learn_log_priors=True)))
+  assert with_bias - base == 10 * 16
+  assert with_priors - base == 1152 * 10
+
+
+@pytest.mark.parametrize('stride,size,kernel', [(1, 12, 5), (2, 14, 5), (2, 13, 3)])
+def test_conv_formulations_agree_in_value_and_gradient(stride, size, kernel):
+  images = jax.random.normal(jax.random.key(0), (2, size, size, 3))
+  weights = jax.random.normal(jax.random.key(1), (kernel, kernel, 3, 4))
+  xla = ops.conv2d(images, weights, stride, 'xla')
+  patches = ops.conv2d(images, weights, stride, 'patches')
+  np.testing.assert_allclose(patches, xla, rtol=1e-5, atol=1e-5)
+  loss = lambda x, w, impl: jnp.sum(jnp.sin(ops.conv2d(x, w, stride, impl)))
+  for arg in (0, 1):
+    g_xla = jax.grad(loss, argnums=arg)(images, weights, 'xla')
+    g_patches = jax.grad(loss, argnums=arg)(images, weights, 'patches')
+    np.testing.assert_allclose(g_patches, g_xla, rtol=1e-4, atol=1e-4)
+
+
+def test_capsnet_formulations_agree():
+  small = dict(conv1_channels=16, primary_types=4, use_decoder=True)
+  images = jax.random.uniform(jax.random.key(2), (3, 28, 28, 1))
+  model_xla, model_patches = CapsNet(conv_impl='xla', **small), CapsNet(conv_impl='patches', **small)
+  params = model_xla.init(jax.random.key(3), images)['params']
+  out_xla = model_xla.apply({'params': params}, images)
+  out_patches = model_patches.apply({'params': params}, images)
+  np.testing.assert_allclose(out_patches['lengths'], out_xla['lengths'], rtol=1e-4, atol=1e-6)
+  loss = lambda p, m: jnp.sum(m.apply({'params': p}, images)['lengths'])
+  g_xla, g_patches = jax.grad(loss)(params, model_xla), jax.grad(loss)(params, model_patches)
+  for a, b in zip(jax.tree.leaves(g_patches), jax.tree.leaves(g_xla)):
+    np.testing.assert_allclose(a, b, rtol=2e-3, atol=1e-6)
+
+
+def test_decoder_sees_only_the_masked_capsule():
+  model = CapsNet(conv1_channels=16, primary_types=4)
+  images = jax.random.uniform(jax.random.key(4), (2, 28, 28, 1))
+  params = model.init(jax.random.key(5), images)['params']
+  out = model.apply({'params': params}, images)
+  assert out['capsules'].shape == (2, 10, 16) and out['reconstructions'].shape == (2, 28, 28, 1)
+  assert np.all((out['lengths'] >= 0) & (out['lengths'] < 1))
+  longest = jnp.argmax(out['lengths'], -1)
+  by_longest = model.apply({'params': params}, images, mask=jax.nn.one_hot(longest, 10))
+  np.testing.assert_allclose(by_longest['reconstructions'], out['reconstructions'], rtol=1e-6)
+  other = jax.nn.one_hot((longest + 1) % 10, 10)
+  by_other = model.apply({'params': params}, images, mask=other)
+  assert not np.allclose(by_other['reconstructions'], out['reconstructions'])
+
+
+def test_wrong_input_shape_is_a_clear_error():
+  model = CapsNet(conv1_channels=8, primary_types=2)
+  with pytest.raises(ValueError, match=r'expects images of shape \[batch, 28, 28, 1\]'):
+    model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 1)))

@@ -1,0 +1,116 @@
+"""Training: it learns real MNIST, resumes exactly, stops on divergence, guards checkpoints."""
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from capsjax import train
+from capsjax.errors import CheckpointError, NaNLossError
+from experiments import mnist
+
+
+def tiny_config(data_dir, **overrides):
+  """A CapsNet small enough for a few CPU seconds per run."""
+  config = mnist.get_config()
+  config.data_dir = data_dir
+  config.model.conv1_channels = 16
+  config.model.primary_types = 4
+  config.model.decoder_hidden = (32, 64)
+  config.num_train_examples = 256
+  config.num_test_examples = 100
+  config.batch_size = 32
+  config.num_steps = 6
+  config.log_every_steps = 2
+  config.eval_every_steps = 0
+  config.eval_batch_size = 100
+  config.checkpoint_every_steps = 2
+  for key, value in overrides.items():
+    setattr(config, key, value)
+  return config
+
+
+def _restore_params(workdir):
+  manager = ocp.CheckpointManager(os.path.join(workdir, 'checkpoints'))
+  restored = manager.restore(manager.latest_step())
+  return manager.latest_step(), restored['params']
+
+
+def test_short_training_learns_real_mnist(mnist_dir, tmp_path):
+  config = mnist.get_config()
+  config.data_dir = mnist_dir
+  config.model.conv1_channels = 32
+  config.model.primary_types = 8
+  config.num_train_examples = 3000
+  config.num_test_examples = 2000   # held-out real test images
+  config.batch_size = 50
+  config.num_epochs = 3.0
+  config.lr_decay_steps = 100
+  config.log_every_steps = 20
+  config.eval_every_steps = 0
+  config.checkpoint_every_steps = 1000
+  results = train.train_and_evaluate(config, str(tmp_path))
+  assert results['test_accuracy'] >= 0.90, results['test_accuracy']
+  saved = json.loads((tmp_path / 'results.json').read_text())
+  for key in ('test_accuracy', 'test_error', 'num_params', 'steps', 'epochs', 'final_train_loss',
+              'wall_time_s', 'config'):
+    assert key in saved
+  assert saved['steps'] == 180 and saved['epochs'] == 3.0
+  assert abs(saved['test_error'] - (1 - saved['test_accuracy'])) < 1e-9
+  records = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  train_losses = [r['loss'] for r in records if r['split'] == 'train']
+  assert train_losses[-1] < 0.5 * train_losses[0]
+  assert [r['split'] for r in records].count('test') == 1
+
+
+def test_resumed_run_equals_uninterrupted_run(mnist_dir, tmp_path):
+  whole, parts = str(tmp_path / 'whole'), str(tmp_path / 'parts')
+  config = tiny_config(mnist_dir, num_steps=12)  # crosses an epoch boundary (8 steps/epoch)
+  train.train_and_evaluate(config, whole)
+  interrupted = train.train_and_evaluate(config, parts, stop_at_step=5)
+  assert interrupted == {'steps': 5, 'completed': False}
+  assert _restore_params(parts)[0] == 5
+  train.train_and_evaluate(config, parts)
+  (step_a, params_a), (step_b, params_b) = _restore_params(whole), _restore_params(parts)
+  assert step_a == step_b == 12
+  for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  results_a = json.loads(open(os.path.join(whole, 'results.json')).read())
+  results_b = json.loads(open(os.path.join(parts, 'results.json')).read())
+  assert results_a['test_accuracy'] == results_b['test_accuracy']
+
+
+def test_divergence_stops_with_step_named_and_checkpoint_kept(mnist_dir, tmp_path):
+  workdir = str(tmp_path)
+  train.train_and_evaluate(tiny_config(mnist_dir, num_steps=4), workdir, stop_at_step=2)
+  diverging = tiny_config(mnist_dir, num_steps=4, learning_rate=float('inf'))
+  with pytest.raises(NaNLossError, match=r'at step 2; stopped \(last good checkpoint: step 2'):
+    train.train_and_evaluate(diverging, workdir)
+  step, params = _restore_params(workdir)
+  assert step == 2
+  assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(params))
+
+
+def test_nan_from_the_first_step(mnist_dir, tmp_path):
+  config = tiny_config(mnist_dir)
+  config.loss.reconstruction_weight = float('nan')
+  with pytest.raises(NaNLossError, match='at step 0; stopped \\(no checkpoint was written yet\\)'):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_corrupt_checkpoint_is_reported_and_left_in_place(mnist_dir, tmp_path):
+  config = tiny_config(mnist_dir, num_steps=4)
+  train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
+  step_dir = tmp_path / 'checkpoints' / '2'
+  for root, _, files in os.walk(step_dir):
+    for name in files:
+      if 'metadata' not in name:
+        with open(os.path.join(root, name), 'wb') as f:
+          f.write(b'corrupt')
+  before = sorted(os.listdir(step_dir))
+  with pytest.raises(CheckpointError, match='cannot restore checkpoint step 2'):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert sorted(os.listdir(step_dir)) == before
