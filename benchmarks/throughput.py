@@ -1,0 +1,183 @@
+"""Training and inference throughput of an experiment's CapsNet, against the PyTorch peer.
+
+  python benchmarks/throughput.py --batch 128
+  python benchmarks/throughput.py --batch 128 --sweep 32,64,128,256 --no_torch
+
+Prints images/s, achieved GFLOP/s and the share of this machine's matmul peak (measured
+in the same run), XLA's buffer memory, and the ratio to `torch_capsnet.py` run in the
+same process tree. FLOPs per image come from the layer shapes in the config. The last
+line is machine-readable:
+
+  throughput train_images_per_s=… infer_images_per_s=… torch_train_ratio=… torch_infer_ratio=…
+"""
+import argparse
+import importlib
+import importlib.util
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+import numpy as np
+
+from capsjax import train  # pylint: disable=g-import-not-at-top
+
+DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, '..', 'shared', 'bench', 'torch_capsnet.py')
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+def capsnet_flops(model_config) -> dict:
+  """Multiply-adds × 2 per image, from the layer shapes (elementwise ops not counted)."""
+  height, width, channels = model_config.input_shape
+  k1, k2, stride = model_config.conv1_kernel, model_config.primary_kernel, model_config.primary_stride
+  h1, w1 = height - k1 + 1, width - k1 + 1
+  h2, w2 = (h1 - k2) // stride + 1, (w1 - k2) // stride + 1
+  primary_channels = model_config.primary_types * model_config.primary_dim
+  in_caps = h2 * w2 * model_config.primary_types
+  classes, dim = model_config.num_classes, model_config.digit_dim
+  conv1 = 2 * h1 * w1 * k1 * k1 * channels * model_config.conv1_channels
+  primary = 2 * h2 * w2 * k2 * k2 * model_config.conv1_channels * primary_channels
+  predictions = 2 * in_caps * classes * dim * model_config.primary_dim
+  routing = 2 * 2 * in_caps * classes * dim * model_config.routing_iterations  # s_j and û·v
+  decoder = 0
+  if model_config.use_decoder:
+    widths = [classes * dim, *model_config.decoder_hidden, height * width * channels]
+    decoder = sum(2 * a * b for a, b in zip(widths[:-1], widths[1:]))
+  forward = conv1 + primary + predictions + routing + decoder
+  # Backward: two matmuls per forward matmul (input and weight gradients), except that
+  # Conv1 needs no gradient with respect to the images.
+  return {'forward': forward, 'train': 3 * forward - conv1}
+
+
+# ----------------------------------------------------------------------------- timing
+
+def time_calls(fn, args, steps: int) -> float:
+  """Seconds per call after one warm-up call (compilation)."""
+  jax.block_until_ready(fn(*args))
+  start = time.perf_counter()
+  for _ in range(steps):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - start) / steps
+
+
+def matmul_peak_gflops(size: int = 4096, steps: int = 5) -> float:
+  a = jnp.ones((size, size), jnp.float32)
+  b = jnp.ones((size, size), jnp.float32)
+  seconds = time_calls(jax.jit(jnp.matmul), (a, b), steps)
+  return 2 * size ** 3 / seconds / 1e9
+
+
+def buffer_bytes(jitted, *args) -> int:
+  """XLA's own accounting: arguments + outputs + temporaries of the compiled program."""
+  analysis = jitted.lower(*args).compile().memory_analysis()
+  if analysis is None:
+    return -1
+  return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+          + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
+
+
+def measure_jax(config, batch: int, steps: int) -> dict:
+  model = train.build_model(config.model)
+  optimizer = train.make_optimizer(config)
+  state = train.init_state(config, model, optimizer)
+  train_step = train.make_train_step(config, model, optimizer)
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (batch,) + tuple(config.model.input_shape)).astype(np.uint8)
+  labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
+
+  memory_train = buffer_bytes(train_step, state, images, labels)
+  jax.block_until_ready(state)
+  # The train step donates its state, so it is threaded through the timed calls.
+  state, _ = train_step(state, images, labels)
+  jax.block_until_ready(state)
+  start = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = train_step(state, images, labels)
+  jax.block_until_ready(metrics)
+  train_seconds = (time.perf_counter() - start) / steps
+
+  # Inference as a user runs it: digit capsules, lengths and the reconstruction of the
+  # longest capsule (what the PyTorch peer computes too).
+  infer = jax.jit(lambda params, x: model.apply({'params': params}, train.preprocess(x)))
+  memory_infer = buffer_bytes(infer, state['params'], images)
+  infer_seconds = time_calls(infer, (state['params'], images), steps)
+  return {'train_images_per_s': batch / train_seconds, 'infer_images_per_s': batch / infer_seconds,
+          'train_buffer_bytes': memory_train, 'infer_buffer_bytes': memory_infer}
+
+
+def measure_torch(script: str, batch: int, steps: int, infer: bool):
+  command = [sys.executable, script, '--batch', str(batch), '--steps', str(steps)]
+  if infer:
+    command.append('--infer')
+  result = subprocess.run(command, capture_output=True, text=True, check=False)
+  match = re.search(r'images_per_s=([0-9.]+)', result.stdout)
+  if result.returncode or not match:
+    raise RuntimeError(f'{script} failed: {result.stderr.strip().splitlines()[-1:]}')
+  return float(match.group(1))
+
+
+# ----------------------------------------------------------------------------- main
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--batch', type=int, default=128)
+  parser.add_argument('--steps', type=int, default=8, help='timed steps after a warm-up')
+  parser.add_argument('--experiment', default='mnist', help='config module in experiments/')
+  parser.add_argument('--conv_impl', default='auto', choices=['auto', 'xla', 'patches'])
+  parser.add_argument('--dtype', default='float32', help='model compute dtype (bfloat16 for GPU/TPU)')
+  parser.add_argument('--sweep', default='', help='comma-separated batch sizes (JAX only)')
+  parser.add_argument('--no_torch', action='store_true')
+  parser.add_argument('--torch_script', default=DEFAULT_TORCH_SCRIPT)
+  args = parser.parse_args()
+
+  config = importlib.import_module(f'experiments.{args.experiment}').get_config()
+  config.model.conv_impl = args.conv_impl
+  config.model.dtype = args.dtype
+  flops = capsnet_flops(config.model)
+  peak = matmul_peak_gflops()
+  print(f'machine: backend={jax.default_backend()} devices={jax.device_count()} '
+        f'cpus={os.cpu_count()} jax={jax.__version__}')
+  print(f'matmul peak (4096³ float32, measured now): {peak:.1f} GFLOP/s')
+  print(f'FLOPs per image from the shapes: forward {flops["forward"] / 1e9:.3f} G, '
+        f'training {flops["train"] / 1e9:.3f} G')
+
+  def report(batch, figures):
+    for mode in ('train', 'infer'):
+      rate = figures[f'{mode}_images_per_s']
+      gflops = rate * flops['train' if mode == 'train' else 'forward'] / 1e9
+      print(f'jax {mode:5s} batch={batch:4d}: {rate:7.1f} images/s  {gflops:6.1f} GFLOP/s '
+            f'({100 * gflops / peak:4.1f} % of peak)  XLA buffers {figures[f"{mode}_buffer_bytes"] / 2**20:7.0f} MiB')
+
+  for batch in [int(b) for b in args.sweep.split(',') if b]:
+    report(batch, measure_jax(config, batch, args.steps))
+
+  ours = measure_jax(config, args.batch, args.steps)
+  report(args.batch, ours)
+  ratios = {'train': 'NA', 'infer': 'NA'}
+  torch_available = importlib.util.find_spec('torch') is not None and os.path.isfile(args.torch_script)
+  if args.no_torch:
+    print('torch: skipped (--no_torch)')
+  elif not torch_available:
+    print(f'torch: not measured (torch not installed or no {args.torch_script}); ratios are NA')
+  else:
+    for mode in ('train', 'infer'):
+      theirs = measure_torch(args.torch_script, args.batch, args.steps, mode == 'infer')
+      ratios[mode] = f'{ours[f"{mode}_images_per_s"] / theirs:.2f}'
+      print(f'torch {mode:5s} batch={args.batch:4d}: {theirs:7.1f} images/s  → jax/torch = {ratios[mode]}')
+  print(f'max resident memory of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB')
+  print(f'throughput train_images_per_s={ours["train_images_per_s"]:.1f} '
+        f'infer_images_per_s={ours["infer_images_per_s"]:.1f} '
+        f'torch_train_ratio={ratios["train"]} torch_infer_ratio={ratios["infer"]}')
+
+
+if __name__ == '__main__':
+  main()
