@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import train  # pylint: disable=g-import-not-at-top
+from capsjax.data import pipeline
+from capsjax.data.mnist import Dataset
 
 DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, '..', 'shared', 'bench', 'torch_capsnet.py')
 
@@ -89,25 +91,27 @@ def measure_jax(config, batch: int, steps: int) -> dict:
   model = train.build_model(config.model)
   optimizer = train.make_optimizer(config)
   state = train.init_state(config, model, optimizer)
-  train_step = train.make_train_step(config, model, optimizer)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (batch,) + tuple(config.model.input_shape)).astype(np.uint8)
   labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
+  config.batch_size = batch
+  data = pipeline.dataset_pipeline(config, Dataset(images, labels), training=True)
+  train_step = train.make_train_step(config, model, optimizer, data)
+  host_batch = data.host_batch(0)
 
-  memory_train = buffer_bytes(train_step, state, images, labels)
-  jax.block_until_ready(state)
+  memory_train = buffer_bytes(train_step, state, None, host_batch)
   # The train step donates its state, so it is threaded through the timed calls.
-  state, _ = train_step(state, images, labels)
+  state, _ = train_step(state, None, host_batch)
   jax.block_until_ready(state)
   start = time.perf_counter()
   for _ in range(steps):
-    state, metrics = train_step(state, images, labels)
+    state, metrics = train_step(state, None, host_batch)
   jax.block_until_ready(metrics)
   train_seconds = (time.perf_counter() - start) / steps
 
   # Inference as a user runs it: digit capsules, lengths and the reconstruction of the
   # longest capsule (what the PyTorch peer computes too).
-  infer = jax.jit(lambda params, x: model.apply({'params': params}, train.preprocess(x)))
+  infer = jax.jit(lambda params, x: model.apply({'params': params}, pipeline.preprocess(x)))
   memory_infer = buffer_bytes(infer, state['params'], images)
   infer_seconds = time_calls(infer, (state['params'], images), steps)
   return {'train_images_per_s': batch / train_seconds, 'infer_images_per_s': batch / infer_seconds,

@@ -19,8 +19,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from capsjax import losses
-from capsjax.data import augment
-from capsjax.data.mnist import Dataset, load_dataset
+from capsjax.data.pipeline import make_pipelines
 from capsjax.errors import CheckpointError, ConfigError, NaNLossError
 from capsjax.models import build_model, count_params
 
@@ -58,30 +57,6 @@ def labels_to_targets(labels: jax.Array, num_classes: int) -> jax.Array:
   return one_hot if labels.ndim == 1 else jnp.clip(jnp.sum(one_hot, axis=1), 0.0, 1.0)
 
 
-def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
-  """The order of the training set in one epoch: a pure function of (seed, epoch)."""
-  return np.random.default_rng([seed, epoch]).permutation(num_examples)
-
-
-def batch_indices(config, step: int, num_examples: int) -> np.ndarray:
-  steps_per_epoch = num_examples // config.batch_size
-  epoch, position = divmod(step, steps_per_epoch)
-  order = epoch_permutation(config.seed, epoch, num_examples)
-  return order[position * config.batch_size:(position + 1) * config.batch_size]
-
-
-def load_train_and_test(config):
-  train = load_dataset(config, 'train')
-  test = load_dataset(config, 'test')
-  if config.num_train_examples:
-    train = train.take(config.num_train_examples)
-  if config.num_test_examples:
-    test = test.take(config.num_test_examples)
-  if len(train) < config.batch_size:
-    raise ConfigError(f'batch_size {config.batch_size} exceeds the {len(train)} training examples')
-  return train, test
-
-
 def total_steps(config, num_train_examples: int) -> int:
   if config.num_steps:
     return int(config.num_steps)
@@ -105,46 +80,88 @@ def init_state(config, model, optimizer) -> State:
 
 # ----------------------------------------------------------------------------- steps
 
-def preprocess(images_uint8: jax.Array) -> jax.Array:
-  return images_uint8.astype(jnp.float32) / 255.0
+def objective(config, model, params, batch, train: bool):
+  """Per-example loss [batch] and class scores [batch, classes] for config.loss.name.
 
-
-def make_loss_fn(config, model):
-  """(params, images, targets) → (mean loss, aux) for the CapsNet objective."""
+  'capsnet': margin loss + weight × reconstruction loss. Training masks the decoder
+  input by the true label(s); with `digits` in the batch (MultiMNIST) each label's
+  capsule reconstructs its own digit. Evaluation masks by the longest capsule.
+  'sigmoid_xent' / 'softmax_xent': the CNN baselines' losses on logits.
+  """
   loss_config = config.loss
+  images, labels = batch['images'], batch['labels']
+  targets = labels_to_targets(labels, config.model.num_classes)
+  variables = {'params': params}
+  if loss_config.name == 'capsnet':
+    if train and 'digits' in batch:
+      masks = jax.nn.one_hot(labels, config.model.num_classes)      # [batch, k, classes]
+      outputs = model.apply(variables, images, masks)
+      reconstruction_targets = batch['digits']                     # [batch, k, h, w, c]
+    else:
+      outputs = model.apply(variables, images, targets if train else None)
+      reconstruction_targets = images
+    reconstructions = outputs.get('reconstructions')
+    if reconstructions is not None and reconstructions.ndim == images.ndim + 1:
+      # One reconstruction per digit: sum their losses, keep [batch].
+      reconstructions = reconstructions.reshape((-1,) + images.shape[1:])
+      reconstruction_targets = reconstruction_targets.reshape((-1,) + images.shape[1:])
+      per_digit = losses.reconstruction_loss(reconstructions, reconstruction_targets)
+      recon = per_digit.reshape(images.shape[0], -1).sum(-1)
+    elif reconstructions is not None:
+      recon = losses.reconstruction_loss(reconstructions, reconstruction_targets)
+    else:
+      recon = None
+    margin = losses.margin_loss(outputs['lengths'], targets, loss_config.m_plus,
+                                loss_config.m_minus, loss_config.negative_weight)
+    total = margin if recon is None else margin + loss_config.reconstruction_weight * recon
+    parts = {'margin_loss': margin, 'reconstruction_loss': recon if recon is not None else jnp.zeros_like(margin)}
+    return total, outputs['lengths'], parts
+  rngs = {'dropout': jax.random.fold_in(jax.random.key(config.seed), batch['step'])} if train else None
+  logits = model.apply(variables, images, train=train, rngs=rngs)['logits']
+  if loss_config.name == 'sigmoid_xent':
+    total = optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1)
+  elif loss_config.name == 'softmax_xent':
+    total = optax.softmax_cross_entropy(logits, targets)
+  else:
+    raise ConfigError(f'unknown loss {loss_config.name!r}')
+  return total, logits, {}
 
-  def loss_fn(params, images, targets):
-    outputs = model.apply({'params': params}, images, mask=targets)
-    per_example, parts = losses.capsnet_loss(
-        outputs['lengths'], targets, outputs.get('reconstructions'), images,
-        reconstruction_weight=loss_config.reconstruction_weight, m_plus=loss_config.m_plus,
-        m_minus=loss_config.m_minus, negative_weight=loss_config.negative_weight)
-    return jnp.mean(per_example), (outputs['lengths'], parts)
 
-  return loss_fn
+def top_k_correct(scores: jax.Array, labels: jax.Array):
+  """(all labels among the k best scores [batch], fraction of labels found [batch]).
+
+  k is the number of labels per example (1 for MNIST, 2 for MultiMNIST); with k = 1 the
+  first is plain argmax accuracy.
+  """
+  labels = labels if labels.ndim == 2 else labels[:, None]
+  _, predicted = jax.lax.top_k(scores, labels.shape[1])                   # [batch, k]
+  found = jnp.any(labels[:, :, None] == predicted[:, None, :], axis=-1)   # [batch, k]
+  return jnp.all(found, -1).astype(jnp.float32), jnp.mean(found.astype(jnp.float32), -1)
 
 
-def make_train_step(config, model, optimizer):
-  loss_fn = make_loss_fn(config, model)
+def make_train_step(config, model, optimizer, pipeline):
   base_key = jax.random.key(config.seed)
-  num_classes = config.model.num_classes
 
-  def train_step(state: State, images_uint8, labels):
+  def train_step(state: State, source, host_batch):
     step_key = jax.random.fold_in(base_key, state['step'])
-    images = augment.random_shift(preprocess(images_uint8), step_key, config.max_shift)
-    targets = labels_to_targets(labels, num_classes)
-    (loss, (lengths, parts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state['params'], images, targets)
+    batch = pipeline.device_batch(source, host_batch, step_key)
+    batch['step'] = state['step']
+
+    def loss_fn(params):
+      per_example, scores, parts = objective(config, model, params, batch, train=True)
+      return jnp.mean(per_example), (scores, parts)
+
+    (loss, (scores, parts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
+    correct, _ = top_k_correct(scores, batch['labels'])
     metrics = {
         'loss': loss,
-        'accuracy': jnp.mean(jnp.argmax(lengths, -1) == labels),
-        'margin_loss': jnp.mean(parts['margin_loss']),
-        'reconstruction_loss': jnp.mean(parts['reconstruction_loss']),
+        'accuracy': jnp.mean(correct),
         # A finite loss can still come with a non-finite update (a NaN gradient); the
         # divergence check looks at both so that no non-finite parameters get saved.
         'update_norm': optax.tree.norm(updates),
+        **{name: jnp.mean(value) for name, value in parts.items()},
     }
     return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
 
@@ -152,47 +169,31 @@ def make_train_step(config, model, optimizer):
   return jax.jit(train_step, donate_argnums=(0,))
 
 
-def make_eval_step(config, model):
-  """Sums over one padded batch: (correct, margin loss, reconstruction loss, count)."""
-  num_classes = config.model.num_classes
-  loss_config = config.loss
+def make_eval_step(config, model, pipeline):
+  """Sums over one padded batch: correct examples, correct digits, loss, count."""
 
-  def eval_step(params, images_uint8, labels, weights):
-    images = preprocess(images_uint8)
-    outputs = model.apply({'params': params}, images)  # masked by the longest capsule
-    targets = labels_to_targets(labels, num_classes)
-    margin = losses.margin_loss(outputs['lengths'], targets, loss_config.m_plus,
-                                loss_config.m_minus, loss_config.negative_weight)
-    recon = (losses.reconstruction_loss(outputs['reconstructions'], images)
-             if 'reconstructions' in outputs else jnp.zeros_like(margin))
-    correct = (jnp.argmax(outputs['lengths'], -1) == labels).astype(jnp.float32)
-    return {'correct': jnp.sum(correct * weights), 'margin_loss': jnp.sum(margin * weights),
-            'reconstruction_loss': jnp.sum(recon * weights), 'count': jnp.sum(weights)}
+  def eval_step(params, source, host_batch, weights):
+    batch = pipeline.device_batch(source, host_batch, None)
+    per_example, scores, _ = objective(config, model, params, batch, train=False)
+    correct, digits_correct = top_k_correct(scores, batch['labels'])
+    return {'correct': jnp.sum(correct * weights), 'digits_correct': jnp.sum(digits_correct * weights),
+            'loss': jnp.sum(per_example * weights), 'count': jnp.sum(weights)}
 
   return jax.jit(eval_step)
 
 
-def evaluate(eval_step, params, dataset: Dataset, batch_size: int) -> Dict[str, float]:
-  """Accuracy and mean losses over the whole dataset; the last batch is padded and masked."""
+def evaluate(eval_step, params, pipeline, batch_size: int) -> Dict[str, float]:
+  """Accuracy (all labels right), per-digit accuracy and mean loss over the test set."""
   totals = None
-  for start in range(0, len(dataset), batch_size):
-    images = dataset.images[start:start + batch_size]
-    labels = dataset.labels[start:start + batch_size]
-    valid = len(labels)
-    weights = np.zeros(batch_size, np.float32)
-    weights[:valid] = 1.0
-    if valid < batch_size:  # fixed shapes: one compilation for every batch
-      pad = batch_size - valid
-      images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
-      labels = np.concatenate([labels, np.zeros((pad,) + labels.shape[1:], labels.dtype)])
-    sums = eval_step(params, images, labels, weights)
+  for host_batch, weights in pipeline.eval_batches(batch_size):
+    sums = eval_step(params, pipeline.source, host_batch, weights)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   totals = jax.device_get(totals)
   count = float(totals['count'])
   accuracy = float(totals['correct']) / count
   return {'accuracy': accuracy, 'error': 1.0 - accuracy,
-          'margin_loss': float(totals['margin_loss']) / count,
-          'reconstruction_loss': float(totals['reconstruction_loss']) / count}
+          'digit_accuracy': float(totals['digits_correct']) / count,
+          'loss': float(totals['loss']) / count}
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -250,16 +251,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   os.makedirs(workdir, exist_ok=True)
   start_time = time.time()
-  train, test = load_train_and_test(config)
-  num_steps = total_steps(config, len(train))
-  steps_per_epoch = len(train) // config.batch_size
+  train, test = make_pipelines(config)
+  num_steps = total_steps(config, train.num_examples)
+  steps_per_epoch = train.num_examples // config.batch_size
 
   model = build_model(config.model)
   optimizer = make_optimizer(config)
   state = init_state(config, model, optimizer)
   num_params = count_params(state['params'])
-  train_step = make_train_step(config, model, optimizer)
-  eval_step = make_eval_step(config, model)
+  train_step = make_train_step(config, model, optimizer, train)
+  eval_step = make_eval_step(config, model, test)
 
   manager = make_checkpoint_manager(config, workdir)
   state = restore_checkpoint(manager, state)
@@ -267,7 +268,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if first_step:
     _log(f'resumed from checkpoint at step {first_step}')
   metrics_writer = MetricsWriter(workdir)
-  _log(f'{config.experiment}: {num_params:,} parameters, {len(train)} train / {len(test)} test '
+  _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
        f'examples, {num_steps} steps of {config.batch_size} ({num_steps / steps_per_epoch:.2f} epochs)')
 
   last_step = num_steps if stop_at_step is None else min(num_steps, stop_at_step)
@@ -275,8 +276,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   window_start, window_images = time.time(), 0
   train_metrics = None
   for step in range(first_step, last_step):
-    indices = batch_indices(config, step, len(train))
-    state, train_metrics = train_step(state, train.images[indices], train.labels[indices])
+    state, train_metrics = train_step(state, train.source, train.host_batch(step))
     unchecked_steps.append((step, train_metrics['loss'] + train_metrics['update_norm']))
     window_images += config.batch_size
     done = step + 1
@@ -299,7 +299,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       eval_metrics = evaluate(eval_step, state['params'], test, config.eval_batch_size)
       _log(f'step {done} test: accuracy {eval_metrics["accuracy"]:.4f} error {100 * eval_metrics["error"]:.2f}%')
       metrics_writer.write(split='test', step=done, epoch=done / steps_per_epoch, **eval_metrics)
-      window_start = time.time()  # evaluation time is not training throughput
+      window_start, window_images = time.time(), 0  # evaluation is not training throughput
 
     if done % config.checkpoint_every_steps == 0 or is_last:
       check_losses(unchecked_steps, manager)
@@ -321,13 +321,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       'experiment': config.experiment,
       'test_accuracy': eval_metrics['accuracy'],
       'test_error': eval_metrics['error'],
-      'test_margin_loss': eval_metrics['margin_loss'],
-      'test_reconstruction_loss': eval_metrics['reconstruction_loss'],
+      'test_digit_accuracy': eval_metrics['digit_accuracy'],
+      'test_loss': eval_metrics['loss'],
       'num_params': num_params,
       'steps': num_steps,
       'epochs': num_steps / steps_per_epoch,
-      'num_train_examples': len(train),
-      'num_test_examples': len(test),
+      'num_train_examples': train.num_examples,
+      'num_test_examples': test.num_examples,
       'final_train_loss': final_train_loss,
       'wall_time_s': time.time() - start_time,
       'backend': jax.default_backend(),

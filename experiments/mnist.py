@@ -26,6 +26,7 @@ def get_model_config() -> ml_collections.ConfigDict:
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.experiment = 'mnist'
+  config.task = 'classify'        # 'classify' (one label per image) or 'multimnist'
   # Data: TFDS by default; data_dir = a folder of LeCun IDX files (offline use).
   config.dataset = 'mnist'
   config.data_dir = ''
@@ -43,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.lr_decay_steps = 2000
   config.lr_staircase = False
   config.loss = ml_collections.ConfigDict(dict(
-      m_plus=0.9, m_minus=0.1, negative_weight=0.5, reconstruction_weight=0.0005))
+      name='capsnet', m_plus=0.9, m_minus=0.1, negative_weight=0.5, reconstruction_weight=0.0005))
   config.model = get_model_config()
   # Bookkeeping.
   config.log_every_steps = 50

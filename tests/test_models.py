@@ -79,3 +79,12 @@ def test_wrong_input_shape_is_a_clear_error():
   model = CapsNet(conv1_channels=8, primary_types=2)
   with pytest.raises(ValueError, match=r'expects images of shape \[batch, 28, 28, 1\]'):
     model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 1)))
+
+
+def test_chunked_patch_convolution_covers_the_whole_batch():
+  assert ops.batch_chunk_size(128, 16) == 16 and ops.batch_chunk_size(20, 16) == 10
+  assert ops.batch_chunk_size(7, 16) == 7 and ops.batch_chunk_size(17, 16) == 1
+  images = jax.random.normal(jax.random.key(6), (20, 11, 11, 2))  # two chunks of 10
+  weights = jax.random.normal(jax.random.key(7), (3, 3, 2, 5))
+  np.testing.assert_allclose(ops.conv2d(images, weights, 2, 'patches'),
+                             ops.conv2d(images, weights, 2, 'xla'), rtol=1e-5, atol=1e-5)

@@ -73,15 +73,18 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None) 
   return Dataset(images, labels)
 
 
-def load_dataset(config, split: str) -> Dataset:
-  """The split named by the config: IDX folder if `config.data_dir`, else TFDS."""
+def load_dataset(config, split: str, image_shape=None) -> Dataset:
+  """The split named by the config: IDX folder if `config.data_dir`, else TFDS.
+
+  Images must have `image_shape` (default: the model's input shape).
+  """
   if split not in _IDX_NAMES:
     raise DataError(f'unknown split {split!r}')
   if config.data_dir:
     dataset = load_idx_split(config.data_dir, split, config.model.num_classes)
   else:
     dataset = load_tfds_split(config.dataset, split, config.tfds_data_dir)
-  expected = tuple(config.model.input_shape)
+  expected = tuple(image_shape or config.model.input_shape)
   if dataset.images.shape[1:] != expected:
     raise DataError(f'{split} images have shape {dataset.images.shape[1:]}, the experiment expects {expected}')
   return dataset

@@ -1,0 +1,126 @@
+"""What the training loop sees of a dataset: host-side batch selection + on-device batches.
+
+A pipeline splits each batch in two: `host_batch(step)` picks the examples on the host
+(a tuple of small numpy arrays: images and labels for MNIST, example indices for
+MultiMNIST), and `device_batch(source, host_batch, key)` turns it into arrays inside the
+jitted step (shifting, or generating the MultiMNIST overlays). `source` is a pytree of
+device arrays that the step takes as an argument (never a baked-in constant).
+Batches are dicts: images float32 [b, h, w, c], labels int32 [b] or [b, k], and for
+MultiMNIST digits [b, k, h, w, c] (each label's own shifted digit).
+"""
+import dataclasses
+from typing import Any, Callable, Iterator, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from capsjax.data import augment, multimnist
+from capsjax.data.mnist import Dataset, load_dataset
+from capsjax.errors import ConfigError
+
+HostBatch = Tuple[np.ndarray, ...]
+
+
+@dataclasses.dataclass
+class Pipeline:
+  num_examples: int                 # examples in one epoch
+  source: Any                       # device pytree passed to device_batch
+  host_batch: Callable[[int], HostBatch]                # training: step → host arrays
+  eval_batches: Callable[[int], Iterator[Tuple[HostBatch, np.ndarray]]]  # batch size → (arrays, weights)
+  device_batch: Callable[..., dict]  # (source, host_batch, key or None) → batch dict
+
+
+def preprocess(images_uint8: jax.Array) -> jax.Array:
+  return images_uint8.astype(jnp.float32) / 255.0
+
+
+def _padded(arrays: HostBatch, batch_size: int) -> Tuple[HostBatch, np.ndarray]:
+  """Pads a short last batch to a fixed shape (one compilation) and returns its weights."""
+  valid = len(arrays[0])
+  weights = np.zeros(batch_size, np.float32)
+  weights[:valid] = 1.0
+  if valid < batch_size:
+    arrays = tuple(np.concatenate([a, np.zeros((batch_size - valid,) + a.shape[1:], a.dtype)]) for a in arrays)
+  return arrays, weights
+
+
+def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+  """The order of the training set in one epoch: a pure function of (seed, epoch)."""
+  return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+# ----------------------------------------------------------------------------- MNIST-like
+
+def dataset_pipeline(config, dataset: Dataset, training: bool) -> Pipeline:
+  batch_size = config.batch_size
+  steps_per_epoch = len(dataset) // batch_size
+
+  def host_batch(step):
+    epoch, position = divmod(step, steps_per_epoch)
+    order = epoch_permutation(config.seed, epoch, len(dataset))
+    indices = order[position * batch_size:(position + 1) * batch_size]
+    return dataset.images[indices], dataset.labels[indices]
+
+  def eval_batches(eval_batch_size):
+    for start in range(0, len(dataset), eval_batch_size):
+      yield _padded((dataset.images[start:start + eval_batch_size],
+                     dataset.labels[start:start + eval_batch_size]), eval_batch_size)
+
+  def device_batch(source, batch, key):
+    del source
+    images, labels = batch
+    images = preprocess(images)
+    if training:
+      images = augment.random_shift(images, key, config.max_shift)
+    return {'images': images, 'labels': labels}
+
+  return Pipeline(len(dataset), None, host_batch, eval_batches, device_batch)
+
+
+# ----------------------------------------------------------------------------- MultiMNIST
+
+def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) -> Pipeline:
+  source = multimnist.make_source(dataset.images, dataset.labels, config.model.num_classes)
+  total = len(dataset) * config.multimnist.examples_per_digit
+  num_examples = min(num_examples or total, total)
+
+  def host_batch(step):
+    # Training draws indices uniformly from the whole (virtual) 60M-example set.
+    return (np.random.default_rng([seed, step]).integers(0, total, config.batch_size),)
+
+  def eval_batches(eval_batch_size):
+    # Indices 0..n−1: with index mod N as the first digit, a subset of n ≤ N examples
+    # still uses n different source digits.
+    for start in range(0, num_examples, eval_batch_size):
+      yield _padded((np.arange(start, min(start + eval_batch_size, num_examples)),), eval_batch_size)
+
+  def device_batch(source, batch, key):
+    del key  # every random choice is a function of (seed, index)
+    images, labels, digits = multimnist.generate(source, seed, batch[0])
+    return {'images': images, 'labels': labels, 'digits': digits}
+
+  return Pipeline(num_examples, source, host_batch, eval_batches, device_batch)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
+  """(train, test) pipelines for config.task: 'classify' (MNIST-like) or 'multimnist'."""
+  task = config.get('task', 'classify')
+  # MultiMNIST composes 36×36 images from 28×28 source digits.
+  source_shape = (28, 28, 1) if task == 'multimnist' else None
+  train = load_dataset(config, 'train', source_shape)
+  test = load_dataset(config, 'test', source_shape)
+  if config.num_train_examples:
+    train = train.take(config.num_train_examples)
+  if task == 'classify':
+    if config.num_test_examples:
+      test = test.take(config.num_test_examples)
+    if len(train) < config.batch_size:
+      raise ConfigError(f'batch_size {config.batch_size} exceeds the {len(train)} training examples')
+    return dataset_pipeline(config, train, True), dataset_pipeline(config, test, False)
+  if task == 'multimnist':
+    return (multimnist_pipeline(config, train, config.seed, 0),
+            multimnist_pipeline(config, test, config.multimnist.test_seed, config.num_test_examples))
+  raise ConfigError(f"unknown task {task!r} (expected 'classify' or 'multimnist')")

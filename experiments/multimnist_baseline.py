@@ -1,0 +1,14 @@
+"""The paper's MultiMNIST CNN baseline (section 6.2): 24.56M parameters, sigmoid cross-entropy."""
+import ml_collections
+
+from experiments import multimnist
+
+
+def get_config():
+  config = multimnist.get_config()
+  config.experiment = 'multimnist_baseline'
+  config.model = ml_collections.ConfigDict(dict(
+      name='cnn', conv_channels=(512, 256), conv_kernels=(9, 5), pool=True, dense=(1024,),
+      dropout_rate=0.0, num_classes=10, input_shape=(36, 36, 1)))
+  config.loss = ml_collections.ConfigDict(dict(name='sigmoid_xent'))
+  return config

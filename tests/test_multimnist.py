@@ -1,0 +1,159 @@
+"""MultiMNIST: generator invariants, export, top-2 evaluation, a short training that learns."""
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from capsjax import train
+from capsjax.data import multimnist
+from capsjax.data.mnist import load_idx_split
+from capsjax.models import build_model, count_params
+from experiments import multimnist as multimnist_config
+from experiments import multimnist_baseline
+
+
+@pytest.fixture(scope='module')
+def test_split(mnist_dir):
+  return load_idx_split(mnist_dir, 'test')
+
+
+@pytest.fixture(scope='module')
+def generated(test_split):
+  source = multimnist.make_source(test_split.images, test_split.labels)
+  images, labels, digits = multimnist.generate(source, 0, jnp.arange(512))
+  return test_split, source, np.asarray(images), np.asarray(labels), np.asarray(digits)
+
+
+def _box(digit):
+  rows, cols = np.nonzero(digit)
+  return rows.min(), rows.max(), cols.min(), cols.max()
+
+
+def test_shapes_range_classes_and_clipping(generated):
+  _, _, images, labels, digits = generated
+  assert images.shape == (512, 36, 36, 1) and labels.shape == (512, 2) and digits.shape == (512, 2, 36, 36, 1)
+  assert images.min() >= 0 and images.max() <= 1
+  assert np.all(labels[:, 0] != labels[:, 1])
+  np.testing.assert_allclose(images, np.minimum(digits[:, 0] + digits[:, 1], 1.0), atol=1e-7)
+  assert np.any(digits[:, 0] + digits[:, 1] > 1.0)  # clipping happens in practice
+  assert len(set(map(tuple, labels))) > 40  # many of the 90 ordered pairs appear
+
+
+def test_digits_come_from_the_same_split_with_bounded_shifts(generated):
+  split, _, _, labels, digits = generated
+  # The first digit of example n is source digit n (mod N): locate it inside the canvas.
+  offsets = []
+  for n in range(64):
+    source = split.images[n, ..., 0].astype(np.float32) / 255.0
+    found = [(dy, dx) for dy in range(9) for dx in range(9)
+             if np.allclose(digits[n, 0, dy:dy + 28, dx:dx + 28, 0], source, atol=1e-6)
+             and np.isclose(digits[n, 0].sum(), source.sum(), atol=1e-3)]
+    assert found, f'example {n}: first digit is not source digit {n} shifted by ≤ 4 px'
+    offsets.append(found[0])
+    assert labels[n, 0] == split.labels[n]
+  shifts = np.array(offsets) - 4
+  assert shifts.min() == -4 and shifts.max() == 4
+  # Each second digit is some test-split digit of its label, shifted by ≤ 4 px.
+  test_digits = split.images[..., 0].astype(np.float32) / 255.0
+  for n in range(16):
+    r0, r1, c0, c1 = _box(digits[n, 1, ..., 0])
+    candidates = test_digits[split.labels == labels[n, 1]]
+    match = False
+    for dy in range(9):
+      for dx in range(9):
+        window = digits[n, 1, dy:dy + 28, dx:dx + 28, 0]
+        if np.isclose(window.sum(), digits[n, 1].sum(), atol=1e-3):
+          match |= bool(np.any(np.all(np.abs(candidates - window) < 1e-6, axis=(1, 2))))
+    assert match, f'example {n}: second digit is not a shifted test digit of class {labels[n, 1]}'
+
+
+def test_same_index_same_example_and_seed_matters(generated):
+  _, source, images, labels, _ = generated
+  again, again_labels, _ = multimnist.generate(source, 0, jnp.array([300, 5, 77]))
+  np.testing.assert_array_equal(again, images[[300, 5, 77]])
+  np.testing.assert_array_equal(again_labels, labels[[300, 5, 77]])
+  other, _, _ = multimnist.generate(source, 1, jnp.array([300, 5, 77]))
+  assert not np.array_equal(other, images[[300, 5, 77]])
+  # Variants of one source digit (index + N) share the first digit but not the pair.
+  n = source.size
+  variant_images, variant_labels, _ = multimnist.generate(source, 0, jnp.array([5, 5 + n, 5 + 999 * n]))
+  assert np.all(variant_labels[:, 0] == labels[5, 0])
+  assert not np.array_equal(variant_images[0], variant_images[1])
+
+
+def test_bounding_box_overlap_is_reported(generated):
+  *_, digits = generated
+  overlap = multimnist.bounding_box_overlap(digits)
+  print(f'\nmean bounding-box overlap (intersection / smaller box): {100 * overlap.mean():.1f} %'
+        ' (the paper says 80 % on average)')
+  assert 0.5 < overlap.mean() < 0.95
+  one = np.zeros((1, 2, 36, 36))
+  one[0, 0, 0:10, 0:10] = 1
+  one[0, 1, 5:15, 0:10] = 1
+  np.testing.assert_allclose(multimnist.bounding_box_overlap(one), [0.5])
+
+
+def test_export_writes_the_documented_file(mnist_dir, tmp_path):
+  out = tmp_path / 'mm.npz'
+  multimnist.main(['--data_dir', mnist_dir, '--split', 'test', '--num', '20', '--out', str(out)])
+  data = np.load(out)
+  assert data['images'].shape == (20, 36, 36) and data['images'].dtype == np.float32
+  assert data['labels'].shape == (20, 2) and np.issubdtype(data['labels'].dtype, np.integer)
+  assert data['digits'].shape == (20, 2, 36, 36)
+  np.testing.assert_allclose(data['images'], np.minimum(data['digits'].sum(1), 1.0), atol=1e-7)
+
+
+def test_top2_evaluation_on_hand_built_lengths():
+  lengths = jnp.array([[0.9, 0.8, 0.1, 0.0],    # predicts {0, 1}
+                       [0.9, 0.1, 0.8, 0.0],    # predicts {0, 2}
+                       [0.1, 0.2, 0.3, 0.9]])   # predicts {3, 2}
+  labels = jnp.array([[1, 0], [0, 1], [2, 1]])
+  pairs, digits = train.top_k_correct(lengths, labels)
+  np.testing.assert_array_equal(pairs, [1, 0, 0])
+  np.testing.assert_allclose(digits, [1, 0.5, 0.5])
+  single, _ = train.top_k_correct(lengths, jnp.array([0, 2, 3]))
+  np.testing.assert_array_equal(single, [1, 0, 1])
+
+
+def test_paper_parameter_counts():
+  capsnet = build_model(multimnist_config.get_config().model)
+  baseline = build_model(multimnist_baseline.get_config().model)
+  shapes = lambda m: __import__('jax').eval_shape(
+      lambda: m.init(__import__('jax').random.key(0), jnp.zeros((1, 36, 36, 1))))['params']
+  assert count_params(shapes(capsnet)) == 11_361_808     # paper: 11.36M
+  assert count_params(shapes(baseline)) == 24_563_978    # paper: 24.56M
+
+
+def test_short_training_beats_chance(mnist_dir, tmp_path):
+  config = multimnist_config.get_config()
+  config.data_dir = mnist_dir
+  config.model.conv1_channels = 32
+  config.model.primary_types = 8
+  config.batch_size = 32
+  config.num_steps = 250
+  config.lr_decay_steps = 2000
+  config.num_test_examples = 500
+  config.eval_every_steps = 0
+  config.log_every_steps = 50
+  config.checkpoint_every_steps = 1000
+  results = train.train_and_evaluate(config, str(tmp_path))
+  # Chance for an unordered pair of different digits is 1/45 ≈ 2 %.
+  assert results['test_accuracy'] > 0.15, results
+  assert results['test_digit_accuracy'] > 0.5, results
+  assert json.loads((tmp_path / 'results.json').read_text())['config']['task'] == 'multimnist'
+
+
+def test_baseline_cnn_trains_with_sigmoid_loss(mnist_dir, tmp_path):
+  config = multimnist_baseline.get_config()
+  config.data_dir = mnist_dir
+  config.model.conv_channels = (16, 16)
+  config.model.dense = (64,)
+  config.batch_size = 32
+  config.num_steps = 150
+  config.num_test_examples = 300
+  config.eval_every_steps = 0
+  config.log_every_steps = 50
+  config.checkpoint_every_steps = 1000
+  results = train.train_and_evaluate(config, str(tmp_path))
+  assert results['test_digit_accuracy'] > 0.3, results
