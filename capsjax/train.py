@@ -225,6 +225,23 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: State) -> State:
   return jax.tree.map(jnp.asarray, restored)
 
 
+def load_trained(workdir: str):
+  """(config, model, params) of the run in `workdir`: its results.json config and latest checkpoint."""
+  path = os.path.join(workdir, 'results.json')
+  if not os.path.isfile(path):
+    raise CheckpointError(f'no results.json in {workdir}: train there first')
+  with open(path) as f:
+    config = ml_collections.ConfigDict(json.load(f)['config'])
+  model = build_model(config.model)
+  optimizer = make_optimizer(config)
+  manager = make_checkpoint_manager(config, workdir)
+  if manager.latest_step() is None:
+    raise CheckpointError(f'no checkpoint in {manager.directory}')
+  state = restore_checkpoint(manager, init_state(config, model, optimizer))
+  manager.close()
+  return config, model, state['params']
+
+
 def check_losses(pending, manager) -> None:
   """Raises NaNLossError naming the first step whose loss (+ update norm) is not finite."""
   if not pending:

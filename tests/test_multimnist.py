@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import train
+from capsjax import segmentation, train
 from capsjax.data import multimnist
 from capsjax.data.mnist import load_idx_split
 from capsjax.models import build_model, count_params
@@ -142,6 +142,20 @@ def test_short_training_beats_chance(mnist_dir, tmp_path):
   assert results['test_accuracy'] > 0.15, results
   assert results['test_digit_accuracy'] > 0.5, results
   assert json.loads((tmp_path / 'results.json').read_text())['config']['task'] == 'multimnist'
+  # Figure 5 and the segmentation IoU from the trained run.
+  segmentation.main(['--workdir', str(tmp_path), '--num', '100', '--rows', '4'])
+  report = json.loads((tmp_path / 'segmentation.json').read_text())
+  assert report['num_examples'] == 100 and 0.0 < report['mean_iou'] < 1.0
+  assert (tmp_path / 'multimnist_reconstructions.png').read_bytes()[:4] == b'\x89PNG'
+
+
+def test_mask_iou_hand_computed():
+  predicted = np.zeros((2, 4, 4), bool)
+  true = np.zeros((2, 4, 4), bool)
+  predicted[0, :2, :2] = True      # 4 pixels
+  true[0, :2, :1] = True           # 2 pixels inside them → IoU 2/4
+  true[1, 0, 0] = True             # nothing predicted → IoU 0
+  np.testing.assert_allclose(segmentation.mask_iou(predicted, true), [0.5, 0.0])
 
 
 def test_baseline_cnn_trains_with_sigmoid_loss(mnist_dir, tmp_path):

@@ -1,0 +1,123 @@
+"""MultiMNIST figure 5 and pixel segmentation from a trained run.
+
+  python -m capsjax.segmentation --workdir=W [--num=1000] [--rows=8]
+
+Writes W/multimnist_reconstructions.png (figure 5 of the paper: input over the two
+reconstructions in red and green, captioned L:(labels) R:(reconstructed classes); the
+last rows reconstruct a capsule that is neither a label nor a prediction, marked *) and
+W/segmentation.json with the measured IoU of the pixel segmentation.
+
+Segmentation: the pixels where a digit's reconstruction (from its labelled capsule) exceeds
+`threshold` form that digit's mask; IoU is measured against the ink (> threshold) of the
+digit's own shifted image, the one that went into the overlay.
+"""
+import argparse
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from capsjax.data.pipeline import make_pipelines
+from capsjax.errors import CapsjaxError
+from capsjax.train import load_trained
+
+
+def reconstruct_pairs(model, params, images, masks):
+  """Lengths [b, classes] and one reconstruction per mask: masks [b, k, classes] → [b, k, h, w, c]."""
+  outputs = model.apply({'params': params}, images, masks)
+  return outputs['lengths'], outputs['reconstructions']
+
+
+def mask_iou(predicted: np.ndarray, true: np.ndarray) -> np.ndarray:
+  """IoU per mask over the trailing pixel axes."""
+  axes = tuple(range(1, predicted.ndim))
+  intersection = np.sum(predicted & true, axis=axes)
+  union = np.sum(predicted | true, axis=axes)
+  return np.where(union > 0, intersection / np.maximum(union, 1), 1.0)
+
+
+def overlay(red: np.ndarray, green: np.ndarray) -> np.ndarray:
+  return np.clip(np.stack([red, green, np.zeros_like(red)], -1), 0, 1)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--workdir', required=True)
+  parser.add_argument('--num', type=int, default=1000, help='test examples for the IoU')
+  parser.add_argument('--rows', type=int, default=8, help='examples in the figure')
+  parser.add_argument('--threshold', type=float, default=0.1)
+  args = parser.parse_args(argv)
+  try:
+    config, model, params = load_trained(args.workdir)
+    if config.get('task') != 'multimnist':
+      raise CapsjaxError(f'{args.workdir} holds a {config.experiment} run, not a MultiMNIST one')
+    config.num_test_examples = args.num
+    _, test = make_pipelines(config)
+  except CapsjaxError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  num_classes = config.model.num_classes
+  apply = jax.jit(lambda images, masks: reconstruct_pairs(model, params, images, masks))
+  ious, ious_correct, examples = [], [], []
+  for host_batch, weights in test.eval_batches(200):
+    batch = test.device_batch(test.source, host_batch, None)
+    masks = jax.nn.one_hot(batch['labels'], num_classes)          # [b, 2, classes]
+    lengths, recon = apply(batch['images'], masks)
+    valid = weights > 0
+    digits = np.asarray(batch['digits'])[valid, ..., 0]
+    recon = np.asarray(recon)[valid, ..., 0]
+    labels = np.asarray(batch['labels'])[valid]
+    predicted = np.asarray(jax.lax.top_k(lengths, 2)[1])[valid]
+    iou = mask_iou(recon > args.threshold, digits > args.threshold)   # [b, 2]
+    ious.append(iou)
+    correct = np.array([set(p) == set(l) for p, l in zip(predicted, labels)])
+    ious_correct.append(iou[correct])
+    if len(examples) < args.rows:
+      examples.extend(zip(np.asarray(batch['images'])[valid, ..., 0], labels, predicted))
+  ious, ious_correct = np.concatenate(ious), np.concatenate(ious_correct)
+  report = {'num_examples': int(len(ious)), 'threshold': args.threshold,
+            'mean_iou': float(ious.mean()), 'mean_iou_when_pair_correct': float(ious_correct.mean()),
+            'pair_accuracy': float(len(ious_correct) / len(ious))}
+  with open(os.path.join(args.workdir, 'segmentation.json'), 'w') as f:
+    json.dump(report, f, indent=2)
+
+  # Figure 5: rows of (input, R overlay); the last two rows reconstruct (label, other).
+  examples = examples[:args.rows]
+  images = jnp.asarray(np.stack([e[0] for e in examples]))[..., None]
+  chosen = []
+  for k, (_, labels, predicted) in enumerate(examples):
+    if k >= len(examples) - 2:  # a capsule that is neither a label nor a prediction
+      other = next(c for c in range(num_classes) if c not in set(labels) | set(predicted))
+      chosen.append((labels[0], other))
+    else:
+      chosen.append(tuple(predicted))
+  _, recon = apply(images, jax.nn.one_hot(jnp.asarray(chosen), num_classes))
+  recon = np.asarray(recon)[..., 0]
+  figure, axes = plt.subplots(2, len(examples), figsize=(1.6 * len(examples), 4.2))
+  for k, (image, labels, predicted) in enumerate(examples):
+    axes[0, k].imshow(image, cmap='gray', vmin=0, vmax=1)
+    axes[0, k].set_title(f'L:({labels[0]},{labels[1]})', fontsize=9)
+    axes[1, k].imshow(overlay(recon[k, 0], recon[k, 1]))
+    star = '*' if k >= len(examples) - 2 else ''
+    axes[1, k].set_title(f'R:({chosen[k][0]},{chosen[k][1]}{star})', fontsize=9)
+    for axis in axes[:, k]:
+      axis.set_xticks([])
+      axis.set_yticks([])
+  figure.suptitle('MultiMNIST: input (top), reconstructions red/green (bottom); * = neither label nor prediction',
+                  fontsize=8)
+  figure.tight_layout()
+  path = os.path.join(args.workdir, 'multimnist_reconstructions.png')
+  figure.savefig(path, dpi=120)
+  print(f'mean IoU {report["mean_iou"]:.3f} over {report["num_examples"]} test examples '
+        f'({report["mean_iou_when_pair_correct"]:.3f} where the pair is right); figure: {path}')
+
+
+if __name__ == '__main__':
+  main()
