@@ -19,7 +19,11 @@ def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: fl
 
 
 def reconstruction_loss(reconstructions: Array, images: Array) -> Array:
-  """Sum of squared pixel differences per image (section 4.1), [batch, ...] → [batch]."""
+  """Sum of squared pixel differences per example (section 4.1), [batch, ...] → [batch].
+
+  With one reconstruction per digit ([batch, k, h, w, c], MultiMNIST) the k digits'
+  losses are summed.
+  """
   squared = jnp.square(reconstructions.astype(jnp.float32) - images.astype(jnp.float32))
   return jnp.sum(squared.reshape(squared.shape[0], -1), axis=-1)
 

@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 from capsjax import losses
 from capsjax.data.pipeline import make_pipelines
 from capsjax.errors import CheckpointError, ConfigError, NaNLossError
-from capsjax.models import build_model, count_params
+from capsjax.models import build_model, capsule_lengths, count_params
 
 State = Dict[str, Any]
 
@@ -83,38 +83,29 @@ def init_state(config, model, optimizer) -> State:
 def objective(config, model, params, batch, train: bool):
   """Per-example loss [batch] and class scores [batch, classes] for config.loss.name.
 
-  'capsnet': margin loss + weight × reconstruction loss. Training masks the decoder
-  input by the true label(s); with `digits` in the batch (MultiMNIST) each label's
-  capsule reconstructs its own digit. Evaluation masks by the longest capsule.
+  'capsnet': in training, margin loss + weight × reconstruction loss, the decoder input
+  masked by the true label(s): each label's capsule reconstructs its own digit when the
+  batch has `digits` (MultiMNIST), else the image. In evaluation only the margin loss
+  (the classification) is computed, so the decoder is not run.
   'sigmoid_xent' / 'softmax_xent': the CNN baselines' losses on logits.
   """
   loss_config = config.loss
   images, labels = batch['images'], batch['labels']
-  targets = labels_to_targets(labels, config.model.num_classes)
+  num_classes = config.model.num_classes
+  targets = labels_to_targets(labels, num_classes)
   variables = {'params': params}
   if loss_config.name == 'capsnet':
-    if train and 'digits' in batch:
-      masks = jax.nn.one_hot(labels, config.model.num_classes)      # [batch, k, classes]
-      outputs = model.apply(variables, images, masks)
-      reconstruction_targets = batch['digits']                     # [batch, k, h, w, c]
-    else:
-      outputs = model.apply(variables, images, targets if train else None)
-      reconstruction_targets = images
-    reconstructions = outputs.get('reconstructions')
-    if reconstructions is not None and reconstructions.ndim == images.ndim + 1:
-      # One reconstruction per digit: sum their losses, keep [batch].
-      reconstructions = reconstructions.reshape((-1,) + images.shape[1:])
-      reconstruction_targets = reconstruction_targets.reshape((-1,) + images.shape[1:])
-      per_digit = losses.reconstruction_loss(reconstructions, reconstruction_targets)
-      recon = per_digit.reshape(images.shape[0], -1).sum(-1)
-    elif reconstructions is not None:
-      recon = losses.reconstruction_loss(reconstructions, reconstruction_targets)
-    else:
-      recon = None
-    margin = losses.margin_loss(outputs['lengths'], targets, loss_config.m_plus,
-                                loss_config.m_minus, loss_config.negative_weight)
-    total = margin if recon is None else margin + loss_config.reconstruction_weight * recon
-    parts = {'margin_loss': margin, 'reconstruction_loss': recon if recon is not None else jnp.zeros_like(margin)}
+    margin_kwargs = dict(m_plus=loss_config.m_plus, m_minus=loss_config.m_minus,
+                         negative_weight=loss_config.negative_weight)
+    if not train:
+      lengths = capsule_lengths(model.apply(variables, images, method='encode'))
+      return losses.margin_loss(lengths, targets, **margin_kwargs), lengths, {}
+    per_label = labels if labels.ndim == 2 else labels[:, None]                 # [batch, k]
+    reconstruction_targets = batch['digits'] if 'digits' in batch else images[:, None]  # [batch, k, h, w, c]
+    outputs = model.apply(variables, images, jax.nn.one_hot(per_label, num_classes))
+    total, parts = losses.capsnet_loss(
+        outputs['lengths'], targets, outputs.get('reconstructions'), reconstruction_targets,
+        loss_config.reconstruction_weight, **margin_kwargs)
     return total, outputs['lengths'], parts
   rngs = {'dropout': jax.random.fold_in(jax.random.key(config.seed), batch['step'])} if train else None
   logits = model.apply(variables, images, train=train, rngs=rngs)['logits']

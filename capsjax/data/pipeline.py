@@ -9,6 +9,7 @@ Batches are dicts: images float32 [b, h, w, c], labels int32 [b] or [b, k], and 
 MultiMNIST digits [b, k, h, w, c] (each label's own shifted digit).
 """
 import dataclasses
+import functools
 from typing import Any, Callable, Iterator, Tuple
 
 import jax
@@ -45,6 +46,7 @@ def _padded(arrays: HostBatch, batch_size: int) -> Tuple[HostBatch, np.ndarray]:
   return arrays, weights
 
 
+@functools.lru_cache(maxsize=2)  # every step of an epoch reuses its permutation
 def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
   """The order of the training set in one epoch: a pure function of (seed, epoch)."""
   return np.random.default_rng([seed, epoch]).permutation(num_examples)
