@@ -26,6 +26,14 @@ flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and res
 flags.DEFINE_bool('summary', False, 'Print the parameter table and exit.')
 FLAGS = flags.FLAGS
 
+# config.program → the function(config, workdir) that runs it (default 'train').
+PROGRAMS = {
+    'train': 'capsjax.train:train_and_evaluate',
+    'ablation': 'capsjax.ablation:run',
+    'affnist': 'capsjax.affnist:run',
+    'sweep': 'capsjax.sweep:run',
+}
+
 
 def available_experiments():
   return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__))
@@ -84,9 +92,13 @@ def main(argv):
   if not FLAGS.workdir:
     _fail('--workdir is required to train')
   from capsjax.errors import CapsjaxError  # pylint: disable=g-import-not-at-top
-  from capsjax.train import train_and_evaluate
+  program_name = config.get('program', 'train')
+  if program_name not in PROGRAMS:
+    _fail(f'unknown program {program_name!r}; available: {", ".join(sorted(PROGRAMS))}')
+  module_name, function_name = PROGRAMS[program_name].split(':')
+  program = getattr(importlib.import_module(module_name), function_name)
   try:
-    train_and_evaluate(config, FLAGS.workdir)
+    program(config, FLAGS.workdir)
   except CapsjaxError as e:
     _fail(str(e))
 

@@ -13,12 +13,16 @@ Array = jax.Array
 
 
 class Conv(nn.Module):
-  """VALID convolution with a [kh, kw, in, out] kernel; `impl` picks the formulation."""
+  """Convolution with a [kh, kw, in, out] kernel; `impl` picks the formulation (ops.conv2d).
+
+  padding 'VALID' (CapsNet) or 'SAME' (the CNN baselines: zero padding, stride 1 keeps the size).
+  """
   features: int
   kernel_size: int
   stride: int = 1
   use_bias: bool = True
   impl: str = 'auto'
+  padding: str = 'VALID'
   dtype: Optional[jnp.dtype] = None
 
   @nn.compact
@@ -27,6 +31,13 @@ class Conv(nn.Module):
     kernel = self.param('kernel', nn.initializers.lecun_normal(),
                         (self.kernel_size, self.kernel_size, in_features, self.features))
     dtype = self.dtype or images.dtype
+    if self.padding == 'SAME':
+      if self.stride != 1:
+        raise ValueError('SAME padding is implemented for stride 1 only')
+      low, high = (self.kernel_size - 1) // 2, self.kernel_size // 2
+      images = jnp.pad(images, ((0, 0), (low, high), (low, high), (0, 0)))
+    elif self.padding != 'VALID':
+      raise ValueError(f"padding must be 'VALID' or 'SAME', got {self.padding!r}")
     outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, self.impl)
     if self.use_bias:
       bias = self.param('bias', nn.initializers.zeros, (self.features,))

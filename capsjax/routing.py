@@ -141,3 +141,31 @@ def dynamic_routing(
   if return_logits:
     return parents, history
   return parents
+
+
+def routing_logit_changes(logits_per_iteration: Array, initial_logits: Optional[Array] = None) -> Array:
+  """Mean |b_t − b_{t−1}| for every routing iteration t (the paper's appendix A).
+
+  logits_per_iteration: [iterations, batch, in_caps, out_caps] from
+  `dynamic_routing(..., return_logits=True)`; b_0 = `initial_logits` (zeros by default,
+  Procedure 1). Returns [iterations].
+  """
+  initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
+      jnp.broadcast_to(initial_logits, logits_per_iteration.shape[1:])[None])
+  previous = jnp.concatenate([initial, logits_per_iteration[:-1]], axis=0)
+  return jnp.mean(jnp.abs(logits_per_iteration - previous), axis=(1, 2, 3))
+
+
+def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array] = None) -> Array:
+  """Mean |c_{t+1} − c_t| for every routing iteration t: how much iteration t moves the
+  coupling coefficients c = softmax_j(b).
+
+  Under Procedure 1 the logits keep growing (b_t − b_{t−1} = û·v_t tends to û·v*, not to
+  0), so |Δb| does not vanish at convergence; the couplings do settle, and this measures
+  that. Same arguments as `routing_logit_changes`; returns [iterations].
+  """
+  initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
+      jnp.broadcast_to(initial_logits, logits_per_iteration.shape[1:])[None])
+  logits = jnp.concatenate([initial, logits_per_iteration], axis=0)
+  couplings = jax.nn.softmax(logits, axis=-1)              # [iterations + 1, batch, in, out]
+  return jnp.mean(jnp.abs(couplings[1:] - couplings[:-1]), axis=(1, 2, 3))

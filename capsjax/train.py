@@ -22,6 +22,7 @@ from capsjax import losses
 from capsjax.data.pipeline import make_pipelines
 from capsjax.errors import CheckpointError, ConfigError, NaNLossError
 from capsjax.models import build_model, capsule_lengths, count_params
+from capsjax.routing import coupling_changes, routing_logit_changes
 
 State = Dict[str, Any]
 
@@ -72,16 +73,29 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return optax.adam(schedule)
 
 
-def init_state(config, model, optimizer) -> State:
+def initial_state(config, model, optimizer, members=None) -> State:
+  """The fresh state of a run, or of every member of an ensemble stacked on axis 0."""
+  if members is None:
+    return init_state(config, model, optimizer)
+  seeds = jnp.asarray([m['seed'] for m in members], jnp.int32)
+  return jax.jit(jax.vmap(lambda seed: init_state(config, model, optimizer, seed)))(seeds)
+
+
+def init_state(config, model, optimizer, seed=None) -> State:
+  """Fresh state from `seed` (default config.seed; may be traced, for a vmapped ensemble)."""
   dummy = jnp.zeros((1,) + tuple(config.model.input_shape), jnp.float32)
-  params = model.init(jax.random.key(config.seed), dummy)['params']
+  params = model.init(jax.random.key(config.seed if seed is None else seed), dummy)['params']
   return {'params': params, 'opt_state': optimizer.init(params), 'step': jnp.zeros((), jnp.int32)}
 
 
 # ----------------------------------------------------------------------------- steps
 
-def objective(config, model, params, batch, train: bool):
+def objective(config, model, params, batch, train: bool, knobs=None):
   """Per-example loss [batch] and class scores [batch, classes] for config.loss.name.
+
+  `knobs` (see `member_knobs`) replaces config.seed, the routing iteration count and the
+  reconstruction weight by traced values, so that one vmapped program trains an
+  ensemble of configurations; None uses the config's own (static) values.
 
   'capsnet': in training, margin loss + weight × reconstruction loss, the decoder input
   masked by the true label(s): each label's capsule reconstructs its own digit when the
@@ -94,20 +108,27 @@ def objective(config, model, params, batch, train: bool):
   num_classes = config.model.num_classes
   targets = labels_to_targets(labels, num_classes)
   variables = {'params': params}
+  seed = config.seed if knobs is None else knobs['seed']
   if loss_config.name == 'capsnet':
     margin_kwargs = dict(m_plus=loss_config.m_plus, m_minus=loss_config.m_minus,
                          negative_weight=loss_config.negative_weight)
+    routing_kwargs, reconstruction_weight = {}, loss_config.reconstruction_weight
+    if knobs is not None:
+      # The model's own (static) count bounds the traced one; see dynamic_routing.
+      routing_kwargs = dict(routing_iterations=knobs['routing_iterations'],
+                            max_iterations=config.model.routing_iterations)
+      reconstruction_weight = knobs['reconstruction_weight']
     if not train:
-      lengths = capsule_lengths(model.apply(variables, images, method='encode'))
+      lengths = capsule_lengths(model.apply(variables, images, method='encode', **routing_kwargs))
       return losses.margin_loss(lengths, targets, **margin_kwargs), lengths, {}
     per_label = labels if labels.ndim == 2 else labels[:, None]                 # [batch, k]
     reconstruction_targets = batch['digits'] if 'digits' in batch else images[:, None]  # [batch, k, h, w, c]
-    outputs = model.apply(variables, images, jax.nn.one_hot(per_label, num_classes))
+    outputs = model.apply(variables, images, jax.nn.one_hot(per_label, num_classes), **routing_kwargs)
     total, parts = losses.capsnet_loss(
         outputs['lengths'], targets, outputs.get('reconstructions'), reconstruction_targets,
-        loss_config.reconstruction_weight, **margin_kwargs)
+        reconstruction_weight, **margin_kwargs)
     return total, outputs['lengths'], parts
-  rngs = {'dropout': jax.random.fold_in(jax.random.key(config.seed), batch['step'])} if train else None
+  rngs = {'dropout': jax.random.fold_in(jax.random.key(seed), batch['step'])} if train else None
   logits = model.apply(variables, images, train=train, rngs=rngs)['logits']
   if loss_config.name == 'sigmoid_xent':
     total = optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1)
@@ -130,16 +151,17 @@ def top_k_correct(scores: jax.Array, labels: jax.Array):
   return jnp.all(found, -1).astype(jnp.float32), jnp.mean(found.astype(jnp.float32), -1)
 
 
-def make_train_step(config, model, optimizer, pipeline):
-  base_key = jax.random.key(config.seed)
+def train_step_fn(config, model, optimizer, pipeline):
+  """The un-jitted step: (state, source, host_batch, knobs) → (state, metrics)."""
 
-  def train_step(state: State, source, host_batch):
-    step_key = jax.random.fold_in(base_key, state['step'])
+  def train_step(state: State, source, host_batch, knobs=None):
+    seed = config.seed if knobs is None else knobs['seed']
+    step_key = jax.random.fold_in(jax.random.key(seed), state['step'])
     batch = pipeline.device_batch(source, host_batch, step_key)
     batch['step'] = state['step']
 
     def loss_fn(params):
-      per_example, scores, parts = objective(config, model, params, batch, train=True)
+      per_example, scores, parts = objective(config, model, params, batch, train=True, knobs=knobs)
       return jnp.mean(per_example), (scores, parts)
 
     (loss, (scores, parts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
@@ -156,38 +178,124 @@ def make_train_step(config, model, optimizer, pipeline):
     }
     return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
 
+  return train_step
+
+
+def make_train_step(config, model, optimizer, pipeline, ensemble: bool = False):
+  """The jitted step; with `ensemble`, vmapped over a leading member axis of
+  (state, host_batch, knobs), the data source shared."""
+  step = train_step_fn(config, model, optimizer, pipeline)
+  if ensemble:
+    step = jax.vmap(step, in_axes=(0, None, 0, 0))
   # The old state is dead after the step: donating it lets XLA update parameters in place.
-  return jax.jit(train_step, donate_argnums=(0,))
+  return jax.jit(step, donate_argnums=(0,))
 
 
-def make_eval_step(config, model, pipeline):
+def make_eval_step(config, model, pipeline, ensemble: bool = False):
   """Sums over one padded batch: correct examples, correct digits, loss, count."""
 
-  def eval_step(params, source, host_batch, weights):
+  def eval_step(params, source, host_batch, weights, knobs=None):
     batch = pipeline.device_batch(source, host_batch, None)
-    per_example, scores, _ = objective(config, model, params, batch, train=False)
+    per_example, scores, _ = objective(config, model, params, batch, train=False, knobs=knobs)
     correct, digits_correct = top_k_correct(scores, batch['labels'])
     return {'correct': jnp.sum(correct * weights), 'digits_correct': jnp.sum(digits_correct * weights),
             'loss': jnp.sum(per_example * weights), 'count': jnp.sum(weights)}
 
+  if ensemble:  # every member sees the same test batch
+    eval_step = jax.vmap(eval_step, in_axes=(0, None, None, None, 0))
   return jax.jit(eval_step)
 
 
-def evaluate(eval_step, params, pipeline, batch_size: int) -> Dict[str, float]:
-  """Accuracy (all labels right), per-digit accuracy and mean loss over the test set."""
+def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None) -> Dict[str, Any]:
+  """Accuracy (all labels right), per-digit accuracy and mean loss over the test set:
+  floats, or for an ensemble lists with one value per member."""
   totals = None
   for host_batch, weights in pipeline.eval_batches(batch_size):
-    sums = eval_step(params, pipeline.source, host_batch, weights)
+    sums = eval_step(params, pipeline.source, host_batch, weights, knobs)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  totals = jax.device_get(totals)
-  count = float(totals['count'])
-  accuracy = float(totals['correct']) / count
-  return {'accuracy': accuracy, 'error': 1.0 - accuracy,
-          'digit_accuracy': float(totals['digits_correct']) / count,
-          'loss': float(totals['loss']) / count}
+  totals = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.device_get(totals))
+  count = totals['count']
+  accuracy = totals['correct'] / count
+  metrics = {'accuracy': accuracy, 'error': 1.0 - accuracy,
+             'digit_accuracy': totals['digits_correct'] / count, 'loss': totals['loss'] / count}
+  return {name: value.tolist() for name, value in metrics.items()}
+
+
+def make_routing_probe(config, model, pipeline):
+  """Mean |Δb| and |Δc| per routing iteration on the first test examples (appendix A), or None.
+
+  Runs config.routing_probe_iterations iterations (which may exceed the model's own
+  count, to see where routing settles) on the first `routing_probe_examples` images of
+  the first test batch. Single CapsNet runs only.
+  """
+  iterations = config.get('routing_probe_iterations', 0)
+  if not iterations or config.loss.name != 'capsnet' or config.get('ensemble'):
+    return None
+  examples = config.get('routing_probe_examples', 100)
+
+  @jax.jit
+  def changes(params, source, host_batch):
+    images = pipeline.device_batch(source, host_batch, None)['images'][:examples]
+    _, logits = model.apply({'params': params}, images, iterations, None, True, method='encode')
+    return {'routing_logit_changes': routing_logit_changes(logits),        # [iterations]
+            'coupling_changes': coupling_changes(logits)}                   # [iterations]
+
+  def probe(params):
+    host_batch, _ = next(iter(pipeline.eval_batches(config.eval_batch_size)))
+    return {k: np.asarray(v).tolist() for k, v in changes(params, pipeline.source, host_batch).items()}
+
+  return probe
+
+
+# ----------------------------------------------------------------------------- ensembles
+
+def ensemble_members(config):
+  """The members of config.ensemble as dicts (seed, routing_iterations,
+  reconstruction_weight), or None for a single run.
+
+  config.ensemble holds tuples `seeds`, `routing_iterations`, `reconstruction_weights`;
+  the members are their product (an empty tuple = the config's own value).
+  """
+  spec = config.get('ensemble')
+  if not spec:
+    return None
+  seeds = tuple(spec.get('seeds') or (config.seed,))
+  is_capsnet = config.loss.name == 'capsnet'
+  iterations = tuple(spec.get('routing_iterations') or ()) or (
+      (config.model.routing_iterations,) if is_capsnet else (0,))
+  weights = tuple(spec.get('reconstruction_weights') or ()) or (
+      (config.loss.reconstruction_weight,) if is_capsnet else (0.0,))
+  if is_capsnet and max(iterations) > config.model.routing_iterations:
+    raise ConfigError(f'ensemble routing_iterations {iterations} exceed the model bound '
+                      f'model.routing_iterations={config.model.routing_iterations}')
+  return [dict(seed=int(s), routing_iterations=int(r), reconstruction_weight=float(w))
+          for r in iterations for w in weights for s in seeds]
+
+
+def member_config(config, member) -> ml_collections.ConfigDict:
+  """The stand-alone config that trains exactly like `member` of config's ensemble."""
+  single = ml_collections.ConfigDict(config.to_dict())
+  single.ensemble = None
+  single.seed = member['seed']
+  if single.loss.name == 'capsnet':
+    single.model.routing_iterations = member['routing_iterations']
+    single.loss.reconstruction_weight = member['reconstruction_weight']
+  return single
+
+
+def member_knobs(members):
+  """Stacked traced hyper-parameters [members] for the vmapped steps."""
+  return {'seed': jnp.asarray([m['seed'] for m in members], jnp.int32),
+          'routing_iterations': jnp.asarray([m['routing_iterations'] for m in members], jnp.int32),
+          'reconstruction_weight': jnp.asarray([m['reconstruction_weight'] for m in members], jnp.float32)}
 
 
 # ----------------------------------------------------------------------------- checkpoints
+
+def step_of(state: State) -> int:
+  """The step count of a state (an ensemble's members all share it)."""
+  return int(np.asarray(jax.device_get(state['step'])).reshape(-1)[0])
+
 
 def make_checkpoint_manager(config, workdir: str) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True)
@@ -197,7 +305,7 @@ def make_checkpoint_manager(config, workdir: str) -> ocp.CheckpointManager:
 def save_checkpoint(manager: ocp.CheckpointManager, state: State) -> None:
   # A host copy first: the device buffers are donated to the next step while orbax writes.
   host_state = jax.tree.map(np.array, jax.device_get(state))
-  manager.save(int(host_state['step']), args=ocp.args.StandardSave(host_state))
+  manager.save(step_of(host_state), args=ocp.args.StandardSave(host_state))
 
 
 def restore_checkpoint(manager: ocp.CheckpointManager, state: State) -> State:
@@ -217,7 +325,8 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: State) -> State:
 
 
 def load_trained(workdir: str):
-  """(config, model, params) of the run in `workdir`: its results.json config and latest checkpoint."""
+  """(config, model, params) of the run in `workdir`: its results.json config and latest
+  checkpoint (an ensemble's params carry a leading member axis)."""
   path = os.path.join(workdir, 'results.json')
   if not os.path.isfile(path):
     raise CheckpointError(f'no results.json in {workdir}: train there first')
@@ -228,9 +337,20 @@ def load_trained(workdir: str):
   manager = make_checkpoint_manager(config, workdir)
   if manager.latest_step() is None:
     raise CheckpointError(f'no checkpoint in {manager.directory}')
-  state = restore_checkpoint(manager, init_state(config, model, optimizer))
+  state = restore_checkpoint(manager, initial_state(config, model, optimizer, ensemble_members(config)))
   manager.close()
   return config, model, state['params']
+
+
+def _previous_results(workdir: str) -> Dict[str, Any]:
+  path = os.path.join(workdir, 'results.json')
+  if not os.path.isfile(path):
+    return {}
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
 
 
 def check_losses(pending, manager) -> None:
@@ -265,27 +385,59 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   model = build_model(config.model)
   optimizer = make_optimizer(config)
-  state = init_state(config, model, optimizer)
-  num_params = count_params(state['params'])
-  train_step = make_train_step(config, model, optimizer, train)
-  eval_step = make_eval_step(config, model, test)
+  members = ensemble_members(config)
+  ensemble = members is not None
+  knobs = member_knobs(members) if ensemble else None
+  state = initial_state(config, model, optimizer, members)
+  num_params = count_params(state['params']) // (len(members) if ensemble else 1)
+  train_step = make_train_step(config, model, optimizer, train, ensemble)
+  eval_step = make_eval_step(config, model, test, ensemble)
+  routing_probe = make_routing_probe(config, model, test)
+
+  def host_batch(step):
+    if not ensemble:
+      return train.host_batch(step)
+    parts = [train.host_batch(step, member['seed']) for member in members]
+    return tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, batch, ...]
+
+  def run_eval():
+    return evaluate(eval_step, state['params'], test, config.eval_batch_size, knobs)
+
+  def describe(values):
+    return ' '.join(f'{v:.4f}' for v in values) if ensemble else f'{values:.4f}'
+
+  def describe_test(accuracy, error):
+    if ensemble:
+      return f'accuracy per member {describe(accuracy)}'
+    return f'accuracy {accuracy:.4f} (error {100 * error:.2f}%)'
 
   manager = make_checkpoint_manager(config, workdir)
   state = restore_checkpoint(manager, state)
-  first_step = int(state['step'])
+  first_step = step_of(state)
   if first_step:
     _log(f'resumed from checkpoint at step {first_step}')
   metrics_writer = MetricsWriter(workdir)
   _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
-       f'examples, {num_steps} steps of {config.batch_size} ({num_steps / steps_per_epoch:.2f} epochs)')
+       f'examples, {num_steps} steps of {config.batch_size} ({num_steps / steps_per_epoch:.2f} epochs)'
+       + (f', {len(members)} members in one vmapped program' if ensemble else ''))
 
   last_step = num_steps if stop_at_step is None else min(num_steps, stop_at_step)
+  # Early stopping (config.stop_at_test_accuracy > 0, single runs): the run is complete at
+  # the first evaluation that reaches the target; a finished run stays finished.
+  target_accuracy = 0.0 if ensemble else config.get('stop_at_test_accuracy', 0.0)
+  previous = _previous_results(workdir)
+  if target_accuracy and previous.get('stopped_early') and previous.get('steps') == first_step:
+    last_step = num_steps = first_step
   unchecked_steps = []
   window_start, window_images = time.time(), 0
   train_metrics = None
+  stopped_early = bool(target_accuracy and previous.get('stopped_early') and num_steps == first_step)
   for step in range(first_step, last_step):
-    state, train_metrics = train_step(state, train.source, train.host_batch(step))
-    unchecked_steps.append((step, train_metrics['loss'] + train_metrics['update_norm']))
+    if ensemble:
+      state, train_metrics = train_step(state, train.source, host_batch(step), knobs)
+    else:
+      state, train_metrics = train_step(state, train.source, host_batch(step))
+    unchecked_steps.append((step, jnp.sum(train_metrics['loss'] + train_metrics['update_norm'])))
     window_images += config.batch_size
     done = step + 1
     is_last = done == last_step
@@ -293,21 +445,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if done % config.log_every_steps == 0 or is_last:
       check_losses(unchecked_steps, manager)
       unchecked_steps = []
-      host_metrics = {k: float(v) for k, v in jax.device_get(train_metrics).items()}
+      host_metrics = {k: np.asarray(v).tolist() for k, v in jax.device_get(train_metrics).items()}
       elapsed = time.time() - window_start
-      images_per_s = window_images / max(elapsed, 1e-9)
+      images_per_s = window_images / max(elapsed, 1e-9)  # per member for an ensemble
       eta = (num_steps - done) * config.batch_size / max(images_per_s, 1e-9)
-      _log(f'step {done}/{num_steps} epoch {done / steps_per_epoch:.2f} | loss {host_metrics["loss"]:.4f} '
-           f'| acc {host_metrics["accuracy"]:.3f} | {images_per_s:.1f} img/s | ETA {_format_duration(eta)}')
+      _log(f'step {done}/{num_steps} epoch {done / steps_per_epoch:.2f} | loss {describe(host_metrics["loss"])} '
+           f'| acc {np.mean(host_metrics["accuracy"]):.3f} | {images_per_s:.1f} img/s | ETA {_format_duration(eta)}')
       metrics_writer.write(split='train', step=done, epoch=done / steps_per_epoch,
                            images_per_s=images_per_s, **host_metrics)
       window_start, window_images = time.time(), 0
 
     if (config.eval_every_steps and done % config.eval_every_steps == 0) or done == num_steps:
-      eval_metrics = evaluate(eval_step, state['params'], test, config.eval_batch_size)
-      _log(f'step {done} test: accuracy {eval_metrics["accuracy"]:.4f} error {100 * eval_metrics["error"]:.2f}%')
+      eval_metrics = run_eval()
+      if routing_probe is not None:
+        eval_metrics.update(routing_probe(state['params']))
+      _log(f'step {done} test: {describe_test(eval_metrics["accuracy"], eval_metrics["error"])}')
       metrics_writer.write(split='test', step=done, epoch=done / steps_per_epoch, **eval_metrics)
       window_start, window_images = time.time(), 0  # evaluation is not training throughput
+      if target_accuracy and eval_metrics['accuracy'] >= target_accuracy and done < num_steps:
+        _log(f'test accuracy reached {target_accuracy} at step {done}: stopping early')
+        stopped_early = True
+        last_step = num_steps = done
+        check_losses(unchecked_steps, manager)
+        unchecked_steps = []
+        save_checkpoint(manager, state)
+        break
 
     if done % config.checkpoint_every_steps == 0 or is_last:
       check_losses(unchecked_steps, manager)
@@ -321,10 +483,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     _log(f'stopped at step {last_step} of {num_steps}; run again to resume')
     return {'steps': last_step, 'completed': False}
   if train_metrics is None:  # resumed a finished run: evaluate the restored parameters
-    eval_metrics = evaluate(eval_step, state['params'], test, config.eval_batch_size)
+    eval_metrics = run_eval()
     final_train_loss = None
   else:
-    final_train_loss = float(train_metrics['loss'])
+    final_train_loss = np.asarray(train_metrics['loss']).tolist()
   results = {
       'experiment': config.experiment,
       'test_accuracy': eval_metrics['accuracy'],
@@ -340,10 +502,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       'wall_time_s': time.time() - start_time,
       'backend': jax.default_backend(),
       'completed': True,
+      'stopped_early': stopped_early,
+      'members': members,
       'config': config.to_dict(),
   }
   with open(os.path.join(workdir, 'results.json'), 'w') as f:
     json.dump(results, f, indent=2, default=str)
-  _log(f'test accuracy {results["test_accuracy"]:.4f} (error {100 * results["test_error"]:.2f}%) '
-       f'after {num_steps} steps; results in {os.path.join(workdir, "results.json")}')
+  _log(f'test {describe_test(results["test_accuracy"], results["test_error"])} after {num_steps} steps; '
+       f'results in {os.path.join(workdir, "results.json")}')
   return results

@@ -52,4 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_batch_size = 500
   config.checkpoint_every_steps = 469
   config.keep_checkpoints = 3
+  # Routing convergence (appendix A): mean |Δb| per iteration at every evaluation.
+  config.routing_probe_iterations = 6
+  config.routing_probe_examples = 100
   return config

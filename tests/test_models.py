@@ -88,3 +88,19 @@ def test_chunked_patch_convolution_covers_the_whole_batch():
   weights = jax.random.normal(jax.random.key(7), (3, 3, 2, 5))
   np.testing.assert_allclose(ops.conv2d(images, weights, 2, 'patches'),
                              ops.conv2d(images, weights, 2, 'xla'), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('kernel', [5, 4])
+def test_same_padding_conv_equals_flax_conv(kernel):
+  # The CNN baselines use capsjax's Conv with SAME padding so that the fast CPU
+  # formulation applies to them too; it must equal flax's own SAME convolution.
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from capsjax.layers import Conv  # pylint: disable=g-import-not-at-top
+  images = jax.random.normal(jax.random.key(4), (2, 11, 11, 3))
+  reference = nn.Conv(6, (kernel, kernel), padding='SAME')
+  params = reference.init(jax.random.key(5), images)['params']
+  expected = reference.apply({'params': params}, images)
+  for impl in ('xla', 'patches'):
+    ours = Conv(6, kernel, padding='SAME', impl=impl)
+    np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
+  assert expected.shape == (2, 11, 11, 6)

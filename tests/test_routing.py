@@ -176,3 +176,18 @@ def test_squash_is_safe_at_zero():
   np.testing.assert_array_equal(jac, np.zeros((4, 4)))  # squash(s) = O(|s|²) near 0
   routed_grad = jax.grad(lambda u: jnp.sum(dynamic_routing(u, 3)))(jnp.zeros((1, 4, 2, 3)))
   assert np.all(np.isfinite(routed_grad))
+
+
+def test_convergence_measures_match_the_reference_loop():
+  from capsjax.routing import coupling_changes, routing_logit_changes  # pylint: disable=g-import-not-at-top
+  u_hat = random_predictions(seed=5)
+  _, logits = dynamic_routing(u_hat, 4, return_logits=True)
+  _, history = reference_routing(u_hat, 4)
+  previous = np.concatenate([np.zeros_like(history[:1]), history[:-1]])
+  expected_db = np.abs(history - previous).mean(axis=(1, 2, 3))
+  np.testing.assert_allclose(routing_logit_changes(logits), expected_db, rtol=1e-4)
+  # Iteration t's own agreement û·v_t is its logit change: |Δb_1| = mean |û·v_1|.
+  softmax = lambda b: np.exp(b) / np.exp(b).sum(-1, keepdims=True)
+  couplings = [softmax(b) for b in np.concatenate([np.zeros_like(history[:1]), history])]
+  expected_dc = [np.abs(couplings[t + 1] - couplings[t]).mean() for t in range(4)]
+  np.testing.assert_allclose(coupling_changes(logits), expected_dc, rtol=1e-4)

@@ -10,13 +10,13 @@ MultiMNIST digits [b, k, h, w, c] (each label's own shifted digit).
 """
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax.data import augment, multimnist
+from capsjax.data import affine, augment, multimnist
 from capsjax.data.mnist import Dataset, load_dataset
 from capsjax.errors import ConfigError
 
@@ -27,7 +27,7 @@ HostBatch = Tuple[np.ndarray, ...]
 class Pipeline:
   num_examples: int                 # examples in one epoch
   source: Any                       # device pytree passed to device_batch
-  host_batch: Callable[[int], HostBatch]                # training: step → host arrays
+  host_batch: Callable[..., HostBatch]  # training: (step, seed=config's) → host arrays
   eval_batches: Callable[[int], Iterator[Tuple[HostBatch, np.ndarray]]]  # batch size → (arrays, weights)
   device_batch: Callable[..., dict]  # (source, host_batch, key or None) → batch dict
 
@@ -46,7 +46,7 @@ def _padded(arrays: HostBatch, batch_size: int) -> Tuple[HostBatch, np.ndarray]:
   return arrays, weights
 
 
-@functools.lru_cache(maxsize=2)  # every step of an epoch reuses its permutation
+@functools.lru_cache(maxsize=64)  # every step of an epoch reuses its permutation (per member seed)
 def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
   """The order of the training set in one epoch: a pure function of (seed, epoch)."""
   return np.random.default_rng([seed, epoch]).permutation(num_examples)
@@ -54,30 +54,49 @@ def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- MNIST-like
 
-def dataset_pipeline(config, dataset: Dataset, training: bool) -> Pipeline:
+def dataset_pipeline(config, dataset: Dataset, training: bool,
+                     example_transform: Optional[Callable] = None, seed: int = 0) -> Pipeline:
+  """Batches of a host dataset. Without `example_transform`: training images shifted by
+  up to config.max_shift px. With it, `example_transform(image, key)` makes every image
+  (expanded MNIST placement, affine test digits): in training from the step's key, in
+  evaluation from (`seed`, example index), so the test set is fixed."""
   batch_size = config.batch_size
   steps_per_epoch = len(dataset) // batch_size
 
-  def host_batch(step):
+  def host_batch(step, run_seed=None):
     epoch, position = divmod(step, steps_per_epoch)
-    order = epoch_permutation(config.seed, epoch, len(dataset))
+    order = epoch_permutation(config.seed if run_seed is None else run_seed, epoch, len(dataset))
     indices = order[position * batch_size:(position + 1) * batch_size]
-    return dataset.images[indices], dataset.labels[indices]
+    return dataset.images[indices], dataset.labels[indices], indices.astype(np.int32)
 
   def eval_batches(eval_batch_size):
     for start in range(0, len(dataset), eval_batch_size):
-      yield _padded((dataset.images[start:start + eval_batch_size],
-                     dataset.labels[start:start + eval_batch_size]), eval_batch_size)
+      stop = min(start + eval_batch_size, len(dataset))
+      yield _padded((dataset.images[start:stop], dataset.labels[start:stop],
+                     np.arange(start, stop, dtype=np.int32)), eval_batch_size)
 
   def device_batch(source, batch, key):
     del source
-    images, labels = batch
+    images, labels, indices = batch
     images = preprocess(images)
-    if training:
+    if example_transform is not None:
+      keys = jax.random.split(key, len(indices)) if training else affine.example_keys(seed, indices)
+      images = jax.vmap(example_transform)(images, keys)
+    elif training:
       images = augment.random_shift(images, key, config.max_shift)
     return {'images': images, 'labels': labels}
 
   return Pipeline(len(dataset), None, host_batch, eval_batches, device_batch)
+
+
+def affine_test_pipeline(config) -> Pipeline:
+  """The MNIST test digits under random affine maps (config.affnist), fixed per index."""
+  test = load_dataset(config, 'test', (28, 28, 1))
+  if config.num_test_examples:
+    test = test.take(config.num_test_examples)
+  ranges = dict(config.affnist.ranges)
+  transform = lambda image, key: affine.random_affine(image, key, ranges)[0]
+  return dataset_pipeline(config, test, False, transform, config.affnist.test_seed)
 
 
 # ----------------------------------------------------------------------------- MultiMNIST
@@ -87,9 +106,11 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) 
   total = len(dataset) * config.multimnist.examples_per_digit
   num_examples = min(num_examples or total, total)
 
-  def host_batch(step):
-    # Training draws indices uniformly from the whole (virtual) 60M-example set.
-    return (np.random.default_rng([seed, step]).integers(0, total, config.batch_size),)
+  def host_batch(step, run_seed=None):
+    # Training draws indices uniformly from the whole (virtual) 60M-example set; the
+    # overlays themselves are always generated from the pipeline's own `seed`.
+    order_seed = seed if run_seed is None else run_seed
+    return (np.random.default_rng([order_seed, step]).integers(0, total, config.batch_size),)
 
   def eval_batches(eval_batch_size):
     # Indices 0..n−1: with index mod N as the first digit, a subset of n ≤ N examples
@@ -110,19 +131,24 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) 
 def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
   """(train, test) pipelines for config.task: 'classify' (MNIST-like) or 'multimnist'."""
   task = config.get('task', 'classify')
-  # MultiMNIST composes 36×36 images from 28×28 source digits.
-  source_shape = (28, 28, 1) if task == 'multimnist' else None
+  # MultiMNIST (36×36) and expanded MNIST (40×40) are composed from 28×28 source digits.
+  source_shape = (28, 28, 1) if task in ('multimnist', 'expanded') else None
   train = load_dataset(config, 'train', source_shape)
   test = load_dataset(config, 'test', source_shape)
   if config.num_train_examples:
     train = train.take(config.num_train_examples)
-  if task == 'classify':
+  if task in ('classify', 'expanded'):
     if config.num_test_examples:
       test = test.take(config.num_test_examples)
     if len(train) < config.batch_size:
       raise ConfigError(f'batch_size {config.batch_size} exceeds the {len(train)} training examples')
-    return dataset_pipeline(config, train, True), dataset_pipeline(config, test, False)
+    if task == 'classify':
+      return dataset_pipeline(config, train, True), dataset_pipeline(config, test, False)
+    canvas = config.model.input_shape[0]
+    place = lambda image, key: affine.random_place(image, key, canvas)
+    return (dataset_pipeline(config, train, True, place),
+            dataset_pipeline(config, test, False, place, config.expanded_test_seed))
   if task == 'multimnist':
     return (multimnist_pipeline(config, train, config.seed, 0),
             multimnist_pipeline(config, test, config.multimnist.test_seed, config.num_test_examples))
-  raise ConfigError(f"unknown task {task!r} (expected 'classify' or 'multimnist')")
+  raise ConfigError(f"unknown task {task!r} (expected 'classify', 'expanded' or 'multimnist')")

@@ -1,0 +1,114 @@
+"""Section 5.2: CapsNet vs a CNN on affine-transformed digits, after training both on
+expanded MNIST to the same test accuracy.
+
+`run(config, workdir)` trains CapsNet (config) and the CNN (config.cnn) with
+`train.train_and_evaluate`, each stopping early at config.stop_at_test_accuracy on the
+expanded-MNIST test digits, then evaluates both on the generated affine test set (and on
+the real affNIST files in config.affnist.mat_dir, if given), and writes affnist.md,
+affnist.json and affine_examples.png.
+"""
+import json
+import os
+from typing import Any, Dict
+
+import jax
+import ml_collections
+import numpy as np
+
+from capsjax import train
+from capsjax.data import affine
+from capsjax.data.mnist import Dataset
+from capsjax.data.pipeline import affine_test_pipeline, dataset_pipeline
+
+PAPER = {'capsnet': (99.23, 79.0), 'cnn': (99.22, 66.0)}   # expanded MNIST %, affNIST %
+
+
+def cnn_config(config) -> ml_collections.ConfigDict:
+  cnn = ml_collections.ConfigDict(config.to_dict())
+  cnn.experiment = f'{config.experiment}_cnn'
+  cnn.model = ml_collections.ConfigDict(config.cnn.model.to_dict())
+  cnn.loss = ml_collections.ConfigDict(config.cnn.loss.to_dict())
+  return cnn
+
+
+def evaluate_on(config, workdir: str, pipeline) -> Dict[str, Any]:
+  """Accuracy of the trained run in `workdir` on another test pipeline."""
+  _, model, params = train.load_trained(workdir)
+  eval_step = train.make_eval_step(config, model, pipeline)
+  return train.evaluate(eval_step, params, pipeline, config.eval_batch_size)
+
+
+def draw_examples(pipeline, path: str, count: int = 32) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  host_batch, _ = next(iter(pipeline.eval_batches(count)))
+  batch = pipeline.device_batch(pipeline.source, host_batch, None)
+  images, labels = np.asarray(batch['images']), np.asarray(batch['labels'])
+  figure, axes = plt.subplots(4, count // 4, figsize=(count // 4 * 1.1, 4.6))
+  for axis, image, label in zip(axes.ravel(), images, labels):
+    axis.imshow(image[..., 0], cmap='gray', vmin=0, vmax=1)
+    axis.set_title(str(label), fontsize=8)
+    axis.set_xticks([]), axis.set_yticks([])
+  figure.suptitle('affine test digits (40×40)', fontsize=9)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+  plt.close(figure)
+
+
+def run(config, workdir: str) -> Dict[str, Any]:
+  os.makedirs(workdir, exist_ok=True)
+  runs = {'capsnet': config, 'cnn': cnn_config(config)}
+  affine_config = ml_collections.ConfigDict(config.to_dict())
+  affine_config.num_test_examples = config.affnist.num_examples or config.num_test_examples
+  affine_test = affine_test_pipeline(affine_config)
+  real_test = None
+  if config.affnist.mat_dir:
+    images, labels = affine.load_affnist_dir(config.affnist.mat_dir)
+    real_test = dataset_pipeline(config, Dataset(images, labels), False)
+  rows = {}
+  for name, run_config in runs.items():
+    run_dir = os.path.join(workdir, name)
+    trained = train.train_and_evaluate(run_config, run_dir)
+    rows[name] = {
+        'num_params': trained['num_params'], 'steps': trained['steps'],
+        'stopped_early': trained['stopped_early'],
+        'reached_target': trained['test_accuracy'] >= config.stop_at_test_accuracy,
+        'expanded_test_accuracy': trained['test_accuracy'],
+        'affine_test_accuracy': evaluate_on(run_config, run_dir, affine_test)['accuracy'],
+    }
+    if real_test is not None:
+      rows[name]['affnist_test_accuracy'] = evaluate_on(run_config, run_dir, real_test)['accuracy']
+  summary = {'rows': rows, 'target_accuracy': config.stop_at_test_accuracy,
+             'affine_ranges': dict(config.affnist.ranges), 'affine_test_examples': affine_test.num_examples,
+             'affine_test_seed': config.affnist.test_seed, 'affnist_mat_dir': config.affnist.mat_dir or None}
+  with open(os.path.join(workdir, 'affnist.json'), 'w') as f:
+    json.dump(summary, f, indent=2)
+  table = render_table(config, summary)
+  with open(os.path.join(workdir, 'affnist.md'), 'w') as f:
+    f.write(table)
+  draw_examples(affine_test, os.path.join(workdir, 'affine_examples.png'))
+  print(table, flush=True)
+  return summary
+
+
+def render_table(config, summary) -> str:
+  ranges = summary['affine_ranges']
+  real = any('affnist_test_accuracy' in row for row in summary['rows'].values())
+  lines = [f'# Robustness to affine transformations, `{config.experiment}`', '',
+           f'Trained on expanded MNIST (digit at a random position on 40×40), stopped at the first '
+           f'evaluation with ≥ {100 * summary["target_accuracy"]:.2f} % expanded-MNIST test accuracy. '
+           f'Affine test: {summary["affine_test_examples"]} MNIST test digits, rotation ±{ranges["rotation_degrees"]}°, '
+           f'shear ±{ranges["shear"]}, x and y scale {ranges["scale_min"]}–{ranges["scale_max"]} independently, '
+           f'random translation inside the canvas (seed {summary["affine_test_seed"]}).', '',
+           '| model | parameters | steps | reached target | expanded MNIST (%) | affine test (%) |'
+           + (' affNIST (%) |' if real else '') + ' paper: expanded / affNIST (%) |',
+           '| --- | ---: | ---: | --- | ---: | ---: |' + (' ---: |' if real else '') + ' ---: |']
+  for name, row in summary['rows'].items():
+    paper = PAPER[name]
+    lines.append(f'| {"CapsNet" if name == "capsnet" else "CNN"} | {row["num_params"]:,} | {row["steps"]} | '
+                 f'{"yes" if row["reached_target"] else "no"} | {100 * row["expanded_test_accuracy"]:.2f} | '
+                 f'{100 * row["affine_test_accuracy"]:.2f} |'
+                 + (f' {100 * row["affnist_test_accuracy"]:.2f} |' if real else '')
+                 + f' {paper[0]} / {paper[1]} |')
+  return '\n'.join(lines) + '\n'

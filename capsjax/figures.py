@@ -1,0 +1,208 @@
+"""The paper's MNIST figures from a trained run.
+
+  python -m capsjax.figures --workdir=W [--member=K] [--digits=3]
+
+Writes into W:
+  reconstructions.png  figure 3: inputs over reconstructions, captioned (l, p, r) = label,
+                       prediction, reconstructed class; the last columns are failures,
+                       reconstructed once from the label and once from the prediction.
+  perturbations_N.png  figure 4: the correct capsule of test image N with each of its
+                       dimensions tweaked by 0.05 steps over [−0.25, 0.25], one row per
+                       dimension.
+  routing_convergence.png  appendix A: mean |Δb| (logits) and mean |Δc| (coupling
+                       coefficients) per routing iteration at every evaluation during
+                       training (from metrics.jsonl) and, on a log scale, after training,
+                       measured now on 100 test images with 10 iterations.
+  figures.json         what was drawn, and the final per-iteration changes.
+For an ensemble run (`ablation`), --member picks the member (default: the last).
+"""
+import argparse
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from capsjax.data.mnist import load_dataset
+from capsjax.data.pipeline import preprocess
+from capsjax.errors import CapsjaxError
+from capsjax.models import capsule_lengths
+from capsjax.routing import coupling_changes, routing_logit_changes
+from capsjax.train import load_trained
+
+PERTURBATIONS = np.round(np.arange(-0.25, 0.2501, 0.05), 2)   # 11 values, 0 in the middle
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def classify(model, params, images, batch_size=500):
+  """Digit capsules [n, classes, dim] and predictions [n] (longest capsule)."""
+  encode = jax.jit(lambda p, x: model.apply({'params': p}, x, method='encode'))
+  capsules = np.concatenate([np.asarray(encode(params, images[i:i + batch_size]))
+                             for i in range(0, len(images), batch_size)])
+  return capsules, np.argmax(np.asarray(capsule_lengths(jnp.asarray(capsules))), axis=-1)
+
+
+def decode_class(model, params, capsules, classes):
+  """Reconstructions [n, h, w, c] from the capsule of `classes` [n] (all others masked)."""
+  mask = jax.nn.one_hot(classes, capsules.shape[1])
+  return np.asarray(model.apply({'params': params}, jnp.asarray(capsules), mask, method='decode'))
+
+
+def perturb(capsule: np.ndarray, deltas=PERTURBATIONS) -> np.ndarray:
+  """[dim] → [dim, len(deltas), dim]: row d adds each delta to dimension d only."""
+  dim = capsule.shape[-1]
+  offsets = np.eye(dim)[:, None, :] * np.asarray(deltas)[None, :, None]   # [dim, deltas, dim]
+  return capsule[None, None, :] + offsets
+
+
+def reconstruction_columns(labels, predictions, num_correct=5, num_failures=2):
+  """Figure 3's columns: (index, l, p, r) for correct examples of different classes, then
+  each failure twice (r = label, r = prediction)."""
+  columns, seen = [], set()
+  for i in np.flatnonzero(labels == predictions):
+    if labels[i] not in seen and len(seen) < num_correct:
+      seen.add(labels[i])
+      columns.append((int(i), int(labels[i]), int(predictions[i]), int(labels[i])))
+  for i in np.flatnonzero(labels != predictions)[:num_failures]:
+    columns.append((int(i), int(labels[i]), int(predictions[i]), int(labels[i])))
+    columns.append((int(i), int(labels[i]), int(predictions[i]), int(predictions[i])))
+  return columns
+
+
+def draw_reconstructions(model, params, images, labels, capsules, predictions, path):
+  plt = _pyplot()
+  columns = reconstruction_columns(labels, predictions)
+  figure, axes = plt.subplots(2, len(columns), figsize=(1.3 * len(columns), 3), squeeze=False)
+  for c, (index, label, predicted, target) in enumerate(columns):
+    output = decode_class(model, params, capsules[index:index + 1], np.array([target]))[0]
+    axes[0, c].imshow(images[index, ..., 0], cmap='gray', vmin=0, vmax=1)
+    axes[1, c].imshow(output[..., 0], cmap='gray', vmin=0, vmax=1)
+    axes[0, c].set_title(f'({label},{predicted},{target})', fontsize=9,
+                         color='black' if label == predicted else 'red')
+    for axis in axes[:, c]:
+      axis.set_xticks([]), axis.set_yticks([])
+  axes[0, 0].set_ylabel('input')
+  axes[1, 0].set_ylabel('output')
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+  return columns
+
+
+def draw_perturbations(model, params, capsule, label, path):
+  """Figure 4 for one digit capsule [dim] of class `label`."""
+  plt = _pyplot()
+  grid = perturb(capsule)                                         # [dim, deltas, dim]
+  dim, steps = grid.shape[:2]
+  # Only the label's capsule reaches the decoder (the others are masked out).
+  full = np.zeros((dim * steps, model.num_classes, dim), np.float32)   # [dim·deltas, classes, dim]
+  full[:, label] = grid.reshape(dim * steps, dim)
+  outputs = decode_class(model, params, full, np.full(dim * steps, label)).reshape(
+      (dim, steps) + tuple(model.input_shape))
+  figure, axes = plt.subplots(dim, steps, figsize=(steps * 0.7, dim * 0.7))
+  for d in range(dim):
+    for s in range(steps):
+      axes[d, s].imshow(outputs[d, s, ..., 0], cmap='gray', vmin=0, vmax=1)
+      axes[d, s].set_xticks([]), axes[d, s].set_yticks([])
+    axes[d, 0].set_ylabel(str(d), rotation=0, labelpad=10, fontsize=8)
+  for s in range(steps):
+    axes[0, s].set_title(f'{PERTURBATIONS[s]:+.2f}', fontsize=7)
+  figure.suptitle(f'digit {label}: dimension (rows) × perturbation (columns)', fontsize=9)
+  figure.savefig(path, dpi=100)
+  plt.close(figure)
+
+
+def final_routing_changes(model, params, images, iterations=10):
+  """{'routing_logit_changes', 'coupling_changes'}: [iterations] lists on `images`."""
+  _, logits = jax.jit(lambda p, x: model.apply({'params': p}, x, iterations, None, True, method='encode'))(
+      params, jnp.asarray(images))
+  return {'routing_logit_changes': np.asarray(routing_logit_changes(logits)).tolist(),
+          'coupling_changes': np.asarray(coupling_changes(logits)).tolist()}
+
+
+def draw_routing_convergence(metrics_path, final_changes, path):
+  """Rows: mean |Δb| and mean |Δc|; columns: during training, after training."""
+  plt = _pyplot()
+  records = []
+  if os.path.isfile(metrics_path):
+    with open(metrics_path) as f:
+      records = [r for r in map(json.loads, f) if r.get('split') == 'test' and 'coupling_changes' in r]
+  figure, axes = plt.subplots(2, 2, figsize=(10, 7))
+  for row, (key, name) in enumerate((('routing_logit_changes', 'mean |Δb|'),
+                                     ('coupling_changes', 'mean |Δc|'))):
+    during, final = axes[row]
+    if records:
+      steps = [r['step'] for r in records]
+      changes = np.asarray([r[key] for r in records])   # [evaluations, iterations]
+      for t in range(changes.shape[1]):
+        during.plot(steps, changes[:, t], marker='.', label=f'iteration {t + 1}')
+      during.set_yscale('log')
+      during.legend(fontsize=7)
+    else:
+      during.text(0.5, 0.5, 'not recorded in metrics.jsonl\n(routing_probe_iterations = 0)',
+                  ha='center', va='center', transform=during.transAxes)
+    during.set_xlabel('training step')
+    during.set_ylabel(name)
+    during.set_title(f'{name} per routing iteration during training')
+    final.semilogy(np.arange(1, len(final_changes[key]) + 1), final_changes[key], marker='o')
+    final.set_xlabel('routing iteration')
+    final.set_ylabel(name)
+    final.set_title(f'{name} after training (log scale)')
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--workdir', required=True)
+  parser.add_argument('--member', type=int, default=-1, help='ensemble member (ablation runs)')
+  parser.add_argument('--digits', type=int, default=3, help='images for the perturbation figure')
+  parser.add_argument('--num', type=int, default=2000, help='test images searched for examples')
+  args = parser.parse_args(argv)
+  try:
+    config, model, params = load_trained(args.workdir)
+    if config.model.name != 'capsnet' or not config.model.use_decoder:
+      raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
+    if config.get('task', 'classify') != 'classify':
+      raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.segmentation')
+    if config.get('ensemble'):
+      params = jax.tree.map(lambda x: x[args.member], params)
+    test = load_dataset(config, 'test').take(args.num)
+  except CapsjaxError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  images = np.asarray(preprocess(jnp.asarray(test.images)))
+  capsules, predictions = classify(model, params, images)
+  columns = draw_reconstructions(model, params, images, test.labels, capsules, predictions,
+                                 os.path.join(args.workdir, 'reconstructions.png'))
+  perturbed = [int(i) for i in np.flatnonzero(test.labels == predictions)[:args.digits]]
+  for index in perturbed:
+    label = int(test.labels[index])
+    draw_perturbations(model, params, capsules[index, label], label,
+                       os.path.join(args.workdir, f'perturbations_{index}.png'))
+  final_changes = final_routing_changes(model, params, images[:100])
+  draw_routing_convergence(os.path.join(args.workdir, 'metrics.jsonl'), final_changes,
+                           os.path.join(args.workdir, 'routing_convergence.png'))
+  summary = {'reconstruction_columns': [dict(zip(('index', 'label', 'prediction', 'reconstructed'), c))
+                                        for c in columns],
+             'perturbed_indices': perturbed, 'perturbations': PERTURBATIONS.tolist(),
+             'final_routing_changes': final_changes,
+             'test_accuracy_on_searched': float(np.mean(test.labels == predictions))}
+  with open(os.path.join(args.workdir, 'figures.json'), 'w') as f:
+    json.dump(summary, f, indent=2)
+  print(f'figures written to {args.workdir}: reconstructions.png, '
+        f'{", ".join(f"perturbations_{i}.png" for i in perturbed)}, routing_convergence.png')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,66 @@
+"""The paper's analyses: figures 3/4 helpers and command, the sweep's parsing."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from capsjax import figures, sweep, train
+from capsjax.errors import ConfigError
+from experiments import sweep_smoke
+from test_train import tiny_config
+
+
+def test_perturbation_grid_changes_one_dimension_by_0_05_steps():
+  capsule = np.arange(16, dtype=np.float32) / 16
+  grid = figures.perturb(capsule)
+  assert grid.shape == (16, 11, 16)
+  np.testing.assert_allclose(figures.PERTURBATIONS, np.linspace(-0.25, 0.25, 11), atol=1e-9)
+  difference = grid - capsule
+  for d in range(16):
+    np.testing.assert_allclose(difference[d, :, d], figures.PERTURBATIONS, atol=1e-6)
+    np.testing.assert_allclose(np.delete(difference[d], d, axis=-1), 0.0, atol=1e-7)
+
+
+def test_reconstruction_columns_show_each_failure_from_label_and_prediction():
+  labels = np.array([1, 2, 2, 3, 5, 7])
+  predictions = np.array([1, 2, 2, 8, 5, 1])
+  columns = figures.reconstruction_columns(labels, predictions, num_correct=3, num_failures=2)
+  assert columns[:3] == [(0, 1, 1, 1), (1, 2, 2, 2), (4, 5, 5, 5)]   # distinct classes
+  assert columns[3:] == [(3, 3, 8, 3), (3, 3, 8, 8), (5, 7, 1, 7), (5, 7, 1, 1)]
+
+
+def test_figures_command_on_a_trained_run(mnist_dir, tmp_path):
+  config = tiny_config(mnist_dir, num_steps=4)
+  config.eval_every_steps = 2                # the routing probe runs at every evaluation
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    probes = [r for r in map(json.loads, f) if r['split'] == 'test']
+  assert len(probes) == 2 and len(probes[0]['coupling_changes']) == config.routing_probe_iterations
+  assert figures.main(['--workdir', workdir, '--digits', '2', '--num', '200']) == 0
+  for name in ('reconstructions.png', 'routing_convergence.png', 'figures.json'):
+    assert os.path.getsize(os.path.join(workdir, name)) > 1000
+  with open(os.path.join(workdir, 'figures.json')) as f:
+    summary = json.load(f)
+  assert len(summary['perturbed_indices']) == 2
+  assert len(summary['final_routing_changes']['routing_logit_changes']) == 10
+  assert figures.main(['--workdir', str(tmp_path / 'nothing')]) == 2   # one clear error
+
+
+def test_sweep_variants_parse_and_reject_bad_keys():
+  assert sweep.parse_variant('base:') == ('base', {})
+  assert sweep.parse_variant('fast: learning_rate=3e-3, model.routing_iterations=1') == (
+      'fast', {'learning_rate': 0.003, 'model.routing_iterations': 1})
+  config = sweep_smoke.get_config()
+  variant = sweep.variant_config(config, {'learning_rate': 3e-3, 'model.routing_iterations': 1})
+  assert variant.learning_rate == 0.003 and variant.model.routing_iterations == 1
+  assert config.learning_rate == 1e-3                         # the base is untouched
+  with pytest.raises(ConfigError, match='no such config key'):
+    sweep.variant_config(config, {'learning_rat': 1.0})
+  with pytest.raises(ConfigError, match='no such config key'):
+    sweep.variant_config(config, {'modl.routing_iterations': 1})
+  with pytest.raises(ConfigError, match='key=value'):
+    sweep.parse_variant('x: learning_rate')
+  with pytest.raises(ConfigError, match='Python literal'):
+    sweep.parse_variant('x: learning_rate=fast')
