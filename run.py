@@ -97,7 +97,9 @@ def main(argv):
     _fail(f'unknown program {program_name!r}; available: {", ".join(sorted(PROGRAMS))}')
   module_name, function_name = PROGRAMS[program_name].split(':')
   program = getattr(importlib.import_module(module_name), function_name)
+  from capsjax.sharding import initialize_distributed  # pylint: disable=g-import-not-at-top
   try:
+    initialize_distributed(config)   # before any JAX computation
     program(config, FLAGS.workdir)
   except CapsjaxError as e:
     _fail(str(e))

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from capsjax import losses
+from capsjax import losses, sharding
 from capsjax.data.pipeline import make_pipelines
 from capsjax.errors import CheckpointError, ConfigError, NaNLossError
 from capsjax.models import build_model, capsule_lengths, count_params
@@ -30,16 +30,19 @@ State = Dict[str, Any]
 # ----------------------------------------------------------------------------- setup
 
 def _log(message: str) -> None:
-  print(message, flush=True)
+  if sharding.is_main_process():   # one console for a multi-host run
+    print(message, flush=True)
 
 
 class MetricsWriter:
-  """Appends one JSON object per line to workdir/metrics.jsonl."""
+  """Appends one JSON object per line to workdir/metrics.jsonl (process 0 only)."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, 'metrics.jsonl')
 
   def write(self, **record) -> None:
+    if not sharding.is_main_process():
+      return
     with open(self.path, 'a') as f:
       f.write(json.dumps(record) + '\n')
 
@@ -181,14 +184,22 @@ def train_step_fn(config, model, optimizer, pipeline):
   return train_step
 
 
-def make_train_step(config, model, optimizer, pipeline, ensemble: bool = False):
+def make_train_step(config, model, optimizer, pipeline, ensemble: bool = False, mesh=None):
   """The jitted step; with `ensemble`, vmapped over a leading member axis of
-  (state, host_batch, knobs), the data source shared."""
+  (state, host_batch, knobs), the data source shared. With `mesh`, state, source and
+  knobs are replicated and the batch is split over the mesh's `data` axis (data
+  parallelism: XLA inserts the gradient all-reduce)."""
   step = train_step_fn(config, model, optimizer, pipeline)
   if ensemble:
     step = jax.vmap(step, in_axes=(0, None, 0, 0))
+  shardings = {}
+  if mesh is not None:
+    replicated = sharding.replicated(mesh)
+    batch = sharding.batch_sharding(mesh, leading_axes=1 if ensemble else 0)
+    shardings = dict(in_shardings=(replicated, replicated, batch) + ((replicated,) if ensemble else ()),
+                     out_shardings=(replicated, replicated))
   # The old state is dead after the step: donating it lets XLA update parameters in place.
-  return jax.jit(step, donate_argnums=(0,))
+  return jax.jit(step, donate_argnums=(0,), **shardings)
 
 
 def make_eval_step(config, model, pipeline, ensemble: bool = False):
@@ -203,17 +214,27 @@ def make_eval_step(config, model, pipeline, ensemble: bool = False):
 
   if ensemble:  # every member sees the same test batch
     eval_step = jax.vmap(eval_step, in_axes=(0, None, None, None, 0))
-  return jax.jit(eval_step)
+  return jax.jit(eval_step)   # shardings follow the (global) arguments
 
 
-def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None) -> Dict[str, Any]:
-  """Accuracy (all labels right), per-digit accuracy and mean loss over the test set:
-  floats, or for an ensemble lists with one value per member."""
-  totals = None
+def _eval_batches(pipeline, batch_size: int, mesh):
   for host_batch, weights in pipeline.eval_batches(batch_size):
-    sums = eval_step(params, pipeline.source, host_batch, weights, knobs)
+    if mesh is not None:
+      host_batch, weights = sharding.global_batch(mesh, (host_batch, weights))
+    yield host_batch, weights
+
+
+def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None,
+             source=None) -> Dict[str, Any]:
+  """Accuracy (all labels right), per-digit accuracy and mean loss over the test set:
+  floats, or for an ensemble lists with one value per member. With `mesh`, every batch
+  is split over the data axis (`source`: the pipeline's source, replicated)."""
+  source = pipeline.source if source is None else source
+  totals = None
+  for host_batch, weights in _eval_batches(pipeline, batch_size, mesh):
+    sums = eval_step(params, source, host_batch, weights, knobs)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  totals = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.device_get(totals))
+  totals = jax.tree.map(lambda x: np.asarray(x, np.float64), sharding.to_host(totals))
   count = totals['count']
   accuracy = totals['correct'] / count
   metrics = {'accuracy': accuracy, 'error': 1.0 - accuracy,
@@ -240,9 +261,10 @@ def make_routing_probe(config, model, pipeline):
     return {'routing_logit_changes': routing_logit_changes(logits),        # [iterations]
             'coupling_changes': coupling_changes(logits)}                   # [iterations]
 
-  def probe(params):
-    host_batch, _ = next(iter(pipeline.eval_batches(config.eval_batch_size)))
-    return {k: np.asarray(v).tolist() for k, v in changes(params, pipeline.source, host_batch).items()}
+  def probe(params, mesh=None, source=None):
+    host_batch, _ = next(_eval_batches(pipeline, config.eval_batch_size, mesh))
+    source = pipeline.source if source is None else source
+    return {k: v.tolist() for k, v in sharding.to_host(changes(params, source, host_batch)).items()}
 
   return probe
 
@@ -294,7 +316,7 @@ def member_knobs(members):
 
 def step_of(state: State) -> int:
   """The step count of a state (an ensemble's members all share it)."""
-  return int(np.asarray(jax.device_get(state['step'])).reshape(-1)[0])
+  return int(np.asarray(sharding.to_host(state['step'])).reshape(-1)[0])
 
 
 def make_checkpoint_manager(config, workdir: str) -> ocp.CheckpointManager:
@@ -304,7 +326,7 @@ def make_checkpoint_manager(config, workdir: str) -> ocp.CheckpointManager:
 
 def save_checkpoint(manager: ocp.CheckpointManager, state: State) -> None:
   # A host copy first: the device buffers are donated to the next step while orbax writes.
-  host_state = jax.tree.map(np.array, jax.device_get(state))
+  host_state = jax.tree.map(np.array, sharding.to_host(state))
   manager.save(step_of(host_state), args=ocp.args.StandardSave(host_state))
 
 
@@ -313,7 +335,7 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: State) -> State:
   step = manager.latest_step()
   if step is None:
     return state
-  abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(state))
+  abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), sharding.to_host(state))
   try:
     restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
   except Exception as e:  # orbax raises many types for unreadable / mismatched files.
@@ -358,7 +380,7 @@ def check_losses(pending, manager) -> None:
   if not pending:
     return
   steps, values = zip(*pending)
-  values = np.asarray(jax.device_get(list(values)), np.float64)
+  values = np.asarray(sharding.to_host(list(values)), np.float64)
   bad = np.flatnonzero(~np.isfinite(values))
   if bad.size:
     manager.wait_until_finished()
@@ -374,11 +396,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        stop_at_step: Optional[int] = None) -> Dict[str, Any]:
   """Trains `config`'s model, evaluating periodically; resumes from workdir's checkpoint.
 
-  `stop_at_step` ends this invocation early (after checkpointing), as a preemption would;
-  calling again with the same workdir continues the same run.
+  `stop_at_step` (or config.stop_at_step) ends this invocation early (after
+  checkpointing), as a preemption would; calling again with the same workdir continues
+  the same run. A SIGTERM (or, on several processes, JAX's preemption notice) does the
+  same at the next step. Every device of every process trains data-parallel on one
+  `data` mesh (see capsjax.sharding); only process 0 writes files.
   """
   os.makedirs(workdir, exist_ok=True)
   start_time = time.time()
+  stop_at_step = stop_at_step or config.get('stop_at_step', 0) or None
+  mesh = sharding.data_mesh()
+  sharding.check_batch_size(config.batch_size, mesh)
+  sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   train, test = make_pipelines(config)
   num_steps = total_steps(config, train.num_examples)
   steps_per_epoch = train.num_examples // config.batch_size
@@ -387,21 +416,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   optimizer = make_optimizer(config)
   members = ensemble_members(config)
   ensemble = members is not None
-  knobs = member_knobs(members) if ensemble else None
+  knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
   state = initial_state(config, model, optimizer, members)
   num_params = count_params(state['params']) // (len(members) if ensemble else 1)
-  train_step = make_train_step(config, model, optimizer, train, ensemble)
+  train_step = make_train_step(config, model, optimizer, train, ensemble, mesh)
   eval_step = make_eval_step(config, model, test, ensemble)
   routing_probe = make_routing_probe(config, model, test)
+  train_source = sharding.replicate(train.source, mesh)
+  test_source = sharding.replicate(test.source, mesh)
 
   def host_batch(step):
     if not ensemble:
-      return train.host_batch(step)
+      return sharding.global_batch(mesh, train.host_batch(step))
     parts = [train.host_batch(step, member['seed']) for member in members]
-    return tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, batch, ...]
+    stacked = tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, batch, ...]
+    return sharding.global_batch(mesh, stacked, leading_axes=1)
 
   def run_eval():
-    return evaluate(eval_step, state['params'], test, config.eval_batch_size, knobs)
+    return evaluate(eval_step, state['params'], test, config.eval_batch_size, knobs, mesh, test_source)
 
   def describe(values):
     return ' '.join(f'{v:.4f}' for v in values) if ensemble else f'{values:.4f}'
@@ -412,7 +444,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return f'accuracy {accuracy:.4f} (error {100 * error:.2f}%)'
 
   manager = make_checkpoint_manager(config, workdir)
-  state = restore_checkpoint(manager, state)
+  state = sharding.replicate(sharding.to_host(restore_checkpoint(manager, state)), mesh)
   first_step = step_of(state)
   if first_step:
     _log(f'resumed from checkpoint at step {first_step}')
@@ -431,50 +463,70 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   unchecked_steps = []
   window_start, window_images = time.time(), 0
   train_metrics = None
+  # A SIGTERM on one process is noticed at the next step; on several processes JAX's
+  # preemption service makes every process stop at the same step.
+  multi_process = jax.process_count() > 1
+  # (JAX's own SIGTERM handler serves the multi-process case; ours must not replace it.)
+  preemption = sharding.PreemptionFlag(install=not multi_process)
+
+  def preempted(step: int) -> bool:
+    return manager.reached_preemption(step) if multi_process else preemption.raised
+
   stopped_early = bool(target_accuracy and previous.get('stopped_early') and num_steps == first_step)
-  for step in range(first_step, last_step):
-    if ensemble:
-      state, train_metrics = train_step(state, train.source, host_batch(step), knobs)
-    else:
-      state, train_metrics = train_step(state, train.source, host_batch(step))
-    unchecked_steps.append((step, jnp.sum(train_metrics['loss'] + train_metrics['update_norm'])))
-    window_images += config.batch_size
-    done = step + 1
-    is_last = done == last_step
+  with preemption:
+    for step in range(first_step, last_step):
+      if ensemble:
+        state, train_metrics = train_step(state, train_source, host_batch(step), knobs)
+      else:
+        state, train_metrics = train_step(state, train_source, host_batch(step))
+      unchecked_steps.append((step, jnp.sum(train_metrics['loss'] + train_metrics['update_norm'])))
+      window_images += config.batch_size
+      done = step + 1
+      is_last = done == last_step
 
-    if done % config.log_every_steps == 0 or is_last:
-      check_losses(unchecked_steps, manager)
-      unchecked_steps = []
-      host_metrics = {k: np.asarray(v).tolist() for k, v in jax.device_get(train_metrics).items()}
-      elapsed = time.time() - window_start
-      images_per_s = window_images / max(elapsed, 1e-9)  # per member for an ensemble
-      eta = (num_steps - done) * config.batch_size / max(images_per_s, 1e-9)
-      _log(f'step {done}/{num_steps} epoch {done / steps_per_epoch:.2f} | loss {describe(host_metrics["loss"])} '
-           f'| acc {np.mean(host_metrics["accuracy"]):.3f} | {images_per_s:.1f} img/s | ETA {_format_duration(eta)}')
-      metrics_writer.write(split='train', step=done, epoch=done / steps_per_epoch,
-                           images_per_s=images_per_s, **host_metrics)
-      window_start, window_images = time.time(), 0
+      if done % config.log_every_steps == 0 or is_last:
+        check_losses(unchecked_steps, manager)
+        unchecked_steps = []
+        host_metrics = {k: np.asarray(v).tolist() for k, v in sharding.to_host(train_metrics).items()}
+        elapsed = time.time() - window_start
+        images_per_s = window_images / max(elapsed, 1e-9)  # per member for an ensemble
+        eta = (num_steps - done) * config.batch_size / max(images_per_s, 1e-9)
+        _log(f'step {done}/{num_steps} epoch {done / steps_per_epoch:.2f} | loss {describe(host_metrics["loss"])} '
+             f'| acc {np.mean(host_metrics["accuracy"]):.3f} | {images_per_s:.1f} img/s | ETA {_format_duration(eta)}')
+        metrics_writer.write(split='train', step=done, epoch=done / steps_per_epoch,
+                             images_per_s=images_per_s, **host_metrics)
+        window_start, window_images = time.time(), 0
 
-    if (config.eval_every_steps and done % config.eval_every_steps == 0) or done == num_steps:
-      eval_metrics = run_eval()
-      if routing_probe is not None:
-        eval_metrics.update(routing_probe(state['params']))
-      _log(f'step {done} test: {describe_test(eval_metrics["accuracy"], eval_metrics["error"])}')
-      metrics_writer.write(split='test', step=done, epoch=done / steps_per_epoch, **eval_metrics)
-      window_start, window_images = time.time(), 0  # evaluation is not training throughput
-      if target_accuracy and eval_metrics['accuracy'] >= target_accuracy and done < num_steps:
-        _log(f'test accuracy reached {target_accuracy} at step {done}: stopping early')
-        stopped_early = True
-        last_step = num_steps = done
+      if (config.eval_every_steps and done % config.eval_every_steps == 0) or done == num_steps:
+        eval_metrics = run_eval()
+        if routing_probe is not None:
+          eval_metrics.update(routing_probe(state['params'], mesh, test_source))
+        _log(f'step {done} test: {describe_test(eval_metrics["accuracy"], eval_metrics["error"])}')
+        metrics_writer.write(split='test', step=done, epoch=done / steps_per_epoch, **eval_metrics)
+        window_start, window_images = time.time(), 0  # evaluation is not training throughput
+        if target_accuracy and eval_metrics['accuracy'] >= target_accuracy and done < num_steps:
+          _log(f'test accuracy reached {target_accuracy} at step {done}: stopping early')
+          stopped_early = True
+          last_step = num_steps = done
+          check_losses(unchecked_steps, manager)
+          unchecked_steps = []
+          save_checkpoint(manager, state)
+          break
+
+      saved = done % config.checkpoint_every_steps == 0 or is_last
+      if saved:
         check_losses(unchecked_steps, manager)
         unchecked_steps = []
         save_checkpoint(manager, state)
-        break
 
-    if done % config.checkpoint_every_steps == 0 or is_last:
-      check_losses(unchecked_steps, manager)
-      unchecked_steps = []
-      save_checkpoint(manager, state)
+      if not is_last and preempted(done):
+        if not saved:
+          check_losses(unchecked_steps, manager)
+          unchecked_steps = []
+          save_checkpoint(manager, state)
+        _log(f'preempted at step {done}: checkpoint saved')
+        last_step = done
+        break
   manager.wait_until_finished()
   manager.close()
 
@@ -506,8 +558,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       'members': members,
       'config': config.to_dict(),
   }
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(results, f, indent=2, default=str)
+  if sharding.is_main_process():
+    with open(os.path.join(workdir, 'results.json'), 'w') as f:
+      json.dump(results, f, indent=2, default=str)
   _log(f'test {describe_test(results["test_accuracy"], results["test_error"])} after {num_steps} steps; '
        f'results in {os.path.join(workdir, "results.json")}')
   return results

@@ -52,6 +52,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_batch_size = 500
   config.checkpoint_every_steps = 469
   config.keep_checkpoints = 3
+  config.stop_at_step = 0         # > 0: checkpoint and exit there (as a preemption would)
+  # Multi-host (capsjax.sharding): every process runs the same command; on Cloud TPU the
+  # coordinator is found automatically, elsewhere give address, count and id.
+  config.distributed = False
+  config.coordinator_address = ''
+  config.num_processes = 0
+  config.process_id = -1
   # Routing convergence (appendix A): mean |Δb| per iteration at every evaluation.
   config.routing_probe_iterations = 6
   config.routing_probe_examples = 100

@@ -1,4 +1,6 @@
 """Vmapped ensembles (Table 1): a member trains like the same configuration alone."""
+import os
+
 import jax
 import ml_collections
 import numpy as np
@@ -72,3 +74,22 @@ def test_mnist_baseline_cnn_has_the_papers_parameter_count():
   model = build_model(ablation_experiment.mnist_baseline_model())
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), np.zeros((1, 28, 28, 1), np.float32)))
   assert count_params(shapes['params']) == 35_445_522    # the paper: 35.4M
+
+
+def test_ablation_command_writes_table_and_loss_figure(mnist_dir, tmp_path):
+  config = ablation_experiment.get_config()
+  tiny = _ensemble_config(mnist_dir)
+  for key in ('data_dir', 'model', 'num_train_examples', 'num_test_examples', 'batch_size', 'num_steps',
+              'log_every_steps', 'eval_every_steps', 'eval_batch_size', 'checkpoint_every_steps'):
+    setattr(config, key, tiny[key])
+  config.ensemble.seeds = (0, 1)
+  config.ensemble.reconstruction_weights = (0.0005,)
+  config.baseline.model.conv_channels = (4, 4, 4)
+  config.baseline.model.dense = (16, 8)
+  summary = ablation.run(config, str(tmp_path))
+  assert [(r['routing_iterations'], r['reconstruction']) for r in summary['rows']] == [(1, True), (3, True)]
+  assert len(summary['baseline_errors_percent']) == 2
+  with open(tmp_path / 'table1.md') as f:
+    table = f.read()
+  assert table.count('| CapsNet |') == 2 and table.count('| Baseline CNN |') == 1
+  assert os.path.getsize(tmp_path / 'training_loss_routing.png') > 1000

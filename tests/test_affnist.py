@@ -114,3 +114,30 @@ def test_training_stops_at_the_target_accuracy_and_stays_stopped(mnist_dir, tmp_
   again = train.train_and_evaluate(config, workdir)      # a finished run stays finished
   assert again['steps'] == results['steps'] and again['stopped_early']
   assert again['test_accuracy'] == pytest.approx(results['test_accuracy'])
+
+
+def test_affnist_command_reports_both_models_on_all_test_sets(mnist_dir, tmp_path):
+  from capsjax import affnist  # pylint: disable=g-import-not-at-top
+  config = affnist_smoke.get_config()
+  config.data_dir = mnist_dir
+  config.num_train_examples, config.num_test_examples = 256, 64
+  config.batch_size, config.num_steps = 32, 4
+  config.eval_every_steps = config.checkpoint_every_steps = config.log_every_steps = 2
+  config.model.conv1_channels, config.model.primary_types = 8, 2
+  config.model.decoder_hidden = (16, 32)
+  config.cnn.model.conv_channels, config.cnn.model.dense = (4, 4, 4), (16, 8)
+  os.makedirs(tmp_path / 'mat')
+  rng = np.random.default_rng(1)
+  _write_affnist_mat(str(tmp_path / 'mat' / 'test.mat'),
+                     rng.integers(0, 256, (20, 40, 40), dtype=np.uint8), rng.integers(0, 10, 20))
+  config.affnist.mat_dir = str(tmp_path / 'mat')
+  summary = affnist.run(config, str(tmp_path / 'out'))
+  assert set(summary['rows']) == {'capsnet', 'cnn'}
+  for row in summary['rows'].values():
+    for key in ('expanded_test_accuracy', 'affine_test_accuracy', 'affnist_test_accuracy'):
+      assert 0.0 <= row[key] <= 1.0
+  assert summary['rows']['capsnet']['num_params'] != summary['rows']['cnn']['num_params']
+  with open(tmp_path / 'out' / 'affnist.md') as f:
+    table = f.read()
+  assert '| CapsNet |' in table and '| CNN |' in table and 'affNIST (%)' in table
+  assert os.path.getsize(tmp_path / 'out' / 'affine_examples.png') > 1000

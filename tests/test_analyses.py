@@ -64,3 +64,17 @@ def test_sweep_variants_parse_and_reject_bad_keys():
     sweep.parse_variant('x: learning_rate')
   with pytest.raises(ConfigError, match='Python literal'):
     sweep.parse_variant('x: learning_rate=fast')
+
+
+def test_sweep_command_trains_every_variant_and_ranks_them(mnist_dir, tmp_path):
+  config = tiny_config(mnist_dir, num_steps=4)
+  config.sweep = sweep_smoke.get_config().sweep
+  config.sweep.variants = ('base:', 'fast: learning_rate=3e-3')
+  summary = sweep.run(config, str(tmp_path))
+  assert [row['name'] for row in summary['rows']] == ['base', 'fast']
+  with open(tmp_path / 'sweep.md') as f:
+    table = f.read()
+  assert '| base | (base) |' in table and '| fast | learning_rate=0.003 |' in table
+  assert os.path.getsize(tmp_path / 'sweep.png') > 1000
+  # Two variants really trained differently.
+  assert summary['rows'][0]['final_train_loss'] != summary['rows'][1]['final_train_loss']

@@ -1,0 +1,139 @@
+"""Data parallelism over every device of every process: a 1-D mesh with a `data` axis.
+
+Parameters and optimizer state are replicated; batches are split along the batch axis
+(the axis after any leading ensemble-member axis). One device is the same program with a
+mesh of size 1. With several processes (hosts), each process holds only its slice of
+every global batch and `jax.make_array_from_process_local_data` assembles the global
+array; only process 0 writes logs, metrics, results and figures.
+"""
+import signal
+from typing import Any, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from capsjax.errors import ConfigError
+
+DATA_AXIS = 'data'
+
+
+def initialize_distributed(config) -> None:
+  """`jax.distributed.initialize` when config.distributed is set (multi-host runs).
+
+  On Cloud TPU and SLURM/MPI clusters every argument is detected automatically; elsewhere
+  pass config.coordinator_address ('host:port'), config.num_processes and
+  config.process_id to every process.
+  """
+  if not config.get('distributed', False):
+    return
+  kwargs = {}
+  if config.get('coordinator_address'):
+    kwargs['coordinator_address'] = config.coordinator_address
+  if config.get('num_processes', 0):
+    kwargs['num_processes'] = config.num_processes
+  if config.get('process_id', -1) >= 0:
+    kwargs['process_id'] = config.process_id
+  jax.distributed.initialize(**kwargs)
+
+
+def is_main_process() -> bool:
+  return jax.process_index() == 0
+
+
+def data_mesh(devices: Optional[Sequence[Any]] = None) -> jax.sharding.Mesh:
+  """A mesh over all (or the given) devices with the single axis `data`."""
+  devices = list(devices) if devices is not None else jax.devices()
+  # Auto axes: XLA propagates the batch split through the step (and inserts the gradient
+  # all-reduce) without sharding annotations inside the model code.
+  return jax.make_mesh((len(devices),), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=devices)
+
+
+def replicated(mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharding(mesh, leading_axes: int = 0) -> NamedSharding:
+  """Split the batch axis, which comes after `leading_axes` unsplit axes (ensemble members)."""
+  return NamedSharding(mesh, PartitionSpec(*([None] * leading_axes), DATA_AXIS))
+
+
+def check_batch_size(batch_size: int, mesh, what: str = 'batch_size') -> None:
+  devices = mesh.devices.size
+  if batch_size % devices:
+    raise ConfigError(f'global {what} {batch_size} does not divide by the {devices} devices '
+                      f'of the data mesh; use a multiple of {devices}')
+  if devices % jax.process_count():
+    raise ConfigError(f'{devices} devices do not split evenly over {jax.process_count()} processes')
+
+
+def process_rows(batch_size: int) -> slice:
+  """This process's rows of a global batch: an equal, contiguous share per process."""
+  per_process = batch_size // jax.process_count()
+  start = jax.process_index() * per_process
+  return slice(start, start + per_process)
+
+
+def global_batch(mesh, arrays, leading_axes: int = 0):
+  """Host arrays holding the global batch → global jax.Arrays split over `data`.
+
+  Each process passes the same global batch description but contributes only its own
+  rows (the slice `process_rows`), which is all it needs to have read.
+  """
+  sharding = batch_sharding(mesh, leading_axes)
+
+  def one(array):
+    array = np.asarray(array)
+    index = (slice(None),) * leading_axes + (process_rows(array.shape[leading_axes]),)
+    return jax.make_array_from_process_local_data(sharding, array[index], array.shape)
+
+  return jax.tree.map(one, arrays)
+
+
+def replicate(tree, mesh):
+  """Host values identical on every process → replicated global arrays."""
+  sharding = replicated(mesh)
+
+  def one(value):
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+  return jax.tree.map(one, tree)
+
+
+def to_host(tree):
+  """Replicated global arrays → numpy on every process (each reads its local copy)."""
+  def one(array):
+    if isinstance(array, jax.Array) and not array.is_fully_addressable:
+      return np.asarray(array.addressable_shards[0].data)
+    return np.asarray(array)
+  return jax.tree.map(one, tree)
+
+
+class PreemptionFlag:
+  """Set by SIGTERM (how schedulers and Cloud TPU announce a preemption); the training
+  loop checks it each step, saves a checkpoint and exits cleanly."""
+
+  def __init__(self, install: bool = True):
+    self.raised = False
+    self.install = install
+    self._previous = None
+
+  def __enter__(self):
+    if not self.install:
+      return self
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:   # not the main thread: no signal handling
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.raised = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+    return False

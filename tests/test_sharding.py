@@ -1,0 +1,153 @@
+"""Data parallelism: 8 simulated devices and 2 local processes train like 1 device.
+
+Every run here is a subprocess: the device count is fixed when JAX starts, and
+jax.distributed needs one process per participant.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from capsjax import sharding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, 'tests', 'multiprocess_worker.py')
+NUM_STEPS = 60
+# Float32 sums split over devices round differently: after 60 Adam steps the parameters
+# of the tiny model agree to ~1e-6 (its largest parameters are ~0.5).
+TOLERANCE = 2e-5
+
+
+def _env(devices=1):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}' if devices > 1 else ''
+  return env
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    return s.getsockname()[1]
+
+
+def _start(workdir, data_dir, process_id=0, num_processes=1, port=0, devices=1, out='', log=None):
+  command = [sys.executable, WORKER, f'--process_id={process_id}', f'--num_processes={num_processes}',
+             f'--port={port}', f'--workdir={workdir}', f'--data_dir={data_dir}',
+             f'--num_steps={NUM_STEPS}', f'--out={out}']
+  return subprocess.Popen(command, env=_env(devices), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finish(processes, logs, timeout=240):
+  try:
+    for process in processes:
+      process.wait(timeout=timeout)
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+  texts = []
+  for log in logs:
+    log.flush()
+    with open(log.name) as f:
+      texts.append(f.read())
+  for process, text in zip(processes, texts):
+    assert process.returncode == 0, text[-3000:]
+  return texts
+
+
+def _run(tmp_path, name, data_dir, num_processes=1, devices=1):
+  """A complete run; returns (final params, logs)."""
+  port = _free_port()
+  out = str(tmp_path / f'{name}.npz')
+  logs = [open(tmp_path / f'{name}_{i}.log', 'w') for i in range(num_processes)]
+  processes = [_start(str(tmp_path / name), data_dir, i, num_processes, port, devices, out, logs[i])
+               for i in range(num_processes)]
+  texts = _finish(processes, logs)
+  return np.load(out), texts
+
+
+def _assert_same_params(a, b):
+  assert sorted(a.files) == sorted(b.files)
+  for key in a.files:
+    np.testing.assert_allclose(a[key], b[key], atol=TOLERANCE, rtol=0)
+
+
+@pytest.fixture(scope='module')
+def one_device_params(tmp_path_factory, mnist_dir):
+  params, _ = _run(tmp_path_factory.mktemp('one'), 'one', mnist_dir)
+  return params
+
+
+def test_eight_simulated_devices_train_like_one(one_device_params, mnist_dir, tmp_path):
+  params, logs = _run(tmp_path, 'eight', mnist_dir, devices=8)
+  assert 'devices 8' in logs[0]
+  _assert_same_params(params, one_device_params)
+
+
+def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_params, mnist_dir, tmp_path):
+  # SIGTERM both processes mid-run: JAX's preemption service makes them agree on a step,
+  # the run checkpoints there and exits cleanly; the same command then resumes it.
+  port = _free_port()
+  workdir, out = str(tmp_path / 'two'), str(tmp_path / 'two.npz')
+  logs = [open(tmp_path / f'first_{i}.log', 'w') for i in range(2)]
+  processes = [_start(workdir, mnist_dir, i, 2, port, 1, out, logs[i]) for i in range(2)]
+  deadline = time.time() + 180
+  while 'step 10/' not in open(logs[0].name).read():
+    assert time.time() < deadline and processes[0].poll() is None, open(logs[0].name).read()[-3000:]
+    time.sleep(0.2)
+  for process in processes:
+    process.send_signal(signal.SIGTERM)
+  first = _finish(processes, logs)
+  stopped = [line for line in first[0].splitlines() if line.startswith('stopped at step')]
+  assert stopped, first[0][-3000:]
+  step = int(stopped[0].split()[3])
+  assert 10 <= step < NUM_STEPS
+  assert all(f'steps {step} completed False' in text for text in first)
+  assert not os.path.exists(out)
+
+  logs = [open(tmp_path / f'second_{i}.log', 'w') for i in range(2)]
+  port = _free_port()
+  processes = [_start(workdir, mnist_dir, i, 2, port, 1, out, logs[i]) for i in range(2)]
+  second = _finish(processes, logs)
+  assert f'resumed from checkpoint at step {step}' in second[0]
+  assert all(f'steps {NUM_STEPS} completed True' in text for text in second)
+  # Only process 0 writes the metrics and results.
+  assert 'test accuracy' in second[0] and 'test accuracy' not in second[1]
+  _assert_same_params(np.load(out), one_device_params)
+
+
+def test_single_process_sigterm_checkpoints_and_resumes(one_device_params, mnist_dir, tmp_path):
+  workdir, out = str(tmp_path / 'single'), str(tmp_path / 'single.npz')
+  with open(tmp_path / 'first.log', 'w') as log:
+    process = _start(workdir, mnist_dir, out=out, log=log)
+    deadline = time.time() + 180
+    while 'step 10/' not in open(log.name).read():
+      assert time.time() < deadline and process.poll() is None, open(log.name).read()[-3000:]
+      time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    text = _finish([process], [log])[0]
+  assert 'preempted at step' in text and 'completed False' in text
+  with open(tmp_path / 'second.log', 'w') as log:
+    text = _finish([_start(workdir, mnist_dir, out=out, log=log)], [log])[0]
+  assert 'resumed from checkpoint' in text
+  _assert_same_params(np.load(out), one_device_params)
+
+
+def test_batch_that_does_not_divide_by_the_devices_is_one_clear_error(mnist_dir, tmp_path):
+  result = subprocess.run(
+      [sys.executable, 'run.py', '--experiment=mnist_smoke', f'--workdir={tmp_path}',
+       f'--config.data_dir={mnist_dir}', '--config.batch_size=30'],
+      env=_env(8), cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      'error: global batch_size 30 does not divide by the 8 devices of the data mesh; use a multiple of 8']
+
+
+def test_process_rows_split_a_batch_evenly():
+  # In this (single) process the share is the whole batch; the arithmetic is per process.
+  assert sharding.process_rows(32) == slice(0, 32)
