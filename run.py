@@ -113,12 +113,14 @@ def entry_point():
   try:
     # Defining the flag already applies the --config.KEY=VALUE overrides in sys.argv.
     config_flags.DEFINE_config_dict('config', config, 'Experiment config.')
-    FLAGS(sys.argv)
+    remaining = FLAGS(sys.argv)
   except flags.Error as e:
     _fail(str(e).splitlines()[0])
   except (AttributeError, KeyError) as e:
     _fail(f'unknown config key in the overrides of experiment {name!r}: {e}')
-  app.run(main, argv=sys.argv)
+  # The flags are parsed once, above: parsing again would apply each --config override a
+  # second time (ml_collections then concatenates tuple values).
+  app.run(main, argv=remaining)
 
 
 if __name__ == '__main__':

@@ -59,8 +59,8 @@ def render_table(config, rows: List[Dict[str, Any]]) -> str:
   reference = rows[0]
   lines = [f'# Hyper-parameter sweep, `{config.experiment}`', '',
            f'Each row trains the base config with the listed overrides; Δ is the change in test '
-           f'error against `{reference["name"]}` (negative = better). One seed each: differences '
-           f'below about 0.3 percentage points are within seed noise at this scale.', '',
+           f'error against `{reference["name"]}` (negative = better). One run per variant: judge a '
+           f'Δ against the spread between variants that change only `seed`.', '',
            '| variant | overrides | test error (%) | Δ (points) | final train loss | wall time (s) |',
            '| --- | --- | ---: | ---: | ---: | ---: |']
   for row in rows:

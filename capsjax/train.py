@@ -536,7 +536,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return {'steps': last_step, 'completed': False}
   if train_metrics is None:  # resumed a finished run: evaluate the restored parameters
     eval_metrics = run_eval()
-    final_train_loss = None
+    final_train_loss = previous.get('final_train_loss')
   else:
     final_train_loss = np.asarray(train_metrics['loss']).tolist()
   results = {
@@ -551,7 +551,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       'num_train_examples': train.num_examples,
       'num_test_examples': test.num_examples,
       'final_train_loss': final_train_loss,
-      'wall_time_s': time.time() - start_time,
+      # A finished run evaluated again keeps the wall time of its training.
+      'wall_time_s': (previous.get('wall_time_s') if train_metrics is None and previous.get('completed')
+                      else None) or time.time() - start_time,
       'backend': jax.default_backend(),
       'completed': True,
       'stopped_early': stopped_early,

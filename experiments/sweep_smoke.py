@@ -24,6 +24,8 @@ def get_config():
   config.routing_probe_iterations = 0
   config.sweep = ml_collections.ConfigDict(dict(variants=(
       'base:',
+      'seed_1: seed=1',            # the same config, another seed: the noise level
+      'seed_2: seed=2',
       'lr_3e-3: learning_rate=3e-3',
       'lr_3e-4: learning_rate=3e-4',
       'no_decay: lr_decay_rate=1.0',

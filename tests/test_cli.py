@@ -32,6 +32,9 @@ def test_summary_follows_config_overrides():
     (['--experiment=mnist', '--config.no_such_key=1', '--summary'], 'unknown config key'),
     (['--experiment=mnist', '--config.batch_size=abc', '--summary'], 'config.batch_size'),
     (['--workdir=/tmp/x'], '--experiment=NAME is required'),
+    (['--experiment=ablation', '--workdir=/tmp/x', '--config.program=nope'], "unknown program 'nope'"),
+    (['--experiment=sweep_smoke', '--workdir=/tmp/x', '--config.sweep.variants=("a: learning_rat=1",)'],
+     "sweep override 'learning_rat': no such config key"),
 ])
 def test_bad_arguments_give_one_line(args, message):
   result = run(*args)
