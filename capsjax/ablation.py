@@ -25,10 +25,7 @@ PAPER_TABLE1 = {
 
 def baseline_config(config) -> ml_collections.ConfigDict:
   """The baseline CNN run: config's data and optimiser, the baseline's model and loss, seeds only."""
-  baseline = ml_collections.ConfigDict(config.to_dict())
-  baseline.experiment = f'{config.experiment}_baseline'
-  baseline.model = ml_collections.ConfigDict(config.baseline.model.to_dict())
-  baseline.loss = ml_collections.ConfigDict(config.baseline.loss.to_dict())
+  baseline = train.with_model_of(config, 'baseline')
   baseline.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(config.ensemble.seeds)))
   return baseline
 

@@ -11,7 +11,6 @@ import json
 import os
 from typing import Any, Dict
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -21,14 +20,6 @@ from capsjax.data.mnist import Dataset
 from capsjax.data.pipeline import affine_test_pipeline, dataset_pipeline
 
 PAPER = {'capsnet': (99.23, 79.0), 'cnn': (99.22, 66.0)}   # expanded MNIST %, affNIST %
-
-
-def cnn_config(config) -> ml_collections.ConfigDict:
-  cnn = ml_collections.ConfigDict(config.to_dict())
-  cnn.experiment = f'{config.experiment}_cnn'
-  cnn.model = ml_collections.ConfigDict(config.cnn.model.to_dict())
-  cnn.loss = ml_collections.ConfigDict(config.cnn.loss.to_dict())
-  return cnn
 
 
 def evaluate_on(config, workdir: str, pipeline) -> Dict[str, Any]:
@@ -58,7 +49,7 @@ def draw_examples(pipeline, path: str, count: int = 32) -> None:
 
 def run(config, workdir: str) -> Dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
-  runs = {'capsnet': config, 'cnn': cnn_config(config)}
+  runs = {'capsnet': config, 'cnn': train.with_model_of(config, 'cnn')}
   affine_config = ml_collections.ConfigDict(config.to_dict())
   affine_config.num_test_examples = config.affnist.num_examples or config.num_test_examples
   affine_test = affine_test_pipeline(affine_config)

@@ -305,6 +305,16 @@ def member_config(config, member) -> ml_collections.ConfigDict:
   return single
 
 
+def with_model_of(config, key: str) -> ml_collections.ConfigDict:
+  """config with the model and loss of config[key] (a comparison model such as a CNN
+  baseline): the same data, optimiser and schedule; experiment named EXPERIMENT_KEY."""
+  derived = ml_collections.ConfigDict(config.to_dict())
+  derived.experiment = f'{config.experiment}_{key}'
+  derived.model = ml_collections.ConfigDict(config[key].model.to_dict())
+  derived.loss = ml_collections.ConfigDict(config[key].loss.to_dict())
+  return derived
+
+
 def member_knobs(members):
   """Stacked traced hyper-parameters [members] for the vmapped steps."""
   return {'seed': jnp.asarray([m['seed'] for m in members], jnp.int32),

@@ -1,10 +1,8 @@
 """IDX reader (generated and malformed files), the TFDS path (mocked), on-device shifts."""
-import gzip
 import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds

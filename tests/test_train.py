@@ -1,7 +1,6 @@
 """Training: it learns real MNIST, resumes exactly, stops on divergence, guards checkpoints."""
 import json
 import os
-import shutil
 
 import jax
 import numpy as np

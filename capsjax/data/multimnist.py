@@ -12,7 +12,6 @@ Export for inspection: python -m capsjax.data.multimnist --data_dir=DIR --split=
   --num=N --out=FILE.npz   (images [N,36,36] float32, labels [N,2], digits [N,2,36,36])
 """
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
