@@ -75,18 +75,23 @@ def process_rows(batch_size: int) -> slice:
   return slice(start, start + per_process)
 
 
-def global_batch(mesh, arrays, leading_axes: int = 0):
-  """Host arrays holding the global batch → global jax.Arrays split over `data`.
+def global_batch(mesh, arrays, leading_axes: int = 0, global_size: Optional[int] = None):
+  """Host arrays → global jax.Arrays split over `data` along the batch axis.
 
-  Each process passes the same global batch description but contributes only its own
-  rows (the slice `process_rows`), which is all it needs to have read.
+  With `global_size`, `arrays` are already this process's rows (`process_rows`) of a
+  batch of that size: all the process has read. Without it they hold the whole global
+  batch and each process contributes its rows of it.
   """
   sharding = batch_sharding(mesh, leading_axes)
 
   def one(array):
     array = np.asarray(array)
-    index = (slice(None),) * leading_axes + (process_rows(array.shape[leading_axes]),)
-    return jax.make_array_from_process_local_data(sharding, array[index], array.shape)
+    if global_size is None:
+      index = (slice(None),) * leading_axes + (process_rows(array.shape[leading_axes]),)
+      shape, array = array.shape, array[index]
+    else:
+      shape = array.shape[:leading_axes] + (global_size,) + array.shape[leading_axes + 1:]
+    return jax.make_array_from_process_local_data(sharding, array, shape)
 
   return jax.tree.map(one, arrays)
 

@@ -435,12 +435,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   train_source = sharding.replicate(train.source, mesh)
   test_source = sharding.replicate(test.source, mesh)
 
+  rows = sharding.process_rows(config.batch_size)   # this process reads only these rows
+
   def host_batch(step):
     if not ensemble:
-      return sharding.global_batch(mesh, train.host_batch(step))
-    parts = [train.host_batch(step, member['seed']) for member in members]
-    stacked = tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, batch, ...]
-    return sharding.global_batch(mesh, stacked, leading_axes=1)
+      return sharding.global_batch(mesh, train.host_batch(step, rows=rows), global_size=config.batch_size)
+    parts = [train.host_batch(step, member['seed'], rows) for member in members]
+    stacked = tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, rows, ...]
+    return sharding.global_batch(mesh, stacked, leading_axes=1, global_size=config.batch_size)
 
   def run_eval():
     return evaluate(eval_step, state['params'], test, config.eval_batch_size, knobs, mesh, test_source)

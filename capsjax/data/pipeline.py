@@ -27,7 +27,8 @@ HostBatch = Tuple[np.ndarray, ...]
 class Pipeline:
   num_examples: int                 # examples in one epoch
   source: Any                       # device pytree passed to device_batch
-  host_batch: Callable[..., HostBatch]  # training: (step, seed=config's) → host arrays
+  # training: (step, seed=config's, rows=all) → host arrays of those rows of the step's batch
+  host_batch: Callable[..., HostBatch]
   eval_batches: Callable[[int], Iterator[Tuple[HostBatch, np.ndarray]]]  # batch size → (arrays, weights)
   device_batch: Callable[..., dict]  # (source, host_batch, key or None) → batch dict
 
@@ -63,10 +64,10 @@ def dataset_pipeline(config, dataset: Dataset, training: bool,
   batch_size = config.batch_size
   steps_per_epoch = len(dataset) // batch_size
 
-  def host_batch(step, run_seed=None):
+  def host_batch(step, run_seed=None, rows=slice(None)):
     epoch, position = divmod(step, steps_per_epoch)
     order = epoch_permutation(config.seed if run_seed is None else run_seed, epoch, len(dataset))
-    indices = order[position * batch_size:(position + 1) * batch_size]
+    indices = order[position * batch_size:(position + 1) * batch_size][rows]
     return dataset.images[indices], dataset.labels[indices], indices.astype(np.int32)
 
   def eval_batches(eval_batch_size):
@@ -106,11 +107,11 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) 
   total = len(dataset) * config.multimnist.examples_per_digit
   num_examples = min(num_examples or total, total)
 
-  def host_batch(step, run_seed=None):
+  def host_batch(step, run_seed=None, rows=slice(None)):
     # Training draws indices uniformly from the whole (virtual) 60M-example set; the
     # overlays themselves are always generated from the pipeline's own `seed`.
     order_seed = seed if run_seed is None else run_seed
-    return (np.random.default_rng([order_seed, step]).integers(0, total, config.batch_size),)
+    return (np.random.default_rng([order_seed, step]).integers(0, total, config.batch_size)[rows],)
 
   def eval_batches(eval_batch_size):
     # Indices 0..n−1: with index mod N as the first digit, a subset of n ≤ N examples
