@@ -111,7 +111,6 @@ def objective(config, model, params, batch, train: bool, knobs=None):
   num_classes = config.model.num_classes
   targets = labels_to_targets(labels, num_classes)
   variables = {'params': params}
-  seed = config.seed if knobs is None else knobs['seed']
   if loss_config.name == 'capsnet':
     margin_kwargs = dict(m_plus=loss_config.m_plus, m_minus=loss_config.m_minus,
                          negative_weight=loss_config.negative_weight)
@@ -131,7 +130,7 @@ def objective(config, model, params, batch, train: bool, knobs=None):
         outputs['lengths'], targets, outputs.get('reconstructions'), reconstruction_targets,
         reconstruction_weight, **margin_kwargs)
     return total, outputs['lengths'], parts
-  rngs = {'dropout': jax.random.fold_in(jax.random.key(seed), batch['step'])} if train else None
+  rngs = {'dropout': batch['dropout_key']} if train else None
   logits = model.apply(variables, images, train=train, rngs=rngs)['logits']
   if loss_config.name == 'sigmoid_xent':
     total = optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1)
@@ -161,7 +160,8 @@ def train_step_fn(config, model, optimizer, pipeline):
     seed = config.seed if knobs is None else knobs['seed']
     step_key = jax.random.fold_in(jax.random.key(seed), state['step'])
     batch = pipeline.device_batch(source, host_batch, step_key)
-    batch['step'] = state['step']
+    # Its own stream: the step key already drew the batch's shifts (or placements).
+    batch['dropout_key'] = jax.random.fold_in(step_key, 1)
 
     def loss_fn(params):
       per_example, scores, parts = objective(config, model, params, batch, train=True, knobs=knobs)
@@ -470,7 +470,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # the first evaluation that reaches the target; a finished run stays finished.
   target_accuracy = 0.0 if ensemble else config.get('stop_at_test_accuracy', 0.0)
   previous = _previous_results(workdir)
-  if target_accuracy and previous.get('stopped_early') and previous.get('steps') == first_step:
+  stopped_early = bool(target_accuracy and previous.get('stopped_early') and previous.get('steps') == first_step)
+  if stopped_early:
     last_step = num_steps = first_step
   unchecked_steps = []
   window_start, window_images = time.time(), 0
@@ -484,7 +485,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   def preempted(step: int) -> bool:
     return manager.reached_preemption(step) if multi_process else preemption.raised
 
-  stopped_early = bool(target_accuracy and previous.get('stopped_early') and num_steps == first_step)
+  def checked_save():
+    # Never save parameters from after a non-finite loss: check the pending steps first.
+    nonlocal unchecked_steps
+    check_losses(unchecked_steps, manager)
+    unchecked_steps = []
+    save_checkpoint(manager, state)
+
   with preemption:
     for step in range(first_step, last_step):
       if ensemble:
@@ -516,26 +523,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         _log(f'step {done} test: {describe_test(eval_metrics["accuracy"], eval_metrics["error"])}')
         metrics_writer.write(split='test', step=done, epoch=done / steps_per_epoch, **eval_metrics)
         window_start, window_images = time.time(), 0  # evaluation is not training throughput
-        if target_accuracy and eval_metrics['accuracy'] >= target_accuracy and done < num_steps:
-          _log(f'test accuracy reached {target_accuracy} at step {done}: stopping early')
-          stopped_early = True
-          last_step = num_steps = done
-          check_losses(unchecked_steps, manager)
-          unchecked_steps = []
-          save_checkpoint(manager, state)
-          break
+        reached_target = (target_accuracy and eval_metrics['accuracy'] >= target_accuracy
+                          and done < num_steps)
+      else:
+        reached_target = False
 
-      saved = done % config.checkpoint_every_steps == 0 or is_last
+      saved = done % config.checkpoint_every_steps == 0 or is_last or reached_target
       if saved:
-        check_losses(unchecked_steps, manager)
-        unchecked_steps = []
-        save_checkpoint(manager, state)
-
+        checked_save()
+      if reached_target:
+        _log(f'test accuracy reached {target_accuracy} at step {done}: stopping early')
+        stopped_early = True
+        last_step = num_steps = done
+        break
       if not is_last and preempted(done):
         if not saved:
-          check_losses(unchecked_steps, manager)
-          unchecked_steps = []
-          save_checkpoint(manager, state)
+          checked_save()
         _log(f'preempted at step {done}: checkpoint saved')
         last_step = done
         break
