@@ -4,6 +4,8 @@
   --workdir=DIR          checkpoints, metrics.jsonl and results.json (resumes from it)
   --config.KEY=VALUE     override any config field, e.g. --config.data_dir=../data/mnist
   --summary              print the model's parameter table and num_params=N, then exit
+  --show_config          print every config key with its value (after overrides), then exit
+  --help                 this text and the experiments; with --experiment=NAME, its config keys
 """
 import importlib
 import logging
@@ -24,6 +26,7 @@ import experiments  # pylint: disable=g-import-not-at-top
 flags.DEFINE_string('experiment', None, 'Experiment name: a module in experiments/.')
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and results.')
 flags.DEFINE_bool('summary', False, 'Print the parameter table and exit.')
+flags.DEFINE_bool('show_config', False, 'Print every config key with its value and exit.')
 FLAGS = flags.FLAGS
 
 # config.program → the function(config, workdir) that runs it (default 'train').
@@ -37,6 +40,43 @@ PROGRAMS = {
 
 def available_experiments():
   return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__))
+
+
+HELP_ARGS = ('--help', '-h', '--helpshort', '--helpfull', '-?')
+
+
+def experiment_summary(name: str) -> str:
+  """The first sentence of an experiment module's docstring."""
+  doc = importlib.import_module(f'experiments.{name}').__doc__ or ''
+  paragraph = ' '.join(doc.strip().split('\n\n')[0].split())
+  sentence, dot, _ = paragraph.partition('. ')
+  return sentence + ('.' if dot else '')
+
+
+def config_lines(config, prefix: str = ''):
+  """Every leaf of a config as 'key = value', in the experiment's order."""
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      yield from config_lines(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key} = {value!r}'
+
+
+def print_help(name=None) -> None:
+  print(__doc__.strip())
+  if name is None:
+    print('\nExperiments (--experiment=NAME):')
+    names = available_experiments()
+    width = max(map(len, names))
+    for experiment in names:
+      print(f'  {experiment.ljust(width)}  {experiment_summary(experiment)}')
+    print('\n`python run.py --experiment=NAME --help` lists that experiment\'s config keys.')
+    return
+  config = load_experiment_config(name)
+  print(f'\nExperiment {name}: {experiment_summary(name)}')
+  print('\nConfig keys and defaults (override with --config.KEY=VALUE):')
+  for line in config_lines(config):
+    print(f'  {line}')
 
 
 def _fail(message: str) -> None:
@@ -86,12 +126,22 @@ def main(argv):
   if len(argv) > 1:
     _fail(f'unexpected arguments: {" ".join(argv[1:])}')
   config = FLAGS.config
+  if FLAGS.show_config:
+    for line in config_lines(config):
+      print(line)
+    return
+  from capsjax.errors import CapsjaxError  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
+  try:
+    validate(config)   # before any data is read or anything compiled
+  except CapsjaxError as e:
+    _fail(str(e))
   if FLAGS.summary:
     print_summary(config)
     return
   if not FLAGS.workdir:
     _fail('--workdir is required to train')
-  from capsjax.errors import CapsjaxError  # pylint: disable=g-import-not-at-top
+  workdir = os.path.abspath(os.path.expanduser(FLAGS.workdir))
   program_name = config.get('program', 'train')
   if program_name not in PROGRAMS:
     _fail(f'unknown program {program_name!r}; available: {", ".join(sorted(PROGRAMS))}')
@@ -100,13 +150,16 @@ def main(argv):
   from capsjax.sharding import initialize_distributed  # pylint: disable=g-import-not-at-top
   try:
     initialize_distributed(config)   # before any JAX computation
-    program(config, FLAGS.workdir)
+    program(config, workdir)
   except CapsjaxError as e:
     _fail(str(e))
 
 
 def entry_point():
   name = _experiment_from_argv(sys.argv[1:])
+  if any(arg in HELP_ARGS for arg in sys.argv[1:]):
+    print_help(name)
+    sys.exit(0)
   if name is None:
     _fail(f'--experiment=NAME is required; available: {", ".join(available_experiments())}')
   config = load_experiment_config(name)

@@ -27,7 +27,8 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax import train  # pylint: disable=g-import-not-at-top
+from capsjax import steps  # pylint: disable=g-import-not-at-top
+from capsjax.models import build_model
 from capsjax.data import pipeline
 from capsjax.data.mnist import Dataset
 
@@ -88,15 +89,15 @@ def buffer_bytes(jitted, *args) -> int:
 
 
 def measure_jax(config, batch: int, steps: int) -> dict:
-  model = train.build_model(config.model)
-  optimizer = train.make_optimizer(config)
-  state = train.init_state(config, model, optimizer)
+  model = build_model(config.model)
+  optimizer = steps.make_optimizer(config)
+  state = steps.init_state(config, model, optimizer)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (batch,) + tuple(config.model.input_shape)).astype(np.uint8)
   labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
   config.batch_size = batch
   data = pipeline.dataset_pipeline(config, Dataset(images, labels), training=True)
-  train_step = train.make_train_step(config, model, optimizer, data)
+  train_step = steps.make_train_step(config, model, optimizer, data)
   host_batch = data.host_batch(0)
 
   memory_train = buffer_bytes(train_step, state, None, host_batch)

@@ -13,7 +13,8 @@ from typing import Any, Dict, List
 import ml_collections
 import numpy as np
 
-from capsjax import train
+from capsjax import steps, train
+from capsjax.programs.common import with_model_of
 from capsjax.errors import ConfigError
 
 # The paper's Table 1, MNIST test error in % (mean ± std of 3 trials where given).
@@ -25,7 +26,7 @@ PAPER_TABLE1 = {
 
 def baseline_config(config) -> ml_collections.ConfigDict:
   """The baseline CNN run: config's data and optimiser, the baseline's model and loss, seeds only."""
-  baseline = train.with_model_of(config, 'baseline')
+  baseline = with_model_of(config, 'baseline')
   baseline.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(config.ensemble.seeds)))
   return baseline
 
@@ -112,13 +113,13 @@ def plot_training_loss(curves, path: str) -> None:
 
 
 def run(config, workdir: str) -> Dict[str, Any]:
-  if not config.get('ensemble'):
+  if not config.ensemble:
     raise ConfigError('the ablation needs config.ensemble (seeds, routing_iterations, reconstruction_weights)')
   os.makedirs(workdir, exist_ok=True)
   capsnet_dir = os.path.join(workdir, 'capsnet')
   capsnet = train.train_and_evaluate(config, capsnet_dir)
   baseline_errors = None
-  if config.get('baseline') and config.baseline.enabled:
+  if 'baseline' in config and config.baseline.enabled:
     baseline = train.train_and_evaluate(baseline_config(config), os.path.join(workdir, 'baseline'))
     baseline_errors = baseline['test_error']
   members = capsnet['members']

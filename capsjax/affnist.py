@@ -14,7 +14,8 @@ from typing import Any, Dict
 import ml_collections
 import numpy as np
 
-from capsjax import train
+from capsjax import steps, train
+from capsjax.programs.common import with_model_of
 from capsjax.data import affine
 from capsjax.data.mnist import Dataset
 from capsjax.data.pipeline import affine_test_pipeline, dataset_pipeline
@@ -25,8 +26,8 @@ PAPER = {'capsnet': (99.23, 79.0), 'cnn': (99.22, 66.0)}   # expanded MNIST %, a
 def evaluate_on(config, workdir: str, pipeline) -> Dict[str, Any]:
   """Accuracy of the trained run in `workdir` on another test pipeline."""
   _, model, params = train.load_trained(workdir)
-  eval_step = train.make_eval_step(config, model, pipeline)
-  return train.evaluate(eval_step, params, pipeline, config.eval_batch_size)
+  eval_step = steps.make_eval_step(config, model, pipeline)
+  return steps.evaluate(eval_step, params, pipeline, config.eval_batch_size)
 
 
 def draw_examples(pipeline, path: str, count: int = 32) -> None:
@@ -49,7 +50,7 @@ def draw_examples(pipeline, path: str, count: int = 32) -> None:
 
 def run(config, workdir: str) -> Dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
-  runs = {'capsnet': config, 'cnn': train.with_model_of(config, 'cnn')}
+  runs = {'capsnet': config, 'cnn': with_model_of(config, 'cnn')}
   affine_config = ml_collections.ConfigDict(config.to_dict())
   affine_config.num_test_examples = config.affnist.num_examples or config.num_test_examples
   affine_test = affine_test_pipeline(affine_config)

@@ -19,3 +19,7 @@ class NaNLossError(CapsjaxError):
 
 class CheckpointError(CapsjaxError):
   """A checkpoint in the workdir cannot be restored."""
+
+
+class WorkdirError(CapsjaxError):
+  """The workdir cannot be used: not a directory, not writable, locked by another run."""

@@ -6,7 +6,6 @@ mesh of size 1. With several processes (hosts), each process holds only its slic
 every global batch and `jax.make_array_from_process_local_data` assembles the global
 array; only process 0 writes logs, metrics, results and figures.
 """
-import signal
 from typing import Any, Optional, Sequence
 
 import jax
@@ -16,25 +15,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from capsjax.errors import ConfigError
 
 DATA_AXIS = 'data'
-
-
-def initialize_distributed(config) -> None:
-  """`jax.distributed.initialize` when config.distributed is set (multi-host runs).
-
-  On Cloud TPU and SLURM/MPI clusters every argument is detected automatically; elsewhere
-  pass config.coordinator_address ('host:port'), config.num_processes and
-  config.process_id to every process.
-  """
-  if not config.get('distributed', False):
-    return
-  kwargs = {}
-  if config.get('coordinator_address'):
-    kwargs['coordinator_address'] = config.coordinator_address
-  if config.get('num_processes', 0):
-    kwargs['num_processes'] = config.num_processes
-  if config.get('process_id', -1) >= 0:
-    kwargs['process_id'] = config.process_id
-  jax.distributed.initialize(**kwargs)
 
 
 def is_main_process() -> bool:
@@ -114,31 +94,3 @@ def to_host(tree):
       return np.asarray(array.addressable_shards[0].data)
     return np.asarray(array)
   return jax.tree.map(one, tree)
-
-
-class PreemptionFlag:
-  """Set by SIGTERM (how schedulers and Cloud TPU announce a preemption); the training
-  loop checks it each step, saves a checkpoint and exits cleanly."""
-
-  def __init__(self, install: bool = True):
-    self.raised = False
-    self.install = install
-    self._previous = None
-
-  def __enter__(self):
-    if not self.install:
-      return self
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:   # not the main thread: no signal handling
-      self._previous = None
-    return self
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.raised = True
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-    return False

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple
 
 import ml_collections
 
-from capsjax import train
+from capsjax import train, validation
 from capsjax.errors import ConfigError
 
 
@@ -97,6 +97,11 @@ def run(config, workdir: str) -> Dict[str, Any]:
   if len(set(names)) != len(names):
     raise ConfigError(f'sweep variant names repeat: {names}')
   configs = [variant_config(config, overrides) for _, overrides in variants]  # validate all first
+  for name, variant in zip(names, configs):
+    try:
+      validation.validate(variant)
+    except ConfigError as e:
+      raise ConfigError(f'sweep variant {name!r}: {e}') from None
   os.makedirs(workdir, exist_ok=True)
   rows = []
   for (name, overrides), variant in zip(variants, configs):

@@ -52,7 +52,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_batch_size = 500
   config.checkpoint_every_steps = 469
   config.keep_checkpoints = 3
+  config.checkpoint_every_secs = 600.0   # also save every 10 minutes of wall time (0: off)
   config.stop_at_step = 0         # > 0: checkpoint and exit there (as a preemption would)
+  # > 0: the run is complete at the first evaluation with this test accuracy (affNIST).
+  config.stop_at_test_accuracy = 0.0
+  # A workdir is bound to the config it was started with; True continues it with another.
+  config.allow_config_change = False
+  # The function that runs the experiment (see run.py): 'train', or a program of
+  # capsjax.programs that calls the training loop itself.
+  config.program = 'train'
+  # Several configurations trained as one vmapped program (capsjax.ensembles): a dict of
+  # tuples seeds / routing_iterations / reconstruction_weights, or None.
+  config.ensemble = None
   # Multi-host (capsjax.sharding): every process runs the same command; on Cloud TPU the
   # coordinator is found automatically, elsewhere give address, count and id.
   config.distributed = False

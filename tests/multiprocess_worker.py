@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from capsjax import sharding, train
+from capsjax import runtime, sharding, train
 from sharded_config import tiny_sharded_config
 
 
@@ -43,7 +43,7 @@ def main():
     config.coordinator_address = f'localhost:{args.port}'
     config.num_processes = args.num_processes
     config.process_id = args.process_id
-  sharding.initialize_distributed(config)
+  runtime.initialize_distributed(config)
   results = train.train_and_evaluate(config, args.workdir, stop_at_step=args.stop_at_step or None)
   if results.get('completed') and args.out:
     _, _, params = train.load_trained(args.workdir)   # collective: every process restores

@@ -6,11 +6,22 @@ import ml_collections
 import numpy as np
 import pytest
 
-from capsjax import ablation, train
+from capsjax import ablation, ensembles, train
 from capsjax.errors import ConfigError
 from capsjax.models import build_model, count_params
 from experiments import ablation as ablation_experiment
 from test_train import tiny_config
+
+
+def member_config(config, member) -> ml_collections.ConfigDict:
+  """The stand-alone config that trains exactly like `member` of config's ensemble."""
+  single = ml_collections.ConfigDict(config.to_dict())
+  single.ensemble = None
+  single.seed = member['seed']
+  if single.loss.name == 'capsnet':
+    single.model.routing_iterations = member['routing_iterations']
+    single.loss.reconstruction_weight = member['reconstruction_weight']
+  return single
 
 
 def _ensemble_config(data_dir, **ensemble):
@@ -22,13 +33,13 @@ def _ensemble_config(data_dir, **ensemble):
 def test_members_are_the_product_of_the_grid(mnist_dir):
   config = _ensemble_config(mnist_dir, seeds=(0, 1, 2), routing_iterations=(1, 3),
                             reconstruction_weights=(0.0, 0.0005))
-  members = train.ensemble_members(config)
+  members = ensembles.ensemble_members(config)
   assert len(members) == 12
   assert {(m['seed'], m['routing_iterations'], m['reconstruction_weight']) for m in members} == {
       (s, r, w) for s in (0, 1, 2) for r in (1, 3) for w in (0.0, 0.0005)}
   config.ensemble.routing_iterations = (1, 5)   # beyond the model's static bound of 3
   with pytest.raises(ConfigError, match='exceed'):
-    train.ensemble_members(config)
+    ensembles.ensemble_members(config)
 
 
 def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir, tmp_path):
@@ -40,7 +51,7 @@ def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir,
   _, _, ensemble_params = train.load_trained(str(tmp_path / 'ensemble'))
   members = together['members']
   for index in (0, 3):   # (seed 0, 1 iteration) and (seed 1, 3 iterations)
-    alone = train.train_and_evaluate(train.member_config(config, members[index]),
+    alone = train.train_and_evaluate(member_config(config, members[index]),
                                      str(tmp_path / f'alone{index}'))
     _, _, alone_params = train.load_trained(str(tmp_path / f'alone{index}'))
     # Batched and unbatched matmuls round differently on CPU; after 4 Adam steps the

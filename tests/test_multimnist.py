@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import segmentation, train
+from capsjax import objectives, segmentation, train
 from capsjax.data import multimnist
 from capsjax.data.mnist import load_idx_split
 from capsjax.models import build_model, count_params
@@ -109,10 +109,10 @@ def test_top2_evaluation_on_hand_built_lengths():
                        [0.9, 0.1, 0.8, 0.0],    # predicts {0, 2}
                        [0.1, 0.2, 0.3, 0.9]])   # predicts {3, 2}
   labels = jnp.array([[1, 0], [0, 1], [2, 1]])
-  pairs, digits = train.top_k_correct(lengths, labels)
+  pairs, digits = objectives.top_k_correct(lengths, labels)
   np.testing.assert_array_equal(pairs, [1, 0, 0])
   np.testing.assert_allclose(digits, [1, 0.5, 0.5])
-  single, _ = train.top_k_correct(lengths, jnp.array([0, 2, 3]))
+  single, _ = objectives.top_k_correct(lengths, jnp.array([0, 2, 3]))
   np.testing.assert_array_equal(single, [1, 0, 1])
 
 

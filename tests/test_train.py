@@ -35,7 +35,7 @@ def tiny_config(data_dir, **overrides):
 def _restore_params(workdir):
   manager = ocp.CheckpointManager(os.path.join(workdir, 'checkpoints'))
   restored = manager.restore(manager.latest_step())
-  return manager.latest_step(), restored['params']
+  return manager.latest_step(), restored['state']['params']
 
 
 def test_short_training_learns_real_mnist(mnist_dir, tmp_path):
@@ -85,7 +85,7 @@ def test_resumed_run_equals_uninterrupted_run(mnist_dir, tmp_path):
 def test_divergence_stops_with_step_named_and_checkpoint_kept(mnist_dir, tmp_path):
   workdir = str(tmp_path)
   train.train_and_evaluate(tiny_config(mnist_dir, num_steps=4), workdir, stop_at_step=2)
-  diverging = tiny_config(mnist_dir, num_steps=4, learning_rate=float('inf'))
+  diverging = tiny_config(mnist_dir, num_steps=4, learning_rate=float('inf'), allow_config_change=True)
   with pytest.raises(NaNLossError, match=r'at step 2; stopped \(last good checkpoint: step 2'):
     train.train_and_evaluate(diverging, workdir)
   step, params = _restore_params(workdir)

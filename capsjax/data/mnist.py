@@ -1,6 +1,8 @@
 """MNIST-family datasets as host numpy arrays: TFDS by default, or a folder of IDX files."""
 import dataclasses
 import os
+import socket
+import urllib.parse
 from typing import Optional
 
 import numpy as np
@@ -55,15 +57,54 @@ def load_idx_split(data_dir: str, split: str, num_classes: int = 10) -> Dataset:
   return Dataset(images[..., None], labels.astype(np.int32))
 
 
+def _check_download_reachable(builder, timeout_s: float = 5.0) -> None:
+  """Fails fast when the builder's download host cannot be reached.
+
+  TFDS retries every URL ten times with back-off (about 200 s offline for MNIST) before
+  it reports; a DNS lookup plus one TCP connect says the same within seconds.
+  """
+  url = getattr(builder, 'URL', None)   # the MNIST family's download folder
+  if not url:
+    return
+  parsed = urllib.parse.urlparse(url)
+  port = parsed.port or (443 if parsed.scheme == 'https' else 80)
+  try:
+    socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+  except OSError as e:
+    raise DataError(f'TFDS cannot download {builder.name} from {parsed.hostname} '
+                    f'({type(e).__name__}: {e}); offline, pass --config.data_dir=DIR '
+                    'with the IDX files') from None
+
+
 def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None) -> Dataset:
-  """One split through `tfds.data_source` (array_record; no TensorFlow needed)."""
+  """One split through TFDS: downloaded and prepared on first use, then read back with
+  `tfds.data_source` (array_record, random access, no TensorFlow at read time).
+
+  Preparation decodes the source files through `tf.io`, so it needs TensorFlow (the
+  `tensorflow-cpu` dependency); later runs only read the prepared files.
+  """
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')   # TensorFlow's C++ start-up chatter
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
-    source = tfds.data_source(name, split=split, data_dir=tfds_data_dir or None)
-  except Exception as e:  # TFDS raises many types for "not prepared / not downloadable".
-    raise DataError(f'TFDS could not provide {name}:{split} ({type(e).__name__}: {e}); '
-                    f'offline, pass --config.data_dir=DIR with the IDX files') from None
-  examples = [source[i] for i in range(len(source))]
+    builder = tfds.builder(name, data_dir=tfds_data_dir or None, file_format='array_record')
+  except Exception as e:  # TFDS raises several types for unknown names and bad folders.
+    raise DataError(f'TFDS has no dataset {name!r} ({type(e).__name__}: {str(e).splitlines()[0]})') from None
+  if not builder.is_prepared():
+    _check_download_reachable(builder)
+    print(f'TFDS: downloading and preparing {name} in {builder.data_dir} (first use only)', flush=True)
+    try:
+      builder.download_and_prepare()
+    except Exception as e:  # network, checksum and TensorFlow errors all end here.
+      first_line = str(e).splitlines()[0] if str(e) else ''
+      raise DataError(f'TFDS could not prepare {name} ({type(e).__name__}: {first_line}); '
+                      'offline, pass --config.data_dir=DIR with the IDX files') from None
+  try:
+    source = builder.as_data_source(split=split)
+  except Exception as e:  # e.g. prepared earlier as TFRecord by another program.
+    raise DataError(f'TFDS cannot read {name}:{split} from {builder.data_dir} '
+                    f'({type(e).__name__}: {str(e).splitlines()[0]}); prepare it afresh in another '
+                    '--config.tfds_data_dir') from None
+  examples = source.__getitems__(range(len(source)))
   if not examples:
     raise DataError(f'TFDS {name}:{split} is empty')
   images = np.stack([np.asarray(ex['image'], np.uint8) for ex in examples])

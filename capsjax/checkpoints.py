@@ -1,0 +1,139 @@
+"""Checkpoints of a run: orbax `CheckpointManager` with one clear error for every failure.
+
+A checkpoint holds two items: `state` (the plain pytree {'params', 'opt_state', 'step'})
+and `progress` (JSON: the training wall time so far, so that it adds up over resumes).
+Saves are asynchronous; a save that fails (full disk, read-only or vanished folder) is
+found by `check()` at the next step it is called, stops the run with a CheckpointError
+that names the last good checkpoint, and never leaves the process hanging in orbax's
+threads. Orbax's own multi-line error logs are kept off the console for such failures.
+"""
+import contextlib
+import errno
+import logging
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from capsjax import sharding
+from capsjax.errors import CheckpointError
+
+State = Dict[str, Any]
+_OS_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO, errno.ENOENT, errno.EPERM)
+
+
+def step_of(state: State) -> int:
+  """The step count of a state (an ensemble's members all share it)."""
+  return int(np.asarray(sharding.to_host(state['step'])).reshape(-1)[0])
+
+
+def _reason(error: BaseException) -> str:
+  """A short cause: the OS error inside orbax's message when there is one."""
+  text = str(error)
+  for code in _OS_ERRORS:
+    if os.strerror(code) in text:
+      return os.strerror(code)
+  first = text.splitlines()[0] if text else ''
+  return f'{type(error).__name__}: {first[:200]}'
+
+
+class _DropOrbaxRecords(logging.Filter):
+  """Orbax logs every failed write with tracebacks from several threads; the run reports
+  the failure once itself."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno >= logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
+
+
+class Checkpoints:
+  """The checkpoints of one run in workdir/checkpoints."""
+
+  def __init__(self, workdir: str, keep: int = 3):
+    self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True)
+    self._filter = _DropOrbaxRecords()
+    logging.getLogger('absl').addFilter(self._filter)
+    try:
+      self.manager = ocp.CheckpointManager(self.directory, options=options)
+    except Exception as e:  # pylint: disable=broad-except
+      self._remove_filter()
+      raise CheckpointError(f'cannot open checkpoints in {self.directory} ({_reason(e)})') from None
+    self._pending_step: Optional[int] = None
+    self._last_good: Optional[int] = self.manager.latest_step()
+
+  # --------------------------------------------------------------------------- reading
+  def latest_step(self) -> Optional[int]:
+    return self.manager.latest_step()
+
+  def restore(self, template: State) -> Tuple[State, Dict[str, Any]]:
+    """(latest state, its progress), or (`template`, {}) when there is no checkpoint."""
+    step = self.manager.latest_step()
+    if step is None:
+      return template, {}
+    abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), sharding.to_host(template))
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
+    except Exception as e:  # orbax raises many types for unreadable / mismatched files.
+      raise CheckpointError(
+          f'cannot restore checkpoint step {step} in {self.directory} ({_reason(e)}); '
+          'it was left in place: move it away to start afresh') from None
+    return jax.tree.map(jnp.asarray, restored['state']), dict(restored['progress'] or {})
+
+  # --------------------------------------------------------------------------- writing
+  def _failed(self, error: BaseException, step: Optional[int]) -> CheckpointError:
+    kept = (f'last good checkpoint: step {self._last_good}' if self._last_good is not None
+            else 'no checkpoint was written')
+    return CheckpointError(f'cannot write checkpoint step {step} to {self.directory} '
+                           f'({_reason(error)}); training stopped ({kept})')
+
+  def check(self) -> None:
+    """Raises CheckpointError if a background save has failed; notes finished saves."""
+    try:
+      self.manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(e, self._pending_step) from None
+    if self._pending_step is not None and not self.manager.is_saving_in_progress():
+      self._last_good, self._pending_step = self._pending_step, None
+
+  def save(self, state: State, progress: Dict[str, Any]) -> None:
+    """Starts writing `state` (copied to the host first: its device buffers are donated
+    to the next step while orbax writes)."""
+    self.check()
+    host_state = jax.tree.map(np.array, sharding.to_host(state))
+    step = step_of(host_state)
+    try:
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(host_state), progress=ocp.args.JsonSave(progress)), force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(e, step) from None
+    self._pending_step = step
+
+  def wait(self) -> None:
+    """Blocks until every save is on disk; raises CheckpointError if one failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(e, self._pending_step) from None
+    self.check()
+
+  def reached_preemption(self, step: int) -> bool:
+    return self.manager.reached_preemption(step)
+
+  def _remove_filter(self) -> None:
+    logging.getLogger('absl').removeFilter(self._filter)
+
+  def close(self) -> None:
+    with contextlib.suppress(Exception):
+      self.manager.close()
+    self._remove_filter()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+    return False

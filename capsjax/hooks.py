@@ -1,0 +1,236 @@
+"""The concerns of the training loop, one small object each (after flax's periodic actions
+and big_vision's evaluators).
+
+The loop calls every hook after every step as `hook(run, step, metrics)` (`step`: the
+steps done so far, `metrics`: the step's device metrics) and `hook.end(run)` once after
+the last step. A hook stops the run with `run.request_stop(reason)` or by raising a
+CapsjaxError. Order matters and is fixed by `train.default_hooks`: the divergence guard
+first, the checkpointer last (it saves at the step where anyone asked to stop).
+"""
+import dataclasses
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from capsjax import sharding
+from capsjax.checkpoints import Checkpoints
+from capsjax.errors import NaNLossError
+from capsjax.runtime import StopRequests
+from capsjax.workdir import MetricsLog
+
+
+@dataclasses.dataclass
+class Run:
+  """What the hooks see of a run. `state` is the current (device) training state."""
+  experiment: str
+  state: Any
+  first_step: int
+  last_step: int                  # this invocation ends here (a stop_at_step or the end)
+  num_steps: int                  # the whole run's length
+  steps_per_epoch: int
+  batch_size: int
+  num_members: Optional[int]      # None for a single run
+  metrics: MetricsLog
+  log: Callable[[str], None]
+  evaluate: Callable[[Any], Dict[str, Any]]   # params → test metrics
+  wall_time_before: float = 0.0   # training seconds of earlier invocations
+  started: float = dataclasses.field(default_factory=time.time)
+  stop_reason: Optional[str] = None
+  stopped_at: Optional[int] = None
+  last_eval: Optional[Dict[str, Any]] = None
+  last_eval_step: Optional[int] = None
+
+  def request_stop(self, reason: str, step: int) -> None:
+    if self.stop_reason is None:
+      self.stop_reason, self.stopped_at = reason, step
+
+  def wall_time(self) -> float:
+    return self.wall_time_before + time.time() - self.started
+
+  def epoch(self, step: int) -> float:
+    return step / self.steps_per_epoch
+
+  def describe(self, values) -> str:
+    """A float, or an ensemble's list of floats, for the console."""
+    if self.num_members is None:
+      return f'{values:.4f}'
+    return ' '.join(f'{v:.4f}' for v in values)
+
+  def describe_test(self, metrics) -> str:
+    if self.num_members is None:
+      return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%)'
+    return f'accuracy per member {self.describe(metrics["accuracy"])}'
+
+
+class Hook:
+  def __call__(self, run: Run, step: int, metrics: Dict[str, Any]) -> None:
+    pass
+
+  def end(self, run: Run) -> None:
+    pass
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  hours, rest = divmod(seconds, 3600)
+  return f'{hours}h{rest // 60:02d}m' if hours else f'{rest // 60}m{rest % 60:02d}s'
+
+
+class DivergenceGuard(Hook):
+  """Stops the run at the first step whose loss or update norm is not finite.
+
+  The values stay on the device until `check()` (called by the progress logger and
+  before every checkpoint): no host synchronisation per step, and never a saved
+  parameter from after a non-finite step.
+  """
+
+  def __init__(self, checkpoints: Optional[Checkpoints] = None):
+    self.checkpoints = checkpoints
+    self.pending: List[Any] = []
+
+  def __call__(self, run, step, metrics):
+    self.pending.append((step - 1, metrics['loss'].sum() + metrics['update_norm'].sum()))
+
+  def check(self) -> None:
+    if not self.pending:
+      return
+    steps, values = zip(*self.pending)
+    self.pending = []
+    values = np.asarray(sharding.to_host(list(values)), np.float64)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+      last = None
+      if self.checkpoints is not None:
+        self.checkpoints.wait()
+        last = self.checkpoints.latest_step()
+      kept = (f'last good checkpoint: step {last} in {self.checkpoints.directory}' if last is not None
+              else 'no checkpoint was written yet')
+      raise NaNLossError(f'training diverged: non-finite loss or update at step {steps[bad[0]]}; '
+                         f'stopped ({kept})')
+
+  def end(self, run):
+    self.check()
+
+
+class ProgressLogger(Hook):
+  """A console line and a `train` row in metrics.jsonl every `every_steps` steps, after
+  the first step (which includes compilation) and at the last step of the invocation."""
+
+  def __init__(self, every_steps: int, guard: DivergenceGuard):
+    self.every_steps = every_steps
+    self.guard = guard
+    self.window_start = time.time()
+    self.window_steps = 0
+
+  def restart_window(self) -> None:
+    self.window_start, self.window_steps = time.time(), 0
+
+  def __call__(self, run, step, metrics):
+    self.window_steps += 1
+    first = step == run.first_step + 1
+    if not (first or step % self.every_steps == 0 or step == run.last_step):
+      return
+    self.guard.check()
+    host = {k: np.asarray(v).tolist() for k, v in sharding.to_host(metrics).items()}
+    elapsed = max(time.time() - self.window_start, 1e-9)
+    images_per_s = self.window_steps * run.batch_size / elapsed   # per member for an ensemble
+    if first and step % self.every_steps and step != run.last_step:
+      speed = f'first step (with compilation) {elapsed:.1f}s'   # console only
+    else:
+      eta = (run.num_steps - step) * run.batch_size / images_per_s
+      speed = f'{images_per_s:.1f} img/s | ETA {format_duration(eta)}'
+      run.metrics.write(split='train', step=step, epoch=run.epoch(step), images_per_s=images_per_s, **host)
+    run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {run.describe(host["loss"])} '
+            f'| acc {np.mean(host["accuracy"]):.3f} | {speed}')
+    self.restart_window()
+
+
+class Evaluator(Hook):
+  """Evaluates every `every_steps` steps (0: only at the end of the run) and at the last
+  step of the run, writing a `test` row; `probes` (params → dict, e.g. the routing
+  probe) add their fields to the same row."""
+
+  def __init__(self, every_steps: int, probes=(), progress: Optional[ProgressLogger] = None):
+    self.every_steps = every_steps
+    self.probes = list(probes)
+    self.progress = progress
+
+  def evaluate(self, run: Run, step: int) -> Dict[str, Any]:
+    metrics = run.evaluate(run.state['params'])
+    for probe in self.probes:
+      metrics.update(probe(run.state['params']))
+    run.last_eval, run.last_eval_step = metrics, step
+    return metrics
+
+  def __call__(self, run, step, metrics):
+    if not ((self.every_steps and step % self.every_steps == 0) or step == run.num_steps):
+      return
+    results = self.evaluate(run, step)
+    run.log(f'step {step} test: {run.describe_test(results)}')
+    run.metrics.write(split='test', step=step, epoch=run.epoch(step), **results)
+    if self.progress is not None:
+      self.progress.restart_window()   # evaluation time is not training throughput
+
+
+class EarlyStop(Hook):
+  """Ends the run (as complete) at the first evaluation whose test accuracy reaches
+  `target` (affNIST: both models stopped at the same accuracy)."""
+
+  def __init__(self, target: float):
+    self.target = target
+
+  def __call__(self, run, step, metrics):
+    if run.last_eval_step != step or step >= run.num_steps:
+      return
+    if run.last_eval['accuracy'] >= self.target:
+      run.log(f'test accuracy reached {self.target} at step {step}: stopping early')
+      run.request_stop('early', step)
+
+
+class Preemption(Hook):
+  """Stops at the next step after SIGTERM / Ctrl-C (one process) or when JAX's preemption
+  service says so (several processes: all stop at the same step)."""
+
+  def __init__(self, requests: StopRequests, checkpoints: Checkpoints, multi_process: bool):
+    self.requests = requests
+    self.checkpoints = checkpoints
+    self.multi_process = multi_process
+
+  def __call__(self, run, step, metrics):
+    if step >= run.last_step:
+      return
+    if self.checkpoints.reached_preemption(step) if self.multi_process else self.requests.raised:
+      run.request_stop('preempted', step)
+
+
+class Checkpointer(Hook):
+  """Saves every `every_steps` steps, every `every_secs` seconds (one process; several
+  processes must agree on the step), when the run stops and at its last step. Finds a
+  failed background save at the next step."""
+
+  def __init__(self, checkpoints: Checkpoints, guard: DivergenceGuard, every_steps: int,
+               every_secs: float = 0.0, clock: Callable[[], float] = time.monotonic):
+    self.checkpoints = checkpoints
+    self.guard = guard
+    self.every_steps = every_steps
+    self.every_secs = every_secs
+    self.clock = clock
+    self.last_save = clock()
+
+  def save(self, run: Run) -> None:
+    self.guard.check()   # never save parameters from after a non-finite step
+    self.checkpoints.save(run.state, {'wall_time_s': run.wall_time()})
+    self.last_save = self.clock()
+
+  def __call__(self, run, step, metrics):
+    self.checkpoints.check()
+    due = (step % self.every_steps == 0 or step == run.last_step or run.stop_reason is not None
+           or (self.every_secs and self.clock() - self.last_save >= self.every_secs))
+    if due:
+      self.save(run)
+    if run.stop_reason == 'preempted' and run.stopped_at == step:
+      run.log(f'preempted at step {step}: checkpoint saved')
+
+  def end(self, run):
+    self.checkpoints.wait()

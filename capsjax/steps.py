@@ -1,0 +1,163 @@
+"""The jitted computations of a run: state, optimizer, the train step, evaluation.
+
+State is a plain pytree {'params', 'opt_state', 'step'}; the step's randomness is
+`fold_in(key(seed), step)`, and the data order is a function of (seed, epoch), so a run
+resumed from a checkpoint continues exactly as the uninterrupted run would have.
+"""
+import math
+from typing import Any, Dict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from capsjax import sharding
+from capsjax.objectives import objective, top_k_correct
+from capsjax.routing import coupling_changes, routing_logit_changes
+
+State = Dict[str, Any]
+
+
+def total_steps(config, num_train_examples: int) -> int:
+  if config.num_steps:
+    return int(config.num_steps)
+  return int(math.ceil(config.num_epochs * (num_train_examples // config.batch_size)))
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  schedule = optax.exponential_decay(
+      init_value=config.learning_rate, transition_steps=config.lr_decay_steps,
+      decay_rate=config.lr_decay_rate, staircase=config.lr_staircase)
+  return optax.adam(schedule)
+
+
+def initial_state(config, model, optimizer, members=None) -> State:
+  """The fresh state of a run, or of every member of an ensemble stacked on axis 0."""
+  if members is None:
+    return init_state(config, model, optimizer)
+  seeds = jnp.asarray([m['seed'] for m in members], jnp.int32)
+  return jax.jit(jax.vmap(lambda seed: init_state(config, model, optimizer, seed)))(seeds)
+
+
+def init_state(config, model, optimizer, seed=None) -> State:
+  """Fresh state from `seed` (default config.seed; may be traced, for a vmapped ensemble)."""
+  dummy = jnp.zeros((1,) + tuple(config.model.input_shape), jnp.float32)
+  params = model.init(jax.random.key(config.seed if seed is None else seed), dummy)['params']
+  return {'params': params, 'opt_state': optimizer.init(params), 'step': jnp.zeros((), jnp.int32)}
+
+
+def train_step_fn(config, model, optimizer, pipeline):
+  """The un-jitted step: (state, source, host_batch, knobs) → (state, metrics)."""
+
+  def train_step(state: State, source, host_batch, knobs=None):
+    seed = config.seed if knobs is None else knobs['seed']
+    step_key = jax.random.fold_in(jax.random.key(seed), state['step'])
+    batch = pipeline.device_batch(source, host_batch, step_key)
+    # Its own stream: the step key already drew the batch's shifts (or placements).
+    batch['dropout_key'] = jax.random.fold_in(step_key, 1)
+
+    def loss_fn(params):
+      per_example, scores, parts = objective(config, model, params, batch, train=True, knobs=knobs)
+      return jnp.mean(per_example), (scores, parts)
+
+    (loss, (scores, parts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
+    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    correct, _ = top_k_correct(scores, batch['labels'])
+    metrics = {
+        'loss': loss,
+        'accuracy': jnp.mean(correct),
+        # A finite loss can still come with a non-finite update (a NaN gradient); the
+        # divergence check looks at both so that no non-finite parameters get saved.
+        'update_norm': optax.tree.norm(updates),
+        **{name: jnp.mean(value) for name, value in parts.items()},
+    }
+    return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
+
+  return train_step
+
+
+def make_train_step(config, model, optimizer, pipeline, ensemble: bool = False, mesh=None):
+  """The jitted step; with `ensemble`, vmapped over a leading member axis of
+  (state, host_batch, knobs), the data source shared. With `mesh`, state, source and
+  knobs are replicated and the batch is split over the mesh's `data` axis (data
+  parallelism: XLA inserts the gradient all-reduce)."""
+  step = train_step_fn(config, model, optimizer, pipeline)
+  if ensemble:
+    step = jax.vmap(step, in_axes=(0, None, 0, 0))
+  shardings = {}
+  if mesh is not None:
+    replicated = sharding.replicated(mesh)
+    batch = sharding.batch_sharding(mesh, leading_axes=1 if ensemble else 0)
+    shardings = dict(in_shardings=(replicated, replicated, batch) + ((replicated,) if ensemble else ()),
+                     out_shardings=(replicated, replicated))
+  # The old state is dead after the step: donating it lets XLA update parameters in place.
+  return jax.jit(step, donate_argnums=(0,), **shardings)
+
+
+def make_eval_step(config, model, pipeline, ensemble: bool = False):
+  """Sums over one padded batch: correct examples, correct digits, loss, count."""
+
+  def eval_step(params, source, host_batch, weights, knobs=None):
+    batch = pipeline.device_batch(source, host_batch, None)
+    per_example, scores, _ = objective(config, model, params, batch, train=False, knobs=knobs)
+    correct, digits_correct = top_k_correct(scores, batch['labels'])
+    return {'correct': jnp.sum(correct * weights), 'digits_correct': jnp.sum(digits_correct * weights),
+            'loss': jnp.sum(per_example * weights), 'count': jnp.sum(weights)}
+
+  if ensemble:  # every member sees the same test batch
+    eval_step = jax.vmap(eval_step, in_axes=(0, None, None, None, 0))
+  return jax.jit(eval_step)   # shardings follow the (global) arguments
+
+
+def _eval_batches(pipeline, batch_size: int, mesh):
+  for host_batch, weights in pipeline.eval_batches(batch_size):
+    if mesh is not None:
+      host_batch, weights = sharding.global_batch(mesh, (host_batch, weights))
+    yield host_batch, weights
+
+
+def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None,
+             source=None) -> Dict[str, Any]:
+  """Accuracy (all labels right), per-digit accuracy and mean loss over the test set:
+  floats, or for an ensemble lists with one value per member. With `mesh`, every batch
+  is split over the data axis (`source`: the pipeline's source, replicated)."""
+  source = pipeline.source if source is None else source
+  totals = None
+  for host_batch, weights in _eval_batches(pipeline, batch_size, mesh):
+    sums = eval_step(params, source, host_batch, weights, knobs)
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  totals = jax.tree.map(lambda x: np.asarray(x, np.float64), sharding.to_host(totals))
+  count = totals['count']
+  accuracy = totals['correct'] / count
+  metrics = {'accuracy': accuracy, 'error': 1.0 - accuracy,
+             'digit_accuracy': totals['digits_correct'] / count, 'loss': totals['loss'] / count}
+  return {name: value.tolist() for name, value in metrics.items()}
+
+
+def make_routing_probe(config, model, pipeline):
+  """Mean |Δb| and |Δc| per routing iteration on the first test examples (appendix A), or None.
+
+  Runs config.routing_probe_iterations iterations (which may exceed the model's own
+  count, to see where routing settles) on the first `routing_probe_examples` images of
+  the first test batch. Single CapsNet runs only.
+  """
+  iterations = config.routing_probe_iterations
+  if not iterations or config.loss.name != 'capsnet' or config.ensemble:
+    return None
+  examples = config.routing_probe_examples
+
+  @jax.jit
+  def changes(params, source, host_batch):
+    images = pipeline.device_batch(source, host_batch, None)['images'][:examples]
+    _, logits = model.apply({'params': params}, images, iterations, None, True, method='encode')
+    return {'routing_logit_changes': routing_logit_changes(logits),        # [iterations]
+            'coupling_changes': coupling_changes(logits)}                   # [iterations]
+
+  def probe(params, mesh=None, source=None):
+    host_batch, _ = next(_eval_batches(pipeline, config.eval_batch_size, mesh))
+    source = pipeline.source if source is None else source
+    return {k: v.tolist() for k, v in sharding.to_host(changes(params, source, host_batch)).items()}
+
+  return probe

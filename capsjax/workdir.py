@@ -1,0 +1,199 @@
+"""A run's working directory: checked before use, locked while in use, bound to one config.
+
+- `prepare(path)`: `~` expanded, created, and proven writable with a probe file, so a
+  read-only folder, a file or a full disk is one clear error before anything is computed.
+- `Lock`: a second run on the same workdir stops at once with the holder's pid.
+- `bind_config`: `config.json` is written at the start; a later run with a different
+  config is refused with the differing keys, unless `config.allow_config_change`.
+- `MetricsLog`: `metrics.jsonl`, cut back to the restored step on resume, so every step
+  appears once.
+"""
+import errno
+import fcntl
+import json
+import os
+from typing import Any, Dict, Iterator, List, Tuple
+
+import ml_collections
+
+from capsjax.errors import ConfigError, WorkdirError
+
+CONFIG_FILE = 'config.json'
+LOCK_FILE = '.lock'
+METRICS_FILE = 'metrics.jsonl'
+
+# Keys that say how a run is carried out, not what it computes: they may change between
+# invocations of one run (e.g. another data folder, another checkpoint cadence).
+RUNTIME_KEYS = frozenset({
+    'data_dir', 'tfds_data_dir', 'log_every_steps', 'eval_every_steps', 'eval_batch_size',
+    'checkpoint_every_steps', 'checkpoint_every_secs', 'keep_checkpoints', 'stop_at_step',
+    'distributed', 'coordinator_address', 'num_processes', 'process_id',
+    'allow_config_change', 'routing_probe_examples',
+})
+
+
+def _describe_os_error(error: OSError) -> str:
+  return error.strerror or os.strerror(error.errno or 0) or type(error).__name__
+
+
+def prepare(path: str) -> str:
+  """The absolute, `~`-expanded workdir, created and checked writable."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise WorkdirError(f'workdir {path} exists and is not a directory')
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, f'.write_probe.{os.getpid()}')
+    with open(probe, 'wb') as f:
+      f.write(b'\0' * 4096)   # a few blocks: a full disk fails here, not an hour later
+      f.flush()
+      os.fsync(f.fileno())
+    os.remove(probe)
+  except OSError as e:
+    raise WorkdirError(f'workdir {path} is not usable: {_describe_os_error(e)}') from None
+  return path
+
+
+class Lock:
+  """An exclusive lock on workdir/.lock for the life of a run (released by the kernel if
+  the process dies, so a killed run never leaves a stale lock)."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self._file = None
+
+  def __enter__(self):
+    self._file = open(self.path, 'a+')
+    try:
+      fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EAGAIN, errno.EACCES):
+        raise
+      self._file.seek(0)
+      holder = self._file.read().strip() or 'unknown'
+      self._file.close()
+      self._file = None
+      raise WorkdirError(f'workdir {os.path.dirname(self.path)} is in use by another run '
+                         f'(pid {holder}); wait for it to end or use another --workdir') from None
+    self._file.seek(0)
+    self._file.truncate()
+    self._file.write(f'{os.getpid()}\n')
+    self._file.flush()
+    return self
+
+  def __exit__(self, *exc):
+    if self._file is not None:
+      fcntl.flock(self._file, fcntl.LOCK_UN)
+      self._file.close()
+      self._file = None
+    return False
+
+
+def _flatten(tree: Dict[str, Any], prefix: str = '') -> Iterator[Tuple[str, Any]]:
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _flatten(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}', value
+
+
+def _comparable(value):
+  # JSON turns tuples into lists; compare in that form.
+  return json.loads(json.dumps(value, default=str))
+
+
+def config_differences(saved: Dict[str, Any], config: ml_collections.ConfigDict) -> List[str]:
+  """'key: saved → new' for every result-changing key that differs."""
+  old = dict(_flatten(saved))
+  new = dict(_flatten(_comparable(config.to_dict())))
+  differences = []
+  for key in sorted(set(old) | set(new)):
+    if key.split('.')[0] in RUNTIME_KEYS:
+      continue
+    if old.get(key, '<absent>') != new.get(key, '<absent>'):
+      differences.append(f'{key}: {old.get(key, "<absent>")!r} → {new.get(key, "<absent>")!r}')
+  return differences
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run in `workdir` was started with."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  results = os.path.join(workdir, 'results.json')   # runs made before config.json existed
+  if not os.path.isfile(path) and not os.path.isfile(results):
+    raise WorkdirError(f'no {CONFIG_FILE} in {workdir}: train there first')
+  try:
+    if os.path.isfile(path):
+      with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+    with open(results) as f:
+      return ml_collections.ConfigDict(json.load(f)['config'])
+  except (OSError, ValueError, KeyError) as e:
+    raise WorkdirError(f'cannot read the config in {workdir}: {e}') from None
+
+
+def write_json(path: str, value) -> None:
+  temporary = path + '.tmp'
+  with open(temporary, 'w') as f:
+    json.dump(value, f, indent=2, default=str)
+  os.replace(temporary, path)   # never a half-written file
+
+
+def bind_config(workdir: str, config: ml_collections.ConfigDict, is_writer: bool = True) -> List[str]:
+  """Writes config.json for a new run; for an existing one, refuses a different config
+  unless config.allow_config_change (then records the new one). Returns the differences."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  differences = []
+  if os.path.isfile(path):
+    try:
+      with open(path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
+    differences = config_differences(saved, config)
+    if differences and not config.get('allow_config_change', False):
+      shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
+      raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '
+                        '--workdir, or pass --config.allow_config_change=True to continue it with this one')
+  if is_writer and (differences or not os.path.isfile(path)):
+    write_json(path, config.to_dict())
+  return differences
+
+
+class MetricsLog:
+  """workdir/metrics.jsonl, one JSON object per line; only the writer process writes."""
+
+  def __init__(self, workdir: str, is_writer: bool = True):
+    self.path = os.path.join(workdir, METRICS_FILE)
+    self.is_writer = is_writer
+
+  def truncate_after(self, step: int) -> None:
+    """Drops rows after `step` (written after the checkpoint a resumed run restarts from)."""
+    if not self.is_writer or not os.path.isfile(self.path):
+      return
+    kept = []
+    with open(self.path) as f:
+      for line in f:
+        try:
+          if json.loads(line).get('step', 0) <= step:
+            kept.append(line if line.endswith('\n') else line + '\n')
+        except ValueError:
+          continue   # a line cut off by a crash
+    temporary = self.path + '.tmp'
+    with open(temporary, 'w') as f:
+      f.writelines(kept)
+    os.replace(temporary, self.path)
+
+  def write(self, **record) -> None:
+    if not self.is_writer:
+      return
+    try:
+      with open(self.path, 'a') as f:
+        f.write(json.dumps(record) + '\n')
+    except OSError as e:
+      raise WorkdirError(f'cannot append to {self.path}: {_describe_os_error(e)}') from None
+
+  def read(self) -> List[Dict[str, Any]]:
+    if not os.path.isfile(self.path):
+      return []
+    with open(self.path) as f:
+      return [json.loads(line) for line in f if line.strip()]
