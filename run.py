@@ -1,6 +1,6 @@
 """Train and evaluate an experiment: `python run.py --experiment=NAME --workdir=DIR`.
 
-  --experiment=NAME      the config module experiments/NAME.py
+  --experiment=NAME      the config module experiments/NAME.py (or --config=path/to/config.py)
   --workdir=DIR          checkpoints, metrics.jsonl and results.json (resumes from it)
   --config.KEY=VALUE     override any config field, e.g. --config.data_dir=../data/mnist
   --summary              print the model's parameter table and num_params=N, then exit
@@ -17,11 +17,8 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
-
-import experiments  # pylint: disable=g-import-not-at-top
+import experiments
+from capsjax import cli
 
 flags.DEFINE_string('experiment', None, 'Experiment name: a module in experiments/.')
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and results.')
@@ -29,20 +26,22 @@ flags.DEFINE_bool('summary', False, 'Print the parameter table and exit.')
 flags.DEFINE_bool('show_config', False, 'Print every config key with its value and exit.')
 FLAGS = flags.FLAGS
 
-# config.program → the function(config, workdir) that runs it (default 'train').
+# config.program → the function(config, workdir) that runs it.
 PROGRAMS = {
     'train': 'capsjax.train:train_and_evaluate',
-    'ablation': 'capsjax.ablation:run',
-    'affnist': 'capsjax.affnist:run',
-    'sweep': 'capsjax.sweep:run',
+    'ablation': 'capsjax.programs.ablation:run',
+    'affnist': 'capsjax.programs.affnist:run',
+    'sweep': 'capsjax.programs.sweep:run',
 }
+HELP_ARGS = ('--help', '-h', '--helpshort', '--helpfull', '-?')
 
 
 def available_experiments():
-  return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__))
+  return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__) if not m.name.startswith('_'))
 
 
-HELP_ARGS = ('--help', '-h', '--helpshort', '--helpfull', '-?')
+def experiment_path(name: str) -> str:
+  return os.path.join(os.path.dirname(experiments.__file__), f'{name}.py')
 
 
 def experiment_summary(name: str) -> str:
@@ -54,7 +53,7 @@ def experiment_summary(name: str) -> str:
 
 
 def config_lines(config, prefix: str = ''):
-  """Every leaf of a config as 'key = value', in the experiment's order."""
+  """Every leaf of a config as 'key = value'."""
   for key, value in config.items():
     if hasattr(value, 'items'):
       yield from config_lines(value, f'{prefix}{key}.')
@@ -70,34 +69,13 @@ def print_help(name=None) -> None:
     width = max(map(len, names))
     for experiment in names:
       print(f'  {experiment.ljust(width)}  {experiment_summary(experiment)}')
-    print('\n`python run.py --experiment=NAME --help` lists that experiment\'s config keys.')
+    print("\n`python run.py --experiment=NAME --help` lists that experiment's config keys.")
     return
-  config = load_experiment_config(name)
+  config = importlib.import_module(f'experiments.{name}').get_config()
   print(f'\nExperiment {name}: {experiment_summary(name)}')
   print('\nConfig keys and defaults (override with --config.KEY=VALUE):')
   for line in config_lines(config):
     print(f'  {line}')
-
-
-def _fail(message: str) -> None:
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(2)
-
-
-def _experiment_from_argv(argv):
-  """--experiment must be known before absl parses --config.KEY overrides."""
-  for i, arg in enumerate(argv):
-    if arg.startswith('--experiment='):
-      return arg.split('=', 1)[1]
-    if arg == '--experiment' and i + 1 < len(argv):
-      return argv[i + 1]
-  return None
-
-
-def load_experiment_config(name: str):
-  if name not in available_experiments():
-    _fail(f'unknown experiment {name!r}; available: {", ".join(available_experiments())}')
-  return importlib.import_module(f'experiments.{name}').get_config()
 
 
 def print_summary(config) -> None:
@@ -119,60 +97,65 @@ def print_summary(config) -> None:
   print(f'num_params={total}')
 
 
+def parse_flags(argv):
+  """absl parses --experiment first (known flags only); experiments/NAME.py then becomes
+  the default of the ml_collections config-file flag --config, whose --config.KEY=VALUE
+  overrides absl applies exactly once. Returns the arguments absl did not consume."""
+  try:
+    FLAGS(argv, known_only=True)
+  except flags.Error as e:
+    cli.fail(str(e).splitlines()[0])
+  name = FLAGS.experiment
+  if any(arg in HELP_ARGS for arg in argv[1:]):
+    print_help(name if name in available_experiments() else None)
+    sys.exit(0)
+  if name is not None and name not in available_experiments():
+    cli.fail(f'unknown experiment {name!r}; available: {", ".join(available_experiments())}')
+  FLAGS.unparse_flags()
+  try:
+    config_flags.DEFINE_config_file('config', default=experiment_path(name) if name else None,
+                                    help_string='Experiment config file.', sys_argv=argv)
+    remaining = FLAGS(argv)
+  except flags.Error as e:
+    cli.fail(str(e).splitlines()[0])
+  except (AttributeError, KeyError) as e:
+    cli.fail(f'unknown config key in the overrides of experiment {name!r}: {e}')
+  if FLAGS.config is None:
+    cli.fail(f'--experiment=NAME is required; available: {", ".join(available_experiments())}')
+  return remaining
+
+
+@cli.main_wrapper
 def main(argv):
   # JAX reports every accelerator plugin it did not find; that is noise on a CPU machine.
   logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save step at INFO
   if len(argv) > 1:
-    _fail(f'unexpected arguments: {" ".join(argv[1:])}')
+    cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   config = FLAGS.config
   if FLAGS.show_config:
     for line in config_lines(config):
       print(line)
-    return
-  from capsjax.errors import CapsjaxError  # pylint: disable=g-import-not-at-top
+    return 0
   from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
-  try:
-    validate(config)   # before any data is read or anything compiled
-  except CapsjaxError as e:
-    _fail(str(e))
+  validate(config)   # before any data is read or anything compiled
   if FLAGS.summary:
     print_summary(config)
-    return
+    return 0
   if not FLAGS.workdir:
-    _fail('--workdir is required to train')
-  workdir = os.path.abspath(os.path.expanduser(FLAGS.workdir))
-  program_name = config.get('program', 'train')
-  if program_name not in PROGRAMS:
-    _fail(f'unknown program {program_name!r}; available: {", ".join(sorted(PROGRAMS))}')
-  module_name, function_name = PROGRAMS[program_name].split(':')
+    cli.fail('--workdir is required to train')
+  if config.program not in PROGRAMS:
+    cli.fail(f'unknown program {config.program!r}; available: {", ".join(sorted(PROGRAMS))}')
+  module_name, function_name = PROGRAMS[config.program].split(':')
   program = getattr(importlib.import_module(module_name), function_name)
-  from capsjax.sharding import initialize_distributed  # pylint: disable=g-import-not-at-top
-  try:
-    initialize_distributed(config)   # before any JAX computation
-    program(config, workdir)
-  except CapsjaxError as e:
-    _fail(str(e))
+  from capsjax.runtime import initialize_distributed  # pylint: disable=g-import-not-at-top
+  initialize_distributed(config)   # before any JAX computation
+  program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))
+  return 0
 
 
 def entry_point():
-  name = _experiment_from_argv(sys.argv[1:])
-  if any(arg in HELP_ARGS for arg in sys.argv[1:]):
-    print_help(name)
-    sys.exit(0)
-  if name is None:
-    _fail(f'--experiment=NAME is required; available: {", ".join(available_experiments())}')
-  config = load_experiment_config(name)
-  try:
-    # Defining the flag already applies the --config.KEY=VALUE overrides in sys.argv.
-    config_flags.DEFINE_config_dict('config', config, 'Experiment config.')
-    remaining = FLAGS(sys.argv)
-  except flags.Error as e:
-    _fail(str(e).splitlines()[0])
-  except (AttributeError, KeyError) as e:
-    _fail(f'unknown config key in the overrides of experiment {name!r}: {e}')
-  # The flags are parsed once, above: parsing again would apply each --config override a
-  # second time (ml_collections then concatenates tuple values).
+  remaining = parse_flags(sys.argv)
   app.run(main, argv=remaining)
 
 

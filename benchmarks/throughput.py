@@ -21,7 +21,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp

@@ -3,15 +3,16 @@
 A checkpoint holds two items: `state` (the plain pytree {'params', 'opt_state', 'step'})
 and `progress` (JSON: the training wall time so far, so that it adds up over resumes).
 Saves are asynchronous; a save that fails (full disk, read-only or vanished folder) is
-found by `check()` at the next step it is called, stops the run with a CheckpointError
-that names the last good checkpoint, and never leaves the process hanging in orbax's
-threads. Orbax's own multi-line error logs are kept off the console for such failures.
+found by `check()` at the next step, and stops the run with a CheckpointWriteError that
+names the last complete checkpoint on disk (command lines then exit without interpreter
+teardown, see `capsjax.cli.fail`). Orbax's own multi-line error logs are kept off the console for such failures.
 """
 import contextlib
 import errno
 import logging
 import os
-from typing import Any, Dict, Optional, Tuple
+import sys
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from capsjax import sharding
-from capsjax.errors import CheckpointError
+from capsjax.errors import CheckpointError, CheckpointWriteError
 
 State = Dict[str, Any]
 _OS_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO, errno.ENOENT, errno.EPERM)
@@ -48,6 +49,20 @@ class _DropOrbaxRecords(logging.Filter):
     return not (record.levelno >= logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
 
 
+class _DropClosedLoopNoise:
+  """After a failed write, tensorstore's callbacks into orbax's closed asyncio loop raise
+  'Event loop is closed' in background threads, which Python prints as unraisable
+  exceptions; the failure itself is reported once, by the run."""
+
+  def __init__(self):
+    self.previous = sys.unraisablehook
+
+  def __call__(self, unraisable):
+    if isinstance(unraisable.exc_value, RuntimeError) and 'Event loop is closed' in str(unraisable.exc_value):
+      return
+    self.previous(unraisable)
+
+
 class Checkpoints:
   """The checkpoints of one run in workdir/checkpoints."""
 
@@ -56,13 +71,15 @@ class Checkpoints:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True)
     self._filter = _DropOrbaxRecords()
     logging.getLogger('absl').addFilter(self._filter)
+    self._unraisable = _DropClosedLoopNoise()
+    sys.unraisablehook = self._unraisable
     try:
       self.manager = ocp.CheckpointManager(self.directory, options=options)
     except Exception as e:  # pylint: disable=broad-except
       self._remove_filter()
       raise CheckpointError(f'cannot open checkpoints in {self.directory} ({_reason(e)})') from None
-    self._pending_step: Optional[int] = None
-    self._last_good: Optional[int] = self.manager.latest_step()
+    self._attempted: List[int] = []   # steps whose save was started
+    self.failed = False
 
   # --------------------------------------------------------------------------- reading
   def latest_step(self) -> Optional[int]:
@@ -84,20 +101,31 @@ class Checkpoints:
     return jax.tree.map(jnp.asarray, restored['state']), dict(restored['progress'] or {})
 
   # --------------------------------------------------------------------------- writing
-  def _failed(self, error: BaseException, step: Optional[int]) -> CheckpointError:
-    kept = (f'last good checkpoint: step {self._last_good}' if self._last_good is not None
-            else 'no checkpoint was written')
-    return CheckpointError(f'cannot write checkpoint step {step} to {self.directory} '
-                           f'({_reason(error)}); training stopped ({kept})')
+  def finished_steps(self) -> List[int]:
+    """Steps whose checkpoint is complete on disk (orbax renames a step's temporary folder
+    only once every item is written; a failed save leaves it as *.orbax-checkpoint-tmp)."""
+    try:
+      names = os.listdir(self.directory)
+    except OSError:
+      return []
+    return sorted(int(name) for name in names if name.isdigit())
+
+  def _failed(self, error: BaseException) -> CheckpointWriteError:
+    self.failed = True
+    finished = self.finished_steps()
+    last_good = finished[-1] if finished else None
+    failed = [step for step in self._attempted if last_good is None or step > last_good]
+    step = f' step {failed[0]}' if failed else ''
+    kept = f'last good checkpoint: step {last_good}' if last_good is not None else 'no checkpoint was written'
+    return CheckpointWriteError(f'cannot write checkpoint{step} to {self.directory} '
+                                f'({_reason(error)}); training stopped ({kept})')
 
   def check(self) -> None:
-    """Raises CheckpointError if a background save has failed; notes finished saves."""
+    """Raises CheckpointWriteError if a background save has failed."""
     try:
       self.manager.check_for_errors()
     except Exception as e:  # pylint: disable=broad-except
-      raise self._failed(e, self._pending_step) from None
-    if self._pending_step is not None and not self.manager.is_saving_in_progress():
-      self._last_good, self._pending_step = self._pending_step, None
+      raise self._failed(e) from None
 
   def save(self, state: State, progress: Dict[str, Any]) -> None:
     """Starts writing `state` (copied to the host first: its device buffers are donated
@@ -105,19 +133,19 @@ class Checkpoints:
     self.check()
     host_state = jax.tree.map(np.array, sharding.to_host(state))
     step = step_of(host_state)
+    self._attempted.append(step)
     try:
       self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(host_state), progress=ocp.args.JsonSave(progress)), force=True)
     except Exception as e:  # pylint: disable=broad-except
-      raise self._failed(e, step) from None
-    self._pending_step = step
+      raise self._failed(e) from None
 
   def wait(self) -> None:
-    """Blocks until every save is on disk; raises CheckpointError if one failed."""
+    """Blocks until every save is on disk; raises CheckpointWriteError if one failed."""
     try:
       self.manager.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
-      raise self._failed(e, self._pending_step) from None
+      raise self._failed(e) from None
     self.check()
 
   def reached_preemption(self, step: int) -> bool:
@@ -125,10 +153,13 @@ class Checkpoints:
 
   def _remove_filter(self) -> None:
     logging.getLogger('absl').removeFilter(self._filter)
+    if sys.unraisablehook is self._unraisable and not self.failed:   # the noise outlives a failure
+      sys.unraisablehook = self._unraisable.previous
 
   def close(self) -> None:
-    with contextlib.suppress(Exception):
-      self.manager.close()
+    if not self.failed:   # after a failed write, closing can block on orbax's threads
+      with contextlib.suppress(Exception):
+        self.manager.close()
     self._remove_filter()
 
   def __enter__(self):

@@ -18,7 +18,11 @@ class NaNLossError(CapsjaxError):
 
 
 class CheckpointError(CapsjaxError):
-  """A checkpoint in the workdir cannot be restored."""
+  """A checkpoint in the workdir cannot be restored (or there is none)."""
+
+
+class CheckpointWriteError(CheckpointError):
+  """A checkpoint could not be written (full disk, read-only or vanished folder)."""
 
 
 class WorkdirError(CapsjaxError):

@@ -201,6 +201,7 @@ class Preemption(Hook):
     if step >= run.last_step:
       return
     if self.checkpoints.reached_preemption(step) if self.multi_process else self.requests.raised:
+      run.log(f'{self.requests.signal_name or "preemption notice"} at step {step}: saving a checkpoint and stopping')
       run.request_stop('preempted', step)
 
 

@@ -184,7 +184,7 @@ def _check_loss(loss, model, prefix: str, problems: List[str]) -> None:
   if loss.name != 'capsnet' and model.get('name') == 'capsnet':
     problems.append(f'config.{prefix}name={loss.name!r}: a CapsNet model is trained with the '
                     "'capsnet' loss")
-  if loss.name == 'capsnet' and loss.m_minus >= loss.m_plus:
+  if loss.name == 'capsnet' and 'm_minus' in loss and loss.m_minus >= loss.m_plus:
     problems.append(f'config.{prefix}m_minus={loss.m_minus!r}: allowed a value below '
                     f'm_plus={loss.m_plus!r}')
 

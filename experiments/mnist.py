@@ -48,9 +48,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model = get_model_config()
   # Bookkeeping.
   config.log_every_steps = 50
-  config.eval_every_steps = 469   # about one epoch of 60 000 / 128
+  config.eval_every_steps = 468   # one epoch: 60 000 // 128 steps
   config.eval_batch_size = 500
-  config.checkpoint_every_steps = 469
+  config.checkpoint_every_steps = 468
   config.keep_checkpoints = 3
   config.checkpoint_every_secs = 600.0   # also save every 10 minutes of wall time (0: off)
   config.stop_at_step = 0         # > 0: checkpoint and exit there (as a preemption would)

@@ -6,7 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from capsjax import ablation, ensembles, train
+from capsjax import ensembles, train
+from capsjax.programs import ablation
 from capsjax.errors import ConfigError
 from capsjax.models import build_model, count_params
 from experiments import ablation as ablation_experiment

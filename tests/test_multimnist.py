@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import objectives, segmentation, train
+from capsjax import objectives, train
+from capsjax.programs import segmentation
 from capsjax.data import multimnist
 from capsjax.data.mnist import load_idx_split
 from capsjax.models import build_model, count_params

@@ -1,5 +1,7 @@
 """MNIST-family datasets as host numpy arrays: TFDS by default, or a folder of IDX files."""
+import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import urllib.parse
@@ -57,7 +59,18 @@ def load_idx_split(data_dir: str, split: str, num_classes: int = 10) -> Dataset:
   return Dataset(images[..., None], labels.astype(np.int32))
 
 
-def _check_download_reachable(builder, timeout_s: float = 5.0) -> None:
+@contextlib.contextmanager
+def _quiet_absl():
+  logger = logging.getLogger('absl')
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def _check_download_reachable(builder, hint: str, timeout_s: float = 5.0) -> None:
   """Fails fast when the builder's download host cannot be reached.
 
   TFDS retries every URL ten times with back-off (about 200 s offline for MNIST) before
@@ -72,11 +85,11 @@ def _check_download_reachable(builder, timeout_s: float = 5.0) -> None:
     socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
   except OSError as e:
     raise DataError(f'TFDS cannot download {builder.name} from {parsed.hostname} '
-                    f'({type(e).__name__}: {e}); offline, pass --config.data_dir=DIR '
-                    'with the IDX files') from None
+                    f'({type(e).__name__}: {e}); offline, pass {hint} with the IDX files') from None
 
 
-def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None) -> Dataset:
+def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
+                    offline_hint: str = '--config.data_dir=DIR') -> Dataset:
   """One split through TFDS: downloaded and prepared on first use, then read back with
   `tfds.data_source` (array_record, random access, no TensorFlow at read time).
 
@@ -86,18 +99,20 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None) 
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')   # TensorFlow's C++ start-up chatter
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
-    builder = tfds.builder(name, data_dir=tfds_data_dir or None, file_format='array_record')
+    with _quiet_absl():   # TFDS warns about an empty version folder it just looked into
+      builder = tfds.builder(name, data_dir=tfds_data_dir or None, file_format='array_record')
+      prepared = builder.is_prepared()
   except Exception as e:  # TFDS raises several types for unknown names and bad folders.
     raise DataError(f'TFDS has no dataset {name!r} ({type(e).__name__}: {str(e).splitlines()[0]})') from None
-  if not builder.is_prepared():
-    _check_download_reachable(builder)
+  if not prepared:
+    _check_download_reachable(builder, offline_hint)
     print(f'TFDS: downloading and preparing {name} in {builder.data_dir} (first use only)', flush=True)
     try:
       builder.download_and_prepare()
     except Exception as e:  # network, checksum and TensorFlow errors all end here.
       first_line = str(e).splitlines()[0] if str(e) else ''
       raise DataError(f'TFDS could not prepare {name} ({type(e).__name__}: {first_line}); '
-                      'offline, pass --config.data_dir=DIR with the IDX files') from None
+                      f'offline, pass {offline_hint} with the IDX files') from None
   try:
     source = builder.as_data_source(split=split)
   except Exception as e:  # e.g. prepared earlier as TFRecord by another program.

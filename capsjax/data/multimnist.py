@@ -12,6 +12,7 @@ Export for inspection: python -m capsjax.data.multimnist --data_dir=DIR --split=
   --num=N --out=FILE.npz   (images [N,36,36] float32, labels [N,2], digits [N,2,36,36])
 """
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -109,31 +110,36 @@ def bounding_box_overlap(digits: np.ndarray) -> np.ndarray:
 
 
 def main(argv=None):
-  import argparse  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
+  from capsjax import cli  # pylint: disable=g-import-not-at-top
   from capsjax.data.mnist import load_idx_split, load_tfds_split  # pylint: disable=g-import-not-at-top
-  from capsjax.errors import CapsjaxError  # pylint: disable=g-import-not-at-top
 
-  parser = argparse.ArgumentParser(description='Export MultiMNIST examples to an .npz file.')
+  parser = cli.ArgumentParser(prog='capsjax.data.multimnist',
+                              description='Export MultiMNIST examples to an .npz file.')
   parser.add_argument('--data_dir', default='', help='folder of MNIST IDX files (default: TFDS)')
   parser.add_argument('--split', default='test', choices=['train', 'test'])
-  parser.add_argument('--num', type=int, default=1000)
-  parser.add_argument('--start', type=int, default=0, help='first example index')
-  parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--out', required=True)
+  parser.add_argument('--num', type=cli.int_at_least(1), default=1000)
+  parser.add_argument('--start', type=cli.int_at_least(0), default=0, help='first example index')
+  parser.add_argument('--seed', type=cli.int_at_least(0), default=0)
+  parser.add_argument('--out', required=True, help='output .npz file (the suffix is added if missing)')
   args = parser.parse_args(argv)
-  try:
-    split = load_idx_split(args.data_dir, args.split) if args.data_dir else load_tfds_split('mnist', args.split)
-  except CapsjaxError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  out = os.path.abspath(os.path.expanduser(args.out))
+  out = out if out.endswith('.npz') else out + '.npz'   # what np.savez_compressed writes
+  if not os.path.isdir(os.path.dirname(out)):
+    cli.fail(f'capsjax.data.multimnist: --out: the folder {os.path.dirname(out)} does not exist')
+  if args.data_dir:
+    split = load_idx_split(os.path.expanduser(args.data_dir), args.split)
+  else:
+    split = load_tfds_split('mnist', args.split, offline_hint='--data_dir=DIR')
   source = make_source(split.images, split.labels)
   images, labels, digits = generate(source, args.seed, jnp.arange(args.start, args.start + args.num))
-  np.savez_compressed(args.out, images=np.asarray(images[..., 0], np.float32),
+  np.savez_compressed(out, images=np.asarray(images[..., 0], np.float32),
                       labels=np.asarray(labels, np.int64), digits=np.asarray(digits[..., 0], np.float32))
   overlap = bounding_box_overlap(np.asarray(digits[..., 0]))
-  print(f'wrote {args.num} examples to {args.out}; mean bounding-box overlap {100 * overlap.mean():.1f} %')
+  print(f'wrote {args.num} examples to {out}; mean bounding-box overlap {100 * overlap.mean():.1f} %')
+  return 0
 
 
 if __name__ == '__main__':
-  main()
+  import sys  # pylint: disable=g-import-not-at-top
+  from capsjax.cli import main_wrapper  # pylint: disable=g-import-not-at-top
+  sys.exit(main_wrapper(main)())

@@ -1,6 +1,6 @@
 """The paper's MNIST figures from a trained run.
 
-  python -m capsjax.figures --workdir=W [--member=K] [--digits=3]
+  python -m capsjax.programs.figures --workdir=W [--member=K] [--digits=3]
 
 Writes into W:
   reconstructions.png  figure 3: inputs over reconstructions, captioned (l, p, r) = label,
@@ -16,7 +16,6 @@ Writes into W:
   figures.json         what was drawn, and the final per-iteration changes.
 For an ensemble run (`ablation`), --member picks the member (default: the last).
 """
-import argparse
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ import numpy as np
 
 from capsjax.data.mnist import load_dataset
 from capsjax.data.pipeline import preprocess
+from capsjax import cli
 from capsjax.errors import CapsjaxError
 from capsjax.models import capsule_lengths
 from capsjax.routing import coupling_changes, routing_logit_changes
@@ -161,25 +161,28 @@ def draw_routing_convergence(metrics_path, final_changes, path):
   plt.close(figure)
 
 
+@cli.main_wrapper
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--workdir', required=True)
-  parser.add_argument('--member', type=int, default=-1, help='ensemble member (ablation runs)')
-  parser.add_argument('--digits', type=int, default=3, help='images for the perturbation figure')
-  parser.add_argument('--num', type=int, default=2000, help='test images searched for examples')
+  parser = cli.ArgumentParser(prog='capsjax.programs.figures', description=__doc__.splitlines()[0])
+  parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
+  parser.add_argument('--member', type=int, default=None, help='ensemble member (ablation runs; default: the last)')
+  parser.add_argument('--digits', type=cli.int_at_least(1), default=3, help='images for the perturbation figure')
+  parser.add_argument('--num', type=cli.int_at_least(1), default=2000, help='test images searched for examples')
   args = parser.parse_args(argv)
-  try:
-    config, model, params = load_trained(args.workdir)
-    if config.model.name != 'capsnet' or not config.model.use_decoder:
-      raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
-    if config.get('task', 'classify') != 'classify':
-      raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.segmentation')
-    if config.get('ensemble'):
-      params = jax.tree.map(lambda x: x[args.member], params)
-    test = load_dataset(config, 'test').take(args.num)
-  except CapsjaxError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  config, model, params = load_trained(args.workdir)
+  if config.model.name != 'capsnet' or not config.model.use_decoder:
+    raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
+  if config.task != 'classify':
+    raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.programs.segmentation')
+  if config.ensemble:
+    members = jax.tree.leaves(params)[0].shape[0]
+    member = members - 1 if args.member is None else args.member
+    if not 0 <= member < members:
+      raise CapsjaxError(f'--member={args.member}: the run has members 0..{members - 1}')
+    params = jax.tree.map(lambda x: x[member], params)
+  elif args.member is not None:
+    raise CapsjaxError(f'--member={args.member}: {args.workdir} holds a single run, not an ensemble')
+  test = load_dataset(config, 'test').take(args.num)
   images = np.asarray(preprocess(jnp.asarray(test.images)))
   capsules, predictions = classify(model, params, images)
   columns = draw_reconstructions(model, params, images, test.labels, capsules, predictions,

@@ -1,6 +1,6 @@
 """MultiMNIST figure 5 and pixel segmentation from a trained run.
 
-  python -m capsjax.segmentation --workdir=W [--num=1000] [--rows=8]
+  python -m capsjax.programs.segmentation --workdir=W [--num=1000] [--rows=8]
 
 Writes W/multimnist_reconstructions.png (figure 5 of the paper: input over the two
 reconstructions in red and green, captioned L:(labels) R:(reconstructed classes); the
@@ -11,7 +11,6 @@ Segmentation: the pixels where a digit's reconstruction (from its labelled capsu
 `threshold` form that digit's mask; IoU is measured against the ink (> threshold) of the
 digit's own shifted image, the one that went into the overlay.
 """
-import argparse
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from capsjax import cli
 from capsjax.data.pipeline import make_pipelines
 from capsjax.errors import CapsjaxError
 from capsjax.train import load_trained
@@ -43,22 +43,19 @@ def overlay(red: np.ndarray, green: np.ndarray) -> np.ndarray:
   return np.clip(np.stack([red, green, np.zeros_like(red)], -1), 0, 1)
 
 
+@cli.main_wrapper
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--workdir', required=True)
-  parser.add_argument('--num', type=int, default=1000, help='test examples for the IoU')
-  parser.add_argument('--rows', type=int, default=8, help='examples in the figure')
-  parser.add_argument('--threshold', type=float, default=0.1)
+  parser = cli.ArgumentParser(prog='capsjax.programs.segmentation', description=__doc__.splitlines()[0])
+  parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
+  parser.add_argument('--num', type=cli.int_at_least(1), default=1000, help='test examples for the IoU')
+  parser.add_argument('--rows', type=cli.int_at_least(1), default=8, help='examples in the figure')
+  parser.add_argument('--threshold', type=cli.number_between(0.0, 1.0), default=0.1)
   args = parser.parse_args(argv)
-  try:
-    config, model, params = load_trained(args.workdir)
-    if config.get('task') != 'multimnist':
-      raise CapsjaxError(f'{args.workdir} holds a {config.experiment} run, not a MultiMNIST one')
-    config.num_test_examples = args.num
-    _, test = make_pipelines(config)
-  except CapsjaxError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  config, model, params = load_trained(args.workdir)
+  if config.task != 'multimnist':
+    raise CapsjaxError(f'{args.workdir} holds a {config.experiment} run, not a MultiMNIST one')
+  config.num_test_examples = args.num
+  _, test = make_pipelines(config)
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -66,7 +63,7 @@ def main(argv=None):
   num_classes = config.model.num_classes
   apply = jax.jit(lambda images, masks: reconstruct_pairs(model, params, images, masks))
   ious, ious_correct, examples = [], [], []
-  for host_batch, weights in test.eval_batches(200):
+  for host_batch, weights in test.eval_batches(config.eval_batch_size):
     batch = test.device_batch(test.source, host_batch, None)
     masks = jax.nn.one_hot(batch['labels'], num_classes)          # [b, 2, classes]
     lengths, recon = apply(batch['images'], masks)
@@ -120,4 +117,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(main())

@@ -1,0 +1,80 @@
+"""What every command-line program shares: one error line and exit status 2 for bad
+input (flags, data, workdirs), argparse types that validate numbers, and `main_wrapper`.
+"""
+import argparse
+import functools
+import os
+import sys
+from typing import Callable, NoReturn, Optional, Sequence
+
+from capsjax.errors import CapsjaxError, CheckpointWriteError
+
+
+def fail(message: str, status: int = 2, hard: bool = False) -> NoReturn:
+  """Prints `error: MESSAGE` and exits. `hard` skips interpreter teardown (os._exit):
+  after a Ctrl-C or a failed checkpoint write, orbax's and XLA's background threads can
+  print tracebacks, crash or wait for minutes while Python shuts down."""
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  if hard:
+    sys.stdout.flush()
+    os._exit(status)
+  sys.exit(status)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse with a one-line error (no usage block): `error: PROG: MESSAGE`."""
+
+  def error(self, message: str) -> NoReturn:
+    fail(f'{self.prog}: {message}')
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+    if value < low:
+      raise argparse.ArgumentTypeError(f'{value} is below the minimum {low}')
+    return value
+  parse.__name__ = f'integer >= {low}'
+  return parse
+
+
+def number_between(low: float, high: float) -> Callable[[str], float]:
+  def parse(text: str) -> float:
+    try:
+      value = float(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
+    if not low < value < high:
+      raise argparse.ArgumentTypeError(f'{value} is outside ({low}, {high})')
+    return value
+  parse.__name__ = f'number in ({low}, {high})'
+  return parse
+
+
+def existing_workdir(text: str) -> str:
+  path = os.path.abspath(os.path.expanduser(text))
+  if not os.path.isdir(path):
+    raise argparse.ArgumentTypeError(f'{path} is not a directory')
+  return path
+
+
+def main_wrapper(main: Callable[[Optional[Sequence[str]]], int]):
+  """Runs `main(argv)`: a CapsjaxError or an OS error is one line and exit 2, Ctrl-C exit 130."""
+
+  @functools.wraps(main)
+  def wrapped(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+      return main(argv) or 0
+    except CheckpointWriteError as e:
+      fail(str(e), hard=True)
+    except CapsjaxError as e:
+      fail(str(e))
+    except OSError as e:
+      fail(f'{e.filename or ""}: {e.strerror or e}'.lstrip(': '))
+    except KeyboardInterrupt:
+      fail('interrupted', 130, hard=True)
+
+  return wrapped

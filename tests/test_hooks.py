@@ -1,0 +1,164 @@
+"""Each hook of the training loop alone, with a fake run: what it writes, when it fires,
+when it stops the run."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from capsjax import hooks
+from capsjax.errors import NaNLossError
+from capsjax.runtime import StopRequests
+from capsjax.workdir import MetricsLog
+
+
+def fake_run(tmp_path, first_step=0, last_step=10, num_steps=10, evaluate=None):
+  lines = []
+  run = hooks.Run(experiment='x', state={'params': {'w': jnp.ones(2)}, 'step': jnp.asarray(first_step)},
+                  first_step=first_step, last_step=last_step, num_steps=num_steps, steps_per_epoch=5,
+                  batch_size=4, num_members=None, metrics=MetricsLog(str(tmp_path)), log=lines.append,
+                  evaluate=evaluate or (lambda params: {'accuracy': 0.5, 'error': 0.5}))
+  return run, lines
+
+
+def metrics(loss=1.0, update_norm=0.1):
+  return {'loss': jnp.asarray(loss), 'accuracy': jnp.asarray(0.25), 'update_norm': jnp.asarray(update_norm)}
+
+
+class FakeCheckpoints:
+  directory = '/ckpt'
+
+  def __init__(self, fail_at=None, preempt_at=None):
+    self.saved, self.waited, self.checks = [], 0, 0
+    self.fail_at, self.preempt_at = fail_at, preempt_at
+
+  def save(self, state, progress):
+    self.saved.append((int(state['step']), progress))
+
+  def check(self):
+    self.checks += 1
+
+  def wait(self):
+    self.waited += 1
+
+  def latest_step(self):
+    return self.saved[-1][0] if self.saved else None
+
+  def reached_preemption(self, step):
+    return step == self.preempt_at
+
+
+def test_divergence_guard_names_the_first_bad_step_only_when_checked(tmp_path):
+  run, _ = fake_run(tmp_path)
+  checkpoints = FakeCheckpoints()
+  checkpoints.saved.append((2, {}))
+  guard = hooks.DivergenceGuard(checkpoints)
+  guard(run, 3, metrics())
+  guard(run, 4, metrics(update_norm=float('nan')))
+  guard(run, 5, metrics(loss=float('inf')))
+  with pytest.raises(NaNLossError, match=r'at step 3; stopped \(last good checkpoint: step 2 in /ckpt\)'):
+    guard.check()
+  assert checkpoints.waited == 1
+  guard.check()   # nothing pending: no error
+  guard(run, 6, metrics())
+  guard.end(run)
+
+
+def test_progress_logger_writes_every_n_steps_and_reports_the_first_at_once(tmp_path):
+  run, lines = fake_run(tmp_path, last_step=7)
+  logger = hooks.ProgressLogger(3, hooks.DivergenceGuard())
+  for step in range(1, 8):
+    logger(run, step, metrics(loss=step))
+  assert lines[0].startswith('step 1/10 epoch 0.20 | loss 1.0000') and 'first step (with compilation)' in lines[0]
+  assert [row['step'] for row in run.metrics.read()] == [3, 6, 7]   # and the invocation's last
+  assert all('img/s | ETA' in line for line in lines[1:]) and len(lines) == 4
+  assert run.metrics.read()[0]['loss'] == 3.0 and run.metrics.read()[0]['epoch'] == 0.6
+
+
+def test_progress_logger_stops_on_divergence(tmp_path):
+  run, _ = fake_run(tmp_path)
+  guard = hooks.DivergenceGuard()
+  logger = hooks.ProgressLogger(2, guard)
+  guard(run, 1, metrics(loss=float('nan')))
+  with pytest.raises(NaNLossError, match='at step 0; stopped \\(no checkpoint was written yet\\)'):
+    logger(run, 1, metrics())
+
+
+def test_evaluator_runs_periodically_and_at_the_end_with_probes(tmp_path):
+  calls = []
+  run, lines = fake_run(tmp_path, evaluate=lambda p: calls.append(1) or {'accuracy': 0.75, 'error': 0.25})
+  evaluator = hooks.Evaluator(4, probes=[lambda params: {'probe': [1.0, 2.0]}])
+  for step in range(1, 11):
+    evaluator(run, step, metrics())
+  assert [row['step'] for row in run.metrics.read()] == [4, 8, 10]
+  assert run.metrics.read()[-1] == {'split': 'test', 'step': 10, 'epoch': 2.0, 'accuracy': 0.75,
+                                    'error': 0.25, 'probe': [1.0, 2.0]}
+  assert run.last_eval_step == 10 and len(calls) == 3
+  assert lines[-1] == 'step 10 test: accuracy 0.7500 (error 25.00%)'
+  only_at_end = hooks.Evaluator(0)
+  run2, _ = fake_run(tmp_path / 'b')
+  (tmp_path / 'b').mkdir()
+  for step in range(1, 11):
+    only_at_end(run2, step, metrics())
+  assert [row['step'] for row in run2.metrics.read()] == [10]
+
+
+def test_early_stop_fires_on_a_fresh_evaluation_that_reaches_the_target(tmp_path):
+  run, _ = fake_run(tmp_path)
+  stop = hooks.EarlyStop(0.9)
+  run.last_eval, run.last_eval_step = {'accuracy': 0.95}, 3
+  stop(run, 4, metrics())          # the evaluation is not from this step
+  assert run.stop_reason is None
+  run.last_eval, run.last_eval_step = {'accuracy': 0.85}, 4
+  stop(run, 4, metrics())
+  assert run.stop_reason is None
+  run.last_eval, run.last_eval_step = {'accuracy': 0.9}, 5
+  stop(run, 5, metrics())
+  assert (run.stop_reason, run.stopped_at) == ('early', 5)
+
+
+def test_preemption_stops_after_a_signal_or_the_service_notice(tmp_path):
+  run, lines = fake_run(tmp_path)
+  requests = StopRequests(install=False)
+  preemption = hooks.Preemption(requests, FakeCheckpoints(), multi_process=False)
+  preemption(run, 2, metrics())
+  assert run.stop_reason is None
+  requests.raised, requests.signal_name = True, 'SIGINT'
+  preemption(run, 3, metrics())
+  assert (run.stop_reason, run.stopped_at) == ('preempted', 3)
+  assert lines == ['SIGINT at step 3: saving a checkpoint and stopping']
+  run, _ = fake_run(tmp_path)
+  service = hooks.Preemption(StopRequests(install=False), FakeCheckpoints(preempt_at=6), multi_process=True)
+  for step in range(1, 10):
+    service(run, step, metrics())
+  assert run.stopped_at == 6
+
+
+def test_checkpointer_saves_by_steps_by_time_on_stop_and_at_the_end(tmp_path):
+  now = [0.0]
+  run, _ = fake_run(tmp_path, last_step=9)
+  checkpoints = FakeCheckpoints()
+  saver = hooks.Checkpointer(checkpoints, hooks.DivergenceGuard(), every_steps=4, every_secs=60.0,
+                             clock=lambda: now[0])
+  for step in range(1, 10):
+    run.state = {'params': {}, 'step': jnp.asarray(step)}
+    now[0] += 25.0 if step != 5 else 1.0
+    if step == 7:
+      run.request_stop('preempted', 7)
+    saver(run, step, metrics())
+  # 4 (steps), 7 (stop), 8 (steps); by time: 25+25+25 > 60 at step 3, then 4 resets the clock.
+  assert [step for step, _ in checkpoints.saved] == [3, 4, 7, 8, 9]
+  assert all('wall_time_s' in progress for _, progress in checkpoints.saved)
+  assert checkpoints.checks == 9 and checkpoints.waited == 0
+  saver.end(run)
+  assert checkpoints.waited == 1
+
+
+def test_checkpointer_never_saves_after_a_non_finite_step(tmp_path):
+  run, _ = fake_run(tmp_path)
+  guard = hooks.DivergenceGuard()
+  checkpoints = FakeCheckpoints()
+  saver = hooks.Checkpointer(checkpoints, guard, every_steps=2)
+  guard(run, 1, metrics())
+  guard(run, 2, metrics(loss=np.nan))
+  with pytest.raises(NaNLossError):
+    saver(run, 2, metrics())
+  assert checkpoints.saved == []

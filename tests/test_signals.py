@@ -1,0 +1,61 @@
+"""Ctrl-C (SIGINT) saves a checkpoint and exits like SIGTERM, within seconds; the same
+command resumes. A Ctrl-C before training starts is one line, exit 130."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ['--config.model.conv1_channels=16', '--config.model.primary_types=4',
+        '--config.model.decoder_hidden=(32,64)', '--config.num_train_examples=256',
+        '--config.num_test_examples=100', '--config.batch_size=32', '--config.log_every_steps=1',
+        '--config.checkpoint_every_steps=100000']
+
+
+def _start(workdir, mnist_dir, log, *extra):
+  return subprocess.Popen(
+      [sys.executable, '-u', os.path.join(ROOT, 'run.py'), '--experiment=mnist_smoke', f'--workdir={workdir}',
+       f'--config.data_dir={mnist_dir}', '--config.num_steps=2000', *TINY, *extra],
+      stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(path, text, process, timeout=180):
+  deadline = time.time() + timeout
+  while text not in open(path).read():
+    assert time.time() < deadline and process.poll() is None, open(path).read()[-3000:]
+    time.sleep(0.1)
+
+
+def test_ctrl_c_saves_and_the_run_resumes(mnist_dir, tmp_path):
+  workdir = tmp_path / 'w'
+  with open(tmp_path / 'first.log', 'w') as log:
+    process = _start(workdir, mnist_dir, log)
+    _wait_for(log.name, 'step 3/2000', process)
+    interrupted = time.time()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 0
+    took = time.time() - interrupted
+  text = open(tmp_path / 'first.log').read()
+  assert 'Traceback' not in text
+  assert 'saving a checkpoint after this step' in text
+  saved = [line for line in text.splitlines() if line.startswith('preempted at step')]
+  assert saved, text[-2000:]
+  step = int(saved[0].split()[3].rstrip(':'))
+  assert 3 <= step < 2000 and took < 30
+  assert sorted(os.listdir(workdir / 'checkpoints')) == [str(step)]
+  with open(tmp_path / 'second.log', 'w') as log:
+    process = _start(workdir, mnist_dir, log, f'--config.stop_at_step={step + 2}')
+    assert process.wait(timeout=300) == 0
+  assert f'resumed from checkpoint at step {step}' in open(tmp_path / 'second.log').read()
+
+
+def test_ctrl_c_before_training_is_one_line(mnist_dir, tmp_path):
+  with open(tmp_path / 'log', 'w') as log:
+    process = subprocess.Popen(
+        [sys.executable, '-u', os.path.join(ROOT, 'run.py'), '--experiment=mnist', f'--workdir={tmp_path}/w',
+         f'--config.data_dir={mnist_dir}'], stdout=subprocess.DEVNULL, stderr=log, text=True)
+    time.sleep(3)   # importing JAX / reading data
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130
+  assert open(tmp_path / 'log').read().strip().splitlines()[-1] == 'error: interrupted'

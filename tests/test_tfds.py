@@ -1,0 +1,109 @@
+"""The default data path for real: TFDS's own MNIST builder downloads (from a local HTTP
+server standing in for the internet, serving the real files), prepares with TensorFlow,
+and the trainer reads it back; offline it fails within seconds with one line."""
+import functools
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from capsjax.data.mnist import load_dataset, load_idx_split
+from capsjax.errors import DataError
+from experiments import mnist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Runs run.py with TFDS's MNIST download URL pointed elsewhere; nothing else is patched.
+RUN_WITH_URL = '''
+import runpy, sys
+from tensorflow_datasets.image_classification import mnist
+mnist.MNIST.URL = sys.argv.pop(1)
+sys.argv[0] = {run_py!r}
+runpy.run_path({run_py!r}, run_name='__main__')
+'''.format(run_py=os.path.join(ROOT, 'run.py'))
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args):
+    pass
+
+
+@pytest.fixture(scope='module')
+def mnist_server(mnist_dir):
+  handler = functools.partial(_QuietHandler, directory=mnist_dir)
+  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  yield f'http://127.0.0.1:{server.server_address[1]}/'
+  server.shutdown()
+
+
+def _run(url, *args, timeout=600):
+  return subprocess.run([sys.executable, '-c', RUN_WITH_URL, url, *args], capture_output=True, text=True,
+                        timeout=timeout)
+
+
+@pytest.fixture(scope='module')
+def prepared(mnist_server, tmp_path_factory):
+  """The README command on a fresh TFDS folder: download, prepare, train (a few steps)."""
+  tfds_dir = tmp_path_factory.mktemp('tensorflow_datasets')
+  workdir = tmp_path_factory.mktemp('run') / 'w'
+  result = _run(mnist_server, '--experiment=mnist_smoke', f'--workdir={workdir}', f'--config.tfds_data_dir={tfds_dir}',
+                '--config.num_steps=3', '--config.num_test_examples=500', '--config.model.conv1_channels=16',
+                '--config.model.primary_types=4')
+  return tfds_dir, workdir, result
+
+
+def test_readme_command_downloads_prepares_and_trains(prepared):
+  tfds_dir, workdir, result = prepared
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'TFDS: downloading and preparing mnist' in result.stdout
+  assert os.path.isdir(os.path.join(tfds_dir, 'mnist'))
+  assert 'step 3/3' in result.stdout and os.path.isfile(workdir / 'results.json')
+
+
+def test_prepared_tfds_data_equals_the_idx_files(prepared, mnist_dir):
+  tfds_dir, _, result = prepared
+  assert result.returncode == 0
+  config = mnist.get_config()
+  config.tfds_data_dir = str(tfds_dir)
+  for split in ('train', 'test'):
+    from_tfds = load_dataset(config, split)   # the trainer's own call
+    from_idx = load_idx_split(mnist_dir, split)
+    assert from_tfds.images.shape == from_idx.images.shape and from_tfds.images.dtype == np.uint8
+    # TFDS shuffles examples when preparing: compare the sets of (image, label) pairs.
+    key = lambda d: sorted(zip(map(bytes, d.images.reshape(len(d), -1)), d.labels.tolist()))
+    assert key(from_tfds) == key(from_idx)
+
+
+def test_prepared_data_is_reused_without_network(prepared, tmp_path):
+  tfds_dir, _, _ = prepared
+  result = _run('http://127.0.0.1:9/', '--experiment=mnist_smoke', f'--workdir={tmp_path}/w',
+                f'--config.tfds_data_dir={tfds_dir}', '--config.num_steps=1', '--config.num_test_examples=100',
+                '--config.model.conv1_channels=16', '--config.model.primary_types=4')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'downloading' not in result.stdout
+
+
+@pytest.mark.parametrize('url', ['http://127.0.0.1:9/', 'http://capsjax-offline.invalid/'])
+def test_offline_fails_fast_with_one_line(url, tmp_path):
+  started = time.time()
+  result = _run(url, '--experiment=mnist', f'--workdir={tmp_path}/w', f'--config.tfds_data_dir={tmp_path}/tfds',
+                timeout=120)
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: TFDS cannot download mnist'), result.stderr
+  assert '--config.data_dir=DIR' in lines[0]
+  assert time.time() - started < 30   # interpreter start-up included; the check itself takes ≤ 5 s
+
+
+def test_unknown_tfds_dataset_is_one_error(tmp_path):
+  config = mnist.get_config()
+  config.dataset = 'no_such_dataset'
+  config.tfds_data_dir = str(tmp_path)
+  with pytest.raises(DataError, match="TFDS has no dataset 'no_such_dataset'"):
+    load_dataset(config, 'test')

@@ -1,0 +1,119 @@
+"""validate(config): every bad value is one line naming the key, the value and what is
+allowed, before any data is read; through run.py it is `error: ...` and exit 2."""
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import experiments
+from capsjax.errors import ConfigError
+from capsjax.validation import problems_of, validate
+from experiments import ablation, mnist, multimnist_baseline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize('name', sorted(m.name for m in pkgutil.iter_modules(experiments.__path__)))
+def test_every_experiment_default_is_valid(name):
+  assert problems_of(importlib.import_module(f'experiments.{name}').get_config()) == []
+
+
+def _set(config, key, value):
+  *parents, leaf = key.split('.')
+  node = config
+  for parent in parents:
+    node = node[parent]
+  node[leaf] = value
+
+
+BAD_VALUES = [
+    ('batch_size', 0, 'config.batch_size=0: allowed an integer >= 1'),
+    ('batch_size', -4, 'config.batch_size=-4'),
+    ('eval_batch_size', 0, 'config.eval_batch_size=0'),
+    ('log_every_steps', 0, 'config.log_every_steps=0: allowed an integer >= 1'),
+    ('checkpoint_every_steps', 0, 'config.checkpoint_every_steps=0'),
+    ('checkpoint_every_secs', -1.0, 'config.checkpoint_every_secs=-1.0'),
+    ('seed', -1, 'config.seed=-1: allowed an integer >= 0'),
+    ('max_shift', -1, 'config.max_shift=-1: allowed an integer in [0, 7]'),
+    ('max_shift', 100, 'config.max_shift=100: allowed an integer in [0, 7]'),
+    ('learning_rate', -1.0, 'config.learning_rate=-1.0: allowed a finite number > 0'),
+    ('learning_rate', float('nan'), 'config.learning_rate=nan'),
+    ('lr_decay_rate', 0.0, 'config.lr_decay_rate=0.0'),
+    ('lr_decay_steps', 0, 'config.lr_decay_steps=0'),
+    ('num_steps', -5, 'config.num_steps=-5: allowed an integer >= 0'),
+    ('num_epochs', 0.0, 'config.num_epochs=0.0: allowed a number > 0 (or give config.num_steps > 0)'),
+    ('num_epochs', -1.0, 'config.num_epochs=-1.0'),
+    ('num_test_examples', -1, 'config.num_test_examples=-1: allowed an integer >= 0'),
+    ('num_train_examples', 100, 'config.batch_size=128: allowed at most num_train_examples=100'),
+    ('keep_checkpoints', 0, 'config.keep_checkpoints=0: allowed an integer >= 1'),
+    ('eval_every_steps', -1, 'config.eval_every_steps=-1: allowed an integer >= 0'),
+    ('stop_at_step', -2, 'config.stop_at_step=-2'),
+    ('task', 'bogus', "config.task='bogus': allowed one of classify, expanded, multimnist"),
+    ('model.routing_iterations', 0, 'config.model.routing_iterations=0: allowed an integer >= 1'),
+    ('model.dtype', 'float99', "config.model.dtype='float99': allowed one of float32, bfloat16, float16"),
+    ('model.conv_impl', 'bogus', "config.model.conv_impl='bogus': allowed one of auto, xla, patches"),
+    ('model.digit_dim', 0, 'config.model.digit_dim=0'),
+    ('model.num_classes', 1, 'config.model.num_classes=1'),
+    ('model.conv1_kernel', 27, 'config.model.input_shape=(28, 28, 1): the input (28, 28) is too small'),
+    ('loss.name', 'bogus', "config.loss.name='bogus': allowed one of capsnet, sigmoid_xent, softmax_xent"),
+    ('loss.name', 'softmax_xent', "config.loss.name='softmax_xent': a CapsNet model is trained with the 'capsnet' loss"),
+    ('loss.m_minus', 0.95, 'config.loss.m_minus=0.95: allowed a value below m_plus=0.9'),
+    ('loss.reconstruction_weight', -0.1, 'config.loss.reconstruction_weight=-0.1'),
+]
+
+
+@pytest.mark.parametrize('key,value,message', BAD_VALUES, ids=[f'{k}={v}' for k, v, _ in BAD_VALUES])
+def test_bad_values_are_named(key, value, message):
+  config = mnist.get_config()
+  _set(config, key, value)
+  with pytest.raises(ConfigError) as raised:
+    validate(config)
+  assert message in str(raised.value)
+  assert '\n' not in str(raised.value)
+
+
+def test_comparison_models_and_ensembles_are_checked():
+  config = ablation.get_config()
+  config.baseline.model.dropout_rate = 1.0
+  assert problems_of(config) == ['config.baseline.model.dropout_rate=1.0: allowed a finite number in [0, 1)']
+  config = ablation.get_config()
+  config.ensemble.routing_iterations = (1, 5)
+  assert 'allowed at most model.routing_iterations=3' in problems_of(config)[0]
+  config = multimnist_baseline.get_config()
+  config.model.conv_kernels = (9,)
+  assert 'one kernel per entry of conv_channels' in problems_of(config)[0]
+  config.loss.name = 'capsnet'
+  config.model.conv_kernels = (9, 5)
+  assert "allowed only with a CapsNet model (the model is 'cnn')" in problems_of(config)[0]
+
+
+@pytest.mark.parametrize('override,message', [
+    ('--config.batch_size=0', 'config.batch_size=0: allowed an integer >= 1'),
+    ('--config.learning_rate=-1', 'config.learning_rate=-1.0'),
+    ('--config.model.dtype=float99', "config.model.dtype='float99'"),
+    ('--config.loss.name=bogus', "config.loss.name='bogus'"),
+    ('--config.num_epochs=0', 'config.num_epochs=0.0'),
+])
+def test_cli_rejects_bad_values_before_reading_data(override, message, tmp_path):
+  # No data folder exists at all: the error must come from validation, not from data.
+  started = time.time()
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist', f'--workdir={tmp_path}/w',
+       f'--config.data_dir={tmp_path}/no_data', override],
+      capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [f'error: {result.stderr.strip()[7:]}']
+  assert message in result.stderr
+  assert time.time() - started < 60
+  assert not (tmp_path / 'w').exists()
+
+
+def test_summary_validates_too():
+  result = subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist', '--summary',
+                           '--config.model.digit_dim=0'], capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip() == 'error: config.model.digit_dim=0: allowed an integer >= 1'

@@ -1,0 +1,184 @@
+"""Workdirs: checked before use, locked, bound to their config, metrics once per step,
+wall time summed over resumes; checkpoint write failures stop the run with one line."""
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import orbax.checkpoint as ocp
+import pytest
+
+from capsjax import train
+from capsjax import workdir as workdir_lib
+from capsjax.errors import CheckpointError, ConfigError, WorkdirError
+from test_train import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_py(*args, **kwargs):
+  return subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), *args], capture_output=True,
+                        text=True, timeout=kwargs.pop('timeout', 300), **kwargs)
+
+
+# ----------------------------------------------------------------------------- prepare
+
+def test_a_file_is_not_a_workdir(tmp_path):
+  (tmp_path / 'file').write_text('x')
+  with pytest.raises(WorkdirError, match='exists and is not a directory'):
+    workdir_lib.prepare(str(tmp_path / 'file'))
+  with pytest.raises(WorkdirError, match='is not usable'):
+    workdir_lib.prepare(str(tmp_path / 'file' / 'below'))
+
+
+def test_tilde_is_expanded(tmp_path, monkeypatch):
+  monkeypatch.setenv('HOME', str(tmp_path))
+  monkeypatch.chdir(tmp_path)
+  assert workdir_lib.prepare('~/runs/a') == str(tmp_path / 'runs' / 'a')
+  assert (tmp_path / 'runs' / 'a').is_dir() and not (tmp_path / '~').exists()
+
+
+def test_cli_workdir_errors_are_one_line(tmp_path):
+  (tmp_path / 'file').write_text('x')
+  for workdir, message in [(tmp_path / 'file', 'exists and is not a directory'),
+                           ('/proc/capsjax', 'is not usable')]:
+    result = run_py('--experiment=mnist_smoke', f'--workdir={workdir}', f'--config.data_dir={tmp_path}')
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, result.stderr
+
+
+# ----------------------------------------------------------------------------- lock
+
+def test_second_run_on_a_locked_workdir_names_the_holder(mnist_dir, tmp_path):
+  with workdir_lib.Lock(str(tmp_path)):
+    with pytest.raises(WorkdirError, match=f'in use by another run \\(pid {os.getpid()}\\)'):
+      train.train_and_evaluate(tiny_config(mnist_dir), str(tmp_path))
+  with workdir_lib.Lock(str(tmp_path)):   # released: free again
+    pass
+
+
+# ----------------------------------------------------------------------------- config binding
+
+def test_config_is_written_at_start_and_a_changed_config_is_refused(mnist_dir, tmp_path):
+  config = tiny_config(mnist_dir, num_steps=4)
+  result = train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
+  assert result == {'steps': 2, 'completed': False}
+  assert json.loads((tmp_path / 'config.json').read_text())['batch_size'] == 32
+  loaded_config, _, params = train.load_trained(str(tmp_path))   # an unfinished run opens
+  assert loaded_config.num_steps == 4 and params
+
+  changed = tiny_config(mnist_dir, num_steps=4, learning_rate=0.5, seed=3)
+  with pytest.raises(ConfigError, match=r"another config \(learning_rate: 0.001 → 0.5; seed: 0 → 3\)"):
+    train.train_and_evaluate(changed, str(tmp_path))
+  # How a run is carried out may change: another log cadence, data folder, stop step.
+  runtime_only = tiny_config(mnist_dir, num_steps=4, log_every_steps=1, checkpoint_every_steps=1)
+  assert workdir_lib.bind_config(str(tmp_path), runtime_only) == []
+  changed.allow_config_change = True
+  assert workdir_lib.bind_config(str(tmp_path), changed) == ['learning_rate: 0.001 → 0.5', 'seed: 0 → 3']
+  assert json.loads((tmp_path / 'config.json').read_text())['learning_rate'] == 0.5
+
+
+def test_finished_results_are_not_overwritten_by_another_config(mnist_dir, tmp_path):
+  train.train_and_evaluate(tiny_config(mnist_dir, num_steps=2), str(tmp_path))
+  before = (tmp_path / 'results.json').read_text()
+  result = run_py('--experiment=mnist_smoke', f'--workdir={tmp_path}', f'--config.data_dir={mnist_dir}',
+                  '--config.learning_rate=0.5')
+  assert result.returncode == 2 and 'holds a run with another config' in result.stderr
+  assert (tmp_path / 'results.json').read_text() == before
+
+
+# ----------------------------------------------------------------------------- metrics and wall time
+
+def test_metrics_hold_each_step_once_and_wall_time_adds_up(mnist_dir, tmp_path):
+  config = tiny_config(mnist_dir, num_steps=6, log_every_steps=1)
+  train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
+  manager = ocp.CheckpointManager(str(tmp_path / 'checkpoints'))
+  first_wall = manager.restore(2)['progress']['wall_time_s']
+  manager.close()
+  assert first_wall > 0
+  # A crashed invocation logged step 3 but never checkpointed it.
+  with open(tmp_path / 'metrics.jsonl', 'a') as f:
+    f.write(json.dumps({'split': 'train', 'step': 3, 'loss': 1.0}) + '\n')
+  results = train.train_and_evaluate(config, str(tmp_path))
+  steps = [json.loads(line)['step'] for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()
+           if json.loads(line)['split'] == 'train']
+  assert steps == [1, 2, 3, 4, 5, 6]
+  assert results['wall_time_s'] > first_wall
+  assert results['wall_time_s'] >= first_wall + 0.5   # the second invocation compiled again
+
+
+def test_truncate_after_drops_later_and_cut_off_rows(tmp_path):
+  log = workdir_lib.MetricsLog(str(tmp_path))
+  for step in (1, 2, 3):
+    log.write(split='train', step=step)
+  with open(log.path, 'a') as f:
+    f.write('{"split": "train", "st')   # cut off by a crash
+  log.truncate_after(2)
+  assert [row['step'] for row in log.read()] == [1, 2]
+
+
+# ----------------------------------------------------------------------------- checkpoint failures
+
+def test_failing_save_stops_the_run_and_keeps_the_last_good_checkpoint(mnist_dir, tmp_path, monkeypatch):
+  calls = []
+  real_save = ocp.CheckpointManager.save
+
+  def save(self, step, *args, **kwargs):
+    calls.append(step)
+    if len(calls) == 2:
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', save)
+  with pytest.raises(CheckpointError, match=r'cannot write checkpoint step 4 .*\(Read-only file system\); '
+                                            r'training stopped \(last good checkpoint: step 2\)'):
+    train.train_and_evaluate(tiny_config(mnist_dir, num_steps=6), str(tmp_path))
+  assert calls == [2, 4]
+  monkeypatch.undo()
+  _, _, params = train.load_trained(str(tmp_path))   # step 2 is intact
+  assert params
+
+
+def _mount_tmpfs(path, size):
+  os.makedirs(path, exist_ok=True)
+  result = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)],
+                          capture_output=True, text=True)
+  if result.returncode:
+    pytest.skip(f'cannot mount a tmpfs here ({result.stderr.strip()}); the injected failure covers it')
+
+
+def test_full_disk_is_one_line_through_run_py(mnist_dir, tmp_path):
+  mount = tmp_path / 'small'
+  # Room for the probe, config and one ~3.4 MB checkpoint of this model, not for two.
+  _mount_tmpfs(mount, '5m')
+  try:
+    result = run_py('--experiment=mnist_smoke', f'--workdir={mount}/w', f'--config.data_dir={mnist_dir}',
+                    '--config.model.conv1_channels=16', '--config.model.primary_types=4',
+                    '--config.model.decoder_hidden=(32,64)', '--config.num_train_examples=256',
+                    '--config.num_test_examples=100', '--config.batch_size=32', '--config.num_steps=6',
+                    '--config.checkpoint_every_steps=2', '--config.keep_checkpoints=3', timeout=240)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert 'No space left on device' in lines[0], lines[0]
+    kept = int(lines[0].split('last good checkpoint: step ')[1].rstrip(')'))
+    failed = int(lines[0].split('cannot write checkpoint step ')[1].split()[0])
+    assert failed > kept >= 2 and str(kept) in os.listdir(mount / 'w' / 'checkpoints')
+    assert not os.path.exists(mount / 'w' / 'results.json')
+  finally:
+    subprocess.run(['umount', '-l', str(mount)], check=False)
+
+
+def test_read_only_workdir_fails_at_once(mnist_dir, tmp_path):
+  mount = tmp_path / 'ro'
+  _mount_tmpfs(mount, '1m')
+  try:
+    subprocess.run(['mount', '-o', 'remount,ro', str(mount)], check=True)
+    result = run_py('--experiment=mnist_smoke', f'--workdir={mount}/w', f'--config.data_dir={mnist_dir}',
+                    timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f'error: workdir {mount}/w is not usable: Read-only file system']
+  finally:
+    subprocess.run(['umount', '-l', str(mount)], check=False)
