@@ -112,6 +112,8 @@ class Checkpoints:
 
   def _failed(self, error: BaseException) -> CheckpointWriteError:
     self.failed = True
+    with contextlib.suppress(Exception):   # let an earlier save in flight finish (or fail)
+      self.manager.wait_until_finished()
     finished = self.finished_steps()
     last_good = finished[-1] if finished else None
     failed = [step for step in self._attempted if last_good is None or step > last_good]
