@@ -7,14 +7,12 @@ Also times the traced-iteration-count variant (what `jax.vmap` over r uses) and 
 that all of them return the same parents.
 """
 import argparse
-import os
-import sys
-import time
 
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
+from timing import seconds_per_call
 
 from capsjax.routing import dynamic_routing, squash  # pylint: disable=g-import-not-at-top
 
@@ -27,15 +25,6 @@ def unrolled_routing(prediction_vectors, num_iterations: int):
     parents = squash(jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors))  # [batch, out, dim]
     logits = logits + jnp.einsum('bijd,bjd->bij', prediction_vectors, parents)   # [batch, in, out]
   return parents
-
-
-def seconds_per_call(fn, *args, steps=10):
-  jax.block_until_ready(fn(*args))
-  start = time.perf_counter()
-  for _ in range(steps):
-    out = fn(*args)
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / steps
 
 
 def main():
@@ -57,8 +46,8 @@ def main():
     forward = jax.jit(fn)
     np.testing.assert_allclose(forward(predictions), reference, rtol=1e-4, atol=1e-6)
     grad = jax.jit(jax.grad(lambda u, f=fn: jnp.sum(f(u) ** 2)))
-    t_forward = seconds_per_call(forward, predictions, steps=args.steps)
-    t_grad = seconds_per_call(grad, predictions, steps=args.steps)
+    t_forward = seconds_per_call(forward, (predictions,), args.steps)
+    t_grad = seconds_per_call(grad, (predictions,), args.steps)
     baseline = baseline or (t_forward, t_grad)
     print(f'{name:30s} forward {1e3 * t_forward:7.1f} ms ({baseline[0] / t_forward:4.2f}× unrolled)  '
           f'forward+backward {1e3 * t_grad:7.1f} ms ({baseline[1] / t_grad:4.2f}× unrolled)')

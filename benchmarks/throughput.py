@@ -28,6 +28,7 @@ import numpy as np
 
 from capsjax import steps  # pylint: disable=g-import-not-at-top
 from capsjax.models import build_model
+from timing import seconds_per_call
 from capsjax.data import pipeline
 from capsjax.data.mnist import Dataset
 
@@ -61,20 +62,10 @@ def capsnet_flops(model_config) -> dict:
 
 # ----------------------------------------------------------------------------- timing
 
-def time_calls(fn, args, steps: int) -> float:
-  """Seconds per call after one warm-up call (compilation)."""
-  jax.block_until_ready(fn(*args))
-  start = time.perf_counter()
-  for _ in range(steps):
-    out = fn(*args)
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / steps
-
-
 def matmul_peak_gflops(size: int = 4096, steps: int = 5) -> float:
   a = jnp.ones((size, size), jnp.float32)
   b = jnp.ones((size, size), jnp.float32)
-  seconds = time_calls(jax.jit(jnp.matmul), (a, b), steps)
+  seconds = seconds_per_call(jax.jit(jnp.matmul), (a, b), steps)
   return 2 * size ** 3 / seconds / 1e9
 
 
@@ -113,7 +104,7 @@ def measure_jax(config, batch: int, steps: int) -> dict:
   # longest capsule (what the PyTorch peer computes too).
   infer = jax.jit(lambda params, x: model.apply({'params': params}, pipeline.preprocess(x)))
   memory_infer = buffer_bytes(infer, state['params'], images)
-  infer_seconds = time_calls(infer, (state['params'], images), steps)
+  infer_seconds = seconds_per_call(infer, (state['params'], images), steps)
   return {'train_images_per_s': batch / train_seconds, 'infer_images_per_s': batch / infer_seconds,
           'train_buffer_bytes': memory_train, 'infer_buffer_bytes': memory_infer}
 

@@ -16,7 +16,7 @@ def ensemble_members(config):
   config.ensemble holds tuples `seeds`, `routing_iterations`, `reconstruction_weights`;
   the members are their product (an empty tuple = the config's own value).
   """
-  spec = config.get('ensemble')
+  spec = config.ensemble
   if not spec:
     return None
   seeds = tuple(spec.get('seeds') or (config.seed,))

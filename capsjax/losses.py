@@ -1,4 +1,5 @@
 """The paper's losses as pure functions; every loss is per example, shape [batch]."""
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -30,7 +31,14 @@ def reconstruction_loss(reconstructions: Array, images: Array) -> Array:
 
 def capsnet_loss(lengths: Array, targets: Array, reconstructions, images: Array,
                  reconstruction_weight: float = 0.0005, **margin_kwargs):
-  """margin + reconstruction_weight × reconstruction; returns (per-example total, parts)."""
+  """margin + reconstruction_weight × reconstruction; returns (per-example total, parts).
+
+  lengths, targets [batch, classes]; reconstructions and images [batch, k, h, w, c] (k
+  reconstructed digits per example) or reconstructions None (no decoder).
+  """
+  chex.assert_equal_shape([lengths, targets])
+  if reconstructions is not None:
+    chex.assert_equal_shape([reconstructions, images])
   margin = margin_loss(lengths, targets, **margin_kwargs)
   if reconstructions is None:
     recon = jnp.zeros_like(margin)

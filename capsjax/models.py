@@ -7,13 +7,14 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax.layers import CapsuleLayer, Conv, Decoder, PrimaryCaps
+from capsjax.routing import vector_norm
 
 Array = jax.Array
 
 
 def capsule_lengths(capsules: Array) -> Array:
   """Existence probabilities: |v_j|, [batch, caps, dim] → [batch, caps]."""
-  return jnp.sqrt(jnp.sum(jnp.square(capsules), axis=-1) + 1e-12)
+  return vector_norm(capsules, axis=-1)
 
 
 def mask_capsules(capsules: Array, mask: Array) -> Array:

@@ -8,22 +8,34 @@ Shapes used throughout:
 """
 from typing import Optional, Union
 
+import chex
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
 
+def vector_norm(vectors: Array, axis: int = -1, keepdims: bool = False) -> Array:
+  """|v| along `axis`, exact (no ε), with gradient 0 at the zero vector.
+
+  The norm's own gradient is infinite at 0, so zero vectors take a separate branch (the
+  double-where trick); capsule lengths and squash both use it.
+  """
+  return _safe_sqrt(jnp.sum(jnp.square(vectors), axis=axis, keepdims=keepdims))
+
+
+def _safe_sqrt(squared_norm: Array) -> Array:
+  nonzero = squared_norm > 0
+  return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, squared_norm, 1.0)), 0.0)
+
+
 def squash(vectors: Array, axis: int = -1) -> Array:
   """v = |s|² / (1 + |s|²) · s / |s| = s · |s| / (1 + |s|²): keeps direction, length → [0, 1).
 
-  Written as s·|s|/(1+|s|²) there is no division by |s|; the norm's own gradient is
-  infinite at 0, so zero vectors take a separate branch (the double-where trick) and
-  get value 0 and gradient 0, which is squash's true derivative at the origin.
+  Written as s·|s|/(1+|s|²) there is no division by |s|; at the origin value and gradient
+  are 0, squash's true derivative there (see `vector_norm`).
   """
   squared_norm = jnp.sum(jnp.square(vectors), axis=axis, keepdims=True)
-  nonzero = squared_norm > 0
-  norm = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, squared_norm, 1.0)), 0.0)
-  return vectors * (norm / (1.0 + squared_norm))
+  return vectors * (_safe_sqrt(squared_norm) / (1.0 + squared_norm))
 
 
 def coupling_coefficients(routing_logits: Array, leaky: bool = False, axis: int = -1) -> Array:
@@ -97,6 +109,7 @@ def dynamic_routing(
   Returns:
     parents [batch, out_caps, out_dim], or (parents, logits_per_iteration).
   """
+  chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
   static_count = isinstance(num_iterations, int)
   if static_count:

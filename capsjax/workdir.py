@@ -28,7 +28,7 @@ RUNTIME_KEYS = frozenset({
     'data_dir', 'tfds_data_dir', 'log_every_steps', 'eval_every_steps', 'eval_batch_size',
     'checkpoint_every_steps', 'checkpoint_every_secs', 'keep_checkpoints', 'stop_at_step',
     'distributed', 'coordinator_address', 'num_processes', 'process_id',
-    'allow_config_change', 'routing_probe_examples',
+    'allow_config_change', 'routing_probe_examples', 'routing_probe_iterations',
 })
 
 
@@ -150,7 +150,7 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict, is_writer: bool
     except (OSError, ValueError) as e:
       raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
     differences = config_differences(saved, config)
-    if differences and not config.get('allow_config_change', False):
+    if differences and not config.allow_config_change:
       shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
       raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '
                         '--workdir, or pass --config.allow_config_change=True to continue it with this one')

@@ -1,6 +1,7 @@
 """Vmapped ensembles (Table 1): a member trains like the same configuration alone."""
 import os
 
+import chex
 import jax
 import ml_collections
 import numpy as np
@@ -57,8 +58,8 @@ def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir,
     _, _, alone_params = train.load_trained(str(tmp_path / f'alone{index}'))
     # Batched and unbatched matmuls round differently on CPU; after 4 Adam steps the
     # parameters agree to ~1e-6 (different members differ by ~1e-2).
-    for member_leaf, alone_leaf in zip(jax.tree.leaves(ensemble_params), jax.tree.leaves(alone_params)):
-      np.testing.assert_allclose(np.asarray(member_leaf)[index], alone_leaf, atol=1e-5, rtol=0)
+    member_params = jax.tree.map(lambda leaf: np.asarray(leaf)[index], ensemble_params)
+    chex.assert_trees_all_close(member_params, alone_params, atol=1e-5, rtol=0)
     np.testing.assert_allclose(together['final_train_loss'][index], alone['final_train_loss'], rtol=1e-5)
     assert together['test_accuracy'][index] == pytest.approx(alone['test_accuracy'], abs=1e-9)
   other = np.asarray(jax.tree.leaves(ensemble_params)[0])

@@ -61,7 +61,7 @@ def read_idx(path: str) -> np.ndarray:
 
 
 def write_idx(path: str, array: np.ndarray, compress: bool = False) -> None:
-  """Write an IDX file (used by tests and for exporting generated data)."""
+  """Write an IDX file (used by the tests to make malformed and generated files)."""
   codes = {v.newbyteorder('='): k for k, v in _IDX_TYPES.items()}
   dtype = np.dtype(array.dtype).newbyteorder('=')
   if dtype not in codes:

@@ -131,7 +131,7 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) 
 
 def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
   """(train, test) pipelines for config.task: 'classify' (MNIST-like) or 'multimnist'."""
-  task = config.get('task', 'classify')
+  task = config.task
   # MultiMNIST (36×36) and expanded MNIST (40×40) are composed from 28×28 source digits.
   source_shape = (28, 28, 1) if task in ('multimnist', 'expanded') else None
   train = load_dataset(config, 'train', source_shape)
