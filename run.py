@@ -107,7 +107,11 @@ def parse_flags(argv):
     cli.fail(str(e).splitlines()[0])
   name = FLAGS.experiment
   if any(arg in HELP_ARGS for arg in argv[1:]):
-    print_help(name if name in available_experiments() else None)
+    try:
+      print_help(name if name in available_experiments() else None)
+      sys.stdout.flush()
+    except BrokenPipeError:   # `run.py --help | head`
+      os._exit(0)
     sys.exit(0)
   if name is not None and name not in available_experiments():
     cli.fail(f'unknown experiment {name!r}; available: {", ".join(available_experiments())}')
@@ -134,8 +138,12 @@ def main(argv):
     cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   config = FLAGS.config
   if FLAGS.show_config:
-    for line in config_lines(config):
-      print(line)
+    try:
+      for line in config_lines(config):
+        print(line)
+      sys.stdout.flush()
+    except BrokenPipeError:   # `run.py --show_config | head`
+      os._exit(0)
     return 0
   from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
   validate(config)   # before any data is read or anything compiled

@@ -96,7 +96,10 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
   Preparation decodes the source files through `tf.io`, so it needs TensorFlow (the
   `tensorflow-cpu` dependency); later runs only read the prepared files.
   """
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')   # TensorFlow's C++ start-up chatter
+  # TensorFlow (used by TFDS while preparing) prints start-up chatter; oneDNN's only
+  # effect here would be on float rounding in ops TFDS does not use for MNIST.
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
     with _quiet_absl():   # TFDS warns about an empty version folder it just looked into
@@ -108,7 +111,8 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
     _check_download_reachable(builder, offline_hint)
     print(f'TFDS: downloading and preparing {name} in {builder.data_dir} (first use only)', flush=True)
     try:
-      builder.download_and_prepare()
+      with _quiet_absl():   # e.g. "OpenCV is not installed … defaulting to PIL"
+        builder.download_and_prepare()
     except Exception as e:  # network, checksum and TensorFlow errors all end here.
       first_line = str(e).splitlines()[0] if str(e) else ''
       raise DataError(f'TFDS could not prepare {name} ({type(e).__name__}: {first_line}); '
@@ -119,7 +123,8 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
     raise DataError(f'TFDS cannot read {name}:{split} from {builder.data_dir} '
                     f'({type(e).__name__}: {str(e).splitlines()[0]}); prepare it afresh in another '
                     '--config.tfds_data_dir') from None
-  examples = source.__getitems__(range(len(source)))
+  with _quiet_absl():
+    examples = source.__getitems__(range(len(source)))
   if not examples:
     raise DataError(f'TFDS {name}:{split} is empty')
   images = np.stack([np.asarray(ex['image'], np.uint8) for ex in examples])
