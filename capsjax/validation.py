@@ -8,6 +8,7 @@ does not have are skipped, so one table serves every experiment, and comparison 
 import math
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
+from capsjax.data.datasets import DATASETS
 from capsjax.errors import ConfigError
 from capsjax.ops import CONV_IMPLS
 
@@ -63,7 +64,7 @@ def numbers_at_least(low: float):
 # key → (check, what is allowed). Keys are relative to the config root.
 RUN_RULES = {
     'task': one_of(TASKS),
-    'dataset': ((lambda v: isinstance(v, str) and bool(v)), 'a TFDS dataset name'),
+    'dataset': one_of(DATASETS),
     'num_train_examples': int_at_least(0),
     'num_test_examples': int_at_least(0),
     'seed': int_at_least(0),

@@ -12,9 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from capsjax.data.mnist import load_dataset, load_idx_split
+from capsjax.data.mnist import load_dataset, load_idx_split, load_tfds_split
 from capsjax.errors import DataError
-from experiments import mnist
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,10 +68,8 @@ def test_readme_command_downloads_prepares_and_trains(prepared):
 def test_prepared_tfds_data_equals_the_idx_files(prepared, mnist_dir):
   tfds_dir, _, result = prepared
   assert result.returncode == 0
-  config = mnist.get_config()
-  config.tfds_data_dir = str(tfds_dir)
   for split in ('train', 'test'):
-    from_tfds = load_dataset(config, split)   # the trainer's own call
+    from_tfds = load_dataset('mnist', split, tfds_data_dir=str(tfds_dir))   # the trainer's own call
     from_idx = load_idx_split(mnist_dir, split)
     assert from_tfds.images.shape == from_idx.images.shape and from_tfds.images.dtype == np.uint8
     # TFDS shuffles examples when preparing: compare the sets of (image, label) pairs.
@@ -102,8 +99,5 @@ def test_offline_fails_fast_with_one_line(url, tmp_path):
 
 
 def test_unknown_tfds_dataset_is_one_error(tmp_path):
-  config = mnist.get_config()
-  config.dataset = 'no_such_dataset'
-  config.tfds_data_dir = str(tmp_path)
   with pytest.raises(DataError, match="TFDS has no dataset 'no_such_dataset'"):
-    load_dataset(config, 'test')
+    load_tfds_split('no_such_dataset', 'test', str(tmp_path))

@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 
+from capsjax.data.datasets import dataset_info
 from capsjax.data.idx import read_idx
 from capsjax.errors import DataError
 
@@ -134,18 +135,19 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
   return Dataset(images, labels)
 
 
-def load_dataset(config, split: str, image_shape=None) -> Dataset:
-  """The split named by the config: IDX folder if `config.data_dir`, else TFDS.
-
-  Images must have `image_shape` (default: the model's input shape).
-  """
+def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str = '') -> Dataset:
+  """One split of dataset `name` (see capsjax.data.datasets): from the IDX files in
+  `data_dir` if given, else through TFDS; checked against the dataset's image shape and
+  class count."""
+  info = dataset_info(name)
   if split not in _IDX_NAMES:
     raise DataError(f'unknown split {split!r}')
-  if config.data_dir:
-    dataset = load_idx_split(config.data_dir, split, config.model.num_classes)
+  if data_dir:
+    if not info.idx_folder:
+      raise DataError(f'{name} is read through TFDS only; drop --config.data_dir')
+    dataset = load_idx_split(os.path.expanduser(data_dir), split, info.num_classes)
   else:
-    dataset = load_tfds_split(config.dataset, split, config.tfds_data_dir)
-  expected = tuple(image_shape or config.model.input_shape)
-  if dataset.images.shape[1:] != expected:
-    raise DataError(f'{split} images have shape {dataset.images.shape[1:]}, the experiment expects {expected}')
+    dataset = load_tfds_split(info.tfds_name, split, tfds_data_dir)
+  if dataset.images.shape[1:] != info.image_shape:
+    raise DataError(f'{split} images have shape {dataset.images.shape[1:]}; {name} has {info.image_shape}')
   return dataset

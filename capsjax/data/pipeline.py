@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.data import affine, augment, multimnist
+from capsjax.data.datasets import dataset_info
 from capsjax.data.mnist import Dataset, load_dataset
 from capsjax.errors import ConfigError
 
@@ -92,7 +93,7 @@ def dataset_pipeline(config, dataset: Dataset, training: bool,
 
 def affine_test_pipeline(config) -> Pipeline:
   """The MNIST test digits under random affine maps (config.affnist), fixed per index."""
-  test = load_dataset(config, 'test', (28, 28, 1))
+  test = _load(config, 'test')
   if config.num_test_examples:
     test = test.take(config.num_test_examples)
   ranges = dict(config.affnist.ranges)
@@ -103,7 +104,7 @@ def affine_test_pipeline(config) -> Pipeline:
 # ----------------------------------------------------------------------------- MultiMNIST
 
 def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) -> Pipeline:
-  source = multimnist.make_source(dataset.images, dataset.labels, config.model.num_classes)
+  source = multimnist.make_source(dataset.images, dataset.labels, dataset_info(config.dataset).num_classes)
   total = len(dataset) * config.multimnist.examples_per_digit
   num_examples = min(num_examples or total, total)
 
@@ -129,13 +130,19 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) 
 
 # ----------------------------------------------------------------------------- entry point
 
+def _load(config, split: str) -> Dataset:
+  return load_dataset(config.dataset, split, config.data_dir, config.tfds_data_dir)
+
+
 def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
-  """(train, test) pipelines for config.task: 'classify' (MNIST-like) or 'multimnist'."""
+  """(train, test) pipelines for config.task: 'classify' (the dataset's images as they
+  are), 'expanded' (each digit placed at random on the model's larger canvas) or
+  'multimnist' (two digits overlaid on the model's canvas)."""
   task = config.task
-  # MultiMNIST (36×36) and expanded MNIST (40×40) are composed from 28×28 source digits.
-  source_shape = (28, 28, 1) if task in ('multimnist', 'expanded') else None
-  train = load_dataset(config, 'train', source_shape)
-  test = load_dataset(config, 'test', source_shape)
+  train, test = _load(config, 'train'), _load(config, 'test')
+  if task == 'classify' and train.images.shape[1:] != tuple(config.model.input_shape):
+    raise ConfigError(f'{config.dataset} images have shape {train.images.shape[1:]}; the model expects '
+                      f'config.model.input_shape={tuple(config.model.input_shape)}')
   if config.num_train_examples:
     train = train.take(config.num_train_examples)
   if task in ('classify', 'expanded'):

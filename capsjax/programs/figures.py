@@ -182,7 +182,7 @@ def main(argv=None):
     params = jax.tree.map(lambda x: x[member], params)
   elif args.member is not None:
     raise CapsjaxError(f'--member={args.member}: {args.workdir} holds a single run, not an ensemble')
-  test = load_dataset(config, 'test').take(args.num)
+  test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir).take(args.num)
   images = np.asarray(preprocess(jnp.asarray(test.images)))
   capsules, predictions = classify(model, params, images)
   columns = draw_reconstructions(model, params, images, test.labels, capsules, predictions,
