@@ -1,8 +1,8 @@
 """What the training loop sees of a dataset: host-side batch selection + on-device batches.
 
 A pipeline splits each batch in two: `host_batch(step)` picks the examples on the host
-(a tuple of small numpy arrays: images and labels for MNIST, example indices for
-MultiMNIST), and `device_batch(source, host_batch, key)` turns it into arrays inside the
+(a tuple of small numpy arrays: images, labels and example indices for MNIST-like data,
+example indices alone for MultiMNIST), and `device_batch(source, host_batch, key)` turns it into arrays inside the
 jitted step (shifting, or generating the MultiMNIST overlays). `source` is a pytree of
 device arrays that the step takes as an argument (never a baked-in constant).
 Batches are dicts: images float32 [b, h, w, c], labels int32 [b] or [b, k], and for
