@@ -19,8 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from capsjax import sharding
+from capsjax import sharding, steps
+from capsjax.ensembles import ensemble_members
 from capsjax.errors import CheckpointError, CheckpointWriteError
+from capsjax.models import build_model
+from capsjax.workdir import read_config
 
 State = Dict[str, Any]
 _OS_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO, errno.ENOENT, errno.EPERM)
@@ -170,3 +173,16 @@ class Checkpoints:
   def __exit__(self, *exc):
     self.close()
     return False
+
+
+def load_trained(workdir: str):
+  """(config, model, params) of the run in `workdir`, finished or not: its config.json and
+  latest checkpoint (an ensemble's params carry a leading member axis)."""
+  config = read_config(workdir)
+  model = build_model(config.model)
+  template = steps.initial_state(config, model, steps.make_optimizer(config), ensemble_members(config))
+  with Checkpoints(workdir, config.keep_checkpoints) as checkpoints:
+    if checkpoints.latest_step() is None:
+      raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
+    state, _ = checkpoints.restore(template)
+  return config, model, state['params']

@@ -22,7 +22,6 @@ from capsjax import hooks as hooks_lib
 from capsjax import sharding, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.pipeline import Pipeline, make_pipelines
-from capsjax.errors import CheckpointError
 from capsjax.ensembles import ensemble_members, member_knobs
 from capsjax.models import build_model, count_params
 from capsjax.runtime import StopRequests
@@ -200,16 +199,3 @@ def _read_results(workdir: str) -> Dict[str, Any]:
       return json.load(f)
   except (OSError, ValueError):
     return {}
-
-
-def load_trained(workdir: str):
-  """(config, model, params) of the run in `workdir`, finished or not: its config.json and
-  latest checkpoint (an ensemble's params carry a leading member axis)."""
-  config = workdir_lib.read_config(workdir)
-  model = build_model(config.model)
-  template = steps.initial_state(config, model, steps.make_optimizer(config), ensemble_members(config))
-  with ckpt.Checkpoints(workdir, config.keep_checkpoints) as checkpoints:
-    if checkpoints.latest_step() is None:
-      raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
-    state, _ = checkpoints.restore(template)
-  return config, model, state['params']

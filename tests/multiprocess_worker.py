@@ -18,6 +18,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from capsjax import runtime, sharding, train
+from capsjax.checkpoints import load_trained
 from sharded_config import tiny_sharded_config
 
 
@@ -43,7 +44,7 @@ def main():
   runtime.initialize_distributed(config)
   results = train.train_and_evaluate(config, args.workdir, stop_at_step=args.stop_at_step or None)
   if results.get('completed') and args.out:
-    _, _, params = train.load_trained(args.workdir)   # collective: every process restores
+    _, _, params = load_trained(args.workdir)   # collective: every process restores
     if sharding.is_main_process():
         np.savez(args.out, **{str(i): np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(params))})
   print(f'process {jax.process_index()}/{jax.process_count()} devices {jax.device_count()} '

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from capsjax import ensembles, train
+from capsjax.checkpoints import load_trained
 from capsjax.programs import ablation
 from capsjax.errors import ConfigError
 from capsjax.models import build_model, count_params
@@ -50,12 +51,12 @@ def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir,
   config = _ensemble_config(mnist_dir, seeds=(0, 1), routing_iterations=(1, 3),
                             reconstruction_weights=(0.0005,))
   together = train.train_and_evaluate(config, str(tmp_path / 'ensemble'))
-  _, _, ensemble_params = train.load_trained(str(tmp_path / 'ensemble'))
+  _, _, ensemble_params = load_trained(str(tmp_path / 'ensemble'))
   members = together['members']
   for index in (0, 3):   # (seed 0, 1 iteration) and (seed 1, 3 iterations)
     alone = train.train_and_evaluate(member_config(config, members[index]),
                                      str(tmp_path / f'alone{index}'))
-    _, _, alone_params = train.load_trained(str(tmp_path / f'alone{index}'))
+    _, _, alone_params = load_trained(str(tmp_path / f'alone{index}'))
     # Batched and unbatched matmuls round differently on CPU; after 4 Adam steps the
     # parameters agree to ~1e-6 (different members differ by ~1e-2).
     member_params = jax.tree.map(lambda leaf: np.asarray(leaf)[index], ensemble_params)

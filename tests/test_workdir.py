@@ -10,6 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from capsjax import train
+from capsjax.checkpoints import load_trained
 from capsjax import workdir as workdir_lib
 from capsjax.errors import CheckpointError, ConfigError, WorkdirError
 from test_train import tiny_config
@@ -65,7 +66,7 @@ def test_config_is_written_at_start_and_a_changed_config_is_refused(mnist_dir, t
   result = train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
   assert result == {'steps': 2, 'completed': False}
   assert json.loads((tmp_path / 'config.json').read_text())['batch_size'] == 32
-  loaded_config, _, params = train.load_trained(str(tmp_path))   # an unfinished run opens
+  loaded_config, _, params = load_trained(str(tmp_path))   # an unfinished run opens
   assert loaded_config.num_steps == 4 and params
 
   changed = tiny_config(mnist_dir, num_steps=4, learning_rate=0.5, seed=3)
@@ -136,7 +137,7 @@ def test_failing_save_stops_the_run_and_keeps_the_last_good_checkpoint(mnist_dir
     train.train_and_evaluate(tiny_config(mnist_dir, num_steps=6), str(tmp_path))
   assert calls == [2, 4]
   monkeypatch.undo()
-  _, _, params = train.load_trained(str(tmp_path))   # step 2 is intact
+  _, _, params = load_trained(str(tmp_path))   # step 2 is intact
   assert params
 
 

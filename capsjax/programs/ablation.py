@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from capsjax import steps, train
-from capsjax.programs.common import with_model_of
+from capsjax.programs.common import markdown_table, pyplot, save_figure, with_model_of
 from capsjax.errors import ConfigError
 
 # The paper's Table 1, MNIST test error in % (mean ± std of 3 trials where given).
@@ -51,8 +51,7 @@ def summarize(members: List[Dict[str, Any]], errors: List[float]) -> List[Dict[s
 
 def _row(method, routing, reconstruction, values, mean, std, paper):
   spread = f' ± {std:.3f}' if len(values) > 1 else ''
-  return (f'| {method} | {routing} | {reconstruction} | {mean:.2f}{spread} | '
-          f'{", ".join(f"{v:.2f}" for v in values)} | {paper} |')
+  return (method, routing, reconstruction, f'{mean:.2f}{spread}', ', '.join(f'{v:.2f}' for v in values), paper)
 
 
 def render_table(config, rows, baseline_errors) -> str:
@@ -61,17 +60,18 @@ def render_table(config, rows, baseline_errors) -> str:
            f'mean ± sample std. Training: {config.num_steps or config.num_epochs} '
            f'{"steps" if config.num_steps else "epochs"} of batch {config.batch_size} on '
            f'{config.num_train_examples or "all"} training images; test on '
-           f'{config.num_test_examples or "all"} test images.', '',
-           '| method | routing | reconstruction | test error (%) | per seed | paper |',
-           '| --- | ---: | --- | ---: | --- | ---: |']
+           f'{config.num_test_examples or "all"} test images.', '']
+  rows_out = []
   if baseline_errors is not None:
     values = [100.0 * e for e in baseline_errors]
-    lines.append(_row('Baseline CNN', '-', '-', values, np.mean(values),
+    rows_out.append(_row('Baseline CNN', '-', '-', values, np.mean(values),
                       np.std(values, ddof=1) if len(values) > 1 else 0.0, PAPER_TABLE1['baseline']))
   for row in rows:
-    lines.append(_row('CapsNet', row['routing_iterations'], 'yes' if row['reconstruction'] else 'no',
+    rows_out.append(_row('CapsNet', row['routing_iterations'], 'yes' if row['reconstruction'] else 'no',
                       row['errors_percent'], row['mean'], row['std'],
-                      PAPER_TABLE1.get((row['routing_iterations'], row['reconstruction']), '-')))
+                         PAPER_TABLE1.get((row['routing_iterations'], row['reconstruction']), '-')))
+  lines += markdown_table([('method', 'l'), ('routing', 'r'), ('reconstruction', 'l'), ('test error (%)', 'r'),
+                           ('per seed', 'l'), ('paper', 'r')], rows_out)
   return '\n'.join(lines) + '\n'
 
 
@@ -95,10 +95,7 @@ def training_loss_curves(workdir: str, members):
 
 
 def plot_training_loss(curves, path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  figure, axis = plt.subplots(figsize=(6, 4))
+  figure, axis = pyplot().subplots(figsize=(6, 4))
   for (iterations, reconstruction), (steps, values) in curves.items():
     axis.plot(steps, values, label=f'{iterations} routing iteration{"s" if iterations > 1 else ""}, '
                                    f'reconstruction {"on" if reconstruction else "off"}')
@@ -107,9 +104,7 @@ def plot_training_loss(curves, path: str) -> None:
   axis.set_yscale('log')
   axis.legend()
   axis.set_title('CapsNet training loss: 1 vs 3 routing iterations')
-  figure.tight_layout()
-  figure.savefig(path, dpi=120)
-  plt.close(figure)
+  save_figure(figure, path)
 
 
 def run(config, workdir: str) -> Dict[str, Any]:

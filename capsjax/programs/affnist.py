@@ -15,7 +15,8 @@ import ml_collections
 import numpy as np
 
 from capsjax import steps, train
-from capsjax.programs.common import with_model_of
+from capsjax.checkpoints import load_trained
+from capsjax.programs.common import image_grid, markdown_table, with_model_of
 from capsjax.data import affine
 from capsjax.data.mnist import Dataset
 from capsjax.data.pipeline import affine_test_pipeline, dataset_pipeline
@@ -25,27 +26,18 @@ PAPER = {'capsnet': (99.23, 79.0), 'cnn': (99.22, 66.0)}   # expanded MNIST %, a
 
 def evaluate_on(config, workdir: str, pipeline) -> Dict[str, Any]:
   """Accuracy of the trained run in `workdir` on another test pipeline."""
-  _, model, params = train.load_trained(workdir)
+  _, model, params = load_trained(workdir)
   eval_step = steps.make_eval_step(config, model, pipeline)
   return steps.evaluate(eval_step, params, pipeline, config.eval_batch_size)
 
 
-def draw_examples(pipeline, path: str, count: int = 32) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  host_batch, _ = next(iter(pipeline.eval_batches(count)))
+def draw_examples(pipeline, path: str, rows: int = 4, columns: int = 8) -> None:
+  host_batch, _ = next(iter(pipeline.eval_batches(rows * columns)))
   batch = pipeline.device_batch(pipeline.source, host_batch, None)
   images, labels = np.asarray(batch['images']), np.asarray(batch['labels'])
-  figure, axes = plt.subplots(4, count // 4, figsize=(count // 4 * 1.1, 4.6))
-  for axis, image, label in zip(axes.ravel(), images, labels):
-    axis.imshow(image[..., 0], cmap='gray', vmin=0, vmax=1)
-    axis.set_title(str(label), fontsize=8)
-    axis.set_xticks([]), axis.set_yticks([])
-  figure.suptitle('affine test digits (40×40)', fontsize=9)
-  figure.tight_layout()
-  figure.savefig(path, dpi=100)
-  plt.close(figure)
+  image_grid(path, images.reshape((rows, columns) + images.shape[1:]),
+             titles=labels.reshape(rows, columns).astype(str).tolist(),
+             suptitle='affine test digits (40×40)', cell=(1.1, 1.15), dpi=100)
 
 
 def run(config, workdir: str) -> Dict[str, Any]:
@@ -92,15 +84,16 @@ def render_table(config, summary) -> str:
            f'evaluation with ≥ {100 * summary["target_accuracy"]:.2f} % expanded-MNIST test accuracy. '
            f'Affine test: {summary["affine_test_examples"]} MNIST test digits, rotation ±{ranges["rotation_degrees"]}°, '
            f'shear ±{ranges["shear"]}, x and y scale {ranges["scale_min"]}–{ranges["scale_max"]} independently, '
-           f'random translation inside the canvas (seed {summary["affine_test_seed"]}).', '',
-           '| model | parameters | steps | reached target | expanded MNIST (%) | affine test (%) |'
-           + (' affNIST (%) |' if real else '') + ' paper: expanded / affNIST (%) |',
-           '| --- | ---: | ---: | --- | ---: | ---: |' + (' ---: |' if real else '') + ' ---: |']
+           f'random translation inside the canvas (seed {summary["affine_test_seed"]}).', '']
+  columns = ([('model', 'l'), ('parameters', 'r'), ('steps', 'r'), ('reached target', 'l'),
+              ('expanded MNIST (%)', 'r'), ('affine test (%)', 'r')]
+             + ([('affNIST (%)', 'r')] if real else []) + [('paper: expanded / affNIST (%)', 'r')])
+  cells = []
   for name, row in summary['rows'].items():
     paper = PAPER[name]
-    lines.append(f'| {"CapsNet" if name == "capsnet" else "CNN"} | {row["num_params"]:,} | {row["steps"]} | '
-                 f'{"yes" if row["reached_target"] else "no"} | {100 * row["expanded_test_accuracy"]:.2f} | '
-                 f'{100 * row["affine_test_accuracy"]:.2f} |'
-                 + (f' {100 * row["affnist_test_accuracy"]:.2f} |' if real else '')
-                 + f' {paper[0]} / {paper[1]} |')
+    cells.append(['CapsNet' if name == 'capsnet' else 'CNN', f'{row["num_params"]:,}', row['steps'],
+                  'yes' if row['reached_target'] else 'no', f'{100 * row["expanded_test_accuracy"]:.2f}',
+                  f'{100 * row["affine_test_accuracy"]:.2f}']
+                 + ([f'{100 * row["affnist_test_accuracy"]:.2f}'] if real else []) + [f'{paper[0]} / {paper[1]}'])
+  lines += markdown_table(columns, cells)
   return '\n'.join(lines) + '\n'

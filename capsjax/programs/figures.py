@@ -29,17 +29,11 @@ from capsjax.data.pipeline import preprocess
 from capsjax import cli
 from capsjax.errors import CapsjaxError
 from capsjax.models import capsule_lengths
+from capsjax.programs.common import image_grid, pyplot, save_figure
 from capsjax.routing import coupling_changes, routing_logit_changes
-from capsjax.train import load_trained
+from capsjax.checkpoints import load_trained
 
 PERTURBATIONS = np.round(np.arange(-0.25, 0.2501, 0.05), 2)   # 11 values, 0 in the middle
-
-
-def _pyplot():
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
 
 
 def classify(model, params, images, batch_size=500):
@@ -78,28 +72,18 @@ def reconstruction_columns(labels, predictions, num_correct=5, num_failures=2):
 
 
 def draw_reconstructions(model, params, images, labels, capsules, predictions, path):
-  plt = _pyplot()
   columns = reconstruction_columns(labels, predictions)
-  figure, axes = plt.subplots(2, len(columns), figsize=(1.3 * len(columns), 3), squeeze=False)
-  for c, (index, label, predicted, target) in enumerate(columns):
-    output = decode_class(model, params, capsules[index:index + 1], np.array([target]))[0]
-    axes[0, c].imshow(images[index, ..., 0], cmap='gray', vmin=0, vmax=1)
-    axes[1, c].imshow(output[..., 0], cmap='gray', vmin=0, vmax=1)
-    axes[0, c].set_title(f'({label},{predicted},{target})', fontsize=9,
-                         color='black' if label == predicted else 'red')
-    for axis in axes[:, c]:
-      axis.set_xticks([]), axis.set_yticks([])
-  axes[0, 0].set_ylabel('input')
-  axes[1, 0].set_ylabel('output')
-  figure.tight_layout()
-  figure.savefig(path, dpi=120)
-  plt.close(figure)
+  outputs = [decode_class(model, params, capsules[index:index + 1], np.array([target]))[0]
+             for index, _, _, target in columns]
+  grid = np.stack([np.stack([images[index] for index, _, _, _ in columns]), np.stack(outputs)])  # [2, cols, h, w, c]
+  titles = [[f'({label},{predicted},{target})' for _, label, predicted, target in columns], [''] * len(columns)]
+  colors = [['black' if label == predicted else 'red' for _, label, predicted, _ in columns], ['black'] * len(columns)]
+  image_grid(path, grid, titles, colors, row_labels=['input', 'output'], cell=(1.3, 1.5), fontsize=9)
   return columns
 
 
 def draw_perturbations(model, params, capsule, label, path):
   """Figure 4 for one digit capsule [dim] of class `label`."""
-  plt = _pyplot()
   grid = perturb(capsule)                                         # [dim, deltas, dim]
   dim, steps = grid.shape[:2]
   # Only the label's capsule reaches the decoder (the others are masked out).
@@ -107,17 +91,9 @@ def draw_perturbations(model, params, capsule, label, path):
   full[:, label] = grid.reshape(dim * steps, dim)
   outputs = decode_class(model, params, full, np.full(dim * steps, label)).reshape(
       (dim, steps) + tuple(model.input_shape))
-  figure, axes = plt.subplots(dim, steps, figsize=(steps * 0.7, dim * 0.7))
-  for d in range(dim):
-    for s in range(steps):
-      axes[d, s].imshow(outputs[d, s, ..., 0], cmap='gray', vmin=0, vmax=1)
-      axes[d, s].set_xticks([]), axes[d, s].set_yticks([])
-    axes[d, 0].set_ylabel(str(d), rotation=0, labelpad=10, fontsize=8)
-  for s in range(steps):
-    axes[0, s].set_title(f'{PERTURBATIONS[s]:+.2f}', fontsize=7)
-  figure.suptitle(f'digit {label}: dimension (rows) × perturbation (columns)', fontsize=9)
-  figure.savefig(path, dpi=100)
-  plt.close(figure)
+  titles = [[f'{delta:+.2f}' for delta in PERTURBATIONS]] + [[''] * steps] * (dim - 1)
+  image_grid(path, outputs, titles, row_labels=[str(d) for d in range(dim)], cell=(0.7, 0.7), fontsize=7,
+             suptitle=f'digit {label}: dimension (rows) × perturbation (columns)', dpi=100, tight=False)
 
 
 def final_routing_changes(model, params, images, iterations=10):
@@ -130,7 +106,7 @@ def final_routing_changes(model, params, images, iterations=10):
 
 def draw_routing_convergence(metrics_path, final_changes, path):
   """Rows: mean |Δb| and mean |Δc|; columns: during training, after training."""
-  plt = _pyplot()
+  plt = pyplot()
   records = []
   if os.path.isfile(metrics_path):
     with open(metrics_path) as f:
@@ -156,9 +132,7 @@ def draw_routing_convergence(metrics_path, final_changes, path):
     final.set_xlabel('routing iteration')
     final.set_ylabel(name)
     final.set_title(f'{name} after training (log scale)')
-  figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
+  save_figure(figure, path, dpi=110)
 
 
 @cli.main_wrapper

@@ -21,8 +21,9 @@ import numpy as np
 
 from capsjax import cli
 from capsjax.data.pipeline import make_pipelines
+from capsjax.programs.common import image_grid
 from capsjax.errors import CapsjaxError
-from capsjax.train import load_trained
+from capsjax.checkpoints import load_trained
 
 
 def reconstruct_pairs(model, params, images, masks):
@@ -56,9 +57,6 @@ def main(argv=None):
     raise CapsjaxError(f'{args.workdir} holds a {config.experiment} run, not a MultiMNIST one')
   config.num_test_examples = args.num
   _, test = make_pipelines(config)
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   num_classes = config.model.num_classes
   apply = jax.jit(lambda images, masks: reconstruct_pairs(model, params, images, masks))
@@ -97,21 +95,14 @@ def main(argv=None):
       chosen.append(tuple(predicted))
   _, recon = apply(images, jax.nn.one_hot(jnp.asarray(chosen), num_classes))
   recon = np.asarray(recon)[..., 0]
-  figure, axes = plt.subplots(2, len(examples), figsize=(1.6 * len(examples), 4.2))
-  for k, (image, labels, predicted) in enumerate(examples):
-    axes[0, k].imshow(image, cmap='gray', vmin=0, vmax=1)
-    axes[0, k].set_title(f'L:({labels[0]},{labels[1]})', fontsize=9)
-    axes[1, k].imshow(overlay(recon[k, 0], recon[k, 1]))
-    star = '*' if k >= len(examples) - 2 else ''
-    axes[1, k].set_title(f'R:({chosen[k][0]},{chosen[k][1]}{star})', fontsize=9)
-    for axis in axes[:, k]:
-      axis.set_xticks([])
-      axis.set_yticks([])
-  figure.suptitle('MultiMNIST: input (top), reconstructions red/green (bottom); * = neither label nor prediction',
-                  fontsize=8)
-  figure.tight_layout()
+  inputs = [np.repeat(image[..., None], 3, axis=-1) for image, _, _ in examples]   # grey as RGB
+  overlays = [overlay(recon[k, 0], recon[k, 1]) for k in range(len(examples))]
+  titles = [[f'L:({labels[0]},{labels[1]})' for _, labels, _ in examples],
+            [f'R:({a},{b}{"*" if k >= len(examples) - 2 else ""})' for k, (a, b) in enumerate(chosen)]]
   path = os.path.join(args.workdir, 'multimnist_reconstructions.png')
-  figure.savefig(path, dpi=120)
+  image_grid(path, np.stack([np.stack(inputs), np.stack(overlays)]), titles, cell=(1.6, 2.1), fontsize=9,
+             suptitle_fontsize=8,
+             suptitle='MultiMNIST: input (top), reconstructions red/green (bottom); * = neither label nor prediction')
   print(f'mean IoU {report["mean_iou"]:.3f} over {report["num_examples"]} test examples '
         f'({report["mean_iou_when_pair_correct"]:.3f} where the pair is right); figure: {path}')
 

@@ -16,6 +16,7 @@ import ml_collections
 
 from capsjax import train, validation
 from capsjax.errors import ConfigError
+from capsjax.programs.common import markdown_table, pyplot, save_figure
 
 
 def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
@@ -60,33 +61,29 @@ def render_table(config, rows: List[Dict[str, Any]]) -> str:
   lines = [f'# Hyper-parameter sweep, `{config.experiment}`', '',
            f'Each row trains the base config with the listed overrides; Δ is the change in test '
            f'error against `{reference["name"]}` (negative = better). One run per variant: judge a '
-           f'Δ against the spread between variants that change only `seed`.', '',
-           '| variant | overrides | test error (%) | Δ (points) | final train loss | wall time (s) |',
-           '| --- | --- | ---: | ---: | ---: | ---: |']
+           f'Δ against the spread between variants that change only `seed`.', '']
+  cells = []
   for row in rows:
     overrides = ', '.join(f'{k}={v}' for k, v in row['overrides'].items()) or '(base)'
     delta = 100 * (row['test_error'] - reference['test_error'])
-    lines.append(f'| {row["name"]} | {overrides} | {100 * row["test_error"]:.2f} | {delta:+.2f} | '
-                 f'{row["final_train_loss"]:.4f} | {row["wall_time_s"]:.0f} |')
+    cells.append((row['name'], overrides, f'{100 * row["test_error"]:.2f}', f'{delta:+.2f}',
+                  f'{row["final_train_loss"]:.4f}', f'{row["wall_time_s"]:.0f}'))
+  lines += markdown_table([('variant', 'l'), ('overrides', 'l'), ('test error (%)', 'r'), ('Δ (points)', 'r'),
+                           ('final train loss', 'r'), ('wall time (s)', 'r')], cells)
   best = min(rows, key=lambda r: r['test_error'])
   lines += ['', f'Best: `{best["name"]}` at {100 * best["test_error"]:.2f} % test error.']
   return '\n'.join(lines) + '\n'
 
 
 def plot(rows, path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  figure, axis = plt.subplots(figsize=(max(5, len(rows) * 0.9), 3.5))
+  figure, axis = pyplot().subplots(figsize=(max(5, len(rows) * 0.9), 3.5))
   names = [r['name'] for r in rows]
   errors = [100 * r['test_error'] for r in rows]
   axis.bar(names, errors, color=['gray'] + ['tab:blue'] * (len(rows) - 1))
   axis.axhline(errors[0], color='gray', linestyle='--', linewidth=1)
   axis.set_ylabel('test error (%)')
   axis.tick_params(axis='x', rotation=45)
-  figure.tight_layout()
-  figure.savefig(path, dpi=120)
-  plt.close(figure)
+  save_figure(figure, path)
 
 
 def run(config, workdir: str) -> Dict[str, Any]:
