@@ -26,7 +26,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax import steps  # pylint: disable=g-import-not-at-top
+from capsjax.steps import init_state, make_optimizer, make_train_step  # pylint: disable=g-import-not-at-top
 from capsjax.models import build_model
 from timing import seconds_per_call
 from capsjax.data import pipeline
@@ -80,14 +80,14 @@ def buffer_bytes(jitted, *args) -> int:
 
 def measure_jax(config, batch: int, steps: int) -> dict:
   model = build_model(config.model)
-  optimizer = steps.make_optimizer(config)
-  state = steps.init_state(config, model, optimizer)
+  optimizer = make_optimizer(config)
+  state = init_state(config, model, optimizer)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (batch,) + tuple(config.model.input_shape)).astype(np.uint8)
   labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
   config.batch_size = batch
   data = pipeline.dataset_pipeline(config, Dataset(images, labels), training=True)
-  train_step = steps.make_train_step(config, model, optimizer, data)
+  train_step = make_train_step(config, model, optimizer, data)
   host_batch = data.host_batch(0)
 
   memory_train = buffer_bytes(train_step, state, None, host_batch)

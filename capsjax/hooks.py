@@ -23,7 +23,6 @@ from capsjax.workdir import MetricsLog
 @dataclasses.dataclass
 class Run:
   """What the hooks see of a run. `state` is the current (device) training state."""
-  experiment: str
   state: Any
   first_step: int
   last_step: int                  # this invocation ends here (a stop_at_step or the end)

@@ -75,11 +75,11 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh) -> Progr
   return Program(step_fn, evaluate, probes, steps.initial_state(config, model, optimizer, members), members)
 
 
-def default_hooks(config, checkpoints, requests, multi_process: bool) -> List[hooks_lib.Hook]:
+def default_hooks(config, checkpoints, requests, multi_process: bool, probes=()) -> List[hooks_lib.Hook]:
   guard = hooks_lib.DivergenceGuard(checkpoints)
   progress = hooks_lib.ProgressLogger(config.log_every_steps, guard)
   hooks = [guard, progress,
-           hooks_lib.Evaluator(config.eval_every_steps, progress=progress)]
+           hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress)]
   if config.stop_at_test_accuracy and not config.ensemble:
     hooks.append(hooks_lib.EarlyStop(config.stop_at_test_accuracy))
   hooks.append(hooks_lib.Preemption(requests, checkpoints, multi_process))
@@ -129,7 +129,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     metrics_log = workdir_lib.MetricsLog(workdir, is_writer)
     metrics_log.truncate_after(first_step)   # rows after the checkpoint are trained again
     run = hooks_lib.Run(
-        experiment=config.experiment, state=state, first_step=first_step,
+        state=state, first_step=first_step,
         last_step=min(num_steps, stop_at_step or num_steps), num_steps=num_steps,
         steps_per_epoch=train.num_examples // config.batch_size, batch_size=config.batch_size,
         num_members=len(members) if members else None, metrics=metrics_log, log=_log,
@@ -139,9 +139,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
          f'examples, {num_steps} steps of {config.batch_size} ({run.epoch(num_steps):.2f} epochs)'
          + (f', {len(members)} members in one vmapped program' if members else ''))
-    hooks = default_hooks(config, checkpoints, requests, multi_process)
+    hooks = default_hooks(config, checkpoints, requests, multi_process, program.probes)
     evaluator = next(hook for hook in hooks if isinstance(hook, hooks_lib.Evaluator))
-    evaluator.probes = program.probes
     if first_step < run.last_step:
       _log('compiling the training step…')
 

@@ -10,8 +10,6 @@ Runs the same tiny MNIST training as `tiny_sharded_config` through jax.distribut
 `train.train_and_evaluate`; process 0 writes the final parameters to --out.
 """
 import argparse
-import os
-import sys
 
 
 import jax  # pylint: disable=g-import-not-at-top

@@ -12,7 +12,7 @@ from capsjax.workdir import MetricsLog
 
 def fake_run(tmp_path, first_step=0, last_step=10, num_steps=10, evaluate=None):
   lines = []
-  run = hooks.Run(experiment='x', state={'params': {'w': jnp.ones(2)}, 'step': jnp.asarray(first_step)},
+  run = hooks.Run(state={'params': {'w': jnp.ones(2)}, 'step': jnp.asarray(first_step)},
                   first_step=first_step, last_step=last_step, num_steps=num_steps, steps_per_epoch=5,
                   batch_size=4, num_members=None, metrics=MetricsLog(str(tmp_path)), log=lines.append,
                   evaluate=evaluate or (lambda params: {'accuracy': 0.5, 'error': 0.5}))

@@ -15,15 +15,15 @@ from experiments import multimnist_baseline
 
 
 @pytest.fixture(scope='module')
-def test_split(mnist_dir):
+def mnist_test_split(mnist_dir):
   return load_idx_split(mnist_dir, 'test')
 
 
 @pytest.fixture(scope='module')
-def generated(test_split):
-  source = multimnist.make_source(test_split.images, test_split.labels)
+def generated(mnist_test_split):
+  source = multimnist.make_source(mnist_test_split.images, mnist_test_split.labels)
   images, labels, digits = multimnist.generate(source, 0, jnp.arange(512))
-  return test_split, source, np.asarray(images), np.asarray(labels), np.asarray(digits)
+  return mnist_test_split, source, np.asarray(images), np.asarray(labels), np.asarray(digits)
 
 
 def _box(digit):

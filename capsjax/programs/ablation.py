@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import ml_collections
 import numpy as np
 
-from capsjax import steps, train
+from capsjax import train
 from capsjax.programs.common import markdown_table, pyplot, save_figure, with_model_of
 from capsjax.errors import ConfigError
 
