@@ -186,3 +186,17 @@ def load_trained(workdir: str):
       raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
     state, _ = checkpoints.restore(template)
   return config, model, state['params']
+
+
+def select_member(config, params, member: Optional[int], workdir: str):
+  """The parameters of one member of an ensemble run (default: the last); a single run's
+  own parameters, where `member` must be None."""
+  if config.ensemble:
+    members = jax.tree.leaves(params)[0].shape[0]
+    member = members - 1 if member is None else member
+    if not 0 <= member < members:
+      raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{members - 1}')
+    return jax.tree.map(lambda x: x[member], params)
+  if member is not None:
+    raise CheckpointError(f'--member={member}: {workdir} holds a single run, not an ensemble')
+  return params

@@ -162,9 +162,21 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     return {'steps': done, 'completed': False}
   if run.last_eval_step != done:   # resumed a finished run: evaluate the restored parameters
     evaluator.evaluate(run, done)
-  final_train_loss = (np.asarray(train_metrics['loss']).tolist() if train_metrics is not None
-                      else previous.get('final_train_loss'))
-  results = {
+  results = _results(config, run, train_metrics, previous, num_params, members,
+                     train.num_examples, test.num_examples)
+  if is_writer:
+    workdir_lib.write_json(os.path.join(workdir, 'results.json'), results)
+  _log(f'test {run.describe_test(run.last_eval)} after {run.num_steps} steps; '
+       f'results in {os.path.join(workdir, "results.json")}')
+  return results
+
+
+def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any], num_params: int,
+             members, num_train: int, num_test: int) -> Dict[str, Any]:
+  """results.json of a finished run. `train_metrics` is None when this invocation trained
+  nothing (a finished run evaluated again): the earlier invocation's values stand."""
+  trained_now = train_metrics is not None
+  return {
       'experiment': config.experiment,
       'test_accuracy': run.last_eval['accuracy'],
       'test_error': run.last_eval['error'],
@@ -173,22 +185,18 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
       'num_params': num_params,
       'steps': run.num_steps,
       'epochs': run.epoch(run.num_steps),
-      'num_train_examples': train.num_examples,
-      'num_test_examples': test.num_examples,
-      'final_train_loss': final_train_loss,
-      # Training time over every invocation (a finished run evaluated again adds nothing).
-      'wall_time_s': run.wall_time() if train_metrics is not None else previous.get('wall_time_s', run.wall_time()),
+      'num_train_examples': num_train,
+      'num_test_examples': num_test,
+      'final_train_loss': (np.asarray(train_metrics['loss']).tolist() if trained_now
+                           else previous.get('final_train_loss')),
+      # Training time over every invocation.
+      'wall_time_s': run.wall_time() if trained_now else previous.get('wall_time_s', run.wall_time()),
       'backend': jax.default_backend(),
       'completed': True,
-      'stopped_early': run.stop_reason == 'early' or bool(previous.get('stopped_early') and train_metrics is None),
+      'stopped_early': run.stop_reason == 'early' or bool(previous.get('stopped_early') and not trained_now),
       'members': members,
       'config': config.to_dict(),
   }
-  if is_writer:
-    workdir_lib.write_json(os.path.join(workdir, 'results.json'), results)
-  _log(f'test {run.describe_test(run.last_eval)} after {run.num_steps} steps; '
-       f'results in {os.path.join(workdir, "results.json")}')
-  return results
 
 
 def _read_results(workdir: str) -> Dict[str, Any]:

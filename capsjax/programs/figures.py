@@ -31,7 +31,7 @@ from capsjax.errors import CapsjaxError
 from capsjax.models import capsule_lengths
 from capsjax.programs.common import image_grid, pyplot, save_figure
 from capsjax.routing import coupling_changes, routing_logit_changes
-from capsjax.checkpoints import load_trained
+from capsjax.checkpoints import load_trained, select_member
 
 PERTURBATIONS = np.round(np.arange(-0.25, 0.2501, 0.05), 2)   # 11 values, 0 in the middle
 
@@ -148,14 +148,7 @@ def main(argv=None):
     raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
   if config.task != 'classify':
     raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.programs.segmentation')
-  if config.ensemble:
-    members = jax.tree.leaves(params)[0].shape[0]
-    member = members - 1 if args.member is None else args.member
-    if not 0 <= member < members:
-      raise CapsjaxError(f'--member={args.member}: the run has members 0..{members - 1}')
-    params = jax.tree.map(lambda x: x[member], params)
-  elif args.member is not None:
-    raise CapsjaxError(f'--member={args.member}: {args.workdir} holds a single run, not an ensemble')
+  params = select_member(config, params, args.member, args.workdir)
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir).take(args.num)
   images = np.asarray(preprocess(jnp.asarray(test.images)))
   capsules, predictions = classify(model, params, images)

@@ -1,0 +1,61 @@
+"""Serve the capsule explorer.
+
+  python -m capsjax.explorer [--workdir=W] [--member=K] [--num_images=1000] [--host=127.0.0.1] [--port=8000]
+
+With --workdir, the page explores that run (any CapsNet with a decoder, MNIST-like or
+MultiMNIST): its config and latest checkpoint, and its first --num_images test inputs.
+Without it, the small CapsNet that ships with the package (experiments/explorer.py).
+"""
+import errno
+import logging
+import sys
+
+from capsjax import cli
+from capsjax.errors import CapsjaxError
+
+
+@cli.main_wrapper
+def main(argv=None):
+  parser = cli.ArgumentParser(prog='capsjax.explorer', description=__doc__.splitlines()[0])
+  parser.add_argument('--workdir', type=cli.existing_workdir, default=None,
+                      help='a trained CapsNet run (default: the model shipped with capsjax)')
+  parser.add_argument('--member', type=cli.int_at_least(0), default=None,
+                      help='ensemble member of an ensemble run (default: the last)')
+  parser.add_argument('--num_images', type=cli.int_at_least(1), default=1000,
+                      help="test inputs to offer from the run's test set")
+  parser.add_argument('--host', default='127.0.0.1', help='address to listen on')
+  parser.add_argument('--port', type=cli.int_at_least(0), default=8000, help='port (0: any free one)')
+  args = parser.parse_args(argv)
+  if args.port > 65535:
+    cli.fail(f'capsjax.explorer: --port {args.port} is above 65535')
+  logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
+  # Imported after the flags are checked: a typo fails before JAX starts.
+  from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
+  from capsjax.explorer.server import make_server  # pylint: disable=g-import-not-at-top
+
+  print('loading the model and encoding the test inputs…', flush=True)
+  if args.workdir is None:
+    if args.member is not None:
+      cli.fail('capsjax.explorer: --member needs --workdir (the shipped model is a single run)')
+    explorer = Explorer.shipped()
+  else:
+    explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images)
+  try:
+    server = make_server(explorer, args.host, args.port)
+  except OSError as e:
+    reason = 'in use' if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+    raise CapsjaxError(f'cannot listen on {args.host}:{args.port}: {reason} (choose another --port)') from None
+  host, port = server.server_address[:2]
+  print(f'capsule explorer for {explorer.source} ({explorer.config.experiment}, '
+        f'{len(explorer.labels)} test inputs): http://{host}:{port}/  (Ctrl-C stops it)', flush=True)
+  try:
+    server.serve_forever()
+  except KeyboardInterrupt:
+    print('stopped', flush=True)
+  finally:
+    server.server_close()
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,269 @@
+"""The explorer's model side: test inputs, their digit capsules, and reconstructions of
+tweaked capsules, all through the model's own `encode` / `decode`, jitted at start-up.
+
+`Explorer` answers with plain Python values (lists, ints, floats) that the server sends
+as JSON. Input problems raise `RequestError`, which the server turns into a 400.
+"""
+import io
+import json
+import os
+import threading
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from PIL import Image
+
+from capsjax.checkpoints import load_trained, select_member
+from capsjax.data.pipeline import make_pipelines, preprocess
+from capsjax.errors import CapsjaxError, CheckpointError
+from capsjax.models import build_model
+from capsjax.programs.figures import draw_perturbations
+
+ASSETS = os.path.join(os.path.dirname(__file__), 'assets')
+SHIPPED_CONFIG = os.path.join(ASSETS, 'config.json')
+SHIPPED_PARAMS = os.path.join(ASSETS, 'params.npz')
+SHIPPED_TEST_SAMPLE = os.path.join(ASSETS, 'test_sample.npz')
+SLIDER_RANGE = 0.25        # figure 4 of the paper: each dimension tweaked within ±0.25
+WIDE_SLIDER_RANGE = 1.0
+ENCODE_BATCH = 100
+# MNIST's own preprocessing (LeCun et al.): the digit fitted into a 20×20 box (aspect
+# ratio kept, anti-aliased), then placed so its centre of mass is the centre of 28×28.
+MNIST_BOX, MNIST_SIZE = 20, 28
+
+
+class RequestError(CapsjaxError):
+  """A request the explorer cannot answer: the message goes back to the page."""
+
+
+def mnist_preprocess(drawing: np.ndarray) -> np.ndarray:
+  """A grey drawing uint8 [h, w] (white ink on black) → a 28×28 MNIST-style image in [0, 1]."""
+  drawing = np.asarray(drawing)
+  if drawing.ndim != 2 or min(drawing.shape) < MNIST_BOX:
+    raise RequestError(f'a drawing must be a 2-D grey image of at least {MNIST_BOX}×{MNIST_BOX} pixels, '
+                       f'got shape {list(drawing.shape)}')
+  rows, cols = np.nonzero(drawing)
+  if not len(rows):
+    raise RequestError('the drawing is empty: draw a digit first')
+  ink = drawing[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+  scale = MNIST_BOX / max(ink.shape)
+  height, width = (max(1, round(side * scale)) for side in ink.shape)
+  boxed = np.asarray(Image.fromarray(ink.astype(np.uint8)).resize((width, height), Image.LANCZOS),
+                     np.float32) / 255.0
+  boxed = np.clip(boxed, 0.0, 1.0)
+  mass = boxed.sum()
+  centre_row = (boxed.sum(axis=1) @ np.arange(height)) / mass
+  centre_col = (boxed.sum(axis=0) @ np.arange(width)) / mass
+  middle = (MNIST_SIZE - 1) / 2
+  top = int(np.clip(round(middle - centre_row), 0, MNIST_SIZE - height))
+  left = int(np.clip(round(middle - centre_col), 0, MNIST_SIZE - width))
+  image = np.zeros((MNIST_SIZE, MNIST_SIZE), np.float32)
+  image[top:top + height, left:left + width] = boxed
+  return image
+
+
+def to_pixels(images) -> np.ndarray:
+  """Images in [0, 1] → uint8 0–255, as the page draws them."""
+  return np.round(np.clip(np.asarray(images, np.float32), 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def _int(value, name: str, low: int, high: int) -> int:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise RequestError(f'{name} must be an integer, got {value!r}')
+  if not low <= value < high:
+    raise RequestError(f'{name} {value} is out of range [0, {high - 1}]' if low == 0
+                       else f'{name} {value} is out of range [{low}, {high - 1}]')
+  return value
+
+
+class Explorer:
+  """A trained CapsNet with test inputs, answering the page's requests.
+
+  images float32 [n, h, w, 1]; labels int [n] (MNIST-like) or [n, 2] (MultiMNIST).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, model, params, images: np.ndarray,
+               labels: np.ndarray, source: str):
+    if config.model.name != 'capsnet' or not config.model.use_decoder:
+      raise CapsjaxError(f'{source} holds no CapsNet with a decoder: nothing to explore')
+    self.config, self.model, self.params, self.source = config, model, params, source
+    self.multimnist = config.task == 'multimnist'
+    self.num_classes = int(config.model.num_classes)
+    self.dim = int(config.model.digit_dim)
+    self.input_shape = tuple(int(s) for s in config.model.input_shape)
+    self.images = np.asarray(images, np.float32)
+    self.labels = np.asarray(labels)
+    self.top_k = 2 if self.multimnist else 1
+    self._encode = jax.jit(lambda x: model.apply({'params': params}, x, method='encode'))
+    self._decode = jax.jit(lambda capsules, mask: model.apply({'params': params}, capsules, mask,
+                                                              method='decode'))
+    self._figure_lock = threading.Lock()   # matplotlib is not thread-safe
+    self.capsules = self._encode_all(self.images)                          # [n, classes, dim]
+    self.lengths = np.linalg.norm(self.capsules, axis=-1)                 # [n, classes]
+    self.predictions = np.argsort(-self.lengths, axis=-1)[:, :self.top_k]  # [n, k], longest first
+    for k in range(1, self.top_k + 1):   # compile every decode shape the page asks for now
+      self.decode(np.zeros((k, self.dim), np.float32), list(range(k)))
+
+  # --------------------------------------------------------------------------- loading
+
+  @classmethod
+  def from_workdir(cls, workdir: str, member: Optional[int] = None, num_images: int = 1000) -> 'Explorer':
+    """The latest checkpoint of the run in `workdir`, with its first `num_images` test inputs."""
+    config, model, params = load_trained(workdir)
+    params = select_member(config, params, member, workdir)
+    config.num_test_examples = num_images
+    _, test = make_pipelines(config)
+    images, labels = [], []
+    for host_batch, weights in test.eval_batches(min(ENCODE_BATCH, num_images)):
+      batch = test.device_batch(test.source, host_batch, None)
+      valid = weights > 0
+      images.append(np.asarray(batch['images'])[valid])
+      labels.append(np.asarray(batch['labels'])[valid])
+    return cls(config, model, params, np.concatenate(images), np.concatenate(labels), workdir)
+
+  @classmethod
+  def shipped(cls) -> 'Explorer':
+    """The small CapsNet that ships with the package (experiments/explorer.py), with its
+    sample of MNIST test images."""
+    config, params = read_exported(ASSETS)
+    with np.load(SHIPPED_TEST_SAMPLE) as sample:
+      images = np.asarray(preprocess(jnp.asarray(sample['images'])))
+      labels = sample['labels']
+    return cls(config, build_model(config.model), params, images, labels, 'the shipped model')
+
+  # --------------------------------------------------------------------------- requests
+
+  def info(self) -> Dict[str, Any]:
+    misclassified = [i for i in range(len(self.labels))
+                     if set(np.atleast_1d(self.labels[i]).tolist()) != set(self.predictions[i].tolist())]
+    return {
+        'mode': 'multimnist' if self.multimnist else 'mnist',
+        'source': self.source,
+        'experiment': self.config.experiment,
+        'num_examples': len(self.labels),
+        'num_classes': self.num_classes,
+        'dim': self.dim,
+        'image_shape': list(self.input_shape[:2]),
+        'slider_range': SLIDER_RANGE,
+        'wide_slider_range': WIDE_SLIDER_RANGE,
+        'labels': self.labels.tolist(),
+        'misclassified': misclassified,
+        'can_draw': self.can_draw,
+    }
+
+  def example(self, index) -> Dict[str, Any]:
+    index = _int(index, 'index', 0, len(self.labels))
+    answer = self._describe(self.images[index], self.capsules[index], self.predictions[index])
+    answer.update(index=index, label=self.labels[index].tolist())
+    return answer
+
+  def encode_drawing(self, drawing: np.ndarray) -> Dict[str, Any]:
+    if not self.can_draw:
+      raise RequestError(f'drawing needs a 28×28 MNIST model; this one reads {list(self.input_shape)} inputs')
+    image = mnist_preprocess(drawing)[..., None]
+    capsules = np.asarray(self._encode(jnp.asarray(image[None])))[0]
+    prediction = np.argsort(-np.linalg.norm(capsules, axis=-1))[:self.top_k]
+    return self._describe(image, capsules, prediction)
+
+  @property
+  def can_draw(self) -> bool:
+    """Drawings are preprocessed as MNIST digits: only a 28×28 single-digit model reads them."""
+    return not self.multimnist and self.input_shape == (MNIST_SIZE, MNIST_SIZE, 1)
+
+  def decode(self, vectors, classes) -> np.ndarray:
+    """Reconstructions float32 [k, h, w] from capsule `vectors` [k, dim] of `classes` [k]:
+    each decoded on its own, every other capsule masked out (the model's `decode`)."""
+    vectors, classes = self._check_vectors(vectors, classes)
+    capsules = np.zeros((len(classes), self.num_classes, self.dim), np.float32)  # [k, classes, dim]
+    capsules[np.arange(len(classes)), classes] = vectors
+    mask = jax.nn.one_hot(jnp.asarray(classes), self.num_classes)                # [k, classes]
+    return np.asarray(self._decode(jnp.asarray(capsules), mask))[..., 0]
+
+  def reconstruct(self, vectors, classes) -> Dict[str, Any]:
+    return {'pixels': [image.ravel().tolist() for image in to_pixels(self.decode(vectors, classes))]}
+
+  def grid_png(self, vector, class_index) -> bytes:
+    """Figure 4 for one capsule: each dimension (rows) tweaked by −0.25…+0.25 (columns)."""
+    vectors, classes = self._check_vectors([vector], [class_index])
+    buffer = io.BytesIO()
+    with self._figure_lock:
+      draw_perturbations(self.model, self.params, vectors[0], int(classes[0]), buffer)
+    return buffer.getvalue()
+
+  # --------------------------------------------------------------------------- helpers
+
+  def _encode_all(self, images: np.ndarray) -> np.ndarray:
+    """Digit capsules [n, classes, dim], in fixed-size batches (one compilation)."""
+    batch = min(ENCODE_BATCH, len(images))
+    out = []
+    for start in range(0, len(images), batch):
+      chunk = images[start:start + batch]
+      padded = np.concatenate([chunk, np.zeros((batch - len(chunk),) + chunk.shape[1:], chunk.dtype)])
+      out.append(np.asarray(self._encode(jnp.asarray(padded)))[:len(chunk)])
+    return np.concatenate(out)
+
+  def _describe(self, image: np.ndarray, capsules: np.ndarray, prediction: np.ndarray) -> Dict[str, Any]:
+    return {
+        'image': to_pixels(image[..., 0]).ravel().tolist(),
+        'lengths': np.linalg.norm(capsules, axis=-1).tolist(),
+        'capsules': capsules.tolist(),
+        'prediction': [int(c) for c in prediction],
+    }
+
+  def _check_vectors(self, vectors, classes):
+    if not isinstance(vectors, (list, tuple, np.ndarray)) or not isinstance(classes, (list, tuple, np.ndarray)):
+      raise RequestError('vectors and classes must be lists')
+    if not 1 <= len(classes) <= self.top_k or len(vectors) != len(classes):
+      raise RequestError(f'give 1 to {self.top_k} capsule vectors with one class each, '
+                         f'got {len(vectors)} vectors and {len(classes)} classes')
+    classes = np.array([_int(c, 'class', 0, self.num_classes) for c in classes])
+    try:
+      vectors = np.asarray(vectors, np.float64)
+    except (TypeError, ValueError):
+      raise RequestError(f'each capsule vector must be {self.dim} numbers') from None
+    if vectors.shape != (len(classes), self.dim):
+      raise RequestError(f'each capsule vector must be {self.dim} numbers, got shape {list(vectors.shape)}')
+    if not np.all(np.isfinite(vectors)) or np.max(np.abs(vectors)) > 100:
+      raise RequestError('capsule vector entries must be finite numbers within ±100')
+    return vectors.astype(np.float32), classes
+
+
+# ----------------------------------------------------------------------------- shipped weights
+
+def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: np.ndarray,
+           member: Optional[int] = None) -> Dict[str, Any]:
+  """Writes a trained run's config and float16 parameters (no optimiser state), with a
+  sample of test images, into `directory`: the files `Explorer.shipped` reads."""
+  config, _, params = load_trained(workdir)
+  params = select_member(config, params, member, workdir)
+  flat = {'/'.join(str(getattr(k, 'key', k)) for k in path): np.asarray(leaf, np.float16)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+  os.makedirs(directory, exist_ok=True)
+  np.savez_compressed(os.path.join(directory, 'params.npz'), **flat)
+  np.savez_compressed(os.path.join(directory, 'test_sample.npz'), images=test_images, labels=test_labels)
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(config.to_dict(), f, indent=2, default=str)
+  return {'num_params': int(sum(v.size for v in flat.values())),
+          'bytes': {name: os.path.getsize(os.path.join(directory, name))
+                    for name in ('params.npz', 'test_sample.npz', 'config.json')}}
+
+
+def read_exported(directory: str):
+  """(config, float32 params) written by `export`."""
+  try:
+    with open(os.path.join(directory, 'config.json')) as f:
+      config = ml_collections.ConfigDict(json.load(f))
+    with np.load(os.path.join(directory, 'params.npz')) as archive:
+      flat = {name: np.asarray(archive[name], np.float32) for name in archive.files}
+  except (OSError, ValueError, KeyError) as e:
+    raise CheckpointError(f'cannot read the exported model in {directory}: {e}') from None
+  params: Dict[str, Any] = {}
+  for name, value in flat.items():
+    node = params
+    *parents, leaf = name.split('/')
+    for parent in parents:
+      node = node.setdefault(parent, {})
+    node[leaf] = jnp.asarray(value)
+  return config, params

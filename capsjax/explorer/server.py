@@ -1,0 +1,165 @@
+"""The explorer's web server: the page and its static files, and a small JSON API.
+
+The standard library's threading HTTP server is enough: the API has five routes, the
+work in each is one jitted JAX call, and it keeps the explorer free of web-framework
+dependencies (see BUILD.md). HTTP/1.1 keep-alive keeps a slider's requests on one
+connection. Every failure is an answer (4xx for bad requests, 500 with a message for a
+bug), never a crashed server.
+
+  GET  /                    the page
+  GET  /static/NAME         its script and style sheet
+  GET  /api/info            mode, sizes, labels, misclassified indices
+  GET  /api/example?index=N a test input: image, capsule lengths and vectors, prediction
+  POST /api/encode          {"width", "height", "pixels": base64 grey bytes} → as /api/example
+  POST /api/decode          {"vectors": [[dim]…], "classes": [c…]} → {"pixels": [[h·w uint8]…]}
+  POST /api/grid            {"vector": [dim], "class": c} → figure 4 as image/png
+"""
+import base64
+import binascii
+import json
+import mimetypes
+import os
+import traceback
+import urllib.parse
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+from capsjax.explorer.backend import Explorer, RequestError
+
+STATIC = os.path.join(os.path.dirname(__file__), 'static')
+MAX_BODY_BYTES = 4 << 20   # a 1024×1024 drawing is 1 MiB of grey bytes (1.4 MiB as base64)
+MAX_DRAWING_SIDE = 1024
+
+
+def drawing_from(body) -> np.ndarray:
+  """The grey drawing uint8 [height, width] of an /api/encode request."""
+  if not isinstance(body, dict):
+    raise RequestError('the body must be a JSON object')
+  width, height = body.get('width'), body.get('height')
+  if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DRAWING_SIDE
+             for v in (width, height)):
+    raise RequestError(f'width and height must be integers in [1, {MAX_DRAWING_SIDE}]')
+  try:
+    data = base64.b64decode(body.get('pixels', ''), validate=True)
+  except (binascii.Error, TypeError, ValueError):
+    raise RequestError('pixels must be base64-encoded grey bytes') from None
+  if len(data) != width * height:
+    raise RequestError(f'pixels hold {len(data)} bytes; a {width}×{height} drawing has {width * height}')
+  return np.frombuffer(data, np.uint8).reshape(height, width)
+
+
+def make_handler(explorer: Explorer):
+
+  class Handler(BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'   # keep-alive: one connection for a slider's requests
+    server_version = 'capsjax-explorer'
+
+    def log_message(self, format, *args):   # pylint: disable=redefined-builtin
+      pass   # a slider makes dozens of requests a second; errors are answered, not logged
+
+    # ------------------------------------------------------------------- plumbing
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+      self.send_response(status)
+      self.send_header('Content-Type', content_type)
+      self.send_header('Content-Length', str(len(body)))
+      self.send_header('Cache-Control', 'no-store')
+      self.end_headers()
+      if self.command != 'HEAD':
+        self.wfile.write(body)
+
+    def _json(self, value, status: int = HTTPStatus.OK) -> None:
+      self._send(status, json.dumps(value, separators=(',', ':')).encode(), 'application/json')
+
+    def _error(self, status: int, message: str) -> None:
+      self._json({'error': message}, status)
+
+    def _body(self):
+      try:
+        length = int(self.headers.get('Content-Length', ''))
+      except ValueError:
+        raise RequestError('a POST needs a Content-Length') from None
+      if not 0 < length <= MAX_BODY_BYTES:
+        raise RequestError(f'the body must be 1 to {MAX_BODY_BYTES} bytes, got {length}')
+      try:
+        return json.loads(self.rfile.read(length))
+      except (ValueError, UnicodeDecodeError):
+        raise RequestError('the body is not valid JSON') from None
+
+    def _answer(self, route) -> None:
+      try:
+        route()
+      except RequestError as e:
+        self._error(HTTPStatus.BAD_REQUEST, str(e))
+      except Exception as e:  # pylint: disable=broad-except
+        traceback.print_exc()   # a bug: say so on the console, answer, keep serving
+        self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f'{type(e).__name__}: {e}')
+
+    # ------------------------------------------------------------------- routes
+
+    def do_GET(self):   # pylint: disable=invalid-name
+      url = urllib.parse.urlsplit(self.path)
+      query = urllib.parse.parse_qs(url.query)
+      if url.path in ('/', '/index.html'):
+        self._answer(lambda: self._static('index.html'))
+      elif url.path.startswith('/static/'):
+        self._answer(lambda: self._static(url.path[len('/static/'):]))
+      elif url.path == '/api/info':
+        self._answer(lambda: self._json(explorer.info()))
+      elif url.path == '/api/example':
+        self._answer(lambda: self._json(explorer.example(_query_int(query, 'index'))))
+      else:
+        self._error(HTTPStatus.NOT_FOUND, f'no such page: {url.path}')
+
+    do_HEAD = do_GET
+
+    def do_POST(self):   # pylint: disable=invalid-name
+      path = urllib.parse.urlsplit(self.path).path
+      if path == '/api/decode':
+        self._answer(lambda: self._decode(self._body()))
+      elif path == '/api/encode':
+        self._answer(lambda: self._json(explorer.encode_drawing(drawing_from(self._body()))))
+      elif path == '/api/grid':
+        self._answer(lambda: self._grid(self._body()))
+      else:
+        self._error(HTTPStatus.NOT_FOUND, f'no such API: POST {path}')
+
+    def _decode(self, body) -> None:
+      if not isinstance(body, dict):
+        raise RequestError('the body must be a JSON object with vectors and classes')
+      self._json(explorer.reconstruct(body.get('vectors'), body.get('classes')))
+
+    def _grid(self, body) -> None:
+      if not isinstance(body, dict):
+        raise RequestError('the body must be a JSON object with vector and class')
+      self._send(HTTPStatus.OK, explorer.grid_png(body.get('vector'), body.get('class')), 'image/png')
+
+    def _static(self, name: str) -> None:
+      path = os.path.realpath(os.path.join(STATIC, name))
+      if not path.startswith(os.path.realpath(STATIC) + os.sep) or not os.path.isfile(path):
+        self._error(HTTPStatus.NOT_FOUND, f'no such file: {name}')
+        return
+      with open(path, 'rb') as f:
+        body = f.read()
+      self._send(HTTPStatus.OK, body, mimetypes.guess_type(path)[0] or 'application/octet-stream')
+
+  return Handler
+
+
+def _query_int(query, name: str) -> int:
+  values = query.get(name)
+  if not values:
+    raise RequestError(f'missing ?{name}=')
+  try:
+    return int(values[0])
+  except ValueError:
+    raise RequestError(f'{name} must be an integer, got {values[0]!r}') from None
+
+
+def make_server(explorer: Explorer, host: str = '127.0.0.1', port: int = 8000) -> ThreadingHTTPServer:
+  """A server bound to (host, port) (port 0: any free port); call serve_forever()."""
+  server = ThreadingHTTPServer((host, port), make_handler(explorer))
+  server.daemon_threads = True
+  return server
