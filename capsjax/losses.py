@@ -6,17 +6,29 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: float = 0.1,
-                negative_weight: float = 0.5) -> Array:
-  """Eq. 4: L_k = T_k max(0, m+ − |v_k|)² + λ (1 − T_k) max(0, |v_k| − m−)², summed over k.
+MARGIN_REDUCTIONS = ('sum', 'official')
 
+
+def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: float = 0.1,
+                negative_weight: float = 0.5, reduction: str = 'sum') -> Array:
+  """Eq. 4: L_k = T_k max(0, m+ − |v_k|)² + λ (1 − T_k) max(0, |v_k| − m−)².
+
+  reduction 'sum': summed over the classes k, as the paper says ("the total loss is simply
+  the sum of the losses of all digit capsules"). 'official': as the authors' released code,
+  0.5·L_k averaged over the classes, i.e. the sum / (2·classes): 20× lighter for 10 classes,
+  which makes the reconstruction term relatively heavier.
   lengths [batch, classes]; targets [batch, classes] in {0, 1}, any number of positives
   (two for MultiMNIST). Returns [batch].
   """
+  if reduction not in MARGIN_REDUCTIONS:
+    raise ValueError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
   targets = targets.astype(lengths.dtype)
   present = targets * jnp.square(jax.nn.relu(m_plus - lengths))
   absent = negative_weight * (1.0 - targets) * jnp.square(jax.nn.relu(lengths - m_minus))
-  return jnp.sum(present + absent, axis=-1)
+  per_class = present + absent                                   # [batch, classes]
+  if reduction == 'official':
+    return 0.5 * jnp.mean(per_class, axis=-1)
+  return jnp.sum(per_class, axis=-1)
 
 
 def reconstruction_loss(reconstructions: Array, images: Array) -> Array:

@@ -39,7 +39,8 @@ def capsnet_objective(config, model, params, batch, train: bool, knobs=None):
   targets = labels_to_targets(labels, num_classes)
   variables = {'params': params}
   margin_kwargs = dict(m_plus=loss_config.m_plus, m_minus=loss_config.m_minus,
-                       negative_weight=loss_config.negative_weight)
+                       negative_weight=loss_config.negative_weight,
+                       reduction=loss_config.margin_reduction)
   routing_kwargs, reconstruction_weight = {}, loss_config.reconstruction_weight
   if knobs is not None:
     # The model's own (static) count bounds the traced one; see dynamic_routing.

@@ -28,7 +28,8 @@ def total_steps(config, num_train_examples: int) -> int:
 def make_optimizer(config) -> optax.GradientTransformation:
   schedule = optax.exponential_decay(
       init_value=config.learning_rate, transition_steps=config.lr_decay_steps,
-      decay_rate=config.lr_decay_rate, staircase=config.lr_staircase)
+      decay_rate=config.lr_decay_rate, staircase=config.lr_staircase,
+      end_value=config.lr_min or None)   # with decay_rate < 1, end_value is a floor
   return optax.adam(schedule)
 
 

@@ -16,6 +16,8 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import ml_collections
 
+from experiments import mnist as base_config
+
 from capsjax.errors import ConfigError, WorkdirError
 
 CONFIG_FILE = 'config.json'
@@ -124,11 +126,27 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   try:
     if os.path.isfile(path):
       with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
-    with open(results) as f:
-      return ml_collections.ConfigDict(json.load(f)['config'])
+        stored = json.load(f)
+    else:
+      with open(results) as f:
+        stored = json.load(f)['config']
   except (OSError, ValueError, KeyError) as e:
     raise WorkdirError(f'cannot read the config in {workdir}: {e}') from None
+  return ml_collections.ConfigDict(with_defaults(stored, base_config.get_config().to_dict()))
+
+
+def with_defaults(stored: Dict[str, Any], defaults: Dict[str, Any]) -> Dict[str, Any]:
+  """`stored` with the keys it lacks taken from `defaults`: a run started before a key
+  existed ran with that key's default behaviour. A section whose `name` differs (a CNN
+  model against the base CapsNet) is left as stored."""
+  merged = dict(stored)
+  for key, default in defaults.items():
+    if key not in merged:
+      merged[key] = default
+    elif isinstance(default, dict) and isinstance(merged[key], dict) and \
+        merged[key].get('name') == default.get('name'):
+      merged[key] = with_defaults(merged[key], default)
+  return merged
 
 
 def write_json(path: str, value) -> None:
@@ -149,7 +167,8 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict, is_writer: bool
         saved = json.load(f)
     except (OSError, ValueError) as e:
       raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
-    differences = config_differences(saved, config)
+    # Keys added to capsjax since the run started count as their defaults, not as changes.
+    differences = config_differences(with_defaults(saved, base_config.get_config().to_dict()), config)
     if differences and not config.allow_config_change:
       shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
       raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '

@@ -43,8 +43,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.lr_decay_rate = 0.96
   config.lr_decay_steps = 2000
   config.lr_staircase = False
+  config.lr_min = 0.0             # floor of the decayed learning rate (authors' code: 1e-6)
   config.loss = ml_collections.ConfigDict(dict(
-      name='capsnet', m_plus=0.9, m_minus=0.1, negative_weight=0.5, reconstruction_weight=0.0005))
+      name='capsnet', m_plus=0.9, m_minus=0.1, negative_weight=0.5, reconstruction_weight=0.0005,
+      # 'sum' over classes (paper, eq. 4) or 'official' (authors' code: 0.5 × mean over classes).
+      margin_reduction='sum'))
   config.model = get_model_config()
   # Bookkeeping.
   config.log_every_steps = 50

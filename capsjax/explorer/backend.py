@@ -243,8 +243,10 @@ def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: n
   os.makedirs(directory, exist_ok=True)
   np.savez_compressed(os.path.join(directory, 'params.npz'), **flat)
   np.savez_compressed(os.path.join(directory, 'test_sample.npz'), images=test_images, labels=test_labels)
+  shipped_config = config.to_dict()
+  shipped_config.update(data_dir='', tfds_data_dir='')   # this machine's paths mean nothing elsewhere
   with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(config.to_dict(), f, indent=2, default=str)
+    json.dump(shipped_config, f, indent=2, default=str)
   return {'num_params': int(sum(v.size for v in flat.values())),
           'bytes': {name: os.path.getsize(os.path.join(directory, name))
                     for name in ('params.npz', 'test_sample.npz', 'config.json')}}

@@ -1,0 +1,243 @@
+"""The capsule explorer's model side and JSON API: answers equal the model's own
+encode/decode, MNIST-style preprocessing of drawings, bad requests answered with a 4xx,
+the shipped model, and one-line start-up errors."""
+import base64
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from capsjax import train
+from capsjax.data.mnist import load_dataset
+from capsjax.data.pipeline import preprocess
+from capsjax.explorer import __main__ as explorer_main
+from capsjax.explorer import backend
+from capsjax.explorer.backend import Explorer, RequestError, mnist_preprocess, to_pixels
+from capsjax.explorer.server import make_server
+from capsjax.models import build_model
+from experiments import multimnist as multimnist_experiment
+from tests.test_train import tiny_config
+
+
+@pytest.fixture(scope='module')
+def trained_workdir(mnist_dir, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('explorer') / 'run')
+  train.train_and_evaluate(tiny_config(mnist_dir, num_steps=4), workdir)
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def explorer(trained_workdir):
+  with jax.default_matmul_precision('highest'):
+    return Explorer.from_workdir(trained_workdir, num_images=50)
+
+
+@pytest.fixture(scope='module')
+def url(explorer):
+  server = make_server(explorer, '127.0.0.1', 0)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  yield f'http://127.0.0.1:{server.server_address[1]}'
+  server.shutdown()
+  server.server_close()
+
+
+def call(url, path, body=None, raw=None):
+  """(status, parsed JSON or bytes) of one request; errors are answers too."""
+  data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+  request = urllib.request.Request(url + path, data=data, headers={'Content-Type': 'application/json'})
+  try:
+    with urllib.request.urlopen(request, timeout=30) as response:
+      status, payload, kind = response.status, response.read(), response.headers['Content-Type']
+  except urllib.error.HTTPError as e:
+    status, payload, kind = e.code, e.read(), e.headers['Content-Type']
+  return status, json.loads(payload) if kind == 'application/json' else payload
+
+
+def model_decode(explorer, vector, cls):
+  capsules = np.zeros((1, explorer.num_classes, explorer.dim), np.float32)
+  capsules[0, cls] = vector
+  mask = jax.nn.one_hot(jnp.array([cls]), explorer.num_classes)
+  with jax.default_matmul_precision('highest'):
+    return np.asarray(explorer.model.apply({'params': explorer.params}, jnp.asarray(capsules), mask,
+                                           method='decode'))[0, ..., 0]
+
+
+# ------------------------------------------------------------------------- preprocessing
+
+def test_drawing_is_fitted_into_20x20_and_centred_by_mass():
+  drawing = np.zeros((280, 280), np.uint8)
+  drawing[10:110, 200:250] = 255          # a 100 × 50 bar in the top-right corner
+  image = mnist_preprocess(drawing)
+  assert image.shape == (28, 28) and image.dtype == np.float32
+  assert 0.0 <= image.min() and image.max() <= 1.0
+  rows, cols = np.nonzero(image > 0.5)
+  assert rows.max() - rows.min() + 1 == 20       # the longer side fills the 20-pixel box
+  assert cols.max() - cols.min() + 1 == 10       # aspect ratio kept
+  mass = image.sum()
+  centre = [(image.sum(axis=1) @ np.arange(28)) / mass, (image.sum(axis=0) @ np.arange(28)) / mass]
+  np.testing.assert_allclose(centre, [13.5, 13.5], atol=0.5)   # integer placement
+
+
+def test_drawing_errors_are_request_errors():
+  with pytest.raises(RequestError, match='empty'):
+    mnist_preprocess(np.zeros((100, 100), np.uint8))
+  with pytest.raises(RequestError, match='2-D grey image'):
+    mnist_preprocess(np.zeros((100, 100, 3), np.uint8))
+
+
+# ------------------------------------------------------------------------- API = model
+
+def test_example_is_the_model_encoding_of_the_test_image(explorer, url, mnist_dir):
+  status, answer = call(url, '/api/example?index=7')
+  assert status == 200
+  test = load_dataset('mnist', 'test', mnist_dir).take(50)
+  image = preprocess(jnp.asarray(test.images[7:8]))
+  with jax.default_matmul_precision('highest'):
+    capsules = np.asarray(explorer.model.apply({'params': explorer.params}, image, method='encode'))[0]
+  np.testing.assert_allclose(answer['capsules'], capsules, atol=1e-5)
+  np.testing.assert_allclose(answer['lengths'], np.linalg.norm(capsules, axis=-1), atol=1e-5)
+  assert answer['prediction'] == [int(np.argmax(np.linalg.norm(capsules, axis=-1)))]
+  assert answer['label'] == int(test.labels[7])
+  assert answer['image'] == to_pixels(np.asarray(image)[0, ..., 0]).ravel().tolist()
+
+
+def test_decode_is_the_model_decoder_of_the_perturbed_vector(explorer, url):
+  _, example = call(url, '/api/example?index=3')
+  cls = 5
+  vector = np.asarray(example['capsules'][cls], np.float32)
+  vector[2] += 0.2
+  status, answer = call(url, '/api/decode', {'vectors': [vector.tolist()], 'classes': [cls]})
+  assert status == 200
+  expected = to_pixels(model_decode(explorer, vector, cls)).ravel()
+  shown = np.asarray(answer['pixels'][0])
+  assert np.max(np.abs(shown.astype(int) - expected)) <= 1   # rounding of nearly equal floats
+  assert np.mean(shown == expected) > 0.99
+
+
+def test_grid_is_a_png(url):
+  _, example = call(url, '/api/example?index=0')
+  status, png = call(url, '/api/grid', {'vector': example['capsules'][1], 'class': 1})
+  assert status == 200 and png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10000
+
+
+def test_info_lists_misclassified_inputs(explorer, url):
+  status, info = call(url, '/api/info')
+  assert status == 200 and info['mode'] == 'mnist' and info['can_draw']
+  assert info['num_examples'] == 50 and len(info['labels']) == 50
+  wrong = [i for i in range(50) if explorer.predictions[i, 0] != explorer.labels[i]]
+  assert info['misclassified'] == wrong
+
+
+def test_drawing_is_encoded(url):
+  drawing = np.zeros((140, 140), np.uint8)
+  drawing[20:120, 65:75] = 255   # a "1"
+  body = {'width': 140, 'height': 140, 'pixels': base64.b64encode(drawing.tobytes()).decode()}
+  status, answer = call(url, '/api/encode', body)
+  assert status == 200 and len(answer['image']) == 784 and len(answer['prediction']) == 1
+  assert answer['image'] == to_pixels(mnist_preprocess(drawing)).ravel().tolist()
+
+
+@pytest.mark.parametrize('path, body, raw, status, message', [
+    ('/api/example?index=50', None, None, 400, 'out of range'),
+    ('/api/example?index=-1', None, None, 400, 'out of range'),
+    ('/api/example?index=x', None, None, 400, 'must be an integer'),
+    ('/api/example', None, None, 400, 'missing'),
+    ('/api/decode', {'vectors': [[0.1] * 15], 'classes': [1]}, None, 400, '16 numbers'),
+    ('/api/decode', {'vectors': [['a'] * 16], 'classes': [1]}, None, 400, '16 numbers'),
+    ('/api/decode', {'vectors': [[0.1] * 16], 'classes': [10]}, None, 400, 'out of range'),
+    ('/api/decode', {'vectors': [[0.1] * 16, [0.1] * 16], 'classes': [1, 2]}, None, 400, '1 to 1'),
+    ('/api/decode', {'vectors': 3, 'classes': [1]}, None, 400, 'must be lists'),
+    ('/api/decode', [1, 2], None, 400, 'JSON object'),
+    ('/api/decode', None, b'{"vectors": [[NaN', 400, 'not valid JSON'),
+    ('/api/decode', None, b'{"vectors": [[NaN, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], "classes": [1]}',
+     400, 'finite'),
+    ('/api/encode', {'width': 28, 'height': 28, 'pixels': base64.b64encode(b'\0' * 100).decode()},
+     None, 400, '100 bytes'),
+    ('/api/encode', {'width': 28, 'height': 28, 'pixels': '!!'}, None, 400, 'base64'),
+    ('/api/encode', {'width': 0, 'height': 28, 'pixels': ''}, None, 400, 'integers'),
+    ('/api/encode', {'width': 10, 'height': 10, 'pixels': base64.b64encode(b'\xff' * 100).decode()},
+     None, 400, 'at least 20'),
+    ('/api/grid', {'vector': [0.0] * 16, 'class': 'one'}, None, 400, 'integer'),
+    ('/api/nothing', {}, None, 404, 'no such'),
+    ('/static/../backend.py', None, None, 404, 'no such'),
+])
+def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(url, path, body, raw, status, message):
+  got, answer = call(url, path, body, raw)
+  assert got == status and message in answer['error']
+  assert call(url, '/api/example?index=0')[0] == 200
+
+
+# ------------------------------------------------------------------------- MultiMNIST mode
+
+def test_multimnist_mode_decodes_the_two_capsules_separately():
+  config = multimnist_experiment.get_config()
+  config.model.conv1_channels, config.model.primary_types = 8, 2
+  config.model.decoder_hidden = (16, 32)
+  model = build_model(config.model)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 36, 36, 1)))['params']
+  images = np.random.default_rng(0).uniform(size=(4, 36, 36, 1)).astype(np.float32)
+  labels = np.array([[1, 2], [3, 4], [5, 6], [7, 8]])
+  explorer = Explorer(config, model, params, images, labels, 'test')
+  info = explorer.info()
+  assert info['mode'] == 'multimnist' and not info['can_draw'] and info['image_shape'] == [36, 36]
+  example = explorer.example(2)
+  assert example['label'] == [5, 6] and len(example['prediction']) == 2
+  vectors = [example['capsules'][c] for c in example['prediction']]
+  pixels = explorer.reconstruct(vectors, example['prediction'])['pixels']
+  for vector, cls, shown in zip(vectors, example['prediction'], pixels):
+    assert np.max(np.abs(np.asarray(shown) - to_pixels(model_decode(explorer, vector, cls)).ravel())) <= 1
+  with pytest.raises(RequestError, match='28×28'):
+    explorer.encode_drawing(np.ones((28, 28), np.uint8))
+
+
+# ------------------------------------------------------------------------- shipped model
+
+def test_shipped_model_is_small_and_classifies_its_test_sample():
+  sizes = {name: os.path.getsize(os.path.join(backend.ASSETS, name))
+           for name in ('params.npz', 'config.json')}
+  assert sum(sizes.values()) <= 6 << 20
+  explorer = Explorer.shipped()
+  assert explorer.config.experiment == 'explorer' and len(explorer.labels) >= 500
+  accuracy = np.mean(explorer.predictions[:, 0] == explorer.labels)
+  assert accuracy > 0.97, accuracy
+
+
+def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):
+  images = np.zeros((3, 28, 28, 1), np.uint8)
+  backend.export(trained_workdir, str(tmp_path), images, np.arange(3))
+  config, params = backend.read_exported(str(tmp_path))
+  assert isinstance(config, ml_collections.ConfigDict) and config.model.conv1_channels == 16
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4), params,
+               jax.tree.map(np.asarray, explorer.params))   # float16 storage
+
+
+# ------------------------------------------------------------------------- start-up errors
+
+@pytest.mark.parametrize('argv, message', [
+    (['--workdir', '/nonexistent/run'], 'is not a directory'),
+    (['--port', 'eighty'], 'not an integer'),
+    (['--port', '70000'], 'above 65535'),
+    (['--member', '1'], '--member needs --workdir'),
+])
+def test_bad_flags_are_one_line(argv, message, capsys):
+  with pytest.raises(SystemExit) as exited:
+    explorer_main.main(argv)
+  assert exited.value.code == 2
+  error = capsys.readouterr().err.strip()
+  assert message in error and len(error.splitlines()) == 1
+
+
+def test_unreadable_workdir_is_one_line(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exited:
+    explorer_main.main(['--workdir', str(tmp_path)])
+  assert exited.value.code == 2
+  error = capsys.readouterr().err.strip()
+  assert 'no config.json' in error and len(error.splitlines()) == 1
