@@ -39,6 +39,7 @@ class Run:
   stopped_at: Optional[int] = None
   last_eval: Optional[Dict[str, Any]] = None
   last_eval_step: Optional[int] = None
+  last_validation: Optional[Dict[str, Any]] = None
 
   def request_stop(self, reason: str, step: int) -> None:
     if self.stop_reason is None:
@@ -148,24 +149,32 @@ class ProgressLogger(Hook):
 class Evaluator(Hook):
   """Evaluates every `every_steps` steps (0: only at the end of the run) and at the last
   step of the run, writing a `test` row; `probes` (params → dict, e.g. the routing
-  probe) add their fields to the same row."""
+  probe) add their fields to the same row. `validate` (params → metrics on the held-out
+  validation split) writes a `validation` row at the same steps."""
 
-  def __init__(self, every_steps: int, probes=(), progress: Optional[ProgressLogger] = None):
+  def __init__(self, every_steps: int, probes=(), progress: Optional[ProgressLogger] = None,
+               validate: Optional[Callable[[Any], Dict[str, Any]]] = None):
     self.every_steps = every_steps
     self.probes = list(probes)
     self.progress = progress
+    self.validate = validate
 
   def evaluate(self, run: Run, step: int) -> Dict[str, Any]:
     metrics = run.evaluate(run.state['params'])
     for probe in self.probes:
       metrics.update(probe(run.state['params']))
     run.last_eval, run.last_eval_step = metrics, step
+    if self.validate is not None:
+      run.last_validation = self.validate(run.state['params'])
     return metrics
 
   def __call__(self, run, step, metrics):
     if not ((self.every_steps and step % self.every_steps == 0) or step == run.num_steps):
       return
     results = self.evaluate(run, step)
+    if self.validate is not None:
+      run.log(f'step {step} validation: {run.describe_test(run.last_validation)}')
+      run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
     run.log(f'step {step} test: {run.describe_test(results)}')
     run.metrics.write(split='test', step=step, epoch=run.epoch(step), **results)
     if self.progress is not None:

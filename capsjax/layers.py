@@ -1,6 +1,6 @@
 """Flax (linen) capsule layers: they hold parameters and call the pure functions."""
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -12,10 +12,14 @@ from capsjax.routing import dynamic_routing, squash
 Array = jax.Array
 
 
+Initializer = Callable[..., Array]
+
+
 class Conv(nn.Module):
   """Convolution with a [kh, kw, in, out] kernel; `impl` picks the formulation (ops.conv2d).
 
   padding 'VALID' (CapsNet) or 'SAME' (the CNN baselines: zero padding, stride 1 keeps the size).
+  `output_scale` multiplies the convolution before the bias is added.
   """
   features: int
   kernel_size: int
@@ -24,11 +28,14 @@ class Conv(nn.Module):
   impl: str = 'auto'
   padding: str = 'VALID'
   dtype: Optional[jnp.dtype] = None
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros
+  output_scale: float = 1.0
 
   @nn.compact
   def __call__(self, images: Array) -> Array:
     in_features = images.shape[-1]
-    kernel = self.param('kernel', nn.initializers.lecun_normal(),
+    kernel = self.param('kernel', self.kernel_init,
                         (self.kernel_size, self.kernel_size, in_features, self.features))
     dtype = self.dtype or images.dtype
     if self.padding == 'SAME':
@@ -39,8 +46,10 @@ class Conv(nn.Module):
     elif self.padding != 'VALID':
       raise ValueError(f"padding must be 'VALID' or 'SAME', got {self.padding!r}")
     outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, self.impl)
+    if self.output_scale != 1.0:
+      outputs = outputs * self.output_scale
     if self.use_bias:
-      bias = self.param('bias', nn.initializers.zeros, (self.features,))
+      bias = self.param('bias', self.bias_init, (self.features,))
       outputs = outputs + bias.astype(dtype)
     return outputs
 
@@ -49,6 +58,8 @@ class PrimaryCaps(nn.Module):
   """Convolutional capsules: one conv, outputs grouped into `dim`-D vectors, squashed.
 
   [batch, h, w, c] → [batch, out_h * out_w * num_types, dim], capsules ordered (h, w, type).
+  `scale_by_types` divides the convolution by num_types before the bias, as the authors'
+  code does (its PrimaryCaps pass through one routing step with uniform couplings 1/types).
   """
   num_types: int = 32
   dim: int = 8
@@ -56,11 +67,16 @@ class PrimaryCaps(nn.Module):
   stride: int = 2
   impl: str = 'auto'
   dtype: Optional[jnp.dtype] = None
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros
+  scale_by_types: bool = False
 
   @nn.compact
   def __call__(self, features: Array) -> Array:
     outputs = Conv(self.num_types * self.dim, self.kernel_size, self.stride,
-                   impl=self.impl, dtype=self.dtype, name='conv')(features)
+                   impl=self.impl, dtype=self.dtype, kernel_init=self.kernel_init,
+                   bias_init=self.bias_init, output_scale=1.0 / self.num_types if self.scale_by_types else 1.0,
+                   name='conv')(features)
     batch, height, width, _ = outputs.shape
     capsules = outputs.reshape(batch, height * width * self.num_types, self.dim)
     return squash(capsules.astype(jnp.float32))
@@ -80,19 +96,21 @@ class CapsuleLayer(nn.Module):
   learn_log_priors: bool = False
   leaky_routing: bool = False
   stop_gradient_predictions: bool = False
-  weight_stddev: float = 0.01
+  weights_init: Initializer = nn.initializers.normal(0.01)
+  bias_init: Initializer = nn.initializers.zeros
   dtype: Optional[jnp.dtype] = None
 
   @nn.compact
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
                return_logits: bool = False):
     _, in_caps, in_dim = capsules.shape
-    weights = self.param('weights', nn.initializers.normal(self.weight_stddev),
+    weights = self.param('weights', self.weights_init,
                          (in_caps, self.num_capsules, self.dim, in_dim))
     dtype = self.dtype or capsules.dtype
     # û_{j|i} = W_ij u_i                                   # [batch, in_caps, out_caps, out_dim]
     prediction_vectors = jnp.einsum('ijdk,bik->bijd', weights.astype(dtype), capsules.astype(dtype))
-    bias = self.param('bias', nn.initializers.zeros, (self.num_capsules, self.dim)) if self.use_bias else None
+    # The bias joins s_j in every routing iteration (see dynamic_routing), as in the authors' code.
+    bias = self.param('bias', self.bias_init, (self.num_capsules, self.dim)) if self.use_bias else None
     log_priors = (self.param('log_priors', nn.initializers.zeros, (in_caps, self.num_capsules))
                   if self.learn_log_priors else None)
     iterations = self.routing_iterations if routing_iterations is None else routing_iterations
@@ -109,12 +127,15 @@ class Decoder(nn.Module):
   """Fully connected decoder (512-1024-pixels, ReLU, sigmoid) from masked digit capsules."""
   hidden: Sequence[int] = (512, 1024)
   output_shape: Sequence[int] = (28, 28, 1)
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
   def __call__(self, masked_capsules: Array) -> Array:
     batch = masked_capsules.shape[0]
     hidden = masked_capsules.reshape(batch, -1)  # [batch, out_caps * out_dim]
+    dense = lambda width: nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init)
     for width in self.hidden:
-      hidden = nn.relu(nn.Dense(width)(hidden))
-    pixels = nn.sigmoid(nn.Dense(math.prod(self.output_shape))(hidden))
+      hidden = nn.relu(dense(width)(hidden))
+    pixels = nn.sigmoid(dense(math.prod(self.output_shape))(hidden))
     return pixels.reshape((batch,) + tuple(self.output_shape))

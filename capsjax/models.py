@@ -27,6 +27,25 @@ def longest_capsule_mask(lengths: Array) -> Array:
   return jax.nn.one_hot(jnp.argmax(lengths, axis=-1), lengths.shape[-1], dtype=lengths.dtype)
 
 
+INITS = ('default', 'official')
+
+
+def initializers(name: str):
+  """Initializers per CapsNet part. 'default': Flax's LeCun normal for the convolutions and
+  the decoder, N(0, 0.01²) for the DigitCaps W_ij, zero biases (the paper names none).
+  'official': the authors' released code, truncated normals (±2σ) with σ 0.05 for conv1
+  and 0.1 elsewhere, every bias 0.1 (the decoder's too)."""
+  if name == 'default':
+    return {'conv1': nn.initializers.lecun_normal(), 'primary': nn.initializers.lecun_normal(),
+            'digit': nn.initializers.normal(0.01), 'decoder': nn.initializers.lecun_normal(),
+            'bias': nn.initializers.zeros}
+  if name == 'official':
+    return {'conv1': nn.initializers.truncated_normal(0.05), 'primary': nn.initializers.truncated_normal(0.1),
+            'digit': nn.initializers.truncated_normal(0.1), 'decoder': nn.initializers.truncated_normal(0.1),
+            'bias': nn.initializers.constant(0.1)}
+  raise ValueError(f'model init_scheme must be one of {INITS}, got {name!r}')
+
+
 class CapsNet(nn.Module):
   """Conv1 → PrimaryCaps → DigitCaps (routing) → Decoder.
 
@@ -54,17 +73,25 @@ class CapsNet(nn.Module):
   input_shape: Sequence[int] = (28, 28, 1)
   conv_impl: str = 'auto'
   dtype: Optional[jnp.dtype] = None
+  init_scheme: str = 'default'
+  primary_scale_by_types: bool = False
 
   def setup(self):
-    self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, impl=self.conv_impl, dtype=self.dtype)
+    inits = initializers(self.init_scheme)
+    self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, impl=self.conv_impl, dtype=self.dtype,
+                      kernel_init=inits['conv1'], bias_init=inits['bias'])
     self.primary_caps = PrimaryCaps(self.primary_types, self.primary_dim, self.primary_kernel,
-                                    self.primary_stride, impl=self.conv_impl, dtype=self.dtype)
+                                    self.primary_stride, impl=self.conv_impl, dtype=self.dtype,
+                                    kernel_init=inits['primary'], bias_init=inits['bias'],
+                                    scale_by_types=self.primary_scale_by_types)
     self.digit_caps = CapsuleLayer(
         self.num_classes, self.digit_dim, self.routing_iterations, use_bias=self.digit_bias,
         learn_log_priors=self.learn_log_priors, leaky_routing=self.leaky_routing,
-        stop_gradient_predictions=self.stop_gradient_predictions, dtype=self.dtype)
+        stop_gradient_predictions=self.stop_gradient_predictions, dtype=self.dtype,
+        weights_init=inits['digit'], bias_init=inits['bias'])
     if self.use_decoder:
-      self.decoder = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape))
+      self.decoder = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape),
+                             kernel_init=inits['decoder'], bias_init=inits['bias'])
 
   def encode(self, images: Array, routing_iterations=None, max_iterations=None,
              return_logits: bool = False):

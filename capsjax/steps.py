@@ -25,12 +25,17 @@ def total_steps(config, num_train_examples: int) -> int:
   return int(math.ceil(config.num_epochs * (num_train_examples // config.batch_size)))
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
-  schedule = optax.exponential_decay(
+def learning_rate_schedule(config) -> optax.Schedule:
+  """learning_rate × decay_rate^(step / decay_steps) (staircase: integer exponent), never
+  below config.lr_min (the authors' code floors it at 1e-6)."""
+  return optax.exponential_decay(
       init_value=config.learning_rate, transition_steps=config.lr_decay_steps,
       decay_rate=config.lr_decay_rate, staircase=config.lr_staircase,
       end_value=config.lr_min or None)   # with decay_rate < 1, end_value is a floor
-  return optax.adam(schedule)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  return optax.adam(learning_rate_schedule(config))
 
 
 def initial_state(config, model, optimizer, members=None) -> State:

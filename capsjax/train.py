@@ -19,9 +19,9 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import sharding, steps
+from capsjax import reports, sharding, steps
 from capsjax import workdir as workdir_lib
-from capsjax.data.pipeline import Pipeline, make_pipelines
+from capsjax.data.pipeline import Pipeline, make_splits
 from capsjax.ensembles import ensemble_members, member_knobs
 from capsjax.models import build_model, count_params
 from capsjax.runtime import StopRequests
@@ -37,12 +37,14 @@ class Program:
   """The jitted train step and evaluation of one run or one vmapped ensemble."""
   train_step: Callable[[Any, int], Any]     # (state, step) → (state, metrics)
   evaluate: Callable[[Any], Dict[str, Any]]  # params → test metrics
+  validate: Optional[Callable[[Any], Dict[str, Any]]]   # params → validation metrics
   probes: List[Callable[[Any], Dict[str, Any]]]
   initial_state: Any
   members: Optional[List[Dict[str, Any]]]
 
 
-def build_program(config, model, train: Pipeline, test: Pipeline, mesh) -> Program:
+def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
+                  validation: Optional[Pipeline] = None) -> Program:
   optimizer = steps.make_optimizer(config)
   members = ensemble_members(config)
   ensemble = members is not None
@@ -68,18 +70,27 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh) -> Progr
   def evaluate(params):
     return steps.evaluate(eval_step, params, test, config.eval_batch_size, knobs, mesh, test_source)
 
+  validate = None
+  if validation is not None:
+    validation_step = steps.make_eval_step(config, model, validation, ensemble)
+    validation_source = sharding.replicate(validation.source, mesh)
+    validate = lambda params: steps.evaluate(validation_step, params, validation, config.eval_batch_size,
+                                             knobs, mesh, validation_source)
+
   probes = []
   routing_probe = steps.make_routing_probe(config, model, test)
   if routing_probe is not None:
     probes.append(lambda params: routing_probe(params, mesh, test_source))
-  return Program(step_fn, evaluate, probes, steps.initial_state(config, model, optimizer, members), members)
+  return Program(step_fn, evaluate, validate, probes, steps.initial_state(config, model, optimizer, members),
+                 members)
 
 
-def default_hooks(config, checkpoints, requests, multi_process: bool, probes=()) -> List[hooks_lib.Hook]:
+def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
+                  validate=None) -> List[hooks_lib.Hook]:
   guard = hooks_lib.DivergenceGuard(checkpoints)
   progress = hooks_lib.ProgressLogger(config.log_every_steps, guard)
   hooks = [guard, progress,
-           hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress)]
+           hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress, validate=validate)]
   if config.stop_at_test_accuracy and not config.ensemble:
     hooks.append(hooks_lib.EarlyStop(config.stop_at_test_accuracy))
   hooks.append(hooks_lib.Preemption(requests, checkpoints, multi_process))
@@ -110,10 +121,10 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   mesh = sharding.data_mesh()
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
-  train, test = make_pipelines(config)
+  train, test, validation = make_splits(config)
   num_steps = steps.total_steps(config, train.num_examples)
   model = build_model(config.model)
-  program = build_program(config, model, train, test, mesh)
+  program = build_program(config, model, train, test, mesh, validation)
   members = program.members
   num_params = count_params(program.initial_state['params']) // (len(members) if members else 1)
   multi_process = jax.process_count() > 1
@@ -139,7 +150,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
          f'examples, {num_steps} steps of {config.batch_size} ({run.epoch(num_steps):.2f} epochs)'
          + (f', {len(members)} members in one vmapped program' if members else ''))
-    hooks = default_hooks(config, checkpoints, requests, multi_process, program.probes)
+    hooks = default_hooks(config, checkpoints, requests, multi_process, program.probes, program.validate)
     evaluator = next(hook for hook in hooks if isinstance(hook, hooks_lib.Evaluator))
     if first_step < run.last_step:
       _log('compiling the training step…')
@@ -164,8 +175,14 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     evaluator.evaluate(run, done)
   results = _results(config, run, train_metrics, previous, num_params, members,
                      train.num_examples, test.num_examples)
+  if validation is not None:
+    results.update(validation_error=run.last_validation['error'],
+                   num_validation_examples=validation.num_examples,
+                   selected_by_validation=reports.select_by_validation(metrics_log.read()))
   if is_writer:
     workdir_lib.write_json(os.path.join(workdir, 'results.json'), results)
+    with open(os.path.join(workdir, 'table.md'), 'w') as f:
+      f.write(reports.results_table(results))
   _log(f'test {run.describe_test(run.last_eval)} after {run.num_steps} steps; '
        f'results in {os.path.join(workdir, "results.json")}')
   return results
@@ -195,6 +212,10 @@ def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any]
       'completed': True,
       'stopped_early': run.stop_reason == 'early' or bool(previous.get('stopped_early') and not trained_now),
       'members': members,
+      # Over the seeds of each setting (members differing only in seed), sample std.
+      'test_error_by_setting': [{k: g[k] for k in ('routing_iterations', 'reconstruction_weight', 'seeds',
+                                                   'mean', 'std')}
+                                for g in reports.seed_groups(members, run.last_eval['error'])] if members else None,
       'config': config.to_dict(),
   }
 

@@ -10,6 +10,8 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from capsjax.data.datasets import DATASETS
 from capsjax.errors import ConfigError
+from capsjax.losses import MARGIN_REDUCTIONS
+from capsjax.models import INITS
 from capsjax.ops import CONV_IMPLS
 
 TASKS = ('classify', 'expanded', 'multimnist')
@@ -38,6 +40,10 @@ def number_in(low: float, high: float, low_open=False, high_open=False):
     return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
   left, right = '(' if low_open else '[', ')' if high_open else ']'
   return check, f'a finite number in {left}{low}, {high}{right}'
+
+
+def boolean():
+  return (lambda v: isinstance(v, bool)), 'True or False'
 
 
 def positive_number():
@@ -73,6 +79,8 @@ RUN_RULES = {
     'num_epochs': number_in(0, math.inf),
     'num_steps': int_at_least(0),
     'learning_rate': positive_number(),
+    'lr_min': number_in(0, math.inf),
+    'validation_examples': int_at_least(0),
     'lr_decay_rate': number_in(0, 1, low_open=True),
     'lr_decay_steps': int_at_least(1),
     'log_every_steps': int_at_least(1),
@@ -113,6 +121,9 @@ MODEL_RULES = {
     'decoder_hidden': ints_at_least(1),
     'conv_impl': one_of(CONV_IMPLS),
     'dtype': one_of(DTYPES),
+    'init_scheme': one_of(INITS),
+    'digit_bias': boolean(),
+    'primary_scale_by_types': boolean(),
     # CNN baselines
     'conv_channels': ints_at_least(1, allow_empty=False),
     'conv_kernels': ints_at_least(1, allow_empty=False),
@@ -126,6 +137,7 @@ LOSS_RULES = {
     'm_minus': number_in(0, 1, high_open=True),
     'negative_weight': number_in(0, math.inf),
     'reconstruction_weight': number_in(0, math.inf),
+    'margin_reduction': one_of(MARGIN_REDUCTIONS),
 }
 
 

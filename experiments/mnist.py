@@ -20,6 +20,10 @@ def get_model_config() -> ml_collections.ConfigDict:
       input_shape=(28, 28, 1),
       conv_impl='auto',   # 'patches' on CPU, XLA's conv on GPU/TPU (same math)
       dtype='float32',
+      # The authors' released code (see experiments/mnist_official.py): 'official'
+      # truncated-normal weights and 0.1 biases; PrimaryCaps pre-squash output ÷ types.
+      init_scheme='default',
+      primary_scale_by_types=False,
   ))
 
 
@@ -33,6 +37,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.tfds_data_dir = ''
   config.num_train_examples = 0   # 0 = the whole split
   config.num_test_examples = 0
+  # > 0: the last N training images are held out as a validation split, evaluated next
+  # to the test set; results.json then reports the test error at the best validation
+  # evaluation too. The project never selects on the test set.
+  config.validation_examples = 0
   config.max_shift = 2            # training images shifted by up to ±2 px, zero padding
   # Optimisation.
   config.seed = 0

@@ -1,7 +1,8 @@
 """The helpers every experiment program shares: markdown tables and image grids."""
 import numpy as np
 
-from capsjax.programs.common import image_grid, markdown_table, pyplot
+from capsjax.programs.common import image_grid, pyplot
+from capsjax.reports import markdown_table
 
 
 def test_markdown_table_aligns_columns():

@@ -134,15 +134,41 @@ def _load(config, split: str) -> Dataset:
   return load_dataset(config.dataset, split, config.data_dir, config.tfds_data_dir)
 
 
+def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]]:
+  """(training examples, held-out validation examples or None): the last
+  config.validation_examples images of the training split are held out, as the authors'
+  `--validate` holds out the last 10 000 (50k/10k)."""
+  held_out = config.validation_examples
+  if not held_out:
+    return train, None
+  if config.task == 'multimnist':
+    raise ConfigError('config.validation_examples: a held-out validation split exists for '
+                      "the 'classify' and 'expanded' tasks only")
+  if held_out >= len(train):
+    raise ConfigError(f'config.validation_examples={held_out}: allowed fewer than the {len(train)} '
+                      'training examples')
+  return (Dataset(train.images[:-held_out], train.labels[:-held_out]),
+          Dataset(train.images[-held_out:], train.labels[-held_out:]))
+
+
 def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
   """(train, test) pipelines for config.task: 'classify' (the dataset's images as they
   are), 'expanded' (each digit placed at random on the model's larger canvas) or
-  'multimnist' (two digits overlaid on the model's canvas)."""
+  'multimnist' (two digits overlaid on the model's canvas). With
+  config.validation_examples, training never sees the held-out images (make_splits
+  returns them as a third pipeline)."""
+  train, test, _ = make_splits(config)
+  return train, test
+
+
+def make_splits(config) -> Tuple[Pipeline, Pipeline, Optional[Pipeline]]:
+  """(train, test, validation or None) pipelines; see make_pipelines."""
   task = config.task
   train, test = _load(config, 'train'), _load(config, 'test')
   if task == 'classify' and train.images.shape[1:] != tuple(config.model.input_shape):
     raise ConfigError(f'{config.dataset} images have shape {train.images.shape[1:]}; the model expects '
                       f'config.model.input_shape={tuple(config.model.input_shape)}')
+  train, held_out = split_validation(config, train)
   if config.num_train_examples:
     train = train.take(config.num_train_examples)
   if task in ('classify', 'expanded'):
@@ -151,12 +177,15 @@ def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
     if len(train) < config.batch_size:
       raise ConfigError(f'batch_size {config.batch_size} exceeds the {len(train)} training examples')
     if task == 'classify':
-      return dataset_pipeline(config, train, True), dataset_pipeline(config, test, False)
+      validation = dataset_pipeline(config, held_out, False) if held_out else None
+      return dataset_pipeline(config, train, True), dataset_pipeline(config, test, False), validation
     canvas = config.model.input_shape[0]
     place = lambda image, key: affine.random_place(image, key, canvas)
+    validation = (dataset_pipeline(config, held_out, False, place, config.expanded_test_seed + 1)
+                  if held_out else None)
     return (dataset_pipeline(config, train, True, place),
-            dataset_pipeline(config, test, False, place, config.expanded_test_seed))
+            dataset_pipeline(config, test, False, place, config.expanded_test_seed), validation)
   if task == 'multimnist':
     return (multimnist_pipeline(config, train, config.seed, 0),
-            multimnist_pipeline(config, test, config.multimnist.test_seed, config.num_test_examples))
+            multimnist_pipeline(config, test, config.multimnist.test_seed, config.num_test_examples), None)
   raise ConfigError(f"unknown task {task!r} (expected 'classify', 'expanded' or 'multimnist')")

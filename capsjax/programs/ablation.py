@@ -14,7 +14,8 @@ import ml_collections
 import numpy as np
 
 from capsjax import train
-from capsjax.programs.common import markdown_table, pyplot, save_figure, with_model_of
+from capsjax.programs.common import pyplot, save_figure, with_model_of
+from capsjax.reports import markdown_table, mean_std, seed_groups
 from capsjax.errors import ConfigError
 
 # The paper's Table 1, MNIST test error in % (mean ± std of 3 trials where given).
@@ -32,21 +33,12 @@ def baseline_config(config) -> ml_collections.ConfigDict:
 
 
 def summarize(members: List[Dict[str, Any]], errors: List[float]) -> List[Dict[str, Any]]:
-  """Rows grouped by (routing iterations, reconstruction on/off): errors in %, mean ± std.
-
-  std is the sample standard deviation over seeds (ddof = 1; 0 for one seed).
-  """
-  groups = {}
-  for member, error in zip(members, errors):
-    key = (member['routing_iterations'], member['reconstruction_weight'] > 0)
-    groups.setdefault(key, []).append(100.0 * error)
-  rows = []
-  for (iterations, reconstruction), values in sorted(groups.items()):
-    values = np.asarray(values)
-    rows.append(dict(routing_iterations=iterations, reconstruction=reconstruction,
-                     errors_percent=values.tolist(), mean=float(values.mean()),
-                     std=float(values.std(ddof=1)) if len(values) > 1 else 0.0))
-  return rows
+  """Rows grouped by (routing iterations, reconstruction on/off): errors in %, mean ± std
+  (the sample standard deviation over seeds, ddof = 1; 0 for one seed)."""
+  return [dict(routing_iterations=group['routing_iterations'], reconstruction=group['reconstruction_weight'] > 0,
+               errors_percent=[100.0 * v for v in group['values']], mean=100.0 * group['mean'],
+               std=100.0 * group['std'])
+          for group in seed_groups(members, errors)]
 
 
 def _row(method, routing, reconstruction, values, mean, std, paper):
@@ -64,8 +56,7 @@ def render_table(config, rows, baseline_errors) -> str:
   rows_out = []
   if baseline_errors is not None:
     values = [100.0 * e for e in baseline_errors]
-    rows_out.append(_row('Baseline CNN', '-', '-', values, np.mean(values),
-                      np.std(values, ddof=1) if len(values) > 1 else 0.0, PAPER_TABLE1['baseline']))
+    rows_out.append(_row('Baseline CNN', '-', '-', values, *mean_std(values), PAPER_TABLE1['baseline']))
   for row in rows:
     rows_out.append(_row('CapsNet', row['routing_iterations'], 'yes' if row['reconstruction'] else 'no',
                       row['errors_percent'], row['mean'], row['std'],

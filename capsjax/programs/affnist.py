@@ -16,7 +16,8 @@ import numpy as np
 
 from capsjax import steps, train
 from capsjax.checkpoints import load_trained
-from capsjax.programs.common import image_grid, markdown_table, with_model_of
+from capsjax.programs.common import image_grid, with_model_of
+from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.mnist import Dataset
 from capsjax.data.pipeline import affine_test_pipeline, dataset_pipeline

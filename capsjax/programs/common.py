@@ -1,6 +1,6 @@
-"""What the experiment programs share: comparison-model configs, markdown tables,
-image grids and the command-line entry wrapper."""
-from typing import Any, List, Optional, Sequence, Tuple
+"""What the experiment programs share: comparison-model configs, image grids and figure
+saving (markdown tables: capsjax.reports)."""
+from typing import Optional, Tuple
 
 import ml_collections
 import numpy as np
@@ -16,16 +16,6 @@ def with_model_of(config, key: str) -> ml_collections.ConfigDict:
   return derived
 
 
-
-
-# ----------------------------------------------------------------------------- tables
-
-def markdown_table(columns: Sequence[Tuple[str, str]], rows: Sequence[Sequence[Any]]) -> List[str]:
-  """Lines of a markdown table; `columns` are (header, 'l' or 'r' alignment)."""
-  lines = ['| ' + ' | '.join(header for header, _ in columns) + ' |',
-           '| ' + ' | '.join('---:' if align == 'r' else '---' for _, align in columns) + ' |']
-  lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows]
-  return lines
 
 
 # ----------------------------------------------------------------------------- figures

@@ -6,6 +6,11 @@ config paths such as learning_rate, lr_decay_steps, batch_size, max_shift,
 model.routing_iterations; values are Python literals). The first variant is the
 reference. `run(config, workdir)` trains each variant in workdir/NAME (resumable) with
 `train.train_and_evaluate` and writes sweep.md, sweep.json and sweep.png.
+
+A variant may be an ensemble of seeds (config.ensemble.seeds): its row is the mean ± std
+over them. With config.validation_examples, variants are ranked by validation error and
+the test error is reported beside it; without, the table says the ranking is on the test
+set and is for reading, not for choosing.
 """
 import ast
 import json
@@ -13,10 +18,12 @@ import os
 from typing import Any, Dict, List, Tuple
 
 import ml_collections
+import numpy as np
 
 from capsjax import train, validation
 from capsjax.errors import ConfigError
-from capsjax.programs.common import markdown_table, pyplot, save_figure
+from capsjax.programs.common import pyplot, save_figure
+from capsjax.reports import markdown_table, mean_std
 
 
 def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
@@ -56,22 +63,54 @@ def variant_config(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDi
   return variant
 
 
+def summarize_run(name: str, overrides: Dict[str, Any], results: Dict[str, Any]) -> Dict[str, Any]:
+  """One sweep row from a run's results: errors as mean ± std over its seeds."""
+  listed = lambda value: value if isinstance(value, list) else [value]
+  test_error, test_std = mean_std(listed(results['test_error']))
+  row = dict(name=name, overrides=overrides, test_error=test_error, test_error_std=test_std,
+             seeds=len(listed(results['test_error'])), wall_time_s=results['wall_time_s'], steps=results['steps'],
+             final_train_loss=float(np.mean(listed(results['final_train_loss'] or float('nan')))))
+  if 'validation_error' in results:
+    row['validation_error'], row['validation_error_std'] = mean_std(listed(results['validation_error']))
+  return row
+
+
 def render_table(config, rows: List[Dict[str, Any]]) -> str:
   reference = rows[0]
+  validated = all('validation_error' in row for row in rows)
+  key = 'validation_error' if validated else 'test_error'
+  seeds = rows[0]['seeds']
   lines = [f'# Hyper-parameter sweep, `{config.experiment}`', '',
-           f'Each row trains the base config with the listed overrides; Δ is the change in test '
-           f'error against `{reference["name"]}` (negative = better). One run per variant: judge a '
-           f'Δ against the spread between variants that change only `seed`.', '']
+           f'Each row trains the base config with the listed overrides'
+           + (f', {seeds} seeds each (mean ± sample std)' if seeds > 1 else ', one seed each') +
+           f'; Δ is the change against `{reference["name"]}` (negative = better). Judge a Δ against the '
+           f'spread between seeds.', '']
+  if validated:
+    lines += [f'Ranked by validation error ({config.validation_examples} held-out training images); '
+              'the test error is reported, never used to choose.', '']
+  else:
+    lines += ['No validation split (config.validation_examples = 0): the ranking below is on the '
+              'test set, for reading only; choose with --config.validation_examples=N.', '']
+  spread = lambda row, name: f' ± {100 * row[name + "_std"]:.3f}' if row['seeds'] > 1 else ''
   cells = []
   for row in rows:
     overrides = ', '.join(f'{k}={v}' for k, v in row['overrides'].items()) or '(base)'
-    delta = 100 * (row['test_error'] - reference['test_error'])
-    cells.append((row['name'], overrides, f'{100 * row["test_error"]:.2f}', f'{delta:+.2f}',
-                  f'{row["final_train_loss"]:.4f}', f'{row["wall_time_s"]:.0f}'))
-  lines += markdown_table([('variant', 'l'), ('overrides', 'l'), ('test error (%)', 'r'), ('Δ (points)', 'r'),
-                           ('final train loss', 'r'), ('wall time (s)', 'r')], cells)
-  best = min(rows, key=lambda r: r['test_error'])
-  lines += ['', f'Best: `{best["name"]}` at {100 * best["test_error"]:.2f} % test error.']
+    delta = 100 * (row[key] - reference[key])
+    cell = [row['name'], overrides]
+    if validated:
+      cell.append(f'{100 * row["validation_error"]:.3f}{spread(row, "validation_error")}')
+    cell += [f'{100 * row["test_error"]:.3f}{spread(row, "test_error")}', f'{delta:+.3f}',
+             f'{row["final_train_loss"]:.4f}', f'{row["wall_time_s"]:.0f}']
+    cells.append(cell)
+  columns = [('variant', 'l'), ('overrides', 'l')]
+  if validated:
+    columns.append(('validation error (%)', 'r'))
+  columns += [('test error (%)', 'r'), (f'Δ {"validation" if validated else "test"} (points)', 'r'),
+              ('final train loss', 'r'), ('wall time (s)', 'r')]
+  lines += markdown_table(columns, cells)
+  best = min(rows, key=lambda r: r[key])
+  lines += ['', f'Lowest {key.replace("_", " ")}: `{best["name"]}` at {100 * best[key]:.3f} % '
+            f'(test error {100 * best["test_error"]:.3f} %).']
   return '\n'.join(lines) + '\n'
 
 
@@ -103,9 +142,7 @@ def run(config, workdir: str) -> Dict[str, Any]:
   rows = []
   for (name, overrides), variant in zip(variants, configs):
     results = train.train_and_evaluate(variant, os.path.join(workdir, name))
-    rows.append(dict(name=name, overrides=overrides, test_error=results['test_error'],
-                     test_accuracy=results['test_accuracy'], final_train_loss=results['final_train_loss'] or float('nan'),
-                     wall_time_s=results['wall_time_s'], steps=results['steps']))
+    rows.append(summarize_run(name, overrides, results))
   table = render_table(config, rows)
   with open(os.path.join(workdir, 'sweep.md'), 'w') as f:
     f.write(table)

@@ -1,0 +1,93 @@
+"""What a finished run reports beyond its last evaluation: the test error at the best
+validation evaluation (never at the best test one), mean ± std over the seeds of an
+ensemble, and the markdown tables the programs and `table.md` are made of."""
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+def markdown_table(columns: Sequence[Tuple[str, str]], rows: Sequence[Sequence[Any]]) -> List[str]:
+  """Lines of a markdown table; `columns` are (header, 'l' or 'r' alignment)."""
+  lines = ['| ' + ' | '.join(header for header, _ in columns) + ' |',
+           '| ' + ' | '.join('---:' if align == 'r' else '---' for _, align in columns) + ' |']
+  lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows]
+  return lines
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+  """Mean and sample standard deviation (ddof 1; 0 for one value)."""
+  values = np.asarray(values, np.float64)
+  return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def select_by_validation(rows: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+  """The evaluation with the lowest validation error (the earliest on ties) and the test
+  error at that same step, from metrics.jsonl rows; per member for an ensemble (lists).
+  None when no step has both a validation and a test row."""
+  validation = {row['step']: row for row in rows if row.get('split') == 'validation'}
+  test = {row['step']: row for row in rows if row.get('split') == 'test'}
+  steps = sorted(set(validation) & set(test))
+  if not steps:
+    return None
+  errors = np.asarray([validation[s]['error'] for s in steps], np.float64)   # [evals] or [evals, members]
+  if errors.ndim == 1:
+    step = steps[int(np.argmin(errors))]                                       # the first minimum
+    return {'step': step, 'epoch': validation[step]['epoch'],
+            'validation_error': validation[step]['error'], 'test_error': test[step]['error']}
+  chosen = [steps[int(b)] for b in np.argmin(errors, axis=0)]                  # per member
+  return {'step': chosen, 'epoch': [validation[s]['epoch'] for s in chosen],
+          'validation_error': [validation[s]['error'][m] for m, s in enumerate(chosen)],
+          'test_error': [test[s]['error'][m] for m, s in enumerate(chosen)]}
+
+
+def seed_groups(members: Optional[List[Dict[str, Any]]], values) -> List[Dict[str, Any]]:
+  """Per-member `values` grouped by everything but the seed (routing iterations,
+  reconstruction weight): [{routing_iterations, reconstruction_weight, seeds, values,
+  mean, std}]. A single run (members None) is one group of one."""
+  if members is None:
+    return [dict(routing_iterations=None, reconstruction_weight=None, seeds=[None],
+                 values=[values], mean=float(values), std=0.0)]
+  groups: Dict[Tuple[int, float], List[Tuple[int, float]]] = {}
+  for member, value in zip(members, values):
+    key = (member['routing_iterations'], member['reconstruction_weight'])
+    groups.setdefault(key, []).append((member['seed'], float(value)))
+  out = []
+  for (iterations, weight), pairs in sorted(groups.items()):
+    mean, std = mean_std([v for _, v in pairs])
+    out.append(dict(routing_iterations=iterations, reconstruction_weight=weight,
+                    seeds=[s for s, _ in pairs], values=[v for _, v in pairs], mean=mean, std=std))
+  return out
+
+
+def _percent(group: Dict[str, Any]) -> str:
+  spread = f' ± {100 * group["std"]:.3f}' if len(group['values']) > 1 else ''
+  return f'{100 * group["mean"]:.3f}{spread}'
+
+
+def results_table(results: Dict[str, Any]) -> str:
+  """table.md of a finished run: test error (%) at the end and, with a validation split,
+  at the best validation evaluation; mean ± sample std over the seeds of each setting."""
+  members = results['members']
+  final = seed_groups(members, results['test_error'])
+  selection = results.get('selected_by_validation')
+  selected = seed_groups(members, selection['test_error']) if selection else None
+  columns = [('setting', 'l'), ('seeds', 'l'), ('final test error (%)', 'r'), ('per seed', 'l')]
+  if selected:
+    columns += [('test error at best validation (%)', 'r'), ('per seed', 'l')]
+  rows = []
+  for k, group in enumerate(final):
+    setting = ('the config' if group['routing_iterations'] is None else
+               f'routing {group["routing_iterations"]}, reconstruction × {group["reconstruction_weight"]:g}')
+    row = [setting, ', '.join(str(s) for s in group['seeds'] if s is not None) or str(results['config']['seed']),
+           _percent(group), ', '.join(f'{100 * v:.2f}' for v in group['values'])]
+    if selected:
+      row += [_percent(selected[k]), ', '.join(f'{100 * v:.2f}' for v in selected[k]['values'])]
+    rows.append(row)
+  lines = [f'# `{results["experiment"]}`: test error', '',
+           f'{results["steps"]} steps ({results["epochs"]:.1f} epochs) on {results["num_train_examples"]} '
+           f'training images, tested on {results["num_test_examples"]}'
+           + (f', validated on {results["num_validation_examples"]} held-out training images'
+              if results.get('num_validation_examples') else '')
+           + '. Mean ± sample std over seeds. Nothing here is selected on the test set.', '']
+  lines += markdown_table(columns, rows)
+  return '\n'.join(lines) + '\n'

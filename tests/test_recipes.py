@@ -1,0 +1,193 @@
+"""The authors' recipe as options (experiments/mnist_official.py), honest selection on a
+held-out validation split, and mean ± std over seeds."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from capsjax import losses, reports, steps, train
+from capsjax.data.mnist import Dataset
+from capsjax.data.pipeline import split_validation
+from capsjax.errors import ConfigError
+from capsjax.layers import PrimaryCaps
+from capsjax.models import build_model
+from capsjax.programs import sweep
+from capsjax.programs.sweep import parse_variant, variant_config
+from capsjax.validation import problems_of
+from experiments import mnist, mnist_official, mnist_seeds, recipes
+from tests.test_train import tiny_config
+
+LENGTHS = jnp.array([[0.95, 0.5, 0.05, 0.3]])
+TARGETS = jnp.array([[0.0, 1.0, 0.0, 0.0]])
+# Per class: absent 0.5·(0.95 − 0.1)², present (0.9 − 0.5)², absent 0 (below m−), absent 0.5·(0.3 − 0.1)².
+PER_CLASS = [0.5 * 0.85 ** 2, 0.4 ** 2, 0.0, 0.5 * 0.2 ** 2]
+
+
+def test_margin_loss_reductions_hand_computed():
+  np.testing.assert_allclose(losses.margin_loss(LENGTHS, TARGETS), [sum(PER_CLASS)], rtol=1e-6)
+  official = losses.margin_loss(LENGTHS, TARGETS, reduction='official')
+  np.testing.assert_allclose(official, [0.5 * sum(PER_CLASS) / 4], rtol=1e-6)   # 0.5·L_k, mean over classes
+  with pytest.raises(ValueError, match='reduction'):
+    losses.margin_loss(LENGTHS, TARGETS, reduction='mean')
+
+
+def test_capsnet_loss_official_scaling_weighs_reconstruction_20x_more_for_10_classes():
+  lengths = jnp.full((1, 10), 0.5)
+  targets = jax.nn.one_hot(jnp.array([3]), 10)
+  images = jnp.zeros((1, 1, 2, 2, 1))
+  reconstructions = jnp.full((1, 1, 2, 2, 1), 0.5)          # squared error 4 × 0.25 = 1
+  paper, parts = losses.capsnet_loss(lengths, targets, reconstructions, images, 0.0005)
+  official, _ = losses.capsnet_loss(lengths, targets, reconstructions, images, 0.0005, reduction='official')
+  margin = 0.4 ** 2 + 9 * 0.5 * 0.4 ** 2
+  np.testing.assert_allclose(parts['reconstruction_loss'], [1.0], rtol=1e-6)
+  np.testing.assert_allclose(paper, [margin + 0.0005], rtol=1e-6)
+  np.testing.assert_allclose(official, [margin / 20 + 0.0005], rtol=1e-6)
+
+
+def test_learning_rate_floor():
+  config = mnist.get_config()
+  schedule = steps.learning_rate_schedule(config)
+  np.testing.assert_allclose(schedule(0), 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(2000), 0.96e-3, rtol=1e-5)          # continuous decay
+  np.testing.assert_allclose(schedule(500_000), 1e-3 * 0.96 ** 250, rtol=1e-3)   # ≈ 3.7e-8: no floor
+  config.lr_min = 1e-6
+  schedule = steps.learning_rate_schedule(config)
+  np.testing.assert_allclose(schedule(300_000), 1e-3 * 0.96 ** 150, rtol=1e-3)   # ≈ 2.2e-6, above it
+  np.testing.assert_allclose(schedule(500_000), 1e-6, rtol=1e-6)
+
+
+def _init(init_scheme):
+  config = mnist.get_config().model
+  config.conv1_channels, config.primary_types, config.digit_bias = 32, 4, True
+  config.init_scheme = init_scheme
+  model = build_model(config)
+  return model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))['params']
+
+
+def test_official_initialisation():
+  params = _init('official')
+  biases = {path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+            if path[-1].key == 'bias'}
+  assert len(biases) == 1 + 1 + 1 + 3      # conv1, primary, DigitCaps, three decoder layers
+  for leaf in biases.values():
+    np.testing.assert_array_equal(leaf, np.float32(0.1))
+  for name, sigma in (('conv1', 0.05), ('primary_caps', 0.1), ('decoder', 0.1)):
+    kernels = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params[name]) if path[-1].key == 'kernel']
+    values = np.concatenate([np.ravel(k) for k in kernels])
+    assert np.abs(values).max() <= 2 * sigma + 1e-7                # truncated at ±2σ
+    np.testing.assert_allclose(values.std(), 0.8796 * sigma, rtol=0.05)   # std of a ±2σ-truncated normal
+  weights = np.asarray(params['digit_caps']['weights'])
+  np.testing.assert_allclose(weights.std(), 0.8796 * 0.1, rtol=0.02)
+  default = _init('default')
+  np.testing.assert_array_equal(default['conv1']['bias'], 0.0)
+  np.testing.assert_allclose(np.asarray(default['digit_caps']['weights']).std(), 0.01, rtol=0.02)
+
+
+def test_primary_caps_scaled_by_types_divides_the_convolution_before_the_bias():
+  features = jax.random.normal(jax.random.key(1), (2, 12, 12, 5))
+  scaled = PrimaryCaps(num_types=4, dim=3, kernel_size=3, stride=2, scale_by_types=True)
+  plain = PrimaryCaps(num_types=4, dim=3, kernel_size=3, stride=2)
+  params = scaled.init(jax.random.key(0), features)['params']
+  params['conv']['bias'] = jnp.linspace(-0.5, 0.5, 12)
+  divided = jax.tree.map(lambda x: x, params)
+  divided['conv']['kernel'] = params['conv']['kernel'] / 4
+  with jax.default_matmul_precision('highest'):
+    np.testing.assert_allclose(scaled.apply({'params': params}, features),
+                               plain.apply({'params': divided}, features), atol=1e-6)
+
+
+def test_official_experiment_turns_every_option_on():
+  config = mnist_official.get_config()
+  assert problems_of(config) == []
+  assert (config.loss.margin_reduction, config.model.init_scheme) == ('official', 'official')
+  assert config.model.digit_bias and config.model.primary_scale_by_types
+  assert config.num_steps == 300_000 and config.lr_min == 1e-6 and config.batch_size == 128
+  assert tuple(config.ensemble.seeds) == (0, 1, 2)
+  paper = mnist.get_config()
+  assert (paper.loss.margin_reduction, paper.model.init_scheme, paper.lr_min) == ('sum', 'default', 0.0)
+  assert tuple(mnist_seeds.get_config().ensemble.seeds) == (0, 1, 2)
+  base = recipes.get_config()
+  for spec in base.sweep.variants:
+    assert problems_of(variant_config(base, parse_variant(spec)[1])) == [], spec
+
+
+# ------------------------------------------------------------------------- validation split
+
+def test_validation_split_holds_out_the_last_training_images():
+  config = mnist.get_config()
+  data = Dataset(np.arange(10, dtype=np.uint8).reshape(10, 1, 1, 1), np.arange(10))
+  assert split_validation(config, data) == (data, None)
+  config.validation_examples = 3
+  train_part, held_out = split_validation(config, data)
+  assert train_part.labels.tolist() == list(range(7)) and held_out.labels.tolist() == [7, 8, 9]
+  config.validation_examples = 10
+  with pytest.raises(ConfigError, match='fewer than the 10'):
+    split_validation(config, data)
+  config.validation_examples, config.task = 3, 'multimnist'
+  with pytest.raises(ConfigError, match="'classify' and 'expanded'"):
+    split_validation(config, data)
+
+
+def test_selection_uses_validation_never_test():
+  rows = [
+      {'split': 'validation', 'step': 10, 'epoch': 1.0, 'error': 0.030},
+      {'split': 'test', 'step': 10, 'epoch': 1.0, 'error': 0.010},    # the best test error: not chosen
+      {'split': 'validation', 'step': 20, 'epoch': 2.0, 'error': 0.020},
+      {'split': 'test', 'step': 20, 'epoch': 2.0, 'error': 0.025},
+      {'split': 'validation', 'step': 30, 'epoch': 3.0, 'error': 0.020},  # a tie: the earlier wins
+      {'split': 'test', 'step': 30, 'epoch': 3.0, 'error': 0.015},
+      {'split': 'train', 'step': 30, 'loss': 0.1},
+  ]
+  assert reports.select_by_validation(rows) == {'step': 20, 'epoch': 2.0, 'validation_error': 0.020,
+                                                'test_error': 0.025}
+  members = [{**row, 'error': [row['error'], 0.05 - row['error']]} for row in rows if 'error' in row]
+  selected = reports.select_by_validation(members)
+  assert selected['step'] == [20, 10] and selected['test_error'] == [0.025, 0.05 - 0.010]
+  assert reports.select_by_validation(rows[1::2]) is None   # no validation rows
+
+
+def test_seed_groups_mean_and_sample_std():
+  members = [dict(seed=s, routing_iterations=r, reconstruction_weight=0.0005) for r in (1, 3) for s in (0, 1, 2)]
+  groups = reports.seed_groups(members, [0.003, 0.004, 0.005, 0.0025, 0.0025, 0.0025])
+  assert [g['routing_iterations'] for g in groups] == [1, 3] and groups[0]['seeds'] == [0, 1, 2]
+  np.testing.assert_allclose([groups[0]['mean'], groups[0]['std']], [0.004, 0.001])
+  np.testing.assert_allclose([groups[1]['mean'], groups[1]['std']], [0.0025, 0.0], atol=1e-12)
+
+
+def test_seeds_with_validation_train_as_one_program_and_report_mean_std(mnist_dir, tmp_path):
+  config = tiny_config(mnist_dir, num_steps=6, eval_every_steps=3, validation_examples=200)
+  config.ensemble = ml_collections.ConfigDict(dict(seeds=(0, 1)))
+  workdir = str(tmp_path / 'run')
+  results = train.train_and_evaluate(config, workdir)
+  assert len(results['test_error']) == 2 and len(results['validation_error']) == 2
+  assert results['num_validation_examples'] == 200
+  selected = results['selected_by_validation']
+  assert all(step in (3, 6) for step in selected['step'])
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  by_step = {(r['split'], r['step']): r for r in rows}
+  for member, step in enumerate(selected['step']):
+    assert selected['test_error'][member] == by_step[('test', step)]['error'][member]
+    other = 3 if step == 6 else 6
+    assert by_step[('validation', step)]['error'][member] <= by_step[('validation', other)]['error'][member]
+  (setting,) = results['test_error_by_setting']
+  np.testing.assert_allclose(setting['mean'], np.mean(results['test_error']))
+  np.testing.assert_allclose(setting['std'], np.std(results['test_error'], ddof=1))
+  with open(os.path.join(workdir, 'table.md')) as f:
+    table = f.read()
+  assert 'test error at best validation' in table and '| 0, 1 |' in table and '±' in table
+
+
+def test_sweep_ranks_by_validation_when_there_is_a_split():
+  config = recipes.get_config()
+  row = lambda name, validation, test: dict(name=name, overrides={}, test_error=test, test_error_std=0.001,
+                                            validation_error=validation, validation_error_std=0.001, seeds=3,
+                                            final_train_loss=0.01, wall_time_s=1.0, steps=10)
+  table = sweep.render_table(config, [row('paper', 0.004, 0.003), row('better_on_test', 0.005, 0.002),
+                                      row('better_on_validation', 0.003, 0.004)])
+  assert 'Lowest validation error: `better_on_validation`' in table
+  assert 'never used to choose' in table
