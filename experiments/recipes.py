@@ -4,9 +4,9 @@ held-out validation split (the last 10 000 training images), test error beside i
 
   python run.py --experiment=recipes --workdir=W [--config.num_steps=100000]
 
-Default length: 50 epochs per variant on 50 000 training images (19 550 steps of 128).
-On one H100 at the measured 24.7k images/s for one model, 7 variants × 3 seeds are
-≈ 45 min (an estimate, see BUILD.md); on a CPU, use the sweep_smoke scale.
+Default length: 50 epochs per variant on 50 000 training images (19 500 steps of 128).
+At the 24.7k images/s reported for one H100, 7 variants × 3 seeds are ≈ 40 min (an
+estimate: not run yet, see BUILD.md); on a CPU, use the sweep_smoke scale.
 """
 import ml_collections
 
