@@ -60,7 +60,9 @@ class Run:
   def describe_test(self, metrics) -> str:
     if self.num_members is None:
       return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%)'
-    return f'accuracy per member {self.describe(metrics["accuracy"])}'
+    combined = (f', summed as one ensemble {metrics["ensemble_accuracy"]:.4f}'
+                if 'ensemble_accuracy' in metrics else '')
+    return f'accuracy per member {self.describe(metrics["accuracy"])}{combined}'
 
 
 class Hook:

@@ -30,7 +30,8 @@ def capsnet_objective(config, model, params, batch, train: bool, knobs=None):
   the reconstruction weight by traced values, so that one vmapped program trains an
   ensemble of configurations; None uses the config's own (static) values.
   In training the decoder input is masked by the true label(s): each label's capsule
-  reconstructs its own digit when the batch has `digits` (MultiMNIST), else the image.
+  reconstructs its own digit when the batch has `digits` (MultiMNIST), else the image
+  (`reconstruction_targets` when the model sees a standardised one).
   In evaluation only the margin loss (the classification) is computed: no decoder.
   """
   loss_config = config.loss
@@ -51,7 +52,10 @@ def capsnet_objective(config, model, params, batch, train: bool, knobs=None):
     lengths = capsule_lengths(model.apply(variables, images, method='encode', **routing_kwargs))
     return losses.margin_loss(lengths, targets, **margin_kwargs), lengths, {}
   per_label = labels if labels.ndim == 2 else labels[:, None]                 # [batch, k]
-  reconstruction_targets = batch['digits'] if 'digits' in batch else images[:, None]  # [batch, k, h, w, c]
+  if 'digits' in batch:                          # MultiMNIST: each digit on its own
+    reconstruction_targets = batch['digits']     # [batch, k, h, w, c]
+  else:                                          # the image in [0, 1] (before standardisation)
+    reconstruction_targets = batch.get('reconstruction_targets', images)[:, None]
   outputs = model.apply(variables, images, jax.nn.one_hot(per_label, num_classes), **routing_kwargs)
   total, parts = losses.capsnet_loss(
       outputs['lengths'], targets, outputs.get('reconstructions'), reconstruction_targets,

@@ -103,17 +103,31 @@ def make_train_step(config, model, optimizer, pipeline, ensemble: bool = False, 
 
 
 def make_eval_step(config, model, pipeline, ensemble: bool = False):
-  """Sums over one padded batch: correct examples, correct digits, loss, count."""
+  """Sums over one padded batch: correct examples, correct digits, loss, count; per member
+  for an ensemble, plus `ensemble_correct`: the ensemble's prediction is the class with
+  the largest score summed over the members (for CapsNets, the summed capsule lengths)."""
+
+  def member_outputs(params, batch, knobs):
+    per_example, scores, _ = objective(config, model, params, batch, train=False, knobs=knobs)
+    return per_example, scores
 
   def eval_step(params, source, host_batch, weights, knobs=None):
     batch = pipeline.device_batch(source, host_batch, None)
-    per_example, scores, _ = objective(config, model, params, batch, train=False, knobs=knobs)
-    correct, digits_correct = top_k_correct(scores, batch['labels'])
-    return {'correct': jnp.sum(correct * weights), 'digits_correct': jnp.sum(digits_correct * weights),
-            'loss': jnp.sum(per_example * weights), 'count': jnp.sum(weights)}
+    labels = batch['labels']
+    if not ensemble:
+      per_example, scores = member_outputs(params, batch, knobs)            # [batch], [batch, classes]
+      correct, digits_correct = top_k_correct(scores, labels)
+      return {'correct': jnp.sum(correct * weights), 'digits_correct': jnp.sum(digits_correct * weights),
+              'loss': jnp.sum(per_example * weights), 'count': jnp.sum(weights)}
+    # Every member sees the same test batch.            # [members, batch], [members, batch, classes]
+    per_example, scores = jax.vmap(member_outputs, in_axes=(0, None, 0))(params, batch, knobs)
+    correct, digits_correct = jax.vmap(top_k_correct, in_axes=(0, None))(scores, labels)
+    ensemble_correct, _ = top_k_correct(jnp.sum(scores, axis=0), labels)
+    members = scores.shape[0]
+    return {'correct': jnp.sum(correct * weights, -1), 'digits_correct': jnp.sum(digits_correct * weights, -1),
+            'loss': jnp.sum(per_example * weights, -1), 'count': jnp.full((members,), jnp.sum(weights)),
+            'ensemble_correct': jnp.sum(ensemble_correct * weights)}
 
-  if ensemble:  # every member sees the same test batch
-    eval_step = jax.vmap(eval_step, in_axes=(0, None, None, None, 0))
   return jax.jit(eval_step)   # shardings follow the (global) arguments
 
 
@@ -139,6 +153,9 @@ def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None
   accuracy = totals['correct'] / count
   metrics = {'accuracy': accuracy, 'error': 1.0 - accuracy,
              'digit_accuracy': totals['digits_correct'] / count, 'loss': totals['loss'] / count}
+  if 'ensemble_correct' in totals:   # the members' summed scores as one classifier
+    metrics['ensemble_accuracy'] = totals['ensemble_correct'] / count[0]
+    metrics['ensemble_error'] = 1.0 - metrics['ensemble_accuracy']
   return {name: value.tolist() for name, value in metrics.items()}
 
 

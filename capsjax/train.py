@@ -175,6 +175,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     evaluator.evaluate(run, done)
   results = _results(config, run, train_metrics, previous, num_params, members,
                      train.num_examples, test.num_examples)
+  if 'ensemble_error' in run.last_eval:
+    results['ensemble_test_error'] = run.last_eval['ensemble_error']
   if validation is not None:
     results.update(validation_error=run.last_validation['error'],
                    num_validation_examples=validation.num_examples,

@@ -1,22 +1,69 @@
-"""Every dataset the experiments can name (`config.dataset`), described in one place."""
+"""Every dataset the experiments can name (`config.dataset`), described in one place: where
+it comes from (TFDS name, splits, feature keys), what one stored image is, and how
+training and test images are made from it (capsjax.data.augment, on device)."""
 import dataclasses
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from capsjax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
+class Preprocessing:
+  """From a stored uint8 image to the model's input. Training: resize → random crop →
+  random flip → brightness/contrast jitter (→ random shifts of config.max_shift px) →
+  standardise; test: resize → central crop → standardise. Every field off by default."""
+  resize: Optional[int] = None               # square side the stored image is resized to
+  crop: Optional[int] = None                 # square side of the (random / central) crop
+  flip: bool = False                         # random left-right flips in training
+  brightness: float = 0.0                    # max |delta| added in training ([0, 1] scale)
+  contrast: Optional[Tuple[float, float]] = None   # contrast factor range in training
+  standardize: bool = False                  # per image: zero mean, unit variance
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetInfo:
   tfds_name: str                      # the TFDS builder (the default source)
-  image_shape: Tuple[int, int, int]   # [height, width, channels] of one image
+  image_shape: Tuple[int, int, int]   # [height, width, channels] of one stored image
   num_classes: int
   idx_folder: bool                    # also readable from a folder of LeCun IDX files
+  # TFDS features: the images stacked as channels (smallNORB's stereo pair), the label.
+  image_keys: Tuple[str, ...] = ('image',)
+  label_key: str = 'label'
+  splits: Tuple[str, str] = ('train', 'test')   # TFDS names of (training, test)
+  preprocessing: Preprocessing = Preprocessing()
+  source: str = ''                    # where the preprocessing choices come from
+
+  @property
+  def input_shape(self) -> Tuple[int, int, int]:
+    """The model's input: the crop (or the resized image, or the stored one)."""
+    side = self.preprocessing.crop or self.preprocessing.resize
+    height, width, channels = self.image_shape
+    return (side, side, channels) if side else (height, width, channels)
 
 
 DATASETS: Dict[str, DatasetInfo] = {
     'mnist': DatasetInfo('mnist', (28, 28, 1), 10, idx_folder=True),
     # Same format; Debian's dataset-fashion-mnist installs the IDX files.
     'fashion_mnist': DatasetInfo('fashion_mnist', (28, 28, 1), 10, idx_folder=True),
+    # The small training set only (73 257 images; TFDS's `extra` split is not used).
+    'svhn': DatasetInfo('svhn_cropped', (32, 32, 3), 10, idx_folder=False,
+                        source='paper section 7: the small training set; shifts as MNIST'),
+    # The stereo pair as 2 channels; 5 categories.
+    'smallnorb': DatasetInfo(
+        'smallnorb', (96, 96, 2), 5, idx_folder=False, image_keys=('image', 'image2'),
+        label_key='label_category',
+        preprocessing=Preprocessing(resize=48, crop=32, brightness=32 / 255, contrast=(0.5, 1.5),
+                                    standardize=True),
+        source='paper section 7: 96→48, random 32×32 crops, central crop at test; the stereo pair, '
+               'brightness/contrast jitter and standardisation as in the authors\' code '
+               '(jitter ranges: ours, the code\'s values were not available here)'),
+    'cifar10': DatasetInfo(
+        'cifar10', (32, 32, 3), 10, idx_folder=False,
+        preprocessing=Preprocessing(crop=24, flip=True, brightness=63 / 255, contrast=(0.2, 1.8),
+                                    standardize=True),
+        source='paper section 7: 24×24 patches; flips, brightness ±63/255, contrast 0.2–1.8 and '
+               'per-image standardisation as the TensorFlow CIFAR-10 input pipeline the '
+               'authors\' code builds on'),
 }
 
 

@@ -9,10 +9,11 @@ from typing import Optional
 
 import numpy as np
 
-from capsjax.data.datasets import dataset_info
+from capsjax.data.datasets import DATASETS, dataset_info
 from capsjax.data.idx import read_idx
 from capsjax.errors import DataError
 
+_SPLITS = ('train', 'test')   # the names callers use; DatasetInfo.splits has TFDS's
 _IDX_NAMES = {
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
     'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
@@ -86,11 +87,12 @@ def _check_download_reachable(builder, hint: str, timeout_s: float = 5.0) -> Non
     socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
   except OSError as e:
     raise DataError(f'TFDS cannot download {builder.name} from {parsed.hostname} '
-                    f'({type(e).__name__}: {e}); offline, pass {hint} with the IDX files') from None
+                    f'({type(e).__name__}: {e}); offline, pass {hint}') from None
 
 
 def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
-                    offline_hint: str = '--config.data_dir=DIR') -> Dataset:
+                    offline_hint: str = '--config.data_dir=DIR with the IDX files', image_keys=('image',),
+                    label_key: str = 'label') -> Dataset:
   """One split through TFDS: downloaded and prepared on first use, then read back with
   `tfds.data_source` (array_record, random access, no TensorFlow at read time).
 
@@ -117,7 +119,7 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
     except Exception as e:  # network, checksum and TensorFlow errors all end here.
       first_line = str(e).splitlines()[0] if str(e) else ''
       raise DataError(f'TFDS could not prepare {name} ({type(e).__name__}: {first_line}); '
-                      f'offline, pass {offline_hint} with the IDX files') from None
+                      f'offline, pass {offline_hint}') from None
   try:
     source = builder.as_data_source(split=split)
   except Exception as e:  # e.g. prepared earlier as TFRecord by another program.
@@ -128,11 +130,17 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
     examples = source.__getitems__(range(len(source)))
   if not examples:
     raise DataError(f'TFDS {name}:{split} is empty')
-  images = np.stack([np.asarray(ex['image'], np.uint8) for ex in examples])
-  labels = np.asarray([int(ex['label']) for ex in examples], np.int32)
-  if images.ndim == 3:
-    images = images[..., None]
+  images = np.empty((len(examples),) + _stacked(examples[0], image_keys).shape, np.uint8)   # uint8 only
+  for row, example in enumerate(examples):
+    images[row] = _stacked(example, image_keys)
+  labels = np.asarray([int(ex[label_key]) for ex in examples], np.int32)
   return Dataset(images, labels)
+
+
+def _stacked(example, image_keys) -> np.ndarray:
+  """One example's images [h, w, c] with the features of `image_keys` stacked as channels."""
+  parts = [np.asarray(example[key], np.uint8) for key in image_keys]
+  return np.concatenate([p if p.ndim == 3 else p[..., None] for p in parts], axis=-1)
 
 
 def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str = '') -> Dataset:
@@ -144,10 +152,15 @@ def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str =
     raise DataError(f'unknown split {split!r}')
   if data_dir:
     if not info.idx_folder:
-      raise DataError(f'{name} is read through TFDS only; drop --config.data_dir')
+      idx_ones = ', '.join(n for n, i in DATASETS.items() if i.idx_folder)
+      raise DataError(f'{name} is read through TFDS only (an IDX folder serves {idx_ones}); '
+                      'drop --config.data_dir')
     dataset = load_idx_split(os.path.expanduser(data_dir), split, info.num_classes)
   else:
-    dataset = load_tfds_split(info.tfds_name, split, tfds_data_dir)
+    offline = ('--config.data_dir=DIR with the IDX files' if info.idx_folder else
+               f'--config.tfds_data_dir=DIR holding a prepared {info.tfds_name}')
+    dataset = load_tfds_split(info.tfds_name, info.splits[_SPLITS.index(split)], tfds_data_dir, offline,
+                              info.image_keys, info.label_key)
   if dataset.images.shape[1:] != info.image_shape:
     raise DataError(f'{split} images have shape {dataset.images.shape[1:]}; {name} has {info.image_shape}')
   return dataset

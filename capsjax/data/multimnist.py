@@ -129,7 +129,7 @@ def main(argv=None):
   if args.data_dir:
     split = load_idx_split(os.path.expanduser(args.data_dir), args.split)
   else:
-    split = load_tfds_split('mnist', args.split, offline_hint='--data_dir=DIR')
+    split = load_tfds_split('mnist', args.split, offline_hint='--data_dir=DIR with the IDX files')
   source = make_source(split.images, split.labels)
   images, labels, digits = generate(source, args.seed, jnp.arange(args.start, args.start + args.num))
   np.savez_compressed(out, images=np.asarray(images[..., 0], np.float32),

@@ -58,12 +58,15 @@ def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
 
 def dataset_pipeline(config, dataset: Dataset, training: bool,
                      example_transform: Optional[Callable] = None, seed: int = 0) -> Pipeline:
-  """Batches of a host dataset. Without `example_transform`: training images shifted by
-  up to config.max_shift px. With it, `example_transform(image, key)` makes every image
+  """Batches of a host dataset (uint8 on the host; converted on device). Without
+  `example_transform`: the dataset's preprocessing (capsjax.data.datasets; crops, flips,
+  jitter, standardisation) and training shifts of up to config.max_shift px, from the
+  step's key in training. With it, `example_transform(image, key)` makes every image
   (expanded MNIST placement, affine test digits): in training from the step's key, in
   evaluation from (`seed`, example index), so the test set is fixed."""
   batch_size = config.batch_size
   steps_per_epoch = len(dataset) // batch_size
+  preprocessing = dataset_info(config.dataset).preprocessing
 
   def host_batch(step, run_seed=None, rows=slice(None)):
     epoch, position = divmod(step, steps_per_epoch)
@@ -80,13 +83,16 @@ def dataset_pipeline(config, dataset: Dataset, training: bool,
   def device_batch(source, batch, key):
     del source
     images, labels, indices = batch
-    images = preprocess(images)
     if example_transform is not None:
+      images = preprocess(images)
       keys = jax.random.split(key, len(indices)) if training else affine.example_keys(seed, indices)
-      images = jax.vmap(example_transform)(images, keys)
-    elif training:
-      images = augment.random_shift(images, key, config.max_shift)
-    return {'images': images, 'labels': labels}
+      return {'images': jax.vmap(example_transform)(images, keys), 'labels': labels}
+    inputs, targets = augment.prepare(images, preprocessing, key if training else None,
+                                      config.max_shift if training else 0)
+    out = {'images': inputs, 'labels': labels}
+    if preprocessing.standardize:   # the decoder draws the image, not its standardised form
+      out['reconstruction_targets'] = targets
+    return out
 
   return Pipeline(len(dataset), None, host_batch, eval_batches, device_batch)
 
@@ -165,8 +171,9 @@ def make_splits(config) -> Tuple[Pipeline, Pipeline, Optional[Pipeline]]:
   """(train, test, validation or None) pipelines; see make_pipelines."""
   task = config.task
   train, test = _load(config, 'train'), _load(config, 'test')
-  if task == 'classify' and train.images.shape[1:] != tuple(config.model.input_shape):
-    raise ConfigError(f'{config.dataset} images have shape {train.images.shape[1:]}; the model expects '
+  model_input = dataset_info(config.dataset).input_shape
+  if task == 'classify' and model_input != tuple(config.model.input_shape):
+    raise ConfigError(f'{config.dataset} gives the model inputs of shape {model_input}; the model expects '
                       f'config.model.input_shape={tuple(config.model.input_shape)}')
   train, held_out = split_validation(config, train)
   if config.num_train_examples:
