@@ -30,6 +30,7 @@ from capsjax.steps import init_state, make_optimizer, make_train_step  # pylint:
 from capsjax.models import build_model
 from timing import seconds_per_call
 from capsjax.data import pipeline
+from capsjax.data.datasets import dataset_info
 from capsjax.data.mnist import Dataset
 
 DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, '..', 'shared', 'bench', 'torch_capsnet.py')
@@ -83,7 +84,8 @@ def measure_jax(config, batch: int, steps: int) -> dict:
   optimizer = make_optimizer(config)
   state = init_state(config, model, optimizer)
   rng = np.random.default_rng(0)
-  images = rng.integers(0, 256, (batch,) + tuple(config.model.input_shape)).astype(np.uint8)
+  # Random images as the dataset stores them; the pipeline crops, resizes and jitters them.
+  images = rng.integers(0, 256, (batch,) + dataset_info(config.dataset).image_shape).astype(np.uint8)
   labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
   config.batch_size = batch
   data = pipeline.dataset_pipeline(config, Dataset(images, labels), training=True)
@@ -102,7 +104,9 @@ def measure_jax(config, batch: int, steps: int) -> dict:
 
   # Inference as a user runs it: digit capsules, lengths and the reconstruction of the
   # longest capsule (what the PyTorch peer computes too).
-  infer = jax.jit(lambda params, x: model.apply({'params': params}, pipeline.preprocess(x)))
+  test = pipeline.dataset_pipeline(config, Dataset(images, labels), training=False)
+  infer = jax.jit(lambda params, x: model.apply({'params': params},
+                                                test.device_batch(None, (x, labels, labels), None)['images']))
   memory_infer = buffer_bytes(infer, state['params'], images)
   infer_seconds = seconds_per_call(infer, (state['params'], images), steps)
   return {'train_images_per_s': batch / train_seconds, 'infer_images_per_s': batch / infer_seconds,

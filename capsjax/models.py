@@ -1,5 +1,5 @@
 """CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -46,6 +46,21 @@ def initializers(name: str):
   raise ValueError(f'model init_scheme must be one of {INITS}, got {name!r}')
 
 
+# config.model.name → the Flax module class; its fields are the config's other keys.
+MODELS: Dict[str, type] = {}
+
+
+def register_model(name: str):
+  """Class decorator: `config.model.name = name` builds this module. A model family is one
+  file: its module here (or in a module of capsjax.families) and its objective with
+  `capsjax.objectives.register_objective`."""
+  def register(cls):
+    MODELS[name] = cls
+    return cls
+  return register
+
+
+@register_model('capsnet')
 class CapsNet(nn.Module):
   """Conv1 → PrimaryCaps → DigitCaps (routing) → Decoder.
 
@@ -123,6 +138,7 @@ class CapsNet(nn.Module):
     return outputs
 
 
+@register_model('cnn')
 class BaselineCNN(nn.Module):
   """The paper's CNN baselines: conv (+ 2×2 max-pool) layers, fully connected layers, logits.
 
@@ -156,21 +172,26 @@ class BaselineCNN(nn.Module):
     return {'logits': nn.Dense(self.num_classes)(features)}
 
 
+def registered_models() -> Dict[str, type]:
+  """Every model name: the ones above and those of capsjax.families' modules."""
+  import capsjax.families  # pylint: disable=g-import-not-at-top,unused-import  (registers on import)
+  return MODELS
+
+
 def build_model(model_config: ml_collections.ConfigDict) -> nn.Module:
-  """The model named by `model_config.name`, with the remaining fields as its sizes."""
+  """The model named by `model_config.name`, with the remaining fields as its sizes
+  (lists become tuples, a `dtype` name becomes a dtype)."""
   fields = dict(model_config)
   name = fields.pop('name')
-  if name == 'cnn':
-    for key in ('conv_channels', 'conv_kernels', 'dense', 'input_shape'):
-      fields[key] = tuple(fields[key])
-    return BaselineCNN(**fields)
-  if name == 'capsnet':
-    for key in ('decoder_hidden', 'input_shape'):
-      fields[key] = tuple(fields[key])
-    if fields.get('dtype') is not None:
-      fields['dtype'] = jnp.dtype(fields['dtype'])
-    return CapsNet(**fields)
-  raise ValueError(f'unknown model {name!r}')
+  models = registered_models()
+  if name not in models:
+    raise ValueError(f'unknown model {name!r}; registered: {", ".join(sorted(models))}')
+  for key, value in fields.items():
+    if isinstance(value, list):
+      fields[key] = tuple(value)
+  if fields.get('dtype') is not None:
+    fields['dtype'] = jnp.dtype(fields['dtype'])
+  return models[name](**fields)
 
 
 def count_params(params) -> int:

@@ -23,6 +23,20 @@ def labels_to_targets(labels: jax.Array, num_classes: int) -> jax.Array:
   return one_hot if labels.ndim == 1 else jnp.clip(jnp.sum(one_hot, axis=1), 0.0, 1.0)
 
 
+Objective = Callable[..., Tuple[Array, Array, Dict[str, Array]]]
+# config.loss.name → (config, model, params, batch, train, knobs) → (loss [batch], scores, parts).
+OBJECTIVES: Dict[str, Objective] = {}
+
+
+def register_objective(name: str):
+  """Function decorator: `config.loss.name = name` trains with this objective."""
+  def register(function: Objective) -> Objective:
+    OBJECTIVES[name] = function
+    return function
+  return register
+
+
+@register_objective('capsnet')
 def capsnet_objective(config, model, params, batch, train: bool, knobs=None):
   """Margin (+ reconstruction) loss of a CapsNet.
 
@@ -68,6 +82,7 @@ def _logits(config, model, params, batch, train: bool):
   return model.apply({'params': params}, batch['images'], train=train, rngs=rngs)['logits']
 
 
+@register_objective('sigmoid_xent')
 def sigmoid_xent_objective(config, model, params, batch, train: bool, knobs=None):
   """Independent sigmoid per class (MultiMNIST baseline: two positives)."""
   del knobs
@@ -76,6 +91,7 @@ def sigmoid_xent_objective(config, model, params, batch, train: bool, knobs=None
   return optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1), logits, {}
 
 
+@register_objective('softmax_xent')
 def softmax_xent_objective(config, model, params, batch, train: bool, knobs=None):
   """Softmax cross-entropy (the MNIST baseline CNN)."""
   del knobs
@@ -84,17 +100,16 @@ def softmax_xent_objective(config, model, params, batch, train: bool, knobs=None
   return optax.softmax_cross_entropy(logits, targets), logits, {}
 
 
-OBJECTIVES: Dict[str, Callable[..., Tuple[Array, Array, Dict[str, Array]]]] = {
-    'capsnet': capsnet_objective,
-    'sigmoid_xent': sigmoid_xent_objective,
-    'softmax_xent': softmax_xent_objective,
-}
-
-
 def objective(config, model, params, batch, train: bool, knobs: Optional[Dict[str, Any]] = None):
   """(per-example loss [batch], class scores [batch, classes], named loss parts) for
-  config.loss.name (one of OBJECTIVES; `capsjax.validation` checks the name)."""
-  return OBJECTIVES[config.loss.name](config, model, params, batch, train, knobs)
+  config.loss.name (a registered objective; `capsjax.validation` checks the name)."""
+  return registered_objectives()[config.loss.name](config, model, params, batch, train, knobs)
+
+
+def registered_objectives() -> Dict[str, Objective]:
+  """Every objective: the ones above and those of capsjax.families' modules."""
+  import capsjax.families  # pylint: disable=g-import-not-at-top,unused-import  (registers on import)
+  return OBJECTIVES
 
 
 def top_k_correct(scores: jax.Array, labels: jax.Array):

@@ -11,12 +11,11 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 from capsjax.data.datasets import DATASETS
 from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
-from capsjax.models import INITS
+from capsjax.models import INITS, registered_models
+from capsjax.objectives import registered_objectives
 from capsjax.ops import CONV_IMPLS
 
 TASKS = ('classify', 'expanded', 'multimnist')
-LOSSES = ('capsnet', 'sigmoid_xent', 'softmax_xent')
-MODELS = ('capsnet', 'cnn')
 DTYPES = ('float32', 'bfloat16', 'float16')
 
 
@@ -40,6 +39,24 @@ def number_in(low: float, high: float, low_open=False, high_open=False):
     return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
   left, right = '(' if low_open else '[', ')' if high_open else ']'
   return check, f'a finite number in {left}{low}, {high}{right}'
+
+
+class _Registered:
+  """'one of …' over a registry read when a config is checked (families may add names)."""
+
+  def __init__(self, names: Callable[[], Iterable[str]]):
+    self.names = names
+
+  def __call__(self, value) -> bool:
+    return value in tuple(self.names())
+
+  def __str__(self) -> str:
+    return f'one of {", ".join(self.names())}'
+
+
+def registered(names: Callable[[], Iterable[str]]):
+  rule = _Registered(names)
+  return rule, rule
 
 
 def boolean():
@@ -105,7 +122,7 @@ RUN_RULES = {
 }
 
 MODEL_RULES = {
-    'name': one_of(MODELS),
+    'name': registered(registered_models),
     'input_shape': ((lambda v: isinstance(v, (tuple, list)) and len(v) == 3
                      and all(_is_int(x) and x >= 1 for x in v)), '(height, width, channels), each >= 1'),
     'num_classes': int_at_least(2),
@@ -132,7 +149,7 @@ MODEL_RULES = {
 }
 
 LOSS_RULES = {
-    'name': one_of(LOSSES),
+    'name': registered(registered_objectives),
     'm_plus': number_in(0, 1, low_open=True),
     'm_minus': number_in(0, 1, high_open=True),
     'negative_weight': number_in(0, math.inf),

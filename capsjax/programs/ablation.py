@@ -123,3 +123,8 @@ def run(config, workdir: str) -> Dict[str, Any]:
                      os.path.join(workdir, 'training_loss_routing.png'))
   print(table, flush=True)
   return summary
+
+
+if __name__ == '__main__':
+  from capsjax import launch  # pylint: disable=g-import-not-at-top
+  launch.entry_point('ablation')

@@ -98,3 +98,8 @@ def render_table(config, summary) -> str:
                  + ([f'{100 * row["affnist_test_accuracy"]:.2f}'] if real else []) + [f'{paper[0]} / {paper[1]}'])
   lines += markdown_table(columns, cells)
   return '\n'.join(lines) + '\n'
+
+
+if __name__ == '__main__':
+  from capsjax import launch  # pylint: disable=g-import-not-at-top
+  launch.entry_point('affnist')

@@ -151,3 +151,8 @@ def run(config, workdir: str) -> Dict[str, Any]:
   plot(rows, os.path.join(workdir, 'sweep.png'))
   print(table, flush=True)
   return {'rows': rows}
+
+
+if __name__ == '__main__':
+  from capsjax import launch  # pylint: disable=g-import-not-at-top
+  launch.entry_point('sweep')

@@ -1,0 +1,183 @@
+"""Train and evaluate an experiment: `python run.py --experiment=NAME --workdir=DIR`.
+
+The command line of run.py and of every experiment program (`python -m
+capsjax.programs.ablation|affnist|sweep`, whose default experiment is their own):
+
+  --experiment=NAME      the config module experiments/NAME.py (or --config=path/to/config.py)
+  --workdir=DIR          checkpoints, metrics.jsonl and results.json (resumes from it)
+  --config.KEY=VALUE     override any config field, e.g. --config.data_dir=../data/mnist
+  --summary              print the model's parameter table and num_params=N, then exit
+  --show_config          print every config key with its value (after overrides), then exit
+  --help                 this text and the experiments; with --experiment=NAME, its config keys
+"""
+import importlib
+import logging
+import os
+import pkgutil
+import sys
+from typing import Optional
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+import experiments
+from capsjax import cli
+
+flags.DEFINE_string('experiment', None, 'Experiment name: a module in experiments/.')
+flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and results.')
+flags.DEFINE_bool('summary', False, 'Print the parameter table and exit.')
+flags.DEFINE_bool('show_config', False, 'Print every config key with its value and exit.')
+FLAGS = flags.FLAGS
+
+# config.program → the function(config, workdir) that runs it.
+PROGRAMS = {
+    'train': 'capsjax.train:train_and_evaluate',
+    'ablation': 'capsjax.programs.ablation:run',
+    'affnist': 'capsjax.programs.affnist:run',
+    'sweep': 'capsjax.programs.sweep:run',
+}
+# python -m capsjax.programs.NAME without --experiment runs this experiment.
+PROGRAM_DEFAULT_EXPERIMENTS = {'ablation': 'ablation', 'affnist': 'affnist', 'sweep': 'recipes'}
+HELP_ARGS = ('--help', '-h', '--helpshort', '--helpfull', '-?')
+
+
+def available_experiments():
+  return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__) if not m.name.startswith('_'))
+
+
+def experiment_path(name: str) -> str:
+  return os.path.join(os.path.dirname(experiments.__file__), f'{name}.py')
+
+
+def experiment_summary(name: str) -> str:
+  """The first sentence of an experiment module's docstring."""
+  doc = importlib.import_module(f'experiments.{name}').__doc__ or ''
+  paragraph = ' '.join(doc.strip().split('\n\n')[0].split())
+  sentence, dot, _ = paragraph.partition('. ')
+  return sentence + ('.' if dot else '')
+
+
+def config_lines(config, prefix: str = ''):
+  """Every leaf of a config as 'key = value'."""
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      yield from config_lines(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key} = {value!r}'
+
+
+def print_help(name=None) -> None:
+  print(__doc__.strip())
+  if name is None:
+    print('\nExperiments (--experiment=NAME):')
+    names = available_experiments()
+    width = max(map(len, names))
+    for experiment in names:
+      print(f'  {experiment.ljust(width)}  {experiment_summary(experiment)}')
+    print("\n`python run.py --experiment=NAME --help` lists that experiment's config keys.")
+    return
+  config = importlib.import_module(f'experiments.{name}').get_config()
+  print(f'\nExperiment {name}: {experiment_summary(name)}')
+  print('\nConfig keys and defaults (override with --config.KEY=VALUE):')
+  for line in config_lines(config):
+    print(f'  {line}')
+
+
+def print_summary(config) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+  from capsjax.models import build_model
+
+  model = build_model(config.model)
+  dummy = jnp.zeros((1,) + tuple(config.model.input_shape), jnp.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy))['params']
+  rows = [('/'.join(str(getattr(k, 'key', k)) for k in path), leaf.shape, leaf.size)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(shapes)]
+  width = max(len(name) for name, _, _ in rows)
+  print(f'{"parameter".ljust(width)}  {"shape":>22}  {"count":>10}')
+  for name, shape, size in rows:
+    print(f'{name.ljust(width)}  {str(tuple(shape)):>22}  {size:>10,}')
+  total = sum(size for _, _, size in rows)
+  print(f'{"total".ljust(width)}  {"":>22}  {total:>10,}')
+  print(f'num_params={total}')
+
+
+def parse_flags(argv):
+  """absl parses --experiment first (known flags only); experiments/NAME.py then becomes
+  the default of the ml_collections config-file flag --config, whose --config.KEY=VALUE
+  overrides absl applies exactly once. Returns the arguments absl did not consume."""
+  try:
+    FLAGS(argv, known_only=True)
+  except flags.Error as e:
+    cli.fail(str(e).splitlines()[0])
+  name = FLAGS.experiment
+  if any(arg in HELP_ARGS for arg in argv[1:]):
+    try:
+      print_help(name if name in available_experiments() else None)
+      sys.stdout.flush()
+    except BrokenPipeError:   # `run.py --help | head`
+      os._exit(0)
+    sys.exit(0)
+  if name is not None and name not in available_experiments():
+    cli.fail(f'unknown experiment {name!r}; available: {", ".join(available_experiments())}')
+  FLAGS.unparse_flags()
+  try:
+    config_flags.DEFINE_config_file('config', default=experiment_path(name) if name else None,
+                                    help_string='Experiment config file.', sys_argv=argv)
+    remaining = FLAGS(argv)
+  except flags.Error as e:
+    cli.fail(str(e).splitlines()[0])
+  except (AttributeError, KeyError) as e:
+    cli.fail(f'unknown config key in the overrides of experiment {name!r}: {e}')
+  if FLAGS.config is None:
+    cli.fail(f'--experiment=NAME is required; available: {", ".join(available_experiments())}')
+  return remaining
+
+
+@cli.main_wrapper
+def main(argv):
+  # JAX reports every accelerator plugin it did not find; that is noise on a CPU machine.
+  logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save step at INFO
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  config = FLAGS.config
+  if FLAGS.show_config:
+    try:
+      for line in config_lines(config):
+        print(line)
+      sys.stdout.flush()
+    except BrokenPipeError:   # `run.py --show_config | head`
+      os._exit(0)
+    return 0
+  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
+  validate(config)   # before any data is read or anything compiled
+  if FLAGS.summary:
+    print_summary(config)
+    return 0
+  if not FLAGS.workdir:
+    cli.fail('--workdir is required to train')
+  if config.program not in PROGRAMS:
+    cli.fail(f'unknown program {config.program!r}; available: {", ".join(sorted(PROGRAMS))}')
+  module_name, function_name = PROGRAMS[config.program].split(':')
+  program = getattr(importlib.import_module(module_name), function_name)
+  from capsjax.runtime import initialize_distributed  # pylint: disable=g-import-not-at-top
+  initialize_distributed(config)   # before any JAX computation
+  program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))
+  return 0
+
+
+def entry_point(program: Optional[str] = None):
+  """run.py's main; with `program`, the main of that experiment program: --experiment
+  defaults to the program's own name and must name an experiment it runs."""
+  argv = list(sys.argv)
+  if program is not None:
+    argv[0] = f'capsjax.programs.{program}'
+    if not any(arg.startswith('--experiment') for arg in argv[1:]):
+      argv.insert(1, f'--experiment={PROGRAM_DEFAULT_EXPERIMENTS[program]}')
+  remaining = parse_flags(argv)
+  if program is not None and FLAGS.config.program != program:
+    cli.fail(f'experiment {FLAGS.experiment!r} runs the program {FLAGS.config.program!r}, '
+             f'not {program!r}: use python run.py --experiment={FLAGS.experiment}')
+  app.run(main, argv=remaining)
