@@ -93,6 +93,9 @@ class Explorer:
     self.num_classes = int(config.model.num_classes)
     self.dim = int(config.model.digit_dim)
     self.input_shape = tuple(int(s) for s in config.model.input_shape)
+    if self.input_shape[-1] != 1:
+      raise CapsjaxError(f'{source} reads {self.input_shape[-1]}-channel images; the explorer draws '
+                         'grey (1-channel) inputs and reconstructions only')
     self.images = np.asarray(images, np.float32)
     self.labels = np.asarray(labels)
     self.top_k = 2 if self.multimnist else 1
