@@ -4,6 +4,7 @@ input (flags, data, workdirs), argparse types that validate numbers, and `main_w
 import argparse
 import functools
 import os
+import signal
 import sys
 from typing import Callable, NoReturn, Optional, Sequence
 
@@ -61,11 +62,26 @@ def existing_workdir(text: str) -> str:
   return path
 
 
+def _interrupted(signum, frame) -> NoReturn:
+  del signum, frame
+  fail('interrupted', 130, hard=True)
+
+
 def main_wrapper(main: Callable[[Optional[Sequence[str]]], int]):
-  """Runs `main(argv)`: a CapsjaxError or an OS error is one line and exit 2, Ctrl-C exit 130."""
+  """Runs `main(argv)`: a CapsjaxError or an OS error is one line and exit 2, Ctrl-C exit 130.
+
+  Ctrl-C exits from the signal handler itself: Python's default handler raises
+  KeyboardInterrupt wherever the main thread is, and inside a garbage-collection callback
+  (JAX registers one) that exception is printed and dropped, so the program ran on. The
+  training loop installs its own handler (save, then stop) while it runs.
+  """
 
   @functools.wraps(main)
   def wrapped(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+      previous = signal.signal(signal.SIGINT, _interrupted)
+    except ValueError:   # not the main thread: leave signals alone
+      previous = None
     try:
       return main(argv) or 0
     except CheckpointWriteError as e:
@@ -76,5 +92,8 @@ def main_wrapper(main: Callable[[Optional[Sequence[str]]], int]):
       fail(f'{e.filename or ""}: {e.strerror or e}'.lstrip(': '))
     except KeyboardInterrupt:
       fail('interrupted', 130, hard=True)
+    finally:
+      if previous is not None:
+        signal.signal(signal.SIGINT, previous)
 
   return wrapped

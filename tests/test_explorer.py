@@ -241,3 +241,33 @@ def test_unreadable_workdir_is_one_line(tmp_path, capsys):
   assert exited.value.code == 2
   error = capsys.readouterr().err.strip()
   assert 'no config.json' in error and len(error.splitlines()) == 1
+
+
+def test_port_in_use_is_one_line(capsys):
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as taken:
+    taken.bind(('127.0.0.1', 0))
+    taken.listen()
+    with pytest.raises(SystemExit) as exited:
+      explorer_main.main(['--port', str(taken.getsockname()[1])])
+  assert exited.value.code == 2
+  error = capsys.readouterr().err.strip()
+  assert 'in use (choose another --port)' in error and len(error.splitlines()) == 1
+
+
+def test_command_serves_then_stops_on_ctrl_c():
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  process = subprocess.Popen([sys.executable, '-u', '-m', 'capsjax.explorer', '--port', '0'],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    lines = [process.stdout.readline() for _ in range(2)]
+    url = lines[1].split('http://')[1].split('/')[0]
+    status, info = call(f'http://{url}', '/api/info')
+    assert status == 200 and info['experiment'] == 'explorer'
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+  finally:
+    process.kill()
+  assert process.returncode == 0 and out.strip() == 'stopped' and not err.strip()

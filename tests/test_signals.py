@@ -57,5 +57,8 @@ def test_ctrl_c_before_training_is_one_line(mnist_dir, tmp_path):
          f'--config.data_dir={mnist_dir}'], stdout=subprocess.DEVNULL, stderr=log, text=True)
     time.sleep(3)   # importing JAX / reading data
     process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130
+    try:
+      assert process.wait(timeout=60) == 130
+    finally:
+      process.kill()   # never left running beside the rest of the suite
   assert open(tmp_path / 'log').read().strip().splitlines()[-1] == 'error: interrupted'

@@ -8,6 +8,7 @@ Without it, the small CapsNet that ships with the package (experiments/explorer.
 """
 import errno
 import logging
+import signal
 import sys
 
 from capsjax import cli
@@ -48,6 +49,7 @@ def main(argv=None):
   host, port = server.server_address[:2]
   print(f'capsule explorer for {explorer.source} ({explorer.config.experiment}, '
         f'{len(explorer.labels)} test inputs): http://{host}:{port}/  (Ctrl-C stops it)', flush=True)
+  signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C stops serving, quietly
   try:
     server.serve_forever()
   except KeyboardInterrupt:
