@@ -210,3 +210,18 @@ def test_ensemble_eval_step_sums_the_members_lengths(mnist_dir):
   votes = np.argmax(lengths.sum(0), -1)
   assert float(sums['ensemble_correct']) == float(np.sum(votes == test.labels))
   np.testing.assert_array_equal(np.asarray(sums['correct']), (np.argmax(lengths, -1) == test.labels).sum(-1))
+
+
+@pytest.mark.parametrize('name', ['svhn', 'smallnorb', 'cifar10'])
+def test_offline_is_one_line_within_seconds(name, tmp_path, monkeypatch):
+  import socket  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  def unreachable(address, timeout=None):
+    raise OSError(f'no route to {address[0]}')
+  monkeypatch.setattr(socket, 'create_connection', unreachable)   # offline, whatever this machine is
+  start = time.monotonic()
+  with pytest.raises(DataError, match=r'TFDS cannot download .* offline, pass --config.tfds_data_dir') as error:
+    mnist_data.load_dataset(name, 'train', tfds_data_dir=str(tmp_path))
+  assert time.monotonic() - start < 30 and '\n' not in str(error.value)
+  assert dataset_info(name).download_url.split('/')[2] in str(error.value)

@@ -72,13 +72,14 @@ def _quiet_absl():
     logger.setLevel(level)
 
 
-def _check_download_reachable(builder, hint: str, timeout_s: float = 5.0) -> None:
+def _check_download_reachable(builder, hint: str, timeout_s: float = 5.0, url: str = '') -> None:
   """Fails fast when the builder's download host cannot be reached.
 
   TFDS retries every URL ten times with back-off (about 200 s offline for MNIST) before
-  it reports; a DNS lookup plus one TCP connect says the same within seconds.
+  it reports; a DNS lookup plus one TCP connect says the same within seconds. `url`
+  (capsjax.data.datasets' download_url) stands in where the builder names none.
   """
-  url = getattr(builder, 'URL', None)   # the MNIST family's download folder
+  url = getattr(builder, 'URL', None) or url   # the MNIST family's download folder
   if not url:
     return
   parsed = urllib.parse.urlparse(url)
@@ -92,7 +93,7 @@ def _check_download_reachable(builder, hint: str, timeout_s: float = 5.0) -> Non
 
 def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
                     offline_hint: str = '--config.data_dir=DIR with the IDX files', image_keys=('image',),
-                    label_key: str = 'label') -> Dataset:
+                    label_key: str = 'label', download_url: str = '') -> Dataset:
   """One split through TFDS: downloaded and prepared on first use, then read back with
   `tfds.data_source` (array_record, random access, no TensorFlow at read time).
 
@@ -111,7 +112,7 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
   except Exception as e:  # TFDS raises several types for unknown names and bad folders.
     raise DataError(f'TFDS has no dataset {name!r} ({type(e).__name__}: {str(e).splitlines()[0]})') from None
   if not prepared:
-    _check_download_reachable(builder, offline_hint)
+    _check_download_reachable(builder, offline_hint, url=download_url)
     print(f'TFDS: downloading and preparing {name} in {builder.data_dir} (first use only)', flush=True)
     try:
       with _quiet_absl():   # e.g. "OpenCV is not installed … defaulting to PIL"
@@ -160,7 +161,7 @@ def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str =
     offline = ('--config.data_dir=DIR with the IDX files' if info.idx_folder else
                f'--config.tfds_data_dir=DIR holding a prepared {info.tfds_name}')
     dataset = load_tfds_split(info.tfds_name, info.splits[_SPLITS.index(split)], tfds_data_dir, offline,
-                              info.image_keys, info.label_key)
+                              info.image_keys, info.label_key, info.download_url)
   if dataset.images.shape[1:] != info.image_shape:
     raise DataError(f'{split} images have shape {dataset.images.shape[1:]}; {name} has {info.image_shape}')
   return dataset
