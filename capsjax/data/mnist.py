@@ -13,11 +13,11 @@ from capsjax.data.datasets import DATASETS, dataset_info
 from capsjax.data.idx import read_idx
 from capsjax.errors import DataError
 
-_SPLITS = ('train', 'test')   # the names callers use; DatasetInfo.splits has TFDS's
 _IDX_NAMES = {
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
     'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
 }
+_SPLITS = tuple(_IDX_NAMES)   # the names callers use; DatasetInfo.splits has TFDS's
 
 
 @dataclasses.dataclass(frozen=True)

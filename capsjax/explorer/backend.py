@@ -8,24 +8,22 @@ import io
 import json
 import os
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import traverse_util
 from PIL import Image
 
 from capsjax.checkpoints import load_trained, select_member
 from capsjax.data.pipeline import make_pipelines, preprocess
 from capsjax.errors import CapsjaxError, CheckpointError
-from capsjax.models import build_model
+from capsjax.models import build_model, capsule_lengths
 from capsjax.programs.figures import draw_perturbations
 
 ASSETS = os.path.join(os.path.dirname(__file__), 'assets')
-SHIPPED_CONFIG = os.path.join(ASSETS, 'config.json')
-SHIPPED_PARAMS = os.path.join(ASSETS, 'params.npz')
-SHIPPED_TEST_SAMPLE = os.path.join(ASSETS, 'test_sample.npz')
 SLIDER_RANGE = 0.25        # figure 4 of the paper: each dimension tweaked within ±0.25
 WIDE_SLIDER_RANGE = 1.0
 ENCODE_BATCH = 100
@@ -73,8 +71,7 @@ def _int(value, name: str, low: int, high: int) -> int:
   if isinstance(value, bool) or not isinstance(value, int):
     raise RequestError(f'{name} must be an integer, got {value!r}')
   if not low <= value < high:
-    raise RequestError(f'{name} {value} is out of range [0, {high - 1}]' if low == 0
-                       else f'{name} {value} is out of range [{low}, {high - 1}]')
+    raise RequestError(f'{name} {value} is out of range [{low}, {high - 1}]')
   return value
 
 
@@ -104,8 +101,9 @@ class Explorer:
                                                               method='decode'))
     self._figure_lock = threading.Lock()   # matplotlib is not thread-safe
     self.capsules = self._encode_all(self.images)                          # [n, classes, dim]
-    self.lengths = np.linalg.norm(self.capsules, axis=-1)                 # [n, classes]
-    self.predictions = np.argsort(-self.lengths, axis=-1)[:, :self.top_k]  # [n, k], longest first
+    self.predictions = self._longest(self.capsules)                       # [n, k]
+    self.misclassified = [i for i, (label, predicted) in enumerate(zip(self.labels, self.predictions))
+                          if set(np.atleast_1d(label).tolist()) != set(predicted.tolist())]
     for k in range(1, self.top_k + 1):   # compile every decode shape the page asks for now
       self.decode(np.zeros((k, self.dim), np.float32), list(range(k)))
 
@@ -131,7 +129,7 @@ class Explorer:
     """The small CapsNet that ships with the package (experiments/explorer.py), with its
     sample of MNIST test images."""
     config, params = read_exported(ASSETS)
-    with np.load(SHIPPED_TEST_SAMPLE) as sample:
+    with np.load(os.path.join(ASSETS, 'test_sample.npz')) as sample:
       images = np.asarray(preprocess(jnp.asarray(sample['images'])))
       labels = sample['labels']
     return cls(config, build_model(config.model), params, images, labels, 'the shipped model')
@@ -139,8 +137,6 @@ class Explorer:
   # --------------------------------------------------------------------------- requests
 
   def info(self) -> Dict[str, Any]:
-    misclassified = [i for i in range(len(self.labels))
-                     if set(np.atleast_1d(self.labels[i]).tolist()) != set(self.predictions[i].tolist())]
     return {
         'mode': 'multimnist' if self.multimnist else 'mnist',
         'source': self.source,
@@ -152,7 +148,7 @@ class Explorer:
         'slider_range': SLIDER_RANGE,
         'wide_slider_range': WIDE_SLIDER_RANGE,
         'labels': self.labels.tolist(),
-        'misclassified': misclassified,
+        'misclassified': self.misclassified,
         'can_draw': self.can_draw,
     }
 
@@ -167,8 +163,7 @@ class Explorer:
       raise RequestError(f'drawing needs a 28×28 MNIST model; this one reads {list(self.input_shape)} inputs')
     image = mnist_preprocess(drawing)[..., None]
     capsules = np.asarray(self._encode(jnp.asarray(image[None])))[0]
-    prediction = np.argsort(-np.linalg.norm(capsules, axis=-1))[:self.top_k]
-    return self._describe(image, capsules, prediction)
+    return self._describe(image, capsules, self._longest(capsules))
 
   @property
   def can_draw(self) -> bool:
@@ -207,10 +202,14 @@ class Explorer:
       out.append(np.asarray(self._encode(jnp.asarray(padded)))[:len(chunk)])
     return np.concatenate(out)
 
+  def _longest(self, capsules: np.ndarray) -> np.ndarray:
+    """The top_k classes by capsule length, longest first: [..., classes, dim] → [..., k]."""
+    return np.argsort(-np.asarray(capsule_lengths(jnp.asarray(capsules))), axis=-1)[..., :self.top_k]
+
   def _describe(self, image: np.ndarray, capsules: np.ndarray, prediction: np.ndarray) -> Dict[str, Any]:
     return {
         'image': to_pixels(image[..., 0]).ravel().tolist(),
-        'lengths': np.linalg.norm(capsules, axis=-1).tolist(),
+        'lengths': np.asarray(capsule_lengths(jnp.asarray(capsules))).tolist(),
         'capsules': capsules.tolist(),
         'prediction': [int(c) for c in prediction],
     }
@@ -241,8 +240,8 @@ def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: n
   sample of test images, into `directory`: the files `Explorer.shipped` reads."""
   config, _, params = load_trained(workdir)
   params = select_member(config, params, member, workdir)
-  flat = {'/'.join(str(getattr(k, 'key', k)) for k in path): np.asarray(leaf, np.float16)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+  flat = {name: np.asarray(leaf, np.float16)
+          for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}
   os.makedirs(directory, exist_ok=True)
   np.savez_compressed(os.path.join(directory, 'params.npz'), **flat)
   np.savez_compressed(os.path.join(directory, 'test_sample.npz'), images=test_images, labels=test_labels)
@@ -264,11 +263,5 @@ def read_exported(directory: str):
       flat = {name: np.asarray(archive[name], np.float32) for name in archive.files}
   except (OSError, ValueError, KeyError) as e:
     raise CheckpointError(f'cannot read the exported model in {directory}: {e}') from None
-  params: Dict[str, Any] = {}
-  for name, value in flat.items():
-    node = params
-    *parents, leaf = name.split('/')
-    for parent in parents:
-      node = node.setdefault(parent, {})
-    node[leaf] = jnp.asarray(value)
+  params = traverse_util.unflatten_dict({name: jnp.asarray(v) for name, v in flat.items()}, sep='/')
   return config, params
