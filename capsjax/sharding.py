@@ -55,22 +55,14 @@ def process_rows(batch_size: int) -> slice:
   return slice(start, start + per_process)
 
 
-def global_batch(mesh, arrays, leading_axes: int = 0, global_size: Optional[int] = None):
-  """Host arrays → global jax.Arrays split over `data` along the batch axis.
-
-  With `global_size`, `arrays` are already this process's rows (`process_rows`) of a
-  batch of that size: all the process has read. Without it they hold the whole global
-  batch and each process contributes its rows of it.
-  """
+def global_batch(mesh, arrays, global_size: int, leading_axes: int = 0):
+  """This process's rows (`process_rows`) of a global batch of `global_size` examples →
+  global jax.Arrays split over `data` along the batch axis (after `leading_axes`)."""
   sharding = batch_sharding(mesh, leading_axes)
 
   def one(array):
     array = np.asarray(array)
-    if global_size is None:
-      index = (slice(None),) * leading_axes + (process_rows(array.shape[leading_axes]),)
-      shape, array = array.shape, array[index]
-    else:
-      shape = array.shape[:leading_axes] + (global_size,) + array.shape[leading_axes + 1:]
+    shape = array.shape[:leading_axes] + (global_size,) + array.shape[leading_axes + 1:]
     return jax.make_array_from_process_local_data(sharding, array, shape)
 
   return jax.tree.map(one, arrays)

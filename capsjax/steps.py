@@ -132,10 +132,13 @@ def make_eval_step(config, model, pipeline, ensemble: bool = False):
 
 
 def _eval_batches(pipeline, batch_size: int, mesh):
-  for host_batch, weights in pipeline.eval_batches(batch_size):
-    if mesh is not None:
-      host_batch, weights = sharding.global_batch(mesh, (host_batch, weights))
-    yield host_batch, weights
+  """The evaluation batches; with `mesh`, global arrays of which this process read only
+  its rows."""
+  if mesh is None:
+    yield from pipeline.eval_batches(batch_size)
+    return
+  for host_batch, weights in pipeline.eval_batches(batch_size, sharding.process_rows(batch_size)):
+    yield sharding.global_batch(mesh, (host_batch, weights), batch_size)
 
 
 def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None,

@@ -59,9 +59,9 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   def host_batch(step):
     parts = [train.host_batch(step, seed, rows) for seed in seeds]
     if not ensemble:
-      return sharding.global_batch(mesh, parts[0], global_size=config.batch_size)
+      return sharding.global_batch(mesh, parts[0], config.batch_size)
     stacked = tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, rows, ...]
-    return sharding.global_batch(mesh, stacked, leading_axes=1, global_size=config.batch_size)
+    return sharding.global_batch(mesh, stacked, config.batch_size, leading_axes=1)
 
   def step_fn(state, step):
     extra = (knobs,) if ensemble else ()

@@ -9,6 +9,7 @@ import math
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from capsjax.data.datasets import DATASETS
+from capsjax.data.rows import HOST_IMAGES
 from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
 from capsjax.models import INITS, registered_models
@@ -88,6 +89,7 @@ def numbers_at_least(low: float):
 RUN_RULES = {
     'task': one_of(TASKS),
     'dataset': one_of(DATASETS),
+    'host_images': one_of(HOST_IMAGES),
     'num_train_examples': int_at_least(0),
     'num_test_examples': int_at_least(0),
     'seed': int_at_least(0),

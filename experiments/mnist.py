@@ -35,6 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset = 'mnist'
   config.data_dir = ''
   config.tfds_data_dir = ''
+  # Host memory: 'memory' loads each split whole (uint8); 'rows' reads only the rows of
+  # each batch this process feeds its devices (TFDS array_record or an uncompressed IDX
+  # file; capsjax.data.rows); 'auto' = 'rows' on several processes (multi-host).
+  config.host_images = 'auto'
   config.num_train_examples = 0   # 0 = the whole split
   config.num_test_examples = 0
   # > 0: the last N training images are held out as a validation split, evaluated next

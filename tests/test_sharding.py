@@ -3,7 +3,9 @@
 Every run here is a subprocess: the device count is fixed when JAX starts, and
 jax.distributed needs one process per participant.
 """
+import gzip
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -78,24 +80,37 @@ def _assert_same_params(a, b):
 
 
 @pytest.fixture(scope='module')
-def one_device_params(tmp_path_factory, mnist_dir):
-  params, _ = _run(tmp_path_factory.mktemp('one'), 'one', mnist_dir)
+def mnist_files(tmp_path_factory, mnist_dir):
+  """Uncompressed copies of the MNIST files: on several processes (host_images 'auto')
+  they are memory-mapped and each process reads only its rows of every batch; one
+  process loads them whole."""
+  folder = tmp_path_factory.mktemp('mnist_idx')
+  for name in os.listdir(mnist_dir):
+    if name.endswith('.gz'):
+      with gzip.open(os.path.join(mnist_dir, name)) as source, open(folder / name[:-3], 'wb') as target:
+        shutil.copyfileobj(source, target)
+  return str(folder)
+
+
+@pytest.fixture(scope='module')
+def one_device_params(tmp_path_factory, mnist_files):
+  params, _ = _run(tmp_path_factory.mktemp('one'), 'one', mnist_files)
   return params
 
 
-def test_eight_simulated_devices_train_like_one(one_device_params, mnist_dir, tmp_path):
-  params, logs = _run(tmp_path, 'eight', mnist_dir, devices=8)
+def test_eight_simulated_devices_train_like_one(one_device_params, mnist_files, tmp_path):
+  params, logs = _run(tmp_path, 'eight', mnist_files, devices=8)
   assert 'devices 8' in logs[0]
   _assert_same_params(params, one_device_params)
 
 
-def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_params, mnist_dir, tmp_path):
+def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_params, mnist_files, tmp_path):
   # SIGTERM both processes mid-run: JAX's preemption service makes them agree on a step,
   # the run checkpoints there and exits cleanly; the same command then resumes it.
   port = _free_port()
   workdir, out = str(tmp_path / 'two'), str(tmp_path / 'two.npz')
   logs = [open(tmp_path / f'first_{i}.log', 'w') for i in range(2)]
-  processes = [_start(workdir, mnist_dir, i, 2, port, 1, out, logs[i]) for i in range(2)]
+  processes = [_start(workdir, mnist_files, i, 2, port, 1, out, logs[i]) for i in range(2)]
   deadline = time.time() + 180
   while 'step 10/' not in open(logs[0].name).read():
     assert time.time() < deadline and processes[0].poll() is None, open(logs[0].name).read()[-3000:]
@@ -112,7 +127,7 @@ def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_p
 
   logs = [open(tmp_path / f'second_{i}.log', 'w') for i in range(2)]
   port = _free_port()
-  processes = [_start(workdir, mnist_dir, i, 2, port, 1, out, logs[i]) for i in range(2)]
+  processes = [_start(workdir, mnist_files, i, 2, port, 1, out, logs[i]) for i in range(2)]
   second = _finish(processes, logs)
   assert f'resumed from checkpoint at step {step}' in second[0]
   assert all(f'steps {NUM_STEPS} completed True' in text for text in second)

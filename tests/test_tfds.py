@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from capsjax.data.mnist import load_dataset, load_idx_split, load_tfds_split
+from capsjax.data.rows import ImageRows
 from capsjax.errors import DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +76,19 @@ def test_prepared_tfds_data_equals_the_idx_files(prepared, mnist_dir):
     # TFDS shuffles examples when preparing: compare the sets of (image, label) pairs.
     key = lambda d: sorted(zip(map(bytes, d.images.reshape(len(d), -1)), d.labels.tolist()))
     assert key(from_tfds) == key(from_idx)
+
+
+def test_prepared_tfds_data_is_read_by_rows_on_demand(prepared):
+  # What each process of a multi-host run does (config.host_images='rows').
+  tfds_dir, _, result = prepared
+  assert result.returncode == 0
+  whole = load_dataset('mnist', 'test', tfds_data_dir=str(tfds_dir))
+  lazy = load_dataset('mnist', 'test', tfds_data_dir=str(tfds_dir), on_demand=True)
+  assert isinstance(lazy.images, ImageRows) and lazy.images.shape == whole.images.shape
+  np.testing.assert_array_equal(lazy.labels, whole.labels)   # read without decoding images
+  ids = np.array([9999, 0, 4321, 17])
+  np.testing.assert_array_equal(lazy.images[ids], whole.images[ids])
+  assert lazy.images.rows_read == 4
 
 
 def test_prepared_data_is_reused_without_network(prepared, tmp_path):

@@ -32,10 +32,10 @@ def _read_bytes(path: str) -> bytes:
   return raw
 
 
-def parse_idx(raw: bytes, name: str = '<bytes>') -> np.ndarray:
-  """Decode IDX bytes into an array, checking magic number and sizes."""
-  if len(raw) < 4:
-    raise DataError(f'{name}: too short for an IDX header ({len(raw)} bytes)')
+def _parse_header(raw: bytes, total_size: int, name: str):
+  """(shape, dtype, header size) from the first bytes of an IDX file of `total_size` bytes."""
+  if total_size < 4:
+    raise DataError(f'{name}: too short for an IDX header ({total_size} bytes)')
   if raw[0] != 0 or raw[1] != 0:
     raise DataError(f'{name}: bad IDX magic number {raw[:4].hex()} (must start with 0000)')
   type_code, ndim = raw[2], raw[3]
@@ -44,16 +44,46 @@ def parse_idx(raw: bytes, name: str = '<bytes>') -> np.ndarray:
   if ndim == 0:
     raise DataError(f'{name}: IDX file declares zero dimensions')
   header_size = 4 + 4 * ndim
-  if len(raw) < header_size:
+  if total_size < header_size or len(raw) < header_size:
     raise DataError(f'{name}: truncated IDX header')
   shape = tuple(int.from_bytes(raw[4 + 4 * k: 8 + 4 * k], 'big') for k in range(ndim))
   dtype = _IDX_TYPES[type_code]
   expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-  actual = len(raw) - header_size
+  actual = total_size - header_size
   if actual != expected:
     raise DataError(f'{name}: IDX header declares shape {shape} ({expected} bytes of data) '
                     f'but the file holds {actual}')
+  return shape, dtype, header_size
+
+
+def parse_idx(raw: bytes, name: str = '<bytes>') -> np.ndarray:
+  """Decode IDX bytes into an array, checking magic number and sizes."""
+  shape, dtype, header_size = _parse_header(raw, len(raw), name)
   return np.frombuffer(raw, dtype=dtype, offset=header_size).reshape(shape).astype(dtype.newbyteorder('='))
+
+
+def is_gzipped(path: str) -> bool:
+  try:
+    with open(path, 'rb') as f:
+      return f.read(2) == _GZIP_MAGIC
+  except OSError as e:
+    raise DataError(f'cannot read IDX file {path}: {e.strerror}') from None
+
+
+def map_idx(path: str) -> np.ndarray:
+  """An uncompressed uint8 IDX file as a read-only memory map: rows are read from disk
+  when indexed (a multi-host process touches only its own)."""
+  name = os.path.basename(path)
+  try:
+    with open(path, 'rb') as f:
+      header = f.read(4 + 4 * 255)
+    total_size = os.path.getsize(path)
+  except OSError as e:
+    raise DataError(f'cannot read IDX file {path}: {e.strerror}') from None
+  shape, dtype, header_size = _parse_header(header, total_size, name)
+  if dtype != np.uint8 or total_size == header_size:
+    return read_idx(path)   # multi-byte types need a byte-order conversion: read whole
+  return np.memmap(path, dtype=np.uint8, mode='r', offset=header_size, shape=shape)
 
 
 def read_idx(path: str) -> np.ndarray:

@@ -1,16 +1,22 @@
-"""MNIST-family datasets as host numpy arrays: TFDS by default, or a folder of IDX files."""
+"""Dataset splits on the host: TFDS by default, or a folder of IDX files.
+
+Images are uint8 [n, h, w, c], either loaded whole (numpy) or read on demand
+(`on_demand=True`: capsjax.data.rows.ImageRows over TFDS's array_record files or over a
+memory map of an uncompressed IDX file), so that a process of a multi-host run holds
+only the rows it reads."""
 import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import urllib.parse
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from capsjax.data.datasets import DATASETS, dataset_info
-from capsjax.data.idx import read_idx
+from capsjax.data.idx import is_gzipped, map_idx, read_idx
+from capsjax.data.rows import ImageRows
 from capsjax.errors import DataError
 
 _IDX_NAMES = {
@@ -22,8 +28,8 @@ _SPLITS = tuple(_IDX_NAMES)   # the names callers use; DatasetInfo.splits has TF
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-  """images uint8 [n, h, w, c]; labels int32 [n]."""
-  images: np.ndarray
+  """images uint8 [n, h, w, c] (numpy, or ImageRows read on demand); labels int32 [n]."""
+  images: Any
   labels: np.ndarray
 
   def __len__(self) -> int:
@@ -42,14 +48,16 @@ def _find_idx_file(data_dir: str, stem: str) -> str:
   raise DataError(f'no {stem}[.gz] in {data_dir}')
 
 
-def load_idx_split(data_dir: str, split: str, num_classes: int = 10) -> Dataset:
-  """One split from LeCun-format IDX files in `data_dir`."""
+def load_idx_split(data_dir: str, split: str, num_classes: int = 10, on_demand: bool = False) -> Dataset:
+  """One split from LeCun-format IDX files in `data_dir`. With `on_demand`, an uncompressed
+  image file is memory-mapped and read by rows (ImageRows); a gzipped one is read whole."""
   if not os.path.isdir(data_dir):
     raise DataError(f'data directory {data_dir} does not exist')
   image_stem, label_stem = _IDX_NAMES[split]
   image_path = _find_idx_file(data_dir, image_stem)
   label_path = _find_idx_file(data_dir, label_stem)
-  images, labels = read_idx(image_path), read_idx(label_path)
+  map_images = on_demand and not is_gzipped(image_path)
+  images, labels = (map_idx(image_path) if map_images else read_idx(image_path)), read_idx(label_path)
   if images.ndim != 3 or images.dtype != np.uint8:
     raise DataError(f'{image_path}: expected uint8 images [n, h, w], got {images.dtype} {images.shape}')
   if labels.ndim != 1:
@@ -58,7 +66,10 @@ def load_idx_split(data_dir: str, split: str, num_classes: int = 10) -> Dataset:
     raise DataError(f'{split} split: {len(images)} images but {len(labels)} labels')
   if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
     raise DataError(f'{label_path}: labels must lie in [0, {num_classes}), found {labels.min()}..{labels.max()}')
-  return Dataset(images[..., None], labels.astype(np.int32))
+  images = images[..., None]
+  if map_images:
+    images = ImageRows(lambda ids, mapped=images: mapped[ids], images.shape[1:], num_rows=len(images))
+  return Dataset(images, labels.astype(np.int32))
 
 
 @contextlib.contextmanager
@@ -93,9 +104,11 @@ def _check_download_reachable(builder, hint: str, timeout_s: float = 5.0, url: s
 
 def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
                     offline_hint: str = '--config.data_dir=DIR with the IDX files', image_keys=('image',),
-                    label_key: str = 'label', download_url: str = '') -> Dataset:
+                    label_key: str = 'label', download_url: str = '', on_demand: bool = False) -> Dataset:
   """One split through TFDS: downloaded and prepared on first use, then read back with
-  `tfds.data_source` (array_record, random access, no TensorFlow at read time).
+  `tfds.data_source` (array_record, random access, no TensorFlow at read time). The
+  labels are read once without decoding any image; the images are decoded into one
+  uint8 array (in chunks), or with `on_demand` only when rows are indexed.
 
   Preparation decodes the source files through `tf.io`, so it needs TensorFlow (the
   `tensorflow-cpu` dependency); later runs only read the prepared files.
@@ -123,19 +136,24 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
                       f'offline, pass {offline_hint}') from None
   try:
     source = builder.as_data_source(split=split)
+    # The same records with the images left encoded: the labels cost no image decoding.
+    undecoded = builder.as_data_source(split=split, decoders={key: tfds.decode.SkipDecoding()
+                                                              for key in image_keys})
   except Exception as e:  # e.g. prepared earlier as TFRecord by another program.
     raise DataError(f'TFDS cannot read {name}:{split} from {builder.data_dir} '
                     f'({type(e).__name__}: {str(e).splitlines()[0]}); prepare it afresh in another '
                     '--config.tfds_data_dir') from None
-  with _quiet_absl():
-    examples = source.__getitems__(range(len(source)))
-  if not examples:
+  if not len(source):
     raise DataError(f'TFDS {name}:{split} is empty')
-  images = np.empty((len(examples),) + _stacked(examples[0], image_keys).shape, np.uint8)   # uint8 only
-  for row, example in enumerate(examples):
-    images[row] = _stacked(example, image_keys)
-  labels = np.asarray([int(ex[label_key]) for ex in examples], np.int32)
-  return Dataset(images, labels)
+  labels = np.asarray([int(example[label_key]) for example in undecoded.__getitems__(range(len(undecoded)))],
+                      np.int32)
+
+  def read(ids: np.ndarray) -> np.ndarray:
+    with _quiet_absl():   # "OpenCV is not installed … defaulting to PIL", once
+      return np.stack([_stacked(example, image_keys) for example in source.__getitems__(ids.tolist())])
+
+  images = ImageRows(read, read(np.zeros(1, np.int64)).shape[1:], num_rows=len(source))
+  return Dataset(images if on_demand else np.asarray(images), labels)
 
 
 def _stacked(example, image_keys) -> np.ndarray:
@@ -144,10 +162,11 @@ def _stacked(example, image_keys) -> np.ndarray:
   return np.concatenate([p if p.ndim == 3 else p[..., None] for p in parts], axis=-1)
 
 
-def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str = '') -> Dataset:
+def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str = '',
+                 on_demand: bool = False) -> Dataset:
   """One split of dataset `name` (see capsjax.data.datasets): from the IDX files in
   `data_dir` if given, else through TFDS; checked against the dataset's image shape and
-  class count."""
+  class count. `on_demand`: images read when indexed (see the module docstring)."""
   info = dataset_info(name)
   if split not in _IDX_NAMES:
     raise DataError(f'unknown split {split!r}')
@@ -156,12 +175,12 @@ def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str =
       idx_ones = ', '.join(n for n, i in DATASETS.items() if i.idx_folder)
       raise DataError(f'{name} is read through TFDS only (an IDX folder serves {idx_ones}); '
                       'drop --config.data_dir')
-    dataset = load_idx_split(os.path.expanduser(data_dir), split, info.num_classes)
+    dataset = load_idx_split(os.path.expanduser(data_dir), split, info.num_classes, on_demand)
   else:
     offline = ('--config.data_dir=DIR with the IDX files' if info.idx_folder else
                f'--config.tfds_data_dir=DIR holding a prepared {info.tfds_name}')
     dataset = load_tfds_split(info.tfds_name, info.splits[_SPLITS.index(split)], tfds_data_dir, offline,
-                              info.image_keys, info.label_key, info.download_url)
+                              info.image_keys, info.label_key, info.download_url, on_demand)
   if dataset.images.shape[1:] != info.image_shape:
     raise DataError(f'{split} images have shape {dataset.images.shape[1:]}; {name} has {info.image_shape}')
   return dataset

@@ -8,6 +8,7 @@ device arrays that the step takes as an argument (never a baked-in constant).
 Batches are dicts: images float32 [b, h, w, c], labels int32 [b] or [b, k], and for
 MultiMNIST digits [b, k, h, w, c] (each label's own shifted digit).
 """
+import concurrent.futures
 import dataclasses
 import functools
 from typing import Any, Callable, Iterator, Optional, Tuple
@@ -19,6 +20,7 @@ import numpy as np
 from capsjax.data import affine, augment, multimnist
 from capsjax.data.datasets import dataset_info
 from capsjax.data.mnist import Dataset, load_dataset
+from capsjax.data.rows import ImageRows
 from capsjax.errors import ConfigError
 
 HostBatch = Tuple[np.ndarray, ...]
@@ -30,7 +32,8 @@ class Pipeline:
   source: Any                       # device pytree passed to device_batch
   # training: (step, seed=config's, rows=all) → host arrays of those rows of the step's batch
   host_batch: Callable[..., HostBatch]
-  eval_batches: Callable[[int], Iterator[Tuple[HostBatch, np.ndarray]]]  # batch size → (arrays, weights)
+  # (batch size, rows=all) → (arrays, weights) of those rows of each padded batch
+  eval_batches: Callable[..., Iterator[Tuple[HostBatch, np.ndarray]]]
   device_batch: Callable[..., dict]  # (source, host_batch, key or None) → batch dict
 
 
@@ -38,20 +41,39 @@ def preprocess(images_uint8: jax.Array) -> jax.Array:
   return images_uint8.astype(jnp.float32) / 255.0
 
 
-def _padded(arrays: HostBatch, batch_size: int) -> Tuple[HostBatch, np.ndarray]:
-  """Pads a short last batch to a fixed shape (one compilation) and returns its weights."""
-  valid = len(arrays[0])
-  weights = np.zeros(batch_size, np.float32)
-  weights[:valid] = 1.0
-  if valid < batch_size:
-    arrays = tuple(np.concatenate([a, np.zeros((batch_size - valid,) + a.shape[1:], a.dtype)]) for a in arrays)
-  return arrays, weights
+def _batch_rows(num_examples: int, start: int, batch_size: int, rows: slice) -> Tuple[np.ndarray, np.ndarray]:
+  """`rows` of the evaluation batch that starts at example `start`, padded to
+  `batch_size` (one compilation): (example indices, 0 where padding; weights, 1 or 0)."""
+  indices = start + np.arange(batch_size)[rows]
+  valid = indices < num_examples
+  return np.where(valid, indices, 0).astype(np.int32), valid.astype(np.float32)
 
 
 @functools.lru_cache(maxsize=64)  # every step of an epoch reuses its permutation (per member seed)
 def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
   """The order of the training set in one epoch: a pure function of (seed, epoch)."""
   return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+class ReadAhead:
+  """A training `host_batch` that reads step + 1 in a background thread while the
+  devices run step: images read on demand (decoded from TFDS's files) overlap the
+  step. Returns exactly what `host_batch` returns, for any order of calls."""
+
+  def __init__(self, host_batch: Callable[..., HostBatch]):
+    self._host_batch = host_batch
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='read_ahead')
+    self._pending = {}
+
+  def __call__(self, step, run_seed=None, rows=slice(None)):
+    key = (step, run_seed, rows.start, rows.stop, rows.step)   # slices are not hashable
+    future = self._pending.pop(key, None)
+    batch = future.result() if future is not None else self._host_batch(step, run_seed, rows)
+    self._pending = {k: f for k, f in self._pending.items() if k[0] > step}   # ensembles: one per seed
+    next_key = (step + 1,) + key[1:]
+    if next_key not in self._pending:
+      self._pending[next_key] = self._pool.submit(self._host_batch, step + 1, run_seed, rows)
+    return batch
 
 
 # ----------------------------------------------------------------------------- MNIST-like
@@ -74,11 +96,15 @@ def dataset_pipeline(config, dataset: Dataset, training: bool,
     indices = order[position * batch_size:(position + 1) * batch_size][rows]
     return dataset.images[indices], dataset.labels[indices], indices.astype(np.int32)
 
-  def eval_batches(eval_batch_size):
+  if isinstance(dataset.images, ImageRows):
+    host_batch = ReadAhead(host_batch)
+
+  def eval_batches(eval_batch_size, rows=slice(None)):
     for start in range(0, len(dataset), eval_batch_size):
-      stop = min(start + eval_batch_size, len(dataset))
-      yield _padded((dataset.images[start:stop], dataset.labels[start:stop],
-                     np.arange(start, stop, dtype=np.int32)), eval_batch_size)
+      indices, weights = _batch_rows(len(dataset), start, eval_batch_size, rows)
+      images = np.zeros((len(indices),) + tuple(dataset.images.shape[1:]), np.uint8)
+      images[weights > 0] = dataset.images[indices[weights > 0]]   # reads only these rows
+      yield (images, dataset.labels[indices] * (weights > 0), indices), weights
 
   def device_batch(source, batch, key):
     del source
@@ -110,7 +136,8 @@ def affine_test_pipeline(config) -> Pipeline:
 # ----------------------------------------------------------------------------- MultiMNIST
 
 def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) -> Pipeline:
-  source = multimnist.make_source(dataset.images, dataset.labels, dataset_info(config.dataset).num_classes)
+  # Overlays are made on device from any two training digits: the whole split is needed.
+  source = multimnist.make_source(np.asarray(dataset.images), dataset.labels, dataset_info(config.dataset).num_classes)
   total = len(dataset) * config.multimnist.examples_per_digit
   num_examples = min(num_examples or total, total)
 
@@ -120,11 +147,12 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) 
     order_seed = seed if run_seed is None else run_seed
     return (np.random.default_rng([order_seed, step]).integers(0, total, config.batch_size)[rows],)
 
-  def eval_batches(eval_batch_size):
+  def eval_batches(eval_batch_size, rows=slice(None)):
     # Indices 0..n−1: with index mod N as the first digit, a subset of n ≤ N examples
     # still uses n different source digits.
     for start in range(0, num_examples, eval_batch_size):
-      yield _padded((np.arange(start, min(start + eval_batch_size, num_examples)),), eval_batch_size)
+      indices, weights = _batch_rows(num_examples, start, eval_batch_size, rows)
+      yield (indices,), weights
 
   def device_batch(source, batch, key):
     del key  # every random choice is a function of (seed, index)
@@ -136,8 +164,15 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) 
 
 # ----------------------------------------------------------------------------- entry point
 
+def images_on_demand(config) -> bool:
+  """config.host_images: 'memory' loads each split whole; 'rows' reads only the rows a
+  process's batches use (capsjax.data.rows); 'auto' is 'rows' on several processes."""
+  mode = config.get('host_images', 'auto')
+  return mode == 'rows' or (mode == 'auto' and jax.process_count() > 1)
+
+
 def _load(config, split: str) -> Dataset:
-  return load_dataset(config.dataset, split, config.data_dir, config.tfds_data_dir)
+  return load_dataset(config.dataset, split, config.data_dir, config.tfds_data_dir, images_on_demand(config))
 
 
 def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]]:
