@@ -87,6 +87,7 @@ def print_help(name=None) -> None:
 def print_summary(config) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
+  from capsjax.ensembles import ensemble_members
   from capsjax.models import build_model
 
   model = build_model(config.model)
@@ -100,6 +101,9 @@ def print_summary(config) -> None:
     print(f'{name.ljust(width)}  {str(tuple(shape)):>22}  {size:>10,}')
   total = sum(size for _, _, size in rows)
   print(f'{"total".ljust(width)}  {"":>22}  {total:>10,}')
+  members = ensemble_members(config)
+  if members:   # one program trains them all; num_params stays per model
+    print(f'ensemble: {len(members)} models × {total:,} = {len(members) * total:,} parameters')
   print(f'num_params={total}')
 
 

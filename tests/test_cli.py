@@ -1,10 +1,13 @@
 """run.py: the summary, and one clear error line (no traceback) for bad input."""
+import importlib
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from capsjax import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,3 +64,15 @@ def test_training_through_run_py(mnist_dir, tmp_path):
   results = json.loads((workdir / 'results.json').read_text())
   assert results['steps'] == 3 and results['config']['num_steps'] == 3
   assert results['num_test_examples'] == 200
+
+
+@pytest.mark.parametrize('experiment,lines', [
+    # conv1 9·9·3·64+64, primary 9·9·64·96+96, W 1024·10·8·6, decoder 80→512→1024→3072.
+    ('svhn', ['num_params=4720480']),
+    # conv1 9·9·3·256+256, primary 9·9·256·512+512, W 1024·10·16·8, no decoder; 7 members.
+    ('cifar10_ensemble', ['ensemble: 7 models × 11,990,528 = 83,933,696 parameters', 'num_params=11990528']),
+])
+def test_summary_of_the_other_datasets_models(experiment, lines, capsys):
+  config = importlib.import_module(f'experiments.{experiment}').get_config()
+  launch.print_summary(config)
+  assert capsys.readouterr().out.strip().splitlines()[-len(lines):] == lines
