@@ -2,8 +2,9 @@
 
 From the paper: the MNIST architecture; images resized 96→48, random 32×32 crops in
 training and the central 32×32 at test. From the authors' code: the stereo pair as 2
-channels, brightness/contrast jitter and per-image standardisation (the jitter ranges are
-ours; see capsjax/data/datasets.py). Ours: reconstruction of the 32×32×2 crop in [0, 1],
+channels, brightness (±63/255) and contrast (0.2–1.8) jitter, per-image standardisation
+(see capsjax/data/datasets.py for where the order differs). Ours: reconstruction of the
+32×32×2 crop in [0, 1] (theirs reconstructs the standardised image),
 no extra shifts (the crops move the object), 100 epochs of TFDS `smallnorb`'s 24 300
 training images.
 """

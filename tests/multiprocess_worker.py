@@ -16,6 +16,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from capsjax import runtime, sharding, train
+from capsjax.data import pipeline
 from capsjax.checkpoints import load_trained
 from sharded_config import tiny_sharded_config
 
@@ -46,7 +47,8 @@ def main():
     if sharding.is_main_process():
         np.savez(args.out, **{str(i): np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(params))})
   print(f'process {jax.process_index()}/{jax.process_count()} devices {jax.device_count()} '
-        f'steps {results["steps"]} completed {results["completed"]}', flush=True)
+        f'steps {results["steps"]} completed {results["completed"]} '
+        f'rows_on_demand {pipeline.images_on_demand(config)}', flush=True)
 
 
 if __name__ == '__main__':

@@ -94,7 +94,8 @@ def mnist_files(tmp_path_factory, mnist_dir):
 
 @pytest.fixture(scope='module')
 def one_device_params(tmp_path_factory, mnist_files):
-  params, _ = _run(tmp_path_factory.mktemp('one'), 'one', mnist_files)
+  params, logs = _run(tmp_path_factory.mktemp('one'), 'one', mnist_files)
+  assert 'rows_on_demand False' in logs[0]   # one process loads the splits whole
   return params
 
 
@@ -130,7 +131,7 @@ def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_p
   processes = [_start(workdir, mnist_files, i, 2, port, 1, out, logs[i]) for i in range(2)]
   second = _finish(processes, logs)
   assert f'resumed from checkpoint at step {step}' in second[0]
-  assert all(f'steps {NUM_STEPS} completed True' in text for text in second)
+  assert all(f'steps {NUM_STEPS} completed True rows_on_demand True' in text for text in second)
   # Only process 0 writes the metrics and results.
   assert 'test accuracy' in second[0] and 'test accuracy' not in second[1]
   _assert_same_params(np.load(out), one_device_params)

@@ -92,10 +92,11 @@ def test_prepared_tfds_data_is_read_by_rows_on_demand(prepared):
 
 
 def test_prepared_data_is_reused_without_network(prepared, tmp_path):
+  # Reading rows on demand, as each process of a multi-host run does.
   tfds_dir, _, _ = prepared
   result = _run('http://127.0.0.1:9/', '--experiment=mnist_smoke', f'--workdir={tmp_path}/w',
                 f'--config.tfds_data_dir={tfds_dir}', '--config.num_steps=1', '--config.num_test_examples=100',
-                '--config.model.conv1_channels=16', '--config.model.primary_types=4')
+                '--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.host_images=rows')
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'downloading' not in result.stdout
 

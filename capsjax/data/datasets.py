@@ -56,11 +56,13 @@ DATASETS: Dict[str, DatasetInfo] = {
     'smallnorb': DatasetInfo(
         'smallnorb', (96, 96, 2), 5, idx_folder=False, image_keys=('image', 'image2'),
         label_key='label_category',
-        preprocessing=Preprocessing(resize=48, crop=32, brightness=32 / 255, contrast=(0.5, 1.5),
+        preprocessing=Preprocessing(resize=48, crop=32, brightness=63 / 255, contrast=(0.2, 1.8),
                                     standardize=True),
-        source='paper section 7: 96→48, random 32×32 crops, central crop at test; the stereo pair, '
-               'brightness/contrast jitter and standardisation as in the authors\' code '
-               '(jitter ranges: ours, the code\'s values were not available here)',
+        source='paper section 7: 96→48, random 32×32 crops, central crop at test; the authors\' '
+               'code (research/capsules/input_data/norb/norb_input_record.py): the stereo pair, '
+               'brightness ±63/255, contrast 0.2–1.8, per-image standardisation. Theirs jitters '
+               'the 48×48 image before cropping, ours the crop (the same for brightness, which '
+               'standardisation cancels; contrast uses the crop\'s channel means)',
         download_url='https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/'),
     'cifar10': DatasetInfo(
         'cifar10', (32, 32, 3), 10, idx_folder=False,
