@@ -16,7 +16,7 @@ import numpy as np
 
 from capsjax.data.datasets import DATASETS, dataset_info
 from capsjax.data.idx import is_gzipped, map_idx, read_idx
-from capsjax.data.rows import ImageRows
+from capsjax.data.rows import CHUNK_ROWS, ImageRows
 from capsjax.errors import DataError
 
 _IDX_NAMES = {
@@ -145,8 +145,10 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
                     '--config.tfds_data_dir') from None
   if not len(source):
     raise DataError(f'TFDS {name}:{split} is empty')
-  labels = np.asarray([int(example[label_key]) for example in undecoded.__getitems__(range(len(undecoded)))],
-                      np.int32)
+  labels = np.empty(len(source), np.int32)
+  for start in range(0, len(labels), CHUNK_ROWS):   # bounded: the encoded images are large
+    stop = min(start + CHUNK_ROWS, len(labels))
+    labels[start:stop] = [int(example[label_key]) for example in undecoded.__getitems__(range(start, stop))]
 
   def read(ids: np.ndarray) -> np.ndarray:
     with _quiet_absl():   # "OpenCV is not installed … defaulting to PIL", once
