@@ -89,11 +89,12 @@ class Checkpoints:
     return self.manager.latest_step()
 
   def restore(self, template: State) -> Tuple[State, Dict[str, Any]]:
-    """(latest state, its progress), or (`template`, {}) when there is no checkpoint."""
+    """(latest state, its progress), or (`template`, {}) when there is no checkpoint.
+    `template` gives the structure, shapes and dtypes: arrays, or jax.ShapeDtypeStruct."""
     step = self.manager.latest_step()
     if step is None:
       return template, {}
-    abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), sharding.to_host(template))
+    abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template)   # host arrays
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
@@ -180,7 +181,9 @@ def load_trained(workdir: str):
   latest checkpoint (an ensemble's params carry a leading member axis)."""
   config = read_config(workdir)
   model = build_model(config.model)
-  template = steps.initial_state(config, model, steps.make_optimizer(config), ensemble_members(config))
+  # Shapes only: restoring needs no initial values (initialising op by op took seconds).
+  template = jax.eval_shape(lambda: steps.initial_state(config, model, steps.make_optimizer(config),
+                                                        ensemble_members(config)))
   with Checkpoints(workdir, config.keep_checkpoints) as checkpoints:
     if checkpoints.latest_step() is None:
       raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
