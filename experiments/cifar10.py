@@ -12,10 +12,7 @@ from experiments import mnist
 
 
 def get_config():
-  config = mnist.get_config()
-  config.experiment = 'cifar10'
-  config.dataset = 'cifar10'
-  config.model.input_shape = (24, 24, 3)
+  config = mnist.dataset_config('cifar10')   # 24×24×3 crops, 10 classes
   config.model.primary_types = 64
   config.model.leaky_routing = True
   config.model.use_decoder = False

@@ -7,7 +7,4 @@ from experiments import mnist
 
 
 def get_config():
-  config = mnist.get_config()
-  config.experiment = 'fashion_mnist'
-  config.dataset = 'fashion_mnist'
-  return config
+  return mnist.dataset_config('fashion_mnist')

@@ -6,6 +6,8 @@ decaying learning rate"); see BUILD.md.
 """
 import ml_collections
 
+from capsjax.data.datasets import dataset_info
+
 
 def get_model_config() -> ml_collections.ConfigDict:
   """The paper's CapsNet: 8,215,568 parameters (6,804,224 without the decoder)."""
@@ -88,4 +90,15 @@ def get_config() -> ml_collections.ConfigDict:
   # Routing convergence (appendix A): mean |Δb| per iteration at every evaluation.
   config.routing_probe_iterations = 6
   config.routing_probe_examples = 100
+  return config
+
+
+def dataset_config(name: str) -> ml_collections.ConfigDict:
+  """This recipe on dataset `name` (capsjax.data.datasets): the experiment of that name,
+  the model's input shape and class count taken from the dataset's description."""
+  config = get_config()
+  info = dataset_info(name)
+  config.experiment = config.dataset = name
+  config.model.input_shape = info.input_shape
+  config.model.num_classes = info.num_classes
   return config

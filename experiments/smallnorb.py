@@ -12,11 +12,7 @@ from experiments import mnist
 
 
 def get_config():
-  config = mnist.get_config()
-  config.experiment = 'smallnorb'
-  config.dataset = 'smallnorb'
-  config.model.input_shape = (32, 32, 2)
-  config.model.num_classes = 5
+  config = mnist.dataset_config('smallnorb')   # 32×32×2 crops, 5 classes
   config.max_shift = 0
   config.num_epochs = 100.0
   config.eval_every_steps = 1890       # 10 epochs: 24 300 // 128 = 189 steps each

@@ -9,10 +9,7 @@ from experiments import mnist
 
 
 def get_config():
-  config = mnist.get_config()
-  config.experiment = 'svhn'
-  config.dataset = 'svhn'
-  config.model.input_shape = (32, 32, 3)
+  config = mnist.dataset_config('svhn')   # 32×32×3, 10 classes
   config.model.conv1_channels = 64
   config.model.primary_types = 16
   config.model.primary_dim = 6

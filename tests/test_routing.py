@@ -76,16 +76,19 @@ def test_vmap_over_iteration_count_equals_separate_calls():
     np.testing.assert_allclose(batched[k], dynamic_routing(u_hat, r), rtol=1e-5, atol=1e-6)
 
 
-def _finite_difference_check(fn, x, num_directions=3, eps=1e-3):
-  """Directional derivatives of a scalar fn: autodiff vs central differences in float64."""
+def _directional_derivatives(fn, x, num_directions=3, eps=1e-3):
+  """(autodiff, central difference) pairs of a scalar fn's derivative along random
+  directions, in float64."""
   grad = np.asarray(jax.grad(fn)(x), np.float64)
   rng = np.random.default_rng(0)
+  pairs = []
   for _ in range(num_directions):
     direction = rng.standard_normal(x.shape)
     direction /= np.linalg.norm(direction)
     d = jnp.asarray(direction, x.dtype)
     numeric = (float(fn(x + eps * d)) - float(fn(x - eps * d))) / (2 * eps)
-    np.testing.assert_allclose((grad * direction).sum(), numeric, rtol=2e-2, atol=1e-4)
+    pairs.append(((grad * direction).sum(), numeric))
+  return np.asarray(pairs)
 
 
 @pytest.mark.parametrize('traced', [False, True])
@@ -97,7 +100,9 @@ def test_gradients_match_finite_differences(traced):
   else:
     fn = lambda u: jnp.sum(weights * dynamic_routing(u, 3))
   with jax.enable_x64(True):
-    _finite_difference_check(fn, jnp.asarray(u_hat, jnp.float64))
+    pairs = _directional_derivatives(fn, jnp.asarray(u_hat, jnp.float64))
+  autodiff, numeric = pairs[:, 0], pairs[:, 1]
+  np.testing.assert_allclose(autodiff, numeric, rtol=2e-2, atol=1e-4)
 
 
 def test_traced_and_static_gradients_agree():
