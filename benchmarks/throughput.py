@@ -28,37 +28,12 @@ import numpy as np
 
 from capsjax.steps import init_state, make_optimizer, make_train_step  # pylint: disable=g-import-not-at-top
 from capsjax.models import build_model
-from timing import seconds_per_call
+from timing import buffer_bytes, capsnet_flops, seconds_per_call
 from capsjax.data import pipeline
 from capsjax.data.datasets import dataset_info
 from capsjax.data.mnist import Dataset
 
 DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, '..', 'shared', 'bench', 'torch_capsnet.py')
-
-
-# ----------------------------------------------------------------------------- FLOPs
-
-def capsnet_flops(model_config) -> dict:
-  """Multiply-adds × 2 per image, from the layer shapes (elementwise ops not counted)."""
-  height, width, channels = model_config.input_shape
-  k1, k2, stride = model_config.conv1_kernel, model_config.primary_kernel, model_config.primary_stride
-  h1, w1 = height - k1 + 1, width - k1 + 1
-  h2, w2 = (h1 - k2) // stride + 1, (w1 - k2) // stride + 1
-  primary_channels = model_config.primary_types * model_config.primary_dim
-  in_caps = h2 * w2 * model_config.primary_types
-  classes, dim = model_config.num_classes, model_config.digit_dim
-  conv1 = 2 * h1 * w1 * k1 * k1 * channels * model_config.conv1_channels
-  primary = 2 * h2 * w2 * k2 * k2 * model_config.conv1_channels * primary_channels
-  predictions = 2 * in_caps * classes * dim * model_config.primary_dim
-  routing = 2 * 2 * in_caps * classes * dim * model_config.routing_iterations  # s_j and û·v
-  decoder = 0
-  if model_config.use_decoder:
-    widths = [classes * dim, *model_config.decoder_hidden, height * width * channels]
-    decoder = sum(2 * a * b for a, b in zip(widths[:-1], widths[1:]))
-  forward = conv1 + primary + predictions + routing + decoder
-  # Backward: two matmuls per forward matmul (input and weight gradients), except that
-  # Conv1 needs no gradient with respect to the images.
-  return {'forward': forward, 'train': 3 * forward - conv1}
 
 
 # ----------------------------------------------------------------------------- timing
@@ -68,15 +43,6 @@ def matmul_peak_gflops(size: int = 4096, steps: int = 5) -> float:
   b = jnp.ones((size, size), jnp.float32)
   seconds = seconds_per_call(jax.jit(jnp.matmul), (a, b), steps)
   return 2 * size ** 3 / seconds / 1e9
-
-
-def buffer_bytes(jitted, *args) -> int:
-  """XLA's own accounting: arguments + outputs + temporaries of the compiled program."""
-  analysis = jitted.lower(*args).compile().memory_analysis()
-  if analysis is None:
-    return -1
-  return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-          + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
 
 
 def measure_jax(config, batch: int, steps: int) -> dict:

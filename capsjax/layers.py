@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from capsjax import ops
+from capsjax import formulations, ops
 from capsjax.routing import dynamic_routing, squash
 
 Array = jax.Array
@@ -87,7 +87,8 @@ class CapsuleLayer(nn.Module):
 
   Every input capsule i has its own W_ij for every output capsule j:
   û_{j|i} = W_ij u_i, then `dynamic_routing`. [batch, in_caps, in_dim] →
-  [batch, out_caps, out_dim].
+  [batch, out_caps, out_dim]. `routing_loop` 'rolled' or 'unrolled' (same values; 'auto':
+  the backend's faster one, capsjax.formulations).
   """
   num_capsules: int = 10
   dim: int = 16
@@ -96,6 +97,7 @@ class CapsuleLayer(nn.Module):
   learn_log_priors: bool = False
   leaky_routing: bool = False
   stop_gradient_predictions: bool = False
+  routing_loop: str = 'auto'
   weights_init: Initializer = nn.initializers.normal(0.01)
   bias_init: Initializer = nn.initializers.zeros
   dtype: Optional[jnp.dtype] = None
@@ -119,7 +121,8 @@ class CapsuleLayer(nn.Module):
         max_iterations=max_iterations,
         stop_gradient_predictions=self.stop_gradient_predictions,
         leaky=self.leaky_routing, log_priors=log_priors, bias=bias,
-        return_logits=return_logits)
+        return_logits=return_logits,
+        unroll=formulations.resolve('routing_loop', self.routing_loop) == 'unrolled')
     return result
 
 

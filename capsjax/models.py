@@ -87,6 +87,7 @@ class CapsNet(nn.Module):
   use_decoder: bool = True
   input_shape: Sequence[int] = (28, 28, 1)
   conv_impl: str = 'auto'
+  routing_loop: str = 'auto'
   dtype: Optional[jnp.dtype] = None
   init_scheme: str = 'default'
   primary_scale_by_types: bool = False
@@ -102,8 +103,8 @@ class CapsNet(nn.Module):
     self.digit_caps = CapsuleLayer(
         self.num_classes, self.digit_dim, self.routing_iterations, use_bias=self.digit_bias,
         learn_log_priors=self.learn_log_priors, leaky_routing=self.leaky_routing,
-        stop_gradient_predictions=self.stop_gradient_predictions, dtype=self.dtype,
-        weights_init=inits['digit'], bias_init=inits['bias'])
+        stop_gradient_predictions=self.stop_gradient_predictions, routing_loop=self.routing_loop,
+        dtype=self.dtype, weights_init=inits['digit'], bias_init=inits['bias'])
     if self.use_decoder:
       self.decoder = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape),
                              kernel_init=inits['decoder'], bias_init=inits['bias'])

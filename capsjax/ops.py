@@ -2,31 +2,24 @@
 
 XLA's CPU backend computes the input gradient of a strided 9×9 convolution (PrimaryCaps)
 about 30× slower than the same convolution written as strided slices (im2col) plus one
-einsum. On GPU/TPU the native convolution is the fast one. Both take the same
-[kh, kw, in, out] kernel, so parameters are shared.
+einsum; on an H100 the im2col form also trained faster. Which one 'auto' picks per
+backend is capsjax.formulations' table. Both take the same [kh, kw, in, out] kernel, so
+parameters are shared.
 """
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from capsjax import formulations
+
 Array = jax.Array
-CONV_IMPLS = ('auto', 'xla', 'patches')
+CONV_IMPLS = formulations.CONV_IMPLS
 
 
 def resolve_conv_impl(impl: str) -> str:
-  """'auto' → 'patches' on CPU, else XLA's native convolution.
-
-  Measured on a 2-core CPU (batch 128, the paper's model): PrimaryCaps forward+backward
-  1.4 s as patches vs 28 s with XLA. Conv1 alone is faster with XLA (47 vs 91 ms
-  forward), yet the whole training step was faster with both as patches (94 vs 88
-  images/s).
-  """
-  if impl not in CONV_IMPLS:
-    raise ValueError(f'conv_impl must be one of {CONV_IMPLS}, got {impl!r}')
-  if impl == 'auto':
-    return 'patches' if jax.default_backend() == 'cpu' else 'xla'
-  return impl
+  """'auto' → the backend's entry in capsjax.formulations.FASTEST (measured there)."""
+  return formulations.resolve('conv_impl', impl)
 
 
 def extract_patches(images: Array, kernel_size: int, stride: int) -> Array:

@@ -81,6 +81,7 @@ def dynamic_routing(
     log_priors: Optional[Array] = None,
     bias: Optional[Array] = None,
     return_logits: bool = False,
+    unroll: bool = False,
 ):
   """Procedure 1 of the paper: routing by agreement.
 
@@ -105,6 +106,9 @@ def dynamic_routing(
     return_logits: also return the logits after every iteration,
       [max_iterations or r, batch, in_caps, out_caps] (rows past r repeat the final
       logits), for routing-convergence analysis.
+    unroll: unroll the fori_loop (`fori_loop(..., unroll=True)`): the same iterations as
+      straight-line code, which lets XLA fuse across them; same values (model option
+      `routing_loop`, resolved per backend by capsjax.formulations).
 
   Returns:
     parents [batch, out_caps, out_dim], or (parents, logits_per_iteration).
@@ -150,7 +154,7 @@ def dynamic_routing(
     return new_parents, new_logits, history
 
   parents, _, history = jax.lax.fori_loop(
-      0, loop_length, body, (parents, routing_logits, history))
+      0, loop_length, body, (parents, routing_logits, history), unroll=unroll)
   if return_logits:
     return parents, history
   return parents

@@ -35,12 +35,19 @@ def _log(message: str) -> None:
 @dataclasses.dataclass
 class Program:
   """The jitted train step and evaluation of one run or one vmapped ensemble."""
-  train_step: Callable[[Any, int], Any]     # (state, step) → (state, metrics)
+  # The jitted step and, for step n, its arguments (state, data source, global host batch
+  # [, knobs]): apart so that a benchmark can lower, compile and time the very program.
+  jitted_step: Callable[..., Any]
+  step_arguments: Callable[[Any, int], tuple]
   evaluate: Callable[[Any], Dict[str, Any]]  # params → test metrics
   validate: Optional[Callable[[Any], Dict[str, Any]]]   # params → validation metrics
   probes: List[Callable[[Any], Dict[str, Any]]]
   initial_state: Any
   members: Optional[List[Dict[str, Any]]]
+
+  def train_step(self, state, step: int):
+    """(state, step) → (state, metrics); the state is donated."""
+    return self.jitted_step(*self.step_arguments(state, step))
 
 
 def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
@@ -63,9 +70,8 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
     stacked = tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, rows, ...]
     return sharding.global_batch(mesh, stacked, config.batch_size, leading_axes=1)
 
-  def step_fn(state, step):
-    extra = (knobs,) if ensemble else ()
-    return train_step(state, train_source, host_batch(step), *extra)
+  def step_arguments(state, step):
+    return (state, train_source, host_batch(step)) + ((knobs,) if ensemble else ())
 
   def evaluate(params):
     return steps.evaluate(eval_step, params, test, config.eval_batch_size, knobs, mesh, test_source)
@@ -81,7 +87,7 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   routing_probe = steps.make_routing_probe(config, model, test)
   if routing_probe is not None:
     probes.append(lambda params: routing_probe(params, mesh, test_source))
-  return Program(step_fn, evaluate, validate, probes, steps.initial_state(config, model, optimizer, members),
+  return Program(train_step, step_arguments, evaluate, validate, probes, steps.initial_state(config, model, optimizer, members),
                  members)
 
 

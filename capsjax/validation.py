@@ -14,7 +14,7 @@ from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
 from capsjax.models import INITS, registered_models
 from capsjax.objectives import registered_objectives
-from capsjax.ops import CONV_IMPLS
+from capsjax.formulations import CONV_IMPLS, ROUTING_LOOPS
 
 TASKS = ('classify', 'expanded', 'multimnist')
 DTYPES = ('float32', 'bfloat16', 'float16')
@@ -139,6 +139,7 @@ MODEL_RULES = {
     'routing_iterations': int_at_least(1),
     'decoder_hidden': ints_at_least(1),
     'conv_impl': one_of(CONV_IMPLS),
+    'routing_loop': one_of(ROUTING_LOOPS),
     'dtype': one_of(DTYPES),
     'init_scheme': one_of(INITS),
     'digit_bias': boolean(),

@@ -20,7 +20,10 @@ def get_model_config() -> ml_collections.ConfigDict:
       stop_gradient_predictions=False,
       decoder_hidden=(512, 1024), use_decoder=True,
       input_shape=(28, 28, 1),
-      conv_impl='auto',   # 'patches' on CPU, XLA's conv on GPU/TPU (same math)
+      # Formulations of the same math; 'auto' = the backend's measured faster one
+      # (capsjax/formulations.py): conv 'xla' | 'patches', routing 'rolled' | 'unrolled'.
+      conv_impl='auto',
+      routing_loop='auto',
       dtype='float32',
       # The authors' released code (see experiments/mnist_official.py): 'official'
       # truncated-normal weights and 0.1 biases; PrimaryCaps pre-squash output ÷ types.

@@ -45,6 +45,7 @@ def test_members_are_the_product_of_the_grid(mnist_dir):
     ensembles.ensemble_members(config)
 
 
+@pytest.mark.float32_matmuls
 def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir, tmp_path):
   # Two seeds × routing 1 and 3: the members differ in initialisation, data order,
   # shifts and (traced) routing iteration count, all inside one vmapped program.

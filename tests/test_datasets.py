@@ -187,6 +187,7 @@ def test_ensemble_predicts_the_largest_summed_length():
   assert top_k_correct(lengths[1], jnp.array([0]))[0].tolist() == [0.0]
 
 
+@pytest.mark.float32_matmuls
 def test_ensemble_eval_step_sums_the_members_lengths(mnist_dir):
   from experiments import cifar10  # pylint: disable=g-import-not-at-top
   config = cifar10.get_config()
@@ -202,11 +203,10 @@ def test_ensemble_eval_step_sums_the_members_lengths(mnist_dir):
   knobs = {'seed': jnp.arange(3), 'routing_iterations': jnp.full(3, 3), 'reconstruction_weight': jnp.zeros(3)}
   eval_step = steps.make_eval_step(config, model, pipe, ensemble=True)
   (host, weights), = list(pipe.eval_batches(64))
-  with jax.default_matmul_precision('highest'):
-    sums = eval_step(params, None, host, weights, knobs)
-    images = jnp.asarray(host[0], jnp.float32) / 255
-    encode = jax.jit(lambda p: model.apply({'params': p}, images, method='encode'))   # compiled once
-    lengths = np.stack([np.linalg.norm(encode(jax.tree.map(lambda x: x[m], params)), axis=-1) for m in range(3)])
+  sums = eval_step(params, None, host, weights, knobs)
+  images = jnp.asarray(host[0], jnp.float32) / 255
+  encode = jax.jit(lambda p: model.apply({'params': p}, images, method='encode'))   # compiled once
+  lengths = np.stack([np.linalg.norm(encode(jax.tree.map(lambda x: x[m], params)), axis=-1) for m in range(3)])
   votes = np.argmax(lengths.sum(0), -1)
   assert float(sums['ensemble_correct']) == float(np.sum(votes == test.labels))
   np.testing.assert_array_equal(np.asarray(sums['correct']), (np.argmax(lengths, -1) == test.labels).sum(-1))

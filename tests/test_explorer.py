@@ -25,6 +25,9 @@ from capsjax.models import build_model
 from experiments import multimnist as multimnist_experiment
 from tests.test_train import tiny_config
 
+# Compares formulations / the model's own answers at float32 tolerances (see conftest).
+pytestmark = pytest.mark.float32_matmuls
+
 
 @pytest.fixture(scope='module')
 def trained_workdir(mnist_dir, tmp_path_factory):
@@ -35,8 +38,7 @@ def trained_workdir(mnist_dir, tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def explorer(trained_workdir):
-  with jax.default_matmul_precision('highest'):
-    return Explorer.from_workdir(trained_workdir, num_images=50)
+  return Explorer.from_workdir(trained_workdir, num_images=50)
 
 
 @pytest.fixture(scope='module')
@@ -65,9 +67,8 @@ def model_decode(explorer, vector, cls):
   capsules = np.zeros((1, explorer.num_classes, explorer.dim), np.float32)
   capsules[0, cls] = vector
   mask = jax.nn.one_hot(jnp.array([cls]), explorer.num_classes)
-  with jax.default_matmul_precision('highest'):
-    return np.asarray(explorer.model.apply({'params': explorer.params}, jnp.asarray(capsules), mask,
-                                           method='decode'))[0, ..., 0]
+  return np.asarray(explorer.model.apply({'params': explorer.params}, jnp.asarray(capsules), mask,
+                                         method='decode'))[0, ..., 0]
 
 
 # ------------------------------------------------------------------------- preprocessing
@@ -100,8 +101,7 @@ def test_example_is_the_model_encoding_of_the_test_image(explorer, url, mnist_di
   assert status == 200
   test = load_dataset('mnist', 'test', mnist_dir).take(50)
   image = preprocess(jnp.asarray(test.images[7:8]))
-  with jax.default_matmul_precision('highest'):
-    capsules = np.asarray(explorer.model.apply({'params': explorer.params}, image, method='encode'))[0]
+  capsules = np.asarray(explorer.model.apply({'params': explorer.params}, image, method='encode'))[0]
   np.testing.assert_allclose(answer['capsules'], capsules, atol=1e-5)
   np.testing.assert_allclose(answer['lengths'], np.linalg.norm(capsules, axis=-1), atol=1e-5)
   assert answer['prediction'] == [int(np.argmax(np.linalg.norm(capsules, axis=-1)))]

@@ -8,6 +8,9 @@ from capsjax import ops
 from capsjax.models import CapsNet, build_model, count_params
 from experiments import mnist
 
+# Compares formulations / the model's own answers at float32 tolerances (see conftest).
+pytestmark = pytest.mark.float32_matmuls
+
 
 def _param_shapes(model, input_shape=(28, 28, 1)):
   dummy = jnp.zeros((1,) + input_shape)

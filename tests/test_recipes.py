@@ -87,6 +87,7 @@ def test_official_initialisation():
   np.testing.assert_allclose(np.asarray(default['digit_caps']['weights']).std(), 0.01, rtol=0.02)
 
 
+@pytest.mark.float32_matmuls
 def test_primary_caps_scaled_by_types_divides_the_convolution_before_the_bias():
   features = jax.random.normal(jax.random.key(1), (2, 12, 12, 5))
   scaled = PrimaryCaps(num_types=4, dim=3, kernel_size=3, stride=2, scale_by_types=True)
@@ -95,9 +96,8 @@ def test_primary_caps_scaled_by_types_divides_the_convolution_before_the_bias():
   params['conv']['bias'] = jnp.linspace(-0.5, 0.5, 12)
   divided = jax.tree.map(lambda x: x, params)
   divided['conv']['kernel'] = params['conv']['kernel'] / 4
-  with jax.default_matmul_precision('highest'):
-    np.testing.assert_allclose(scaled.apply({'params': params}, features),
-                               plain.apply({'params': divided}, features), atol=1e-6)
+  np.testing.assert_allclose(scaled.apply({'params': params}, features),
+                             plain.apply({'params': divided}, features), atol=1e-6)
 
 
 def test_official_experiment_turns_every_option_on():

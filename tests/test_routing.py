@@ -6,6 +6,9 @@ import pytest
 
 from capsjax.routing import coupling_coefficients, dynamic_routing, squash
 
+# Compares formulations / the model's own answers at float32 tolerances (see conftest).
+pytestmark = pytest.mark.float32_matmuls
+
 
 def reference_squash(s):
   norm = np.linalg.norm(s, axis=-1, keepdims=True)

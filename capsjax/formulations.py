@@ -1,0 +1,48 @@
+"""Which formulation of the same math runs on which backend: one table, from measurements.
+
+A model option set to 'auto' (`conv_impl`, `routing_loop`) resolves here, by the backend
+JAX runs on. Every entry names the measurement behind it; an entry nobody has measured
+says so. `python benchmarks/device_report.py` measures every formulation on a backend in
+one run: change an entry when a report says so, and name that report.
+"""
+import jax
+
+CONV_IMPLS = ('auto', 'xla', 'patches')
+ROUTING_LOOPS = ('auto', 'rolled', 'unrolled')
+
+FASTEST = {
+    'cpu': {
+        # 2-core x86-64 CPU, paper model, batch 128 (BUILD.md "Convolutions"): PrimaryCaps
+        # forward+backward 1.4 s as patches vs 28 s with XLA's convolution.
+        'conv_impl': 'patches',
+        # 2-core x86-64 CPU, paper model, batch 128, 2026-11-23 (BUILD.md "Routing loop"):
+        # training 88.6 images/s rolled vs 87.9 unrolled, inference 275 vs 272: equal within
+        # noise, so the design card's rolled loop.
+        'routing_loop': 'rolled',
+    },
+    'gpu': {
+        # One H100, 2026-11-23 (the GPU-speed issue): patches trained at 34.4k images/s
+        # against 24.7k for XLA's convolution.
+        'conv_impl': 'patches',
+        # Not measured on a GPU yet: the rolled loop until a device report says otherwise.
+        'routing_loop': 'rolled',
+    },
+    'tpu': {
+        # Not measured on a TPU: XLA's own convolution (the TPU's native op).
+        'conv_impl': 'xla',
+        # Not measured on a TPU.
+        'routing_loop': 'rolled',
+    },
+}
+
+
+def resolve(option: str, value: str, backend: str = '') -> str:
+  """`value` of model option `option`, with 'auto' replaced by FASTEST[backend][option]
+  (backend: JAX's default backend unless given; an unknown backend uses the CPU's entry)."""
+  allowed = {'conv_impl': CONV_IMPLS, 'routing_loop': ROUTING_LOOPS}[option]
+  if value not in allowed:
+    raise ValueError(f'{option} must be one of {allowed}, got {value!r}')
+  if value != 'auto':
+    return value
+  backend = backend or jax.default_backend()
+  return FASTEST.get(backend, FASTEST['cpu'])[option]

@@ -1,0 +1,119 @@
+"""What a lent GPU needs ready: the routing loop's formulations and their per-backend table,
+the float32_matmuls marker, and the device report's whole code path (--smoke, on the CPU)."""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from capsjax import formulations, ops
+from capsjax.errors import ConfigError
+from capsjax.models import CapsNet
+from capsjax.routing import dynamic_routing
+from capsjax.validation import validate
+from experiments import mnist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.float32_matmuls
+@pytest.mark.parametrize('traced', [False, True])
+def test_unrolled_routing_loop_equals_the_rolled_one_in_value_and_gradient(traced):
+  u_hat = 0.3 * jax.random.normal(jax.random.key(0), (2, 12, 4, 5))
+  iterations = jnp.asarray(2) if traced else 3
+  bound = dict(max_iterations=3) if traced else {}
+
+  def loss(u, unroll):
+    return jnp.sum(jnp.sin(dynamic_routing(u, iterations, unroll=unroll, **bound)))
+
+  rolled, unrolled = (jax.jit(lambda u, unroll=unroll: loss(u, unroll)) for unroll in (False, True))
+  np.testing.assert_allclose(unrolled(u_hat), rolled(u_hat), rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(lambda u: loss(u, True))(u_hat),
+                             jax.grad(lambda u: loss(u, False))(u_hat), rtol=1e-5, atol=1e-7)
+  # The unrolled program really has no loop left.
+  assert 'while' not in jax.jit(lambda u: loss(u, True)).lower(u_hat).as_text()
+  assert 'while' in jax.jit(lambda u: loss(u, False)).lower(u_hat).as_text()
+
+
+@pytest.mark.float32_matmuls
+def test_capsnet_routing_loop_option_keeps_the_outputs():
+  small = dict(conv1_channels=8, primary_types=2, conv_impl='patches')
+  images = jax.random.uniform(jax.random.key(1), (2, 28, 28, 1))
+  rolled, unrolled = CapsNet(routing_loop='rolled', **small), CapsNet(routing_loop='unrolled', **small)
+  params = rolled.init(jax.random.key(2), images)['params']
+  out_rolled = jax.jit(rolled.apply)({'params': params}, images)
+  out_unrolled = jax.jit(unrolled.apply)({'params': params}, images)
+  np.testing.assert_allclose(out_unrolled['capsules'], out_rolled['capsules'], rtol=1e-5, atol=1e-7)
+
+
+def test_auto_formulations_come_from_the_one_table():
+  for backend, entry in formulations.FASTEST.items():
+    assert formulations.resolve('conv_impl', 'auto', backend) == entry['conv_impl']
+    assert formulations.resolve('routing_loop', 'auto', backend) == entry['routing_loop']
+  assert formulations.resolve('conv_impl', 'auto', 'gpu') == 'patches'   # measured on an H100, 2026-11-23
+  assert formulations.resolve('routing_loop', 'unrolled', 'cpu') == 'unrolled'   # explicit values stay
+  assert ops.resolve_conv_impl('auto') == formulations.FASTEST[jax.default_backend()]['conv_impl']
+  with pytest.raises(ValueError, match='routing_loop must be one of'):
+    formulations.resolve('routing_loop', 'twice')
+
+
+def test_a_bad_routing_loop_value_is_named():
+  config = mnist.get_config()
+  config.model.routing_loop = 'sideways'
+  with pytest.raises(ConfigError, match=r"config.model.routing_loop='sideways'"):
+    validate(config)
+
+
+@pytest.mark.float32_matmuls
+def test_the_marker_pins_float32_in_every_thread():
+  seen = []
+  thread = threading.Thread(target=lambda: seen.append(jax.config.jax_default_matmul_precision))
+  thread.start()
+  thread.join()
+  assert seen == ['highest']
+
+
+def test_unmarked_tests_keep_jaxs_default_precision():
+  assert jax.config.jax_default_matmul_precision is None
+
+
+def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
+  out = tmp_path / 'report'
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'device_report.py'), '--smoke',
+                         '--out', str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  last = done.stdout.strip().splitlines()[-1]
+  assert last.startswith('device_report duration_s=') and 'skipped=0' in last, done.stdout[-3000:]
+  report = json.loads((out / 'report.json').read_text())
+  assert set(report) >= {'device', 'rows', 'profile'}
+  assert report['device']['matmul_peak_tflops']['f32'] > 0 and report['device']['copy_gb_per_s'] > 0
+  rows = report['rows']
+  for row in rows:
+    assert {'impl', 'mode', 'variant', 'images_per_s', 'peak_memory_bytes'} <= set(row)
+    assert row['images_per_s'] > 0
+  capsjax = {(r['mode'], r['variant']) for r in rows if r['impl'] == 'capsjax' and r['experiment'] == 'mnist'
+             and r['members'] == 1 and r['batch'] == report['settings']['batch']}
+  for conv in ('xla', 'patches'):
+    for dtype in ('float32', 'bfloat16'):
+      for loop in ('rolled', 'unrolled'):
+        assert {('train', f'{conv} {dtype} {loop}'), ('infer', f'{conv} {dtype} {loop}')} <= capsjax
+  assert any(r['members'] == 3 and r['mode'] == 'train' for r in rows)           # the vmapped seeds
+  assert any(r['experiment'] == 'multimnist' and r['mode'] == 'train' for r in rows)
+  assert any(r['mode'] == 'infer' and r['batch'] == report['settings']['large_batch'] for r in rows)
+  peers = {(r['variant'], r['mode']) for r in rows if r['impl'] == 'torch'}
+  assert peers == {(f'{kind} fp32', mode) for kind in ('eager', 'compile') for mode in ('train', 'infer')}
+  fastest_peer = max(r['images_per_s'] for r in rows if r['impl'] == 'torch' and r['mode'] == 'train')
+  for row in rows:   # ratios against the fastest peer row of the same mode, shares of the peak
+    if row['impl'] == 'capsjax' and row['mode'] == 'train':
+      assert row['vs_fastest_peer'] == pytest.approx(row['images_per_s'] / fastest_peer)
+    assert 0 < row['share_of_peak'] and row['peak_memory_bytes'] > 0 or row['impl'] == 'torch'
+  assert 0 < len(report['profile']) <= 15
+  assert sum(op['share'] for op in report['profile']) <= 1.0 + 1e-9
+  assert (out / 'profile_trace.json.gz').stat().st_size > 0
+  markdown = (out / 'report.md').read_text()
+  assert '| capsjax | train | patches float32 rolled |' in markdown and 'ms / step' in markdown
