@@ -117,7 +117,7 @@ def cell_device(settings) -> dict:
                             '--format=csv,noheader'], capture_output=True, text=True, check=False)
     facts['nvidia_smi'] = query.stdout.strip().splitlines()[:1]
 
-  size = settings['matmul_size']
+  size = settings['matmul_size'] if backend != 'cpu' else min(settings['matmul_size'], 2048)   # a CPU: seconds each
   keys = jax.random.split(jax.random.key(0), 4)   # random data: zeros run faster than real data
 
   def matmul_tflops(dtype, precision) -> float:
@@ -130,14 +130,15 @@ def cell_device(settings) -> dict:
   if backend == 'gpu':   # JAX's default float32 matmul precision on a GPU
     peaks['tf32'] = matmul_tflops(jnp.float32, jax.lax.Precision.DEFAULT)
   peaks['bf16'] = matmul_tflops(jnp.bfloat16, jax.lax.Precision.DEFAULT)
-  elements = settings['copy_mib'] * 2 ** 20 // 4
+  copy_mib = settings['copy_mib'] if backend != 'cpu' else min(settings['copy_mib'], 256)
+  elements = copy_mib * 2 ** 20 // 4
   source = jax.random.normal(keys[2], (elements,), jnp.float32)
   negate = jax.jit(lambda x: -x)   # reads and writes every byte once (a copy XLA cannot elide)
   copy = _median_rate(lambda: negate(source), jax.block_until_ready, 1, dict(settings, seconds_per_row=1.0))
   facts['matmul_peak_tflops'] = peaks
   facts['matmul_size'] = size
   facts['copy_gb_per_s'] = 2 * 4 * elements * copy['images_per_s'] / 1e9   # bytes read + written
-  facts['copy_mib'] = settings['copy_mib']
+  facts['copy_mib'] = copy_mib
   return {'device': facts}
 
 

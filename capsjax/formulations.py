@@ -15,9 +15,10 @@ FASTEST = {
         # 2-core x86-64 CPU, paper model, batch 128 (BUILD.md "Convolutions"): PrimaryCaps
         # forward+backward 1.4 s as patches vs 28 s with XLA's convolution.
         'conv_impl': 'patches',
-        # 2-core x86-64 CPU, paper model, batch 128, 2026-11-23 (BUILD.md "Routing loop"):
-        # training 88.6 images/s rolled vs 87.9 unrolled, inference 275 vs 272: equal within
-        # noise, so the design card's rolled loop.
+        # 2-core x86-64 CPU, paper model, batch 128, 2026-11-23, two runs of
+        # `device_report.py --only 'capsjax patches float32'` (BUILD.md "Routing loop"):
+        # training 79.4 / 64.4 images/s rolled vs 80.5 / 66.3 unrolled, inference 272 / 233
+        # vs 289 / 235: within the repeats' spread, so the design card's rolled loop.
         'routing_loop': 'rolled',
     },
     'gpu': {
