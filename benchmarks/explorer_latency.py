@@ -11,18 +11,15 @@ Also reported: the server's decode alone, and a bare HTTP round trip to /api/dec
 """
 import argparse
 import json
-import os
-import sys
 import threading
 import time
 import urllib.request
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.browser
-from capsjax.explorer.backend import Explorer  # pylint: disable=wrong-import-position
-from capsjax.explorer.server import make_server  # pylint: disable=wrong-import-position
-from tests import browser  # pylint: disable=wrong-import-position
+from capsjax.explorer import browser
+from capsjax.explorer.backend import Explorer
+from capsjax.explorer.server import make_server
 
 
 # A drag: the slider moves 0.005 per event, one event every 16 ms, back and forth.

@@ -16,13 +16,10 @@ Ratios are against `memory`, measured in the same run.
 """
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MODES = ('memory', 'rows', 'rows_sync')
 

@@ -54,7 +54,8 @@ def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir,
   together = train.train_and_evaluate(config, str(tmp_path / 'ensemble'))
   _, _, ensemble_params = load_trained(str(tmp_path / 'ensemble'))
   members = together['members']
-  for index in (0, 3):   # (seed 0, 1 iteration) and (seed 1, 3 iterations)
+  # Member 1 (seed 1, 1 of 3 iterations): its own seed and a traced count below the bound.
+  for index in (1,):
     alone = train.train_and_evaluate(member_config(config, members[index]),
                                      str(tmp_path / f'alone{index}'))
     _, _, alone_params = load_trained(str(tmp_path / f'alone{index}'))

@@ -9,7 +9,7 @@ import pytest
 
 from capsjax.explorer.backend import Explorer, to_pixels
 from capsjax.explorer.server import make_server
-from tests import browser
+from capsjax.explorer import browser
 
 
 @pytest.fixture(scope='module')

@@ -1,5 +1,8 @@
 """Each hook of the training loop alone, with a fake run: what it writes, when it fires,
 when it stops the run."""
+import os
+import signal
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -130,6 +133,21 @@ def test_preemption_stops_after_a_signal_or_the_service_notice(tmp_path):
   for step in range(1, 10):
     service(run, step, metrics())
   assert run.stopped_at == 6
+
+
+def test_stop_requests_turn_real_sigterm_and_sigint_into_the_flag_and_restore_the_handlers():
+  # What run.py does on one process (the end-to-end Ctrl-C run is tests/test_signals.py).
+  before = {s: signal.getsignal(s) for s in StopRequests.SIGNALS}
+  for signum, name in ((signal.SIGTERM, 'SIGTERM'), (signal.SIGINT, 'SIGINT')):
+    with StopRequests() as requests:
+      os.kill(os.getpid(), signum)   # delivered to the main thread before kill returns
+      assert (requests.raised, requests.signal_name) == (True, name)
+      if signum == signal.SIGINT:    # a second Ctrl-C quits at once, without saving
+        with pytest.raises(KeyboardInterrupt):
+          os.kill(os.getpid(), signal.SIGINT)
+    assert {s: signal.getsignal(s) for s in StopRequests.SIGNALS} == before
+  with StopRequests(install=False) as requests:   # several processes: JAX's service owns SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM] and not requests.raised
 
 
 def test_checkpointer_saves_by_steps_by_time_on_stop_and_at_the_end(tmp_path):

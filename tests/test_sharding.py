@@ -137,23 +137,6 @@ def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_p
   _assert_same_params(np.load(out), one_device_params)
 
 
-def test_single_process_sigterm_checkpoints_and_resumes(one_device_params, mnist_dir, tmp_path):
-  workdir, out = str(tmp_path / 'single'), str(tmp_path / 'single.npz')
-  with open(tmp_path / 'first.log', 'w') as log:
-    process = _start(workdir, mnist_dir, out=out, log=log)
-    deadline = time.time() + 180
-    while 'step 10/' not in open(log.name).read():
-      assert time.time() < deadline and process.poll() is None, open(log.name).read()[-3000:]
-      time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
-    text = _finish([process], [log])[0]
-  assert 'preempted at step' in text and 'completed False' in text
-  with open(tmp_path / 'second.log', 'w') as log:
-    text = _finish([_start(workdir, mnist_dir, out=out, log=log)], [log])[0]
-  assert 'resumed from checkpoint' in text
-  _assert_same_params(np.load(out), one_device_params)
-
-
 def test_batch_that_does_not_divide_by_the_devices_is_one_clear_error(mnist_dir, tmp_path):
   result = subprocess.run(
       [sys.executable, 'run.py', '--experiment=mnist_smoke', f'--workdir={tmp_path}',

@@ -1,6 +1,7 @@
-"""Headless Chromium for the explorer's browser test and latency benchmark: Debian's
-`chromium` and `chromium-driver` (apt-get install chromium chromium-driver) driven by
-Selenium with an explicit driver path, so nothing is ever downloaded."""
+"""Headless Chromium at the explorer's page, for its browser test and latency benchmark:
+Debian's `chromium` and `chromium-driver` (apt-get install chromium chromium-driver) driven
+by Selenium (the `test` extra) with an explicit driver path, so nothing is ever downloaded.
+Selenium is imported only when a browser starts."""
 import os
 import shutil
 import time
