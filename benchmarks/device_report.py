@@ -390,10 +390,10 @@ def plan(args, backend: str, settings, out_dir: str) -> list:
   extras = [
       dict(auto, name='capsjax mnist_seeds', variant='auto float32 auto, seeds 0 1 2 vmapped', seeds=[0, 1, 2],
            train=True, infer_batches=[]),
-      dict(auto, name='capsjax infer large batch', variant='auto float32 auto', train=False,
-           infer_batches=[settings['large_batch']]),
       dict(auto, name='capsjax multimnist', variant='auto float32 auto, MultiMNIST 36×36', experiment='multimnist',
            train=True, infer_batches=[]),
+      dict(auto, name='capsjax infer large batch', variant='auto float32 auto', train=False,
+           infer_batches=[settings['large_batch']]),
   ]
   device = 'cuda' if backend == 'gpu' else 'cpu'
   precisions = ('tf32', 'bf16') if backend == 'gpu' else ('fp32',)

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The lent-GPU recipe (BUILD.md, "On a lent GPU"), one subcommand per step. Run from the
+# repository root; on the device machine through the device tool, with `.carry` carried.
+#
+#   bash benchmarks/lent_gpu.sh carry                 # HERE, once: fill .carry (git-ignored)
+#   bash benchmarks/lent_gpu.sh report [FLAGS]        # call 1: benchmarks/device_report.py
+#   bash benchmarks/lent_gpu.sh suite                 # call 2: the test suite
+#   bash benchmarks/lent_gpu.sh leg NAME RUN_FLAGS…   # start a training leg (setsid: outlives the call)
+#   bash benchmarks/lent_gpu.sh poll NAME             # its progress; results and metrics → $OUT/NAME
+#
+# What comes back is what lands in $OUT (the device tool's folder; /tmp/lent_gpu_out elsewhere).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARRY=.carry
+LEGS=/tmp/capsjax_legs
+OUT=${OUT:-/tmp/lent_gpu_out}
+mkdir -p "$OUT"
+# Wheels the GPU image lacks (ml-collections; TFDS and its dependencies for the suite's
+# data tests); its own jax, flax, optax, orbax, chex and torch are used as they are.
+WHEELS=(ml-collections==1.1.0 tensorflow-datasets==4.9.10 array_record==0.8.6 dm-tree==0.1.10
+        immutabledict==4.3.1 simple-parsing==0.1.9 docstring_parser==0.18.0 tensorflow-metadata==1.21.0
+        googleapis-common-protos==1.76.0 termcolor==3.3.0 toml==0.10.2 importlib_resources==7.1.0)
+
+environment() {
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+  if ! python3 -c 'import ml_collections, tensorflow_datasets' 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      "$CARRY"/whl/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}   # capsjax and experiments from the checkout
+  export CAPSJAX_MNIST_DIR=$PWD/$CARRY/mnist
+}
+
+case "${1:-}" in
+  carry)
+    mkdir -p "$CARRY/mnist" "$CARRY/whl"
+    cp ../shared/data/mnist/*-ubyte* "$CARRY/mnist/"
+    cp ../shared/bench/torch_capsnet.py "$CARRY/"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$CARRY/whl" "${WHEELS[@]}"
+    python3 -m pip wheel -q --no-deps promise==2.3 -w "$CARRY/whl"   # TFDS needs it; an sdist only
+    du -sh "$CARRY"
+    ;;
+  report)
+    shift
+    environment
+    python3 benchmarks/device_report.py --out "$OUT/report" --torch_script "$CARRY/torch_capsnet.py" "$@" \
+      2>&1 | tee "$OUT/report.log"
+    ;;
+  suite)
+    environment
+    # Not there: Chromium (the explorer's browser test) and TensorFlow (TFDS preparation).
+    workers=()
+    if python3 -c 'import xdist' 2>/dev/null; then workers=(-n 8); fi
+    set -o pipefail
+    python3 -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=15 \
+      --ignore=tests/test_explorer_browser.py --ignore=tests/test_tfds.py tests 2>&1 | tee "$OUT/suite.log"
+    ;;
+  leg)
+    name=${2:?a leg name}
+    shift 2
+    environment
+    mkdir -p "$LEGS"
+    setsid nohup python3 run.py --workdir="$LEGS/$name" --config.data_dir="$CAPSJAX_MNIST_DIR" "$@" \
+      > "$LEGS/$name.log" 2>&1 < /dev/null &
+    echo "leg $name started (pid $!): $LEGS/$name.log"
+    ;;
+  poll)
+    name=${2:?a leg name}
+    mkdir -p "$OUT/$name"
+    tail -n 5 "$LEGS/$name.log"
+    if pgrep -f -- "--workdir=$LEGS/$name" >/dev/null; then state=running; else state=stopped; fi
+    for file in results.json metrics.jsonl table.md config.json; do
+      [ -f "$LEGS/$name/$file" ] && cp "$LEGS/$name/$file" "$OUT/$name/"
+    done
+    cp "$LEGS/$name.log" "$OUT/$name/run.log"
+    echo "leg $name: $state$([ -f "$LEGS/$name/results.json" ] && echo ', finished: results.json')"
+    ;;
+  *)
+    sed -n '2,12p' "$0"
+    exit 2
+    ;;
+esac
