@@ -6,9 +6,12 @@
 #   bash benchmarks/lent_gpu.sh report [FLAGS]        # call 1: benchmarks/device_report.py
 #   bash benchmarks/lent_gpu.sh suite                 # call 2: the test suite
 #   bash benchmarks/lent_gpu.sh leg NAME RUN_FLAGS…   # start a training leg (setsid: outlives the call)
-#   bash benchmarks/lent_gpu.sh poll NAME             # its progress; results and metrics → $OUT/NAME
+#   bash benchmarks/lent_gpu.sh wait NAME [SECONDS]   # wait up to SECONDS (default 0) for it to end,
+#                                                     # then its log, results and metrics → $OUT/NAME
 #
 # What comes back is what lands in $OUT (the device tool's folder; /tmp/lent_gpu_out elsewhere).
+# The machine goes back 30 s after a call ends: a leg lives on only while `wait` calls follow
+# each other within those 30 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.carry
@@ -67,11 +70,18 @@ case "${1:-}" in
       > "$LEGS/$name.log" 2>&1 < /dev/null &
     echo "leg $name started (pid $!): $LEGS/$name.log"
     ;;
-  poll)
+  wait)
     name=${2:?a leg name}
+    [ -f "$LEGS/$name.log" ] || { echo "error: no leg $name on this machine (machines start bare)" >&2; exit 2; }
+    deadline=$(( $(date +%s) + ${3:-0} ))
+    running() { pgrep -f -- "--workdir=$LEGS/$name" >/dev/null; }
+    while running && [ "$(date +%s)" -lt "$deadline" ]; do
+      sleep 20
+      tail -n 1 "$LEGS/$name.log"
+    done
     mkdir -p "$OUT/$name"
     tail -n 5 "$LEGS/$name.log"
-    if pgrep -f -- "--workdir=$LEGS/$name" >/dev/null; then state=running; else state=stopped; fi
+    if running; then state=running; else state=stopped; fi
     for file in results.json metrics.jsonl table.md config.json; do
       [ -f "$LEGS/$name/$file" ] && cp "$LEGS/$name/$file" "$OUT/$name/"
     done
@@ -79,7 +89,7 @@ case "${1:-}" in
     echo "leg $name: $state$([ -f "$LEGS/$name/results.json" ] && echo ', finished: results.json')"
     ;;
   *)
-    sed -n '2,12p' "$0"
+    sed -n '2,14p' "$0"
     exit 2
     ;;
 esac

@@ -11,6 +11,13 @@ from typing import Callable, NoReturn, Optional, Sequence
 from capsjax.errors import CapsjaxError, CheckpointWriteError
 
 
+# Exit status of a run that a signal or a preemption notice stopped after saving a
+# checkpoint: EX_TEMPFAIL (sysexits.h), "try again": the same command resumes it. A run
+# that finished (or ended at --config.stop_at_step) exits 0; bad input 2; Ctrl-C before
+# training 130.
+EXIT_RESUMABLE = 75
+
+
 def fail(message: str, status: int = 2, hard: bool = False) -> NoReturn:
   """Prints `error: MESSAGE` and exits. `hard` skips interpreter teardown (os._exit):
   after a Ctrl-C or a failed checkpoint write, orbax's and XLA's background threads can

@@ -124,6 +124,16 @@ class ProgressLogger(Hook):
     self.guard = guard
     self.window_start = time.time()
     self.window_steps = 0
+    self.evaluator: Optional['Evaluator'] = None   # set by the Evaluator: the ETA includes its evaluations
+
+  def eta(self, run, step: int, images_per_s: float) -> str:
+    """Training still to do at `images_per_s`, plus the evaluations still to come at the
+    last one's duration (before the first: their count)."""
+    seconds = (run.num_steps - step) * run.batch_size / images_per_s
+    evaluations = self.evaluator.remaining(step, run.num_steps) if self.evaluator else 0
+    if evaluations and self.evaluator.last_seconds is None:
+      return f'{format_duration(seconds)} + {evaluations} evaluation{"s" if evaluations > 1 else ""}'
+    return format_duration(seconds + evaluations * (self.evaluator.last_seconds if evaluations else 0.0))
 
   def restart_window(self) -> None:
     self.window_start, self.window_steps = time.time(), 0
@@ -140,8 +150,7 @@ class ProgressLogger(Hook):
     if first and step % self.every_steps and step != run.last_step:
       speed = f'first step (with compilation) {elapsed:.1f}s'   # console only
     else:
-      eta = (run.num_steps - step) * run.batch_size / images_per_s
-      speed = f'{images_per_s:.1f} img/s | ETA {format_duration(eta)}'
+      speed = f'{images_per_s:.1f} img/s | ETA {self.eta(run, step, images_per_s)}'
       run.metrics.write(split='train', step=step, epoch=run.epoch(step), images_per_s=images_per_s, **host)
     run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {run.describe(host["loss"])} '
             f'| acc {np.mean(host["accuracy"]):.3f} | {speed}')
@@ -160,25 +169,44 @@ class Evaluator(Hook):
     self.probes = list(probes)
     self.progress = progress
     self.validate = validate
+    self.last_seconds: Optional[float] = None   # how long the last evaluation took
+    if progress is not None:
+      progress.evaluator = self
+
+  def due(self, step: int, num_steps: int) -> bool:
+    return bool(self.every_steps and step % self.every_steps == 0) or step == num_steps
+
+  def remaining(self, step: int, num_steps: int) -> int:
+    """Evaluations after `step` up to the end of the run."""
+    periodic = (num_steps // self.every_steps - step // self.every_steps) if self.every_steps else 0
+    final = step < num_steps and not (self.every_steps and num_steps % self.every_steps == 0)
+    return periodic + int(final)
 
   def evaluate(self, run: Run, step: int) -> Dict[str, Any]:
+    """Test (and validation) metrics of the current parameters, announced on the console
+    (an evaluation can take minutes) and timed (`last_seconds`, for the ETA)."""
+    run.log(f'step {step}: evaluating' + (' (test and validation)' if self.validate is not None else '')
+            + (f', ≈ {self.last_seconds:.0f} s' if self.last_seconds else '') + '…')
+    start = time.time()
     metrics = run.evaluate(run.state['params'])
     for probe in self.probes:
       metrics.update(probe(run.state['params']))
     run.last_eval, run.last_eval_step = metrics, step
     if self.validate is not None:
       run.last_validation = self.validate(run.state['params'])
+    self.last_seconds = time.time() - start
     return metrics
 
   def __call__(self, run, step, metrics):
-    if not ((self.every_steps and step % self.every_steps == 0) or step == run.num_steps):
+    if not self.due(step, run.num_steps):
       return
     results = self.evaluate(run, step)
+    took = f' ({self.last_seconds:.1f} s)'
     if self.validate is not None:
       run.log(f'step {step} validation: {run.describe_test(run.last_validation)}')
       run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
-    run.log(f'step {step} test: {run.describe_test(results)}')
-    run.metrics.write(split='test', step=step, epoch=run.epoch(step), **results)
+    run.log(f'step {step} test: {run.describe_test(results)}{took}')
+    run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds, **results)
     if self.progress is not None:
       self.progress.restart_window()   # evaluation time is not training throughput
 

@@ -168,7 +168,9 @@ def main(argv):
   program = getattr(importlib.import_module(module_name), function_name)
   from capsjax.runtime import initialize_distributed  # pylint: disable=g-import-not-at-top
   initialize_distributed(config)   # before any JAX computation
-  program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))
+  result = program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))
+  if isinstance(result, dict) and result.get('stop_reason') == 'preempted':
+    return cli.EXIT_RESUMABLE
   return 0
 
 

@@ -141,6 +141,12 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     state = sharding.replicate(sharding.to_host(state), mesh)
     first_step = ckpt.step_of(state)
     previous = _read_results(workdir)
+    complete = previous.get('completed') and previous.get('steps') == first_step and (
+        first_step >= num_steps or previous.get('stopped_early'))
+    if complete and not config.get('reevaluate'):
+      _log(f'{workdir} is complete ({first_step} steps): results in {os.path.join(workdir, "results.json")}; '
+           '--config.reevaluate=True evaluates it again')
+      return previous
     if previous.get('stopped_early') and previous.get('steps') == first_step:
       num_steps = first_step   # a run that stopped early is finished
     metrics_log = workdir_lib.MetricsLog(workdir, is_writer)
@@ -155,7 +161,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
       _log(f'resumed from checkpoint at step {first_step}')
     _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
          f'examples, {num_steps} steps of {config.batch_size} ({run.epoch(num_steps):.2f} epochs)'
-         + (f', {len(members)} members in one vmapped program' if members else ''))
+         + (f', {len(members)} members in one vmapped program' if members else '')
+         + f'; {describe_devices()}')
     hooks = default_hooks(config, checkpoints, requests, multi_process, program.probes, program.validate)
     evaluator = next(hook for hook in hooks if isinstance(hook, hooks_lib.Evaluator))
     if first_step < run.last_step:
@@ -176,7 +183,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     run.num_steps = done
   if done < run.num_steps:
     _log(f'stopped at step {done} of {run.num_steps}; run again to resume')
-    return {'steps': done, 'completed': False}
+    return {'steps': done, 'completed': False, 'stop_reason': run.stop_reason or 'stop_at_step'}
   if run.last_eval_step != done:   # resumed a finished run: evaluate the restored parameters
     evaluator.evaluate(run, done)
   results = _results(config, run, train_metrics, previous, num_params, members,
@@ -217,6 +224,8 @@ def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any]
       # Training time over every invocation.
       'wall_time_s': run.wall_time() if trained_now else previous.get('wall_time_s', run.wall_time()),
       'backend': jax.default_backend(),
+      'devices': {'count': jax.device_count(), 'kind': jax.devices()[0].device_kind,
+                  'processes': jax.process_count()},
       'completed': True,
       'stopped_early': run.stop_reason == 'early' or bool(previous.get('stopped_early') and not trained_now),
       'members': members,
@@ -226,6 +235,13 @@ def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any]
                                 for g in reports.seed_groups(members, run.last_eval['error'])] if members else None,
       'config': config.to_dict(),
   }
+
+
+def describe_devices() -> str:
+  """'8 × TPU v4 devices (cpu backend), 2 processes'-style: what the run trains on."""
+  processes = jax.process_count()
+  return (f'{jax.device_count()} × {jax.devices()[0].device_kind} ({jax.default_backend()})'
+          + (f' over {processes} processes' if processes > 1 else ''))
 
 
 def _read_results(workdir: str) -> Dict[str, Any]:

@@ -108,6 +108,7 @@ RUN_RULES = {
     'checkpoint_every_secs': number_in(0, math.inf),
     'keep_checkpoints': int_at_least(1),
     'stop_at_step': int_at_least(0),
+    'reevaluate': boolean(),
     'stop_at_test_accuracy': number_in(0, 1),
     'routing_probe_iterations': int_at_least(0),
     'routing_probe_examples': int_at_least(1),

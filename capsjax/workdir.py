@@ -30,7 +30,7 @@ RUNTIME_KEYS = frozenset({
     'data_dir', 'tfds_data_dir', 'host_images', 'log_every_steps', 'eval_every_steps', 'eval_batch_size',
     'checkpoint_every_steps', 'checkpoint_every_secs', 'keep_checkpoints', 'stop_at_step',
     'distributed', 'coordinator_address', 'num_processes', 'process_id',
-    'allow_config_change', 'routing_probe_examples', 'routing_probe_iterations',
+    'allow_config_change', 'reevaluate', 'routing_probe_examples', 'routing_probe_iterations',
 })
 
 

@@ -78,6 +78,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.stop_at_test_accuracy = 0.0
   # A workdir is bound to the config it was started with; True continues it with another.
   config.allow_config_change = False
+  # Running a finished workdir again says so and exits at once; True evaluates it again.
+  config.reevaluate = False
   # The function that runs the experiment (see run.py): 'train', or a program of
   # capsjax.programs that calls the training loop itself.
   config.program = 'train'

@@ -84,8 +84,10 @@ def test_unmarked_tests_keep_jaxs_default_precision():
 
 def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
   out = tmp_path / 'report'
+  # The smoke is the CPU rehearsal (on a GPU machine too): fp32 peer rows, shared processes.
   done = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'device_report.py'), '--smoke',
-                         '--out', str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+                         '--out', str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   last = done.stdout.strip().splitlines()[-1]
   assert last.startswith('device_report duration_s=') and 'skipped=0' in last, done.stdout[-3000:]

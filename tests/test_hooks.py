@@ -1,7 +1,9 @@
 """Each hook of the training loop alone, with a fake run: what it writes, when it fires,
 when it stops the run."""
 import os
+import re
 import signal
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -92,16 +94,37 @@ def test_evaluator_runs_periodically_and_at_the_end_with_probes(tmp_path):
   for step in range(1, 11):
     evaluator(run, step, metrics())
   assert [row['step'] for row in run.metrics.read()] == [4, 8, 10]
-  assert run.metrics.read()[-1] == {'split': 'test', 'step': 10, 'epoch': 2.0, 'accuracy': 0.75,
-                                    'error': 0.25, 'probe': [1.0, 2.0]}
+  last = run.metrics.read()[-1]
+  assert last.pop('eval_seconds') >= 0
+  assert last == {'split': 'test', 'step': 10, 'epoch': 2.0, 'accuracy': 0.75, 'error': 0.25, 'probe': [1.0, 2.0]}
   assert run.last_eval_step == 10 and len(calls) == 3
-  assert lines[-1] == 'step 10 test: accuracy 0.7500 (error 25.00%)'
+  assert re.fullmatch(r'step 10 test: accuracy 0\.7500 \(error 25\.00%\) \(\d+\.\d s\)', lines[-1])
+  assert lines[-2].startswith('step 10: evaluating')   # every evaluation is announced
   only_at_end = hooks.Evaluator(0)
   run2, _ = fake_run(tmp_path / 'b')
   (tmp_path / 'b').mkdir()
   for step in range(1, 11):
     only_at_end(run2, step, metrics())
   assert [row['step'] for row in run2.metrics.read()] == [10]
+
+
+def test_eta_includes_the_evaluations_still_to_come(tmp_path):
+  run, lines = fake_run(tmp_path, num_steps=20, last_step=20,
+                        evaluate=lambda p: time.sleep(0.6) or {'accuracy': 0.5, 'error': 0.5})
+  logger = hooks.ProgressLogger(2, hooks.DivergenceGuard())
+  evaluator = hooks.Evaluator(8, progress=logger)
+  assert [evaluator.remaining(s, 20) for s in (0, 7, 8, 15, 16, 19, 20)] == [3, 3, 2, 2, 1, 1, 0]
+  assert hooks.Evaluator(5).remaining(0, 20) == 4 and hooks.Evaluator(0).remaining(3, 20) == 1
+  for step in range(1, 11):
+    logger(run, step, metrics())
+    evaluator(run, step, metrics())
+  before = [line for line in lines if line.startswith('step 4/')][0]
+  assert before.endswith('+ 3 evaluations')   # none measured yet: counted, not guessed
+  assert 'step 8: evaluating…' in lines and evaluator.last_seconds >= 0.6
+  after = [line for line in lines if line.startswith('step 10/')][0]
+  minutes, seconds = re.search(r'ETA (\d+)m(\d+)s$', after).groups()
+  # Training is instant here: the ETA is the two evaluations left, 0.6 s each at least.
+  assert 60 * int(minutes) + int(seconds) >= 1
 
 
 def test_early_stop_fires_on_a_fresh_evaluation_that_reaches_the_target(tmp_path):

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+from capsjax import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--config.model.conv1_channels=16', '--config.model.primary_types=4',
         '--config.model.decoder_hidden=(32,64)', '--config.num_train_examples=256',
@@ -34,7 +36,7 @@ def test_ctrl_c_saves_and_the_run_resumes(mnist_dir, tmp_path):
     _wait_for(log.name, 'step 3/2000', process)
     interrupted = time.time()
     process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 0
+    assert process.wait(timeout=60) == cli.EXIT_RESUMABLE   # stopped by a signal, resumable: 75
     took = time.time() - interrupted
   text = open(tmp_path / 'first.log').read()
   assert 'Traceback' not in text

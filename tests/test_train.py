@@ -70,7 +70,7 @@ def test_resumed_run_equals_uninterrupted_run(mnist_dir, tmp_path):
   config = tiny_config(mnist_dir, num_steps=12)  # crosses an epoch boundary (8 steps/epoch)
   train.train_and_evaluate(config, whole)
   interrupted = train.train_and_evaluate(config, parts, stop_at_step=5)
-  assert interrupted == {'steps': 5, 'completed': False}
+  assert interrupted == {'steps': 5, 'completed': False, 'stop_reason': 'stop_at_step'}
   assert _restore_params(parts)[0] == 5
   train.train_and_evaluate(config, parts)
   (step_a, params_a), (step_b, params_b) = _restore_params(whole), _restore_params(parts)
@@ -80,6 +80,26 @@ def test_resumed_run_equals_uninterrupted_run(mnist_dir, tmp_path):
   results_a = json.loads(open(os.path.join(whole, 'results.json')).read())
   results_b = json.loads(open(os.path.join(parts, 'results.json')).read())
   assert results_a['test_accuracy'] == results_b['test_accuracy']
+  assert results_a['devices'] == {'count': jax.device_count(), 'kind': jax.devices()[0].device_kind, 'processes': 1}
+
+
+def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_path, capsys):
+  config = tiny_config(mnist_dir, num_steps=4)
+  first = train.train_and_evaluate(config, str(tmp_path))
+  assert f'; {jax.device_count()} × {jax.devices()[0].device_kind}' in capsys.readouterr().out   # the header
+  metrics = (tmp_path / 'metrics.jsonl').read_text()
+  again = train.train_and_evaluate(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert again == json.loads((tmp_path / 'results.json').read_text())   # the finished run's results
+  assert again['test_accuracy'] == first['test_accuracy'] and out.splitlines() == [
+      f'{tmp_path} is complete (4 steps): results in {tmp_path / "results.json"}; '
+      '--config.reevaluate=True evaluates it again']
+  assert (tmp_path / 'metrics.jsonl').read_text() == metrics   # nothing evaluated or written
+  config.reevaluate = True   # a runtime key: the workdir's config still matches
+  assert train.train_and_evaluate(config, str(tmp_path))['test_accuracy'] == first['test_accuracy']
+  assert 'step 4: evaluating' in capsys.readouterr().out
+  longer = tiny_config(mnist_dir, num_steps=6, allow_config_change=True)   # more steps: not complete
+  assert train.train_and_evaluate(longer, str(tmp_path))['steps'] == 6
 
 
 def test_divergence_stops_with_step_named_and_checkpoint_kept(mnist_dir, tmp_path):
