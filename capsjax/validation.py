@@ -33,6 +33,17 @@ def int_at_least(low: int) -> Tuple[Callable[[Any], bool], str]:
   return (lambda v: _is_int(v) and v >= low), f'an integer >= {low}'
 
 
+def int_in(low: int, high: int) -> Tuple[Callable[[Any], bool], str]:
+  return (lambda v: _is_int(v) and low <= v <= high), f'an integer in [{low}, {high}]'
+
+
+# Upper bounds that only stop mistakes: a routing of 10⁶ iterations compiles and then runs
+# for hours (the paper's appendix goes to 10); an evaluation batch of 10⁹ images asked for
+# 730 GiB after the training steps (batches beyond a test set are padding anyway).
+MAX_ROUTING_ITERATIONS = 100
+MAX_EVAL_BATCH_SIZE = 65536
+
+
 def number_in(low: float, high: float, low_open=False, high_open=False):
   def check(v):
     if not _is_number(v):
@@ -94,7 +105,7 @@ RUN_RULES = {
     'num_test_examples': int_at_least(0),
     'seed': int_at_least(0),
     'batch_size': int_at_least(1),
-    'eval_batch_size': int_at_least(1),
+    'eval_batch_size': int_in(1, MAX_EVAL_BATCH_SIZE),
     'num_epochs': number_in(0, math.inf),
     'num_steps': int_at_least(0),
     'learning_rate': positive_number(),
@@ -110,7 +121,7 @@ RUN_RULES = {
     'stop_at_step': int_at_least(0),
     'reevaluate': boolean(),
     'stop_at_test_accuracy': number_in(0, 1),
-    'routing_probe_iterations': int_at_least(0),
+    'routing_probe_iterations': int_in(0, MAX_ROUTING_ITERATIONS),
     'routing_probe_examples': int_at_least(1),
     'expanded_test_seed': int_at_least(0),
     'multimnist.examples_per_digit': int_at_least(1),
@@ -137,7 +148,7 @@ MODEL_RULES = {
     'primary_kernel': int_at_least(1),
     'primary_stride': int_at_least(1),
     'digit_dim': int_at_least(1),
-    'routing_iterations': int_at_least(1),
+    'routing_iterations': int_in(1, MAX_ROUTING_ITERATIONS),
     'decoder_hidden': ints_at_least(1),
     'conv_impl': one_of(CONV_IMPLS),
     'routing_loop': one_of(ROUTING_LOOPS),

@@ -1,5 +1,6 @@
 """IDX reader (generated and malformed files), on-device shifts."""
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -110,3 +111,30 @@ def test_random_shift_bounds_and_determinism():
   assert offsets.min() == -2 and offsets.max() == 2
   assert len({tuple(o) for o in offsets}) > 10  # per-image, not one shift for the batch
   assert not np.array_equal(shifted, augment.random_shift(images, jax.random.key(4), 2))
+
+
+@pytest.mark.parametrize('overrides,message', [
+    (dict(num_train_examples=300), 'config.num_train_examples=300: the data has 200 training examples'),
+    (dict(num_train_examples=190, validation_examples=20),
+     'config.num_train_examples=190: the data has 180 training examples (after holding out 20 for validation)'),
+    (dict(num_test_examples=51), 'config.num_test_examples=51: the data has 50 test examples'),
+    (dict(task='multimnist', num_test_examples=50 * 1000 + 1, model_input=(36, 36, 1)),
+     'config.num_test_examples=50001: the data has 50000 MultiMNIST test pairs'),
+])
+def test_counts_beyond_the_data_are_refused_never_clamped(tmp_path, overrides, message):
+  from capsjax.data.pipeline import make_splits  # pylint: disable=g-import-not-at-top
+  from capsjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  for split, count in (('train', 200), ('test', 50)):
+    _write_split(str(tmp_path), split, rng.integers(0, 256, (count, 28, 28), dtype=np.uint8),
+                 (np.arange(count) % 10).astype(np.uint8))
+  config = mnist.get_config()
+  config.data_dir, config.batch_size = str(tmp_path), 16
+  config.model.input_shape = overrides.pop('model_input', (28, 28, 1))
+  for key, value in overrides.items():
+    config[key] = value
+  if config.task == 'multimnist':
+    config.multimnist = dict(examples_per_digit=1000, test_seed=1)
+    config.max_shift = 0
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    make_splits(config)

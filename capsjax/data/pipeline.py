@@ -192,6 +192,13 @@ def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]
           Dataset(train.images[-held_out:], train.labels[-held_out:]))
 
 
+def _at_most(config, key: str, available: int, what: str) -> int:
+  """config[key], refused when the data has fewer (never silently clamped)."""
+  if config[key] > available:
+    raise ConfigError(f'config.{key}={config[key]}: the data has {available} {what}; allowed at most that')
+  return config[key]
+
+
 def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
   """(train, test) pipelines for config.task: 'classify' (the dataset's images as they
   are), 'expanded' (each digit placed at random on the model's larger canvas) or
@@ -212,10 +219,11 @@ def make_splits(config) -> Tuple[Pipeline, Pipeline, Optional[Pipeline]]:
                       f'config.model.input_shape={tuple(config.model.input_shape)}')
   train, held_out = split_validation(config, train)
   if config.num_train_examples:
-    train = train.take(config.num_train_examples)
+    train = train.take(_at_most(config, 'num_train_examples', len(train), 'training examples'
+                                + (f' (after holding out {len(held_out)} for validation)' if held_out else '')))
   if task in ('classify', 'expanded'):
     if config.num_test_examples:
-      test = test.take(config.num_test_examples)
+      test = test.take(_at_most(config, 'num_test_examples', len(test), 'test examples'))
     if len(train) < config.batch_size:
       raise ConfigError(f'batch_size {config.batch_size} exceeds the {len(train)} training examples')
     if task == 'classify':
@@ -228,6 +236,8 @@ def make_splits(config) -> Tuple[Pipeline, Pipeline, Optional[Pipeline]]:
     return (dataset_pipeline(config, train, True, place),
             dataset_pipeline(config, test, False, place, config.expanded_test_seed), validation)
   if task == 'multimnist':
+    if config.num_test_examples:
+      _at_most(config, 'num_test_examples', len(test) * config.multimnist.examples_per_digit, 'MultiMNIST test pairs')
     return (multimnist_pipeline(config, train, config.seed, 0),
             multimnist_pipeline(config, test, config.multimnist.test_seed, config.num_test_examples), None)
   raise ConfigError(f"unknown task {task!r} (expected 'classify', 'expanded' or 'multimnist')")
