@@ -164,11 +164,13 @@ class Evaluator(Hook):
   validation split) writes a `validation` row at the same steps."""
 
   def __init__(self, every_steps: int, probes=(), progress: Optional[ProgressLogger] = None,
-               validate: Optional[Callable[[Any], Dict[str, Any]]] = None):
+               validate: Optional[Callable[[Any], Dict[str, Any]]] = None,
+               before: Optional[Callable[[Run, int], None]] = None):
     self.every_steps = every_steps
     self.probes = list(probes)
     self.progress = progress
     self.validate = validate
+    self.before = before   # called before each evaluation: the checkpointer saves there
     self.last_seconds: Optional[float] = None   # how long the last evaluation took
     if progress is not None:
       progress.evaluator = self
@@ -200,6 +202,8 @@ class Evaluator(Hook):
   def __call__(self, run, step, metrics):
     if not self.due(step, run.num_steps):
       return
+    if self.before is not None:
+      self.before(run, step)
     results = self.evaluate(run, step)
     took = f' ({self.last_seconds:.1f} s)'
     if self.validate is not None:
@@ -256,18 +260,25 @@ class Checkpointer(Hook):
     self.every_secs = every_secs
     self.clock = clock
     self.last_save = clock()
+    self.saved_step: Optional[int] = None
 
-  def save(self, run: Run) -> None:
+  def save(self, run: Run, step: int) -> None:
     self.guard.check()   # never save parameters from after a non-finite step
     self.checkpoints.save(run.state, {'wall_time_s': run.wall_time()})
-    self.last_save = self.clock()
+    self.last_save, self.saved_step = self.clock(), step
+
+  def save_before_evaluation(self, run: Run, step: int) -> None:
+    """The Evaluator's `before`: an evaluation that fails (out of memory, a bad batch)
+    or is interrupted never loses the steps trained before it."""
+    if step > run.first_step and self.saved_step != step:
+      self.save(run, step)
 
   def __call__(self, run, step, metrics):
     self.checkpoints.check()
     due = (step % self.every_steps == 0 or step == run.last_step or run.stop_reason is not None
            or (self.every_secs and self.clock() - self.last_save >= self.every_secs))
-    if due:
-      self.save(run)
+    if due and self.saved_step != step:
+      self.save(run, step)
     if run.stop_reason == 'preempted' and run.stopped_at == step:
       run.log(f'preempted at step {step}: checkpoint saved')
 

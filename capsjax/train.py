@@ -95,13 +95,16 @@ def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
                   validate=None) -> List[hooks_lib.Hook]:
   guard = hooks_lib.DivergenceGuard(checkpoints)
   progress = hooks_lib.ProgressLogger(config.log_every_steps, guard)
+  # Last in the order (it saves where anyone asked to stop), and first at evaluation steps.
+  checkpointer = hooks_lib.Checkpointer(checkpoints, guard, config.checkpoint_every_steps,
+                                        0.0 if multi_process else config.checkpoint_every_secs)
   hooks = [guard, progress,
-           hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress, validate=validate)]
+           hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress, validate=validate,
+                               before=checkpointer.save_before_evaluation)]
   if config.stop_at_test_accuracy and not config.ensemble:
     hooks.append(hooks_lib.EarlyStop(config.stop_at_test_accuracy))
   hooks.append(hooks_lib.Preemption(requests, checkpoints, multi_process))
-  hooks.append(hooks_lib.Checkpointer(checkpoints, guard, config.checkpoint_every_steps,
-                                      0.0 if multi_process else config.checkpoint_every_secs))
+  hooks.append(checkpointer)
   return hooks
 
 

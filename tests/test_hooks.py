@@ -193,6 +193,26 @@ def test_checkpointer_saves_by_steps_by_time_on_stop_and_at_the_end(tmp_path):
   assert checkpoints.waited == 1
 
 
+def test_an_evaluation_that_fails_never_loses_the_steps_before_it(tmp_path):
+  def evaluate(params):
+    raise MemoryError('RESOURCE_EXHAUSTED: out of memory while evaluating')
+  run, lines = fake_run(tmp_path, evaluate=evaluate)
+  checkpoints = FakeCheckpoints()
+  saver = hooks.Checkpointer(checkpoints, hooks.DivergenceGuard(), every_steps=100)
+  evaluator = hooks.Evaluator(3, before=saver.save_before_evaluation)
+  for step in (1, 2):
+    run.state = {'params': {}, 'step': jnp.asarray(step)}
+    evaluator(run, step, metrics())
+    saver(run, step, metrics())
+  run.state = {'params': {}, 'step': jnp.asarray(3)}
+  with pytest.raises(MemoryError):
+    evaluator(run, 3, metrics())
+  assert [step for step, _ in checkpoints.saved] == [3]   # saved, then the evaluation failed
+  assert lines == ['step 3: evaluating…']
+  saver(run, 3, metrics())   # had it succeeded: no second save of the same step
+  assert len(checkpoints.saved) == 1
+
+
 def test_checkpointer_never_saves_after_a_non_finite_step(tmp_path):
   run, _ = fake_run(tmp_path)
   guard = hooks.DivergenceGuard()
