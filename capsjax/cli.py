@@ -49,6 +49,19 @@ def int_at_least(low: int) -> Callable[[str], int]:
   return parse
 
 
+def int_in(low: int, high: int) -> Callable[[str], int]:
+  """An integer in [low, high] (e.g. what fits JAX's int32 seeds and indices)."""
+  at_least = int_at_least(low)
+
+  def parse(text: str) -> int:
+    value = at_least(text)
+    if value > high:
+      raise argparse.ArgumentTypeError(f'{value} is above the maximum {high}')
+    return value
+  parse.__name__ = f'integer in [{low}, {high}]'
+  return parse
+
+
 def number_between(low: float, high: float) -> Callable[[str], float]:
   def parse(text: str) -> float:
     try:

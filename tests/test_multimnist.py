@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import objectives, train
+from capsjax import cli, objectives, train
 from capsjax.programs import segmentation
 from capsjax.data import multimnist
 from capsjax.data.mnist import load_idx_split
@@ -105,6 +105,19 @@ def test_export_writes_the_documented_file(mnist_dir, tmp_path):
   np.testing.assert_allclose(data['images'], np.minimum(data['digits'].sum(1), 1.0), atol=1e-7)
 
 
+@pytest.mark.parametrize('argv,message', [
+    (['--seed', str(2 ** 31)], '--seed: 2147483648 is above the maximum 2147483647'),
+    (['--start', str(2 ** 31 - 10), '--num', '20'], '--start 2147483638 + --num 20: the last index is above 2147483647'),
+    (['--seed', '-1'], '--seed: -1 is below the minimum 0'),
+])
+def test_export_ranges_are_checked_in_one_line(argv, message, tmp_path, capsys):
+  with pytest.raises(SystemExit) as exited:
+    multimnist.main([*argv, '--out', str(tmp_path / 'x.npz')])
+  assert exited.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('error: capsjax.data.multimnist: ') and message in err and '\n' not in err
+
+
 def test_top2_evaluation_on_hand_built_lengths():
   lengths = jnp.array([[0.9, 0.8, 0.1, 0.0],    # predicts {0, 1}
                        [0.9, 0.1, 0.8, 0.0],    # predicts {0, 2}
@@ -160,7 +173,7 @@ def test_mask_iou_hand_computed():
   np.testing.assert_allclose(segmentation.mask_iou(predicted, true), [0.5, 0.0])
 
 
-def test_baseline_cnn_trains_with_sigmoid_loss(mnist_dir, tmp_path):
+def test_baseline_cnn_trains_with_sigmoid_loss(mnist_dir, tmp_path, capsys):
   config = multimnist_baseline.get_config()
   config.data_dir = mnist_dir
   config.model.conv_channels = (16, 16)
@@ -173,3 +186,9 @@ def test_baseline_cnn_trains_with_sigmoid_loss(mnist_dir, tmp_path):
   config.checkpoint_every_steps = 1000
   results = train.train_and_evaluate(config, str(tmp_path))
   assert results['test_digit_accuracy'] > 0.3, results
+  with pytest.raises(SystemExit) as exited:   # no capsules to segment: one line, exit 2
+    cli.main_wrapper(segmentation.main)(['--workdir', str(tmp_path)])
+  assert exited.value.code == 2
+  assert capsys.readouterr().err.strip() == (
+      f'error: {tmp_path} holds a cnn model without capsules to reconstruct; segmentation needs a '
+      'CapsNet with its decoder (e.g. --experiment=multimnist)')

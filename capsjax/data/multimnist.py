@@ -117,11 +117,14 @@ def main(argv=None):
                               description='Export MultiMNIST examples to an .npz file.')
   parser.add_argument('--data_dir', default='', help='folder of MNIST IDX files (default: TFDS)')
   parser.add_argument('--split', default='test', choices=['train', 'test'])
-  parser.add_argument('--num', type=cli.int_at_least(1), default=1000)
-  parser.add_argument('--start', type=cli.int_at_least(0), default=0, help='first example index')
-  parser.add_argument('--seed', type=cli.int_at_least(0), default=0)
+  int32_max = 2 ** 31 - 1   # seeds and example indices are int32 on the device
+  parser.add_argument('--num', type=cli.int_in(1, 10 ** 7), default=1000)
+  parser.add_argument('--start', type=cli.int_in(0, int32_max), default=0, help='first example index')
+  parser.add_argument('--seed', type=cli.int_in(0, int32_max), default=0)
   parser.add_argument('--out', required=True, help='output .npz file (the suffix is added if missing)')
   args = parser.parse_args(argv)
+  if args.start + args.num - 1 > int32_max:
+    parser.error(f'--start {args.start} + --num {args.num}: the last index is above {int32_max}')
   out = os.path.abspath(os.path.expanduser(args.out))
   out = out if out.endswith('.npz') else out + '.npz'   # what np.savez_compressed writes
   if not os.path.isdir(os.path.dirname(out)):

@@ -24,6 +24,7 @@ from capsjax.data.pipeline import make_pipelines
 from capsjax.programs.common import image_grid
 from capsjax.errors import CapsjaxError
 from capsjax.checkpoints import load_trained
+from capsjax.workdir import read_config
 
 
 def reconstruct_pairs(model, params, images, masks):
@@ -52,9 +53,13 @@ def main(argv=None):
   parser.add_argument('--rows', type=cli.int_at_least(1), default=8, help='examples in the figure')
   parser.add_argument('--threshold', type=cli.number_between(0.0, 1.0), default=0.1)
   args = parser.parse_args(argv)
-  config, model, params = load_trained(args.workdir)
+  config = read_config(args.workdir)   # checked before the checkpoint is read
   if config.task != 'multimnist':
     raise CapsjaxError(f'{args.workdir} holds a {config.experiment} run, not a MultiMNIST one')
+  if config.model.name != 'capsnet' or not config.model.get('use_decoder', True):
+    raise CapsjaxError(f'{args.workdir} holds a {config.model.name} model without capsules to reconstruct; '
+                       'segmentation needs a CapsNet with its decoder (e.g. --experiment=multimnist)')
+  config, model, params = load_trained(args.workdir)
   config.num_test_examples = args.num
   _, test = make_pipelines(config)
 
