@@ -6,9 +6,13 @@ into a flag that the training loop reads after every step: it saves a checkpoint
 exits cleanly. A second Ctrl-C stops at once without saving.
 """
 import signal
+import socket
 import sys
+import time
 
 import jax
+
+from capsjax.errors import ConfigError
 
 
 def initialize_distributed(config) -> None:
@@ -20,14 +24,42 @@ def initialize_distributed(config) -> None:
   """
   if not config.distributed:
     return
-  kwargs = {}
+  timeout = int(config.get('distributed_timeout_s', 120))
+  kwargs = {'initialization_timeout': timeout}
   if config.coordinator_address:
     kwargs['coordinator_address'] = config.coordinator_address
   if config.num_processes:
     kwargs['num_processes'] = config.num_processes
   if config.process_id >= 0:
     kwargs['process_id'] = config.process_id
-  jax.distributed.initialize(**kwargs)
+  if config.coordinator_address and config.process_id > 0:
+    # JAX waits for an absent coordinator in silence and then aborts the process: find out
+    # first, within the timeout, with one line.
+    wait_for_coordinator(config.coordinator_address, timeout)
+  try:
+    jax.distributed.initialize(**kwargs)
+  except (ValueError, RuntimeError) as e:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise ConfigError(f'config.distributed=True: {first[:300].rstrip(".")}; outside Cloud TPU, SLURM and Open MPI give '
+                      '--config.coordinator_address=HOST:PORT --config.num_processes=N '
+                      '--config.process_id=I to every process') from None
+
+
+def wait_for_coordinator(address: str, timeout_s: float) -> None:
+  """Returns once HOST:PORT accepts a TCP connection; ConfigError after `timeout_s`."""
+  host, _, port = address.rpartition(':')
+  if not host or not port.isdigit():
+    raise ConfigError(f'config.coordinator_address={address!r}: allowed HOST:PORT')
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      with socket.create_connection((host.strip('[]'), int(port)), timeout=min(5.0, timeout_s)):
+        return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise ConfigError(f'the coordinator {address} did not answer within {timeout_s:g} s ({e.strerror or e}): '
+                          'start process 0 first, or check --config.coordinator_address') from None
+      time.sleep(0.5)
 
 
 class StopRequests:

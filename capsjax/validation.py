@@ -133,6 +133,7 @@ RUN_RULES = {
     'ensemble.reconstruction_weights': numbers_at_least(0),
     'num_processes': int_at_least(0),
     'process_id': int_at_least(-1),
+    'distributed_timeout_s': int_in(1, 3600),
 }
 
 MODEL_RULES = {

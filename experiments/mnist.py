@@ -92,6 +92,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.coordinator_address = ''
   config.num_processes = 0
   config.process_id = -1
+  # How long a process waits for the coordinator (and JAX for all processes) before
+  # giving up with one error line.
+  config.distributed_timeout_s = 120
   # Routing convergence (appendix A): mean |Δb| per iteration at every evaluation.
   config.routing_probe_iterations = 6
   config.routing_probe_examples = 100

@@ -150,3 +150,24 @@ def test_batch_that_does_not_divide_by_the_devices_is_one_clear_error(mnist_dir,
 def test_process_rows_split_a_batch_evenly():
   # In this (single) process the share is the whole batch; the arithmetic is per process.
   assert sharding.process_rows(32) == slice(0, 32)
+
+
+@pytest.mark.parametrize('flags,message', [
+    ([], 'error: config.distributed=True: coordinator_address should be defined; outside Cloud TPU, SLURM and '
+         'Open MPI give --config.coordinator_address=HOST:PORT --config.num_processes=N --config.process_id=I '
+         'to every process'),
+    (['--config.coordinator_address=127.0.0.1:{port}', '--config.num_processes=2', '--config.process_id=1',
+      '--config.distributed_timeout_s=2'],
+     'error: the coordinator 127.0.0.1:{port} did not answer within 2 s (Connection refused): start process 0 '
+     'first, or check --config.coordinator_address'),
+])
+def test_distributed_start_up_problems_are_one_line_within_the_timeout(flags, message, mnist_dir, tmp_path):
+  port = _free_port()   # nothing listens there
+  started = time.time()
+  result = subprocess.run(
+      [sys.executable, 'run.py', '--experiment=mnist_smoke', f'--workdir={tmp_path}', f'--config.data_dir={mnist_dir}',
+       '--config.distributed=True', *[flag.format(port=port) for flag in flags]],
+      env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [message.format(port=port)]
+  assert time.time() - started < 30
