@@ -34,6 +34,20 @@ def step_of(state: State) -> int:
   return int(np.asarray(sharding.to_host(state['step'])).reshape(-1)[0])
 
 
+def _first_shape_mismatch(restored, template):
+  """(parameter path, saved shape, expected shape) of the first leaf whose shape differs
+  (or is missing), or None."""
+  def shapes(tree):
+    return {jax.tree_util.keystr(path, simple=True, separator='/'): tuple(np.shape(leaf))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  saved, expected = shapes(restored), shapes(template)
+  for name in sorted(expected, key=lambda name: not name.startswith('params/')):   # parameters first
+    shape = expected[name]
+    if saved.get(name) != shape:
+      return name, saved.get(name, 'nothing'), shape
+  return None
+
+
 def _reason(error: BaseException) -> str:
   """A short cause: the OS error inside orbax's message when there is one."""
   text = str(error)
@@ -102,6 +116,12 @@ class Checkpoints:
       raise CheckpointError(
           f'cannot restore checkpoint step {step} in {self.directory} ({_reason(e)}); '
           'it was left in place: move it away to start afresh') from None
+    mismatch = _first_shape_mismatch(restored['state'], template)
+    if mismatch:
+      name, saved, expected = mismatch
+      raise CheckpointError(
+          f'checkpoint step {step} in {self.directory} holds {name} of shape {saved}; this config\'s model '
+          f'has {expected}: a change of parameter shapes cannot continue this run (use another --workdir)')
     return jax.tree.map(jnp.asarray, restored['state']), dict(restored['progress'] or {})
 
   # --------------------------------------------------------------------------- writing

@@ -120,7 +120,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   workdir = workdir_lib.prepare(workdir)
   is_writer = sharding.is_main_process()
   with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
-    changed = workdir_lib.bind_config(workdir, config, is_writer)
+    changed = workdir_lib.bind_config(workdir, config)
     if changed:
       _log(f'continuing {workdir} with a changed config: {"; ".join(changed)}')
     return _train(config, workdir, stop_at_step or config.stop_at_step or None, is_writer)
@@ -172,8 +172,13 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
       _log('compiling the training step…')
 
     train_metrics = None
+    record_config = (lambda: workdir_lib.record_config(workdir, config)) if is_writer else (lambda: None)
+    if first_step >= run.last_step:
+      record_config()   # nothing to train: the restore has shown that the config fits
     for step in range(first_step, run.last_step):
       run.state, train_metrics = program.train_step(run.state, step)
+      if step == first_step:   # data, model and checkpoint fit: now the config binds the workdir
+        record_config()
       for hook in hooks:
         hook(run, step + 1, train_metrics)
       if run.stop_reason:

@@ -3,8 +3,10 @@
 - `prepare(path)`: `~` expanded, created, and proven writable with a probe file, so a
   read-only folder, a file or a full disk is one clear error before anything is computed.
 - `Lock`: a second run on the same workdir stops at once with the holder's pid.
-- `bind_config`: `config.json` is written at the start; a later run with a different
-  config is refused with the differing keys, unless `config.allow_config_change`.
+- `bind_config`: a run with a config other than the workdir's `config.json` is refused
+  with the differing keys, unless `config.allow_config_change`; `record_config` writes
+  `config.json`, which the loop does once the first step has run (a run that fails
+  before it, on bad data or a shape error, binds nothing).
 - `MetricsLog`: `metrics.jsonl`, cut back to the restored step on resume, so every step
   appears once.
 """
@@ -156,9 +158,9 @@ def write_json(path: str, value) -> None:
   os.replace(temporary, path)   # never a half-written file
 
 
-def bind_config(workdir: str, config: ml_collections.ConfigDict, is_writer: bool = True) -> List[str]:
-  """Writes config.json for a new run; for an existing one, refuses a different config
-  unless config.allow_config_change (then records the new one). Returns the differences."""
+def bind_config(workdir: str, config: ml_collections.ConfigDict) -> List[str]:
+  """Refuses a config other than the workdir's config.json unless
+  config.allow_config_change; returns the differences (writes nothing: `record_config`)."""
   path = os.path.join(workdir, CONFIG_FILE)
   differences = []
   if os.path.isfile(path):
@@ -173,9 +175,14 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict, is_writer: bool
       shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
       raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '
                         '--workdir, or pass --config.allow_config_change=True to continue it with this one')
-  if is_writer and (differences or not os.path.isfile(path)):
-    write_json(path, config.to_dict())
   return differences
+
+
+def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes config.json when it is missing or differs (after `bind_config` allowed it)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.isfile(path) or bind_config(workdir, config):
+    write_json(path, config.to_dict())
 
 
 class MetricsLog:

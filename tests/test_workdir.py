@@ -12,7 +12,7 @@ import pytest
 from capsjax import train
 from capsjax.checkpoints import load_trained
 from capsjax import workdir as workdir_lib
-from capsjax.errors import CheckpointError, ConfigError, WorkdirError
+from capsjax.errors import CheckpointError, ConfigError, DataError, WorkdirError
 from test_train import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,10 +61,13 @@ def test_second_run_on_a_locked_workdir_names_the_holder(mnist_dir, tmp_path):
 
 # ----------------------------------------------------------------------------- config binding
 
-def test_config_is_written_at_start_and_a_changed_config_is_refused(mnist_dir, tmp_path):
+def test_config_is_written_after_the_first_step_and_a_changed_config_is_refused(mnist_dir, tmp_path):
   config = tiny_config(mnist_dir, num_steps=4)
-  result = train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
-  assert result == {'steps': 2, 'completed': False}
+  with pytest.raises(DataError):   # fails before its first step: binds nothing
+    train.train_and_evaluate(tiny_config(str(tmp_path / 'no_data'), num_steps=4, seed=9), str(tmp_path))
+  assert not (tmp_path / 'config.json').exists()
+  result = train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)   # the corrected run
+  assert result == {'steps': 2, 'completed': False, 'stop_reason': 'stop_at_step'}
   assert json.loads((tmp_path / 'config.json').read_text())['batch_size'] == 32
   loaded_config, _, params = load_trained(str(tmp_path))   # an unfinished run opens
   assert loaded_config.num_steps == 4 and params
@@ -77,7 +80,18 @@ def test_config_is_written_at_start_and_a_changed_config_is_refused(mnist_dir, t
   assert workdir_lib.bind_config(str(tmp_path), runtime_only) == []
   changed.allow_config_change = True
   assert workdir_lib.bind_config(str(tmp_path), changed) == ['learning_rate: 0.001 → 0.5', 'seed: 0 → 3']
+  workdir_lib.record_config(str(tmp_path), changed)
   assert json.loads((tmp_path / 'config.json').read_text())['learning_rate'] == 0.5
+
+  # Another model's shapes cannot continue the run, allowed or not; config.json stays.
+  narrower = tiny_config(mnist_dir, num_steps=4, learning_rate=0.5, seed=3, allow_config_change=True)
+  narrower.model.conv1_channels = 8
+  with pytest.raises(CheckpointError) as raised:
+    train.train_and_evaluate(narrower, str(tmp_path))
+  assert str(raised.value) == (
+      f'checkpoint step 2 in {tmp_path / "checkpoints"} holds params/conv1/bias of shape (16,); this '
+      "config's model has (8,): a change of parameter shapes cannot continue this run (use another --workdir)")
+  assert json.loads((tmp_path / 'config.json').read_text())['model']['conv1_channels'] == 16
 
 
 def test_finished_results_are_not_overwritten_by_another_config(mnist_dir, tmp_path):
