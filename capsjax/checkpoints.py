@@ -196,10 +196,12 @@ class Checkpoints:
     return False
 
 
-def load_trained(workdir: str):
+def load_trained(workdir: str, data: Optional[Dict[str, str]] = None):
   """(config, model, params) of the run in `workdir`, finished or not: its config.json and
-  latest checkpoint (an ensemble's params carry a leading member axis)."""
+  latest checkpoint (an ensemble's params carry a leading member axis). `data` replaces
+  where the data comes from (data_dir, tfds_data_dir: this machine's, not the run's)."""
   config = read_config(workdir)
+  config.update(data or {})
   model = build_model(config.model)
   # Shapes only: restoring needs no initial values (initialising op by op took seconds).
   template = jax.eval_shape(lambda: steps.initial_state(config, model, steps.make_optimizer(config),

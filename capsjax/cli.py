@@ -62,6 +62,24 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
   return parse
 
 
+DATA_KEYS = ('data_dir', 'tfds_data_dir')
+
+
+def add_data_flags(parser: argparse.ArgumentParser) -> None:
+  """--data_dir / --tfds_data_dir (also spelled --config.KEY, as run.py and its error
+  lines spell them) for programs that read a workdir: where the data comes from on this
+  machine, never part of the run's config."""
+  parser.add_argument('--data_dir', '--config.data_dir', dest='data_dir', default=None,
+                      help="a folder of IDX files (default: the run's own source)")
+  parser.add_argument('--tfds_data_dir', '--config.tfds_data_dir', dest='tfds_data_dir', default=None,
+                      help="TFDS's data folder (default: the run's own, or ~/tensorflow_datasets)")
+
+
+def data_overrides(args) -> dict:
+  """{key: value} of the data flags given (for load_trained)."""
+  return {key: os.path.expanduser(getattr(args, key)) for key in DATA_KEYS if getattr(args, key) is not None}
+
+
 def number_between(low: float, high: float) -> Callable[[str], float]:
   def parse(text: str) -> float:
     try:

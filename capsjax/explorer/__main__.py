@@ -24,6 +24,7 @@ def main(argv=None):
                       help='ensemble member of an ensemble run (default: the last)')
   parser.add_argument('--num_images', type=cli.int_at_least(1), default=1000,
                       help="test inputs to offer from the run's test set")
+  cli.add_data_flags(parser)
   parser.add_argument('--host', default='127.0.0.1', help='address to listen on')
   parser.add_argument('--port', type=cli.int_at_least(0), default=8000, help='port (0: any free one)')
   args = parser.parse_args(argv)
@@ -38,9 +39,11 @@ def main(argv=None):
   if args.workdir is None:
     if args.member is not None:
       cli.fail('capsjax.explorer: --member needs --workdir (the shipped model is a single run)')
+    if cli.data_overrides(args):
+      cli.fail('capsjax.explorer: --data_dir / --tfds_data_dir need --workdir (the shipped model has its images)')
     explorer = Explorer.shipped()
   else:
-    explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images)
+    explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images, cli.data_overrides(args))
   try:
     server = make_server(explorer, args.host, args.port)
   except OSError as e:

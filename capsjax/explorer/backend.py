@@ -110,9 +110,11 @@ class Explorer:
   # --------------------------------------------------------------------------- loading
 
   @classmethod
-  def from_workdir(cls, workdir: str, member: Optional[int] = None, num_images: int = 1000) -> 'Explorer':
-    """The latest checkpoint of the run in `workdir`, with its first `num_images` test inputs."""
-    config, model, params = load_trained(workdir)
+  def from_workdir(cls, workdir: str, member: Optional[int] = None, num_images: int = 1000,
+                   data: Optional[dict] = None) -> 'Explorer':
+    """The latest checkpoint of the run in `workdir`, with its first `num_images` test inputs
+    (`data`: data_dir / tfds_data_dir on this machine, see load_trained)."""
+    config, model, params = load_trained(workdir, data)
     params = select_member(config, params, member, workdir)
     config.num_test_examples = num_images
     _, test = make_pipelines(config)

@@ -142,8 +142,9 @@ def main(argv=None):
   parser.add_argument('--member', type=int, default=None, help='ensemble member (ablation runs; default: the last)')
   parser.add_argument('--digits', type=cli.int_at_least(1), default=3, help='images for the perturbation figure')
   parser.add_argument('--num', type=cli.int_at_least(1), default=2000, help='test images searched for examples')
+  cli.add_data_flags(parser)
   args = parser.parse_args(argv)
-  config, model, params = load_trained(args.workdir)
+  config, model, params = load_trained(args.workdir, cli.data_overrides(args))
   if config.model.name != 'capsnet' or not config.model.use_decoder:
     raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
   if config.task != 'classify':

@@ -52,6 +52,7 @@ def main(argv=None):
   parser.add_argument('--num', type=cli.int_at_least(1), default=1000, help='test examples for the IoU')
   parser.add_argument('--rows', type=cli.int_at_least(1), default=8, help='examples in the figure')
   parser.add_argument('--threshold', type=cli.number_between(0.0, 1.0), default=0.1)
+  cli.add_data_flags(parser)
   args = parser.parse_args(argv)
   config = read_config(args.workdir)   # checked before the checkpoint is read
   if config.task != 'multimnist':
@@ -59,7 +60,7 @@ def main(argv=None):
   if config.model.name != 'capsnet' or not config.model.get('use_decoder', True):
     raise CapsjaxError(f'{args.workdir} holds a {config.model.name} model without capsules to reconstruct; '
                        'segmentation needs a CapsNet with its decoder (e.g. --experiment=multimnist)')
-  config, model, params = load_trained(args.workdir)
+  config, model, params = load_trained(args.workdir, cli.data_overrides(args))
   config.num_test_examples = args.num
   _, test = make_pipelines(config)
 
