@@ -2,9 +2,13 @@
 encode/decode, MNIST-style preprocessing of drawings, bad requests answered with a 4xx,
 the shipped model, and one-line start-up errors."""
 import base64
+import collections
+import concurrent.futures
 import json
 import os
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -19,6 +23,7 @@ from capsjax.data.mnist import load_dataset
 from capsjax.data.pipeline import preprocess
 from capsjax.explorer import __main__ as explorer_main
 from capsjax.explorer import backend
+from capsjax.explorer import server as server_module
 from capsjax.explorer.backend import Explorer, RequestError, mnist_preprocess, to_pixels
 from capsjax.explorer.server import make_server
 from capsjax.models import build_model
@@ -252,7 +257,95 @@ def test_port_in_use_is_one_line(capsys):
       explorer_main.main(['--port', str(taken.getsockname()[1])])
   assert exited.value.code == 2
   error = capsys.readouterr().err.strip()
-  assert 'in use (choose another --port)' in error and len(error.splitlines()) == 1
+  assert 'the port is in use (choose another --port' in error and len(error.splitlines()) == 1
+  assert 'loading the model' not in capsys.readouterr().out   # found before the model loads
+
+
+def test_an_address_not_of_this_machine_is_a_host_problem(capsys):
+  with pytest.raises(SystemExit) as exited:
+    explorer_main.main(['--host', '192.0.2.1', '--port', '0'])   # TEST-NET-1: never this machine's
+  assert exited.value.code == 2
+  error = capsys.readouterr().err.strip()
+  assert error == 'error: cannot listen on 192.0.2.1:0: not an address of this machine (check --host)'
+
+
+# ------------------------------------------------------------------------- the server under load
+
+def _raw(url, data: bytes, timeout=10.0) -> bytes:
+  """Everything the server sends back on one connection for `data`, until it closes."""
+  host, port = url.split('//')[1].split(':')
+  with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+    connection.sendall(data)
+    chunks = []
+    while True:
+      chunk = connection.recv(65536)
+      if not chunk:
+        return b''.join(chunks)
+      chunks.append(chunk)
+
+
+def test_other_sites_cannot_call_the_api(url):
+  port = url.rsplit(':', 1)[1]
+  for headers, expected in (({'Host': f'evil.example:{port}'}, 403), ({'Origin': 'http://evil.example'}, 403),
+                            ({'Origin': f'http://127.0.0.1:{port}'}, 200), ({'Host': f'localhost:{port}'}, 200)):
+    request = urllib.request.Request(url + '/api/info', headers=headers)
+    try:
+      with urllib.request.urlopen(request, timeout=30) as response:
+        status = response.status
+    except urllib.error.HTTPError as e:
+      status = e.code
+    assert status == expected, headers
+
+
+def test_hostile_values_are_400_not_500(url):
+  host = url.split('//')[1]
+  answer = _raw(url, f'GET /static/a\x00b.js HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n'.encode())
+  assert answer.startswith(b'HTTP/1.1 400'), answer[:100]
+  assert call(url, '/api/example?index=' + '9' * 400)[0] == 400
+  status, answer = call(url, '/api/decode', raw=b'[' * 100_000 + b']' * 100_000)
+  assert status == 400 and 'nests too deep' in answer['error']
+
+
+def test_a_refused_body_closes_the_connection(url):
+  # The body would be a second request if the server kept reading the connection.
+  hidden = b'GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'
+  head = (f'POST /api/decode HTTP/1.1\r\nHost: {url.split("//")[1]}\r\n'
+          f'Content-Length: {server_module.MAX_BODY_BYTES + 1}\r\n\r\n').encode()
+  answers = _raw(url, head + hidden)
+  assert answers.startswith(b'HTTP/1.1 400') and answers.count(b'HTTP/1.1') == 1
+
+
+def test_many_clients_at_once_are_all_answered(url):
+  def fetch(_):
+    try:
+      return call(url, '/api/info')[0]
+    except OSError as e:   # a reset connection
+      return type(e).__name__
+  with concurrent.futures.ThreadPoolExecutor(50) as pool:
+    statuses = list(pool.map(fetch, range(150)))
+  assert set(statuses) <= {200, 503} and statuses.count(200) >= 100, collections.Counter(statuses)
+
+
+def test_silent_connections_time_out_and_a_full_server_answers_503(explorer, monkeypatch):
+  monkeypatch.setattr(server_module, 'READ_TIMEOUT_S', 1)
+  monkeypatch.setattr(server_module, 'MAX_WORKERS', 2)
+  server = make_server(explorer, '127.0.0.1', 0)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  address = f'http://127.0.0.1:{server.server_address[1]}'
+  try:
+    idle = [socket.create_connection(server.server_address[:2]) for _ in range(2)]
+    for connection in idle:
+      connection.sendall(b'GET / HTT')   # a request line that never ends
+    time.sleep(0.3)
+    assert _raw(address, b'GET /api/info HTTP/1.1\r\n\r\n').startswith(b'HTTP/1.1 503')
+    for connection in idle:   # closed by the server after its read timeout
+      connection.settimeout(5)
+      assert connection.recv(100) == b''
+      connection.close()
+    assert call(address, '/api/info')[0] == 200   # and serving again
+  finally:
+    server.shutdown()
+    server.server_close()
 
 
 def test_command_serves_then_stops_on_ctrl_c():

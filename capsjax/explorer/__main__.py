@@ -9,6 +9,7 @@ Without it, the small CapsNet that ships with the package (experiments/explorer.
 import errno
 import logging
 import signal
+import socket
 import sys
 
 from capsjax import cli
@@ -33,8 +34,15 @@ def main(argv=None):
   logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
   # Imported after the flags are checked: a typo fails before JAX starts.
   from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
-  from capsjax.explorer.server import make_server  # pylint: disable=g-import-not-at-top
+  from capsjax.explorer.server import make_server, serve_explorer  # pylint: disable=g-import-not-at-top
 
+  try:   # bound before the model loads: a busy port or a bad --host is found at once
+    server = make_server(None, args.host, args.port)
+  except OSError as e:
+    raise CapsjaxError(f'cannot listen on {args.host}:{args.port}: {_listen_problem(e)}') from None
+  if server.allowed_hosts is None:
+    print(f'warning: listening on {args.host}, beyond this machine: anyone who can reach it can use the '
+          'explorer', file=sys.stderr, flush=True)
   print('loading the model and encoding the test inputs…', flush=True)
   if args.workdir is None:
     if args.member is not None:
@@ -44,11 +52,7 @@ def main(argv=None):
     explorer = Explorer.shipped()
   else:
     explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images, cli.data_overrides(args))
-  try:
-    server = make_server(explorer, args.host, args.port)
-  except OSError as e:
-    reason = 'in use' if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-    raise CapsjaxError(f'cannot listen on {args.host}:{args.port}: {reason} (choose another --port)') from None
+  serve_explorer(server, explorer)
   host, port = server.server_address[:2]
   print(f'capsule explorer for {explorer.source} ({explorer.config.experiment}, '
         f'{len(explorer.labels)} test inputs): http://{host}:{port}/  (Ctrl-C stops it)', flush=True)
@@ -60,6 +64,18 @@ def main(argv=None):
   finally:
     server.server_close()
   return 0
+
+
+def _listen_problem(error: OSError) -> str:
+  if error.errno == errno.EADDRINUSE:
+    return 'the port is in use (choose another --port, or 0 for any free one)'
+  if isinstance(error, socket.gaierror):
+    return 'no such host (check --host; 127.0.0.1 is this machine only)'
+  if error.errno == errno.EADDRNOTAVAIL:
+    return 'not an address of this machine (check --host)'
+  if error.errno == errno.EACCES:
+    return 'permission denied (ports below 1024 need root: choose another --port)'
+  return error.strerror or str(error)
 
 
 if __name__ == '__main__':

@@ -106,6 +106,8 @@ class Explorer:
                           if set(np.atleast_1d(label).tolist()) != set(predicted.tolist())]
     for k in range(1, self.top_k + 1):   # compile every decode shape the page asks for now
       self.decode(np.zeros((k, self.dim), np.float32), list(range(k)))
+    if self.can_draw:   # and a drawing's encoding: its first one took 4.4 s when compiled on demand
+      self._encode(jnp.zeros((1,) + self.input_shape, jnp.float32))
 
   # --------------------------------------------------------------------------- loading
 

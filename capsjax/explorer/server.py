@@ -19,6 +19,8 @@ import binascii
 import json
 import mimetypes
 import os
+import sys
+import threading
 import traceback
 import urllib.parse
 from http import HTTPStatus
@@ -31,6 +33,10 @@ from capsjax.explorer.backend import Explorer, RequestError
 STATIC = os.path.join(os.path.dirname(__file__), 'static')
 MAX_BODY_BYTES = 4 << 20   # a 1024×1024 drawing is 1 MiB of grey bytes (1.4 MiB as base64)
 MAX_DRAWING_SIDE = 1024
+MAX_WORKERS = 32           # connections served at once; more get 503 at once
+LISTEN_BACKLOG = 128       # connections waiting to be accepted (the default 5 reset bursts)
+READ_TIMEOUT_S = 30        # a connection that sends nothing for this long is closed
+LOOPBACK = ('127.0.0.1', 'localhost', '::1')
 
 
 def drawing_from(body) -> np.ndarray:
@@ -58,6 +64,7 @@ def make_handler(explorer: Explorer):
     # for the browser's delayed ACK (~40 ms) on a kept-alive connection.
     disable_nagle_algorithm = True
     server_version = 'capsjax-explorer'
+    timeout = READ_TIMEOUT_S   # a request line that never ends does not hold a thread forever
 
     def log_message(self, format, *args):   # pylint: disable=redefined-builtin
       pass   # a slider makes dozens of requests a second; errors are answered, not logged
@@ -83,19 +90,40 @@ def make_handler(explorer: Explorer):
       try:
         length = int(self.headers.get('Content-Length', ''))
       except ValueError:
+        self.close_connection = True   # the body's end is unknown: never read it as a request
         raise RequestError('a POST needs a Content-Length') from None
       if not 0 < length <= MAX_BODY_BYTES:
+        self.close_connection = True   # the unread body must not become the next request
         raise RequestError(f'the body must be 1 to {MAX_BODY_BYTES} bytes, got {length}')
       try:
         return json.loads(self.rfile.read(length))
-      except (ValueError, UnicodeDecodeError):
-        raise RequestError('the body is not valid JSON') from None
+      except (ValueError, UnicodeDecodeError, RecursionError):
+        raise RequestError('the body is not valid JSON (or nests too deep)') from None
+
+    def _from_this_page(self) -> bool:
+      """Another web page in the same browser must not call the API: the Host must be the
+      address served (against DNS rebinding) and an Origin, when sent, this page's own."""
+      host = self.headers.get('Host', '')
+      allowed = self.server.allowed_hosts
+      if allowed is not None and host not in allowed:
+        return False
+      origin = self.headers.get('Origin')
+      return origin is None or origin == f'http://{host}'
+
+    def _refused(self) -> bool:
+      if self._from_this_page():
+        return False
+      self.close_connection = True
+      self._error(HTTPStatus.FORBIDDEN, 'refused: the request does not come from the explorer page itself')
+      return True
 
     def _answer(self, route) -> None:
       try:
         route()
       except RequestError as e:
         self._error(HTTPStatus.BAD_REQUEST, str(e))
+      except (OverflowError, RecursionError) as e:   # a 400-digit number, a structure nested too deep
+        self._error(HTTPStatus.BAD_REQUEST, f'a value is out of range: {type(e).__name__}')
       except Exception as e:  # pylint: disable=broad-except
         traceback.print_exc()   # a bug: say so on the console, answer, keep serving
         self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f'{type(e).__name__}: {e}')
@@ -103,6 +131,8 @@ def make_handler(explorer: Explorer):
     # ------------------------------------------------------------------- routes
 
     def do_GET(self):   # pylint: disable=invalid-name
+      if self._refused():
+        return
       url = urllib.parse.urlsplit(self.path)
       query = urllib.parse.parse_qs(url.query)
       if url.path in ('/', '/index.html'):
@@ -119,6 +149,8 @@ def make_handler(explorer: Explorer):
     do_HEAD = do_GET
 
     def do_POST(self):   # pylint: disable=invalid-name
+      if self._refused():
+        return
       path = urllib.parse.urlsplit(self.path).path
       if path == '/api/decode':
         self._answer(lambda: self._decode(self._body()))
@@ -140,6 +172,8 @@ def make_handler(explorer: Explorer):
       self._send(HTTPStatus.OK, explorer.grid_png(body.get('vector'), body.get('class')), 'image/png')
 
     def _static(self, name: str) -> None:
+      if '\x00' in name:
+        raise RequestError('a path cannot hold a NUL byte')
       path = os.path.realpath(os.path.join(STATIC, name))
       if not path.startswith(os.path.realpath(STATIC) + os.sep) or not os.path.isfile(path):
         self._error(HTTPStatus.NOT_FOUND, f'no such file: {name}')
@@ -155,14 +189,60 @@ def _query_int(query, name: str) -> int:
   values = query.get(name)
   if not values:
     raise RequestError(f'missing ?{name}=')
+  text = values[0].strip()
+  if len(text.lstrip('+-')) > 9:
+    raise RequestError(f'{name} must be an integer of at most 9 digits, got {len(text)} characters')
   try:
-    return int(values[0])
+    return int(text)
   except ValueError:
     raise RequestError(f'{name} must be an integer, got {values[0]!r}') from None
 
 
-def make_server(explorer: Explorer, host: str = '127.0.0.1', port: int = 8000) -> ThreadingHTTPServer:
-  """A server bound to (host, port) (port 0: any free port); call serve_forever()."""
-  server = ThreadingHTTPServer((host, port), make_handler(explorer))
-  server.daemon_threads = True
-  return server
+class ExplorerServer(ThreadingHTTPServer):
+  """ThreadingHTTPServer with a deeper listen backlog, at most MAX_WORKERS connections
+  served at once (503 beyond), quiet about clients that go away, and the Host names it
+  answers (None: any, when listening beyond loopback)."""
+  daemon_threads = True
+  request_queue_size = LISTEN_BACKLOG
+
+  def __init__(self, address, handler):
+    super().__init__(address, handler)
+    self._slots = threading.BoundedSemaphore(MAX_WORKERS)
+    host, port = address[0], self.server_address[1]
+    self.allowed_hosts = ({f'127.0.0.1:{port}', f'localhost:{port}', f'[::1]:{port}'}
+                          if host in LOOPBACK else None)
+
+  def process_request(self, request, client_address):
+    if not self._slots.acquire(blocking=False):
+      body = b'{"error":"busy: too many connections, try again"}'
+      try:
+        request.sendall(b'HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n'
+                        b'Content-Length: %d\r\nConnection: close\r\n\r\n%s' % (len(body), body))
+      except OSError:
+        pass
+      self.shutdown_request(request)
+      return
+    super().process_request(request, client_address)
+
+  def process_request_thread(self, request, client_address):
+    try:
+      super().process_request_thread(request, client_address)
+    finally:
+      self._slots.release()
+
+  def handle_error(self, request, client_address):
+    error = sys.exc_info()[1]
+    if isinstance(error, (ConnectionError, TimeoutError)):
+      return   # the client went away or went silent: nothing to answer, nothing to report
+    print(f'explorer: {type(error).__name__}: {error}', file=sys.stderr, flush=True)
+
+
+def make_server(explorer: Explorer, host: str = '127.0.0.1', port: int = 8000) -> ExplorerServer:
+  """A server bound to (host, port) (port 0: any free port); call serve_forever().
+  `explorer` may be None and set later with `serve_explorer` (bind first, load after)."""
+  return ExplorerServer((host, port), make_handler(explorer))
+
+
+def serve_explorer(server: ExplorerServer, explorer: Explorer) -> None:
+  """Answer with `explorer` (the server was bound before the model loaded)."""
+  server.RequestHandlerClass = make_handler(explorer)
