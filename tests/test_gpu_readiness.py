@@ -39,8 +39,9 @@ def test_unrolled_routing_loop_equals_the_rolled_one_in_value_and_gradient(trace
 
 @pytest.mark.float32_matmuls
 def test_capsnet_routing_loop_option_keeps_the_outputs():
-  small = dict(conv1_channels=8, primary_types=2, conv_impl='patches')
-  images = jax.random.uniform(jax.random.key(1), (2, 28, 28, 1))
+  small = dict(conv1_channels=8, conv1_kernel=3, primary_types=2, primary_kernel=3, input_shape=(12, 12, 1),
+               decoder_hidden=(16,), conv_impl='patches')
+  images = jax.random.uniform(jax.random.key(1), (2, 12, 12, 1))
   rolled, unrolled = CapsNet(routing_loop='rolled', **small), CapsNet(routing_loop='unrolled', **small)
   params = rolled.init(jax.random.key(2), images)['params']
   out_rolled = jax.jit(rolled.apply)({'params': params}, images)
@@ -75,9 +76,10 @@ def test_unmarked_tests_keep_jaxs_default_precision():
 def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
   out = tmp_path / 'report'
   # The smoke is the CPU rehearsal (on a GPU machine too): fp32 peer rows, shared processes.
+  # Beside the suite's other worker the smoke runs slower than alone (≈ 2 min): a larger budget.
   done = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'device_report.py'), '--smoke',
-                         '--out', str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-                        env=dict(os.environ, JAX_PLATFORMS='cpu'))
+                         '--budget_s', '400', '--out', str(out)], capture_output=True, text=True, timeout=480,
+                        cwd=ROOT, check=False, env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   last = done.stdout.strip().splitlines()[-1]
   assert last.startswith('device_report duration_s=') and 'skipped=0' in last, done.stdout[-3000:]
@@ -103,7 +105,8 @@ def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
   for row in rows:   # ratios against the fastest peer row of the same mode, shares of the peak
     if row['impl'] == 'capsjax' and row['mode'] == 'train':
       assert row['vs_fastest_peer'] == pytest.approx(row['images_per_s'] / fastest_peer)
-    assert 0 < row['share_of_peak'] and row['peak_memory_bytes'] > 0 or row['impl'] == 'torch'
+    assert row['share_of_peak'] > 0
+    assert row['impl'] == 'torch' or row['peak_memory_bytes'] > 0   # the peer's is CUDA-only
   assert 0 < len(report['profile']) <= 15
   assert sum(op['share'] for op in report['profile']) <= 1.0 + 1e-9
   assert (out / 'profile_trace.json.gz').stat().st_size > 0
