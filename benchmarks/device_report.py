@@ -262,6 +262,7 @@ def _find(folder: str, pattern: str):
 # 'XLA Ops' line; on the CPU backend, XLA's own executor threads.
 _HOST_OP_THREADS = ('tf_XLAPjRtCpuClient', 'tf_XLAEigen', 'XLACpu')
 _NOT_OPS = ('ThreadpoolListener', 'end: ', 'ThunkExecutor')
+_SUMMARY_LINES = ('XLA Modules', 'Steps', 'XLA TraceMe', 'TensorFlow Name Scope', 'TensorFlow Ops', 'Source code')
 
 
 def summarise_trace(path, steps: int, top: int = PROFILE_OPS) -> list:
@@ -280,11 +281,15 @@ def summarise_trace(path, steps: int, top: int = PROFILE_OPS) -> list:
       threads[(event['pid'], event['tid'])] = event['args']['name']
   devices = {pid for pid, name in processes.items() if name.startswith('/device:')}
 
+  op_lines = {key for key, name in threads.items() if key[0] in devices and name == 'XLA Ops'}
+
   def is_op(event) -> bool:
-    thread = threads.get((event['pid'], event.get('tid')), '')
-    if devices:
-      return event['pid'] in devices and thread == 'XLA Ops'
-    return thread.startswith(_HOST_OP_THREADS) and not event['name'].startswith(_NOT_OPS)
+    key = (event['pid'], event.get('tid'))
+    if op_lines:
+      return key in op_lines
+    if devices:   # no 'XLA Ops' line: the device's kernels, less its module/step summary lines
+      return event['pid'] in devices and threads.get(key, '') not in _SUMMARY_LINES
+    return threads.get(key, '').startswith(_HOST_OP_THREADS) and not event['name'].startswith(_NOT_OPS)
 
   durations = collections.Counter()
   for event in events:

@@ -1,5 +1,7 @@
 """What a lent GPU needs ready: the routing loop's formulations and their per-backend table,
 the float32_matmuls marker, and the device report's whole code path (--smoke, on the CPU)."""
+import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -112,3 +114,25 @@ def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
   assert (out / 'profile_trace.json.gz').stat().st_size > 0
   markdown = (out / 'report.md').read_text()
   assert '| capsjax | train | patches float32 rolled |' in markdown and 'ms / step' in markdown
+
+
+def test_profile_summary_reads_a_gpu_trace_s_xla_ops_line(tmp_path):
+  # The smoke can only profile a CPU; this is the shape of a GPU trace (Perfetto JSON).
+  spec = importlib.util.spec_from_file_location('device_report', os.path.join(ROOT, 'benchmarks', 'device_report.py'))
+  report = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(report)
+  events = [{'ph': 'M', 'name': 'process_name', 'pid': 1, 'args': {'name': '/device:GPU:0'}},
+            {'ph': 'M', 'name': 'process_name', 'pid': 7, 'args': {'name': '/host:CPU'}},
+            {'ph': 'M', 'name': 'thread_name', 'pid': 1, 'tid': 2, 'args': {'name': 'XLA Ops'}},
+            {'ph': 'M', 'name': 'thread_name', 'pid': 1, 'tid': 3, 'args': {'name': 'XLA Modules'}},
+            {'ph': 'X', 'pid': 1, 'tid': 2, 'name': 'fusion.12', 'dur': 300.0},
+            {'ph': 'X', 'pid': 1, 'tid': 2, 'name': 'cublas-gemm.3', 'dur': 100.0},
+            {'ph': 'X', 'pid': 1, 'tid': 2, 'name': 'fusion.12', 'dur': 200.0},
+            {'ph': 'X', 'pid': 1, 'tid': 3, 'name': 'jit_train_step', 'dur': 2000.0},   # the module, not an op
+            {'ph': 'X', 'pid': 7, 'tid': 9, 'name': 'PjitFunction', 'dur': 5000.0}]      # host work
+  path = tmp_path / 'trace.json.gz'
+  with gzip.open(path, 'wt') as f:
+    json.dump({'traceEvents': events}, f)
+  assert report.summarise_trace(str(path), steps=2) == [
+      {'name': 'fusion.12', 'ms_per_step': 0.25, 'share': 500 / 600},
+      {'name': 'cublas-gemm.3', 'ms_per_step': 0.05, 'share': 100 / 600}]
