@@ -79,9 +79,10 @@ def print_help(name=None) -> None:
     return
   config = importlib.import_module(f'experiments.{name}').get_config()
   print(f'\nExperiment {name}: {experiment_summary(name)}')
-  print('\nConfig keys and defaults (override with --config.KEY=VALUE):')
+  from capsjax.validation import key_help  # pylint: disable=g-import-not-at-top
+  print('\nConfig keys, defaults, what each does [allowed values] (override with --config.KEY=VALUE):')
   for line in config_lines(config):
-    print(f'  {line}')
+    print(f'  {line}  — {key_help(line.split(" = ")[0])}')
 
 
 def print_summary(config) -> None:

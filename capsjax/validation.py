@@ -97,6 +97,9 @@ def numbers_at_least(low: float):
 
 
 # key → (check, what is allowed). Keys are relative to the config root.
+# Configs under these keys hold a comparison model (its own `model` and `loss`).
+COMPARISON_MODELS = ('baseline', 'cnn')
+
 RUN_RULES = {
     'task': one_of(TASKS),
     'dataset': one_of(DATASETS),
@@ -120,6 +123,11 @@ RUN_RULES = {
     'keep_checkpoints': int_at_least(1),
     'stop_at_step': int_at_least(0),
     'reevaluate': boolean(),
+    'allow_config_change': boolean(),
+    'lr_staircase': boolean(),
+    'distributed': boolean(),
+    'baseline.enabled': boolean(),
+    'cnn.enabled': boolean(),
     'stop_at_test_accuracy': number_in(0, 1),
     'routing_probe_iterations': int_in(0, MAX_ROUTING_ITERATIONS),
     'routing_probe_examples': int_at_least(1),
@@ -157,6 +165,11 @@ MODEL_RULES = {
     'init_scheme': one_of(INITS),
     'digit_bias': boolean(),
     'primary_scale_by_types': boolean(),
+    'learn_log_priors': boolean(),
+    'leaky_routing': boolean(),
+    'stop_gradient_predictions': boolean(),
+    'use_decoder': boolean(),
+    'pool': boolean(),
     # CNN baselines
     'conv_channels': ints_at_least(1, allow_empty=False),
     'conv_kernels': ints_at_least(1, allow_empty=False),
@@ -239,7 +252,7 @@ def problems_of(config) -> List[str]:
   """Every rule `config` breaks, one line each (empty when it is valid)."""
   problems: List[str] = []
   _check_rules(config, RUN_RULES, '', problems)
-  for prefix in ('', 'baseline.', 'cnn.'):
+  for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS):
     found, model = _get(config, prefix + 'model')
     if found and model is not None:
       _check_model(model, prefix + 'model.', problems)
@@ -276,3 +289,123 @@ def validate(config) -> None:
   if problems:
     more = f' (and {len(problems) - 1} more problem(s))' if len(problems) > 1 else ''
     raise ConfigError(problems[0] + more)
+
+
+# ----------------------------------------------------------------------------- key help
+# One line per config key for `run.py --experiment=NAME --help`, beside its allowed values
+# (the rules above). Comparison models (`baseline.`, `cnn.`) share the model/loss lines.
+
+DESCRIPTIONS = {
+    'experiment': 'the experiment name written into results (set by experiments/NAME.py)',
+    'program': 'what runs: train, or an experiment program (ablation, affnist, sweep)',
+    'task': 'classify one label per image, expanded (digits placed on a larger canvas) or multimnist (two overlaid digits)',
+    'dataset': 'the dataset (TFDS name, or the IDX files in data_dir)',
+    'data_dir': 'a folder of IDX files to read instead of TFDS (offline use); does not bind the workdir',
+    'tfds_data_dir': "TFDS's data folder (default ~/tensorflow_datasets); does not bind the workdir",
+    'host_images': "memory: each split loaded whole; rows: each process reads only its batches' rows; auto: rows on several processes",
+    'num_train_examples': 'use the first N training examples (0: all)',
+    'num_test_examples': 'evaluate on the first N test examples (0: all)',
+    'validation_examples': 'hold out the last N training images as a validation split (results select by it)',
+    'max_shift': 'training images shifted by up to ± this many pixels (zero padding)',
+    'seed': 'initialisation, data order and augmentation seed',
+    'batch_size': 'training examples per step, over all devices',
+    'num_epochs': 'training length in epochs (when num_steps is 0)',
+    'num_steps': 'training length in steps (0: from num_epochs)',
+    'learning_rate': "Adam's initial learning rate",
+    'lr_decay_rate': 'the learning rate is multiplied by this every lr_decay_steps steps',
+    'lr_decay_steps': 'steps per decay factor',
+    'lr_staircase': 'decay in whole steps of lr_decay_steps (False: continuously)',
+    'lr_min': 'floor of the decayed learning rate (0: none)',
+    'log_every_steps': 'a progress line and a metrics.jsonl row every N steps',
+    'eval_every_steps': 'evaluate every N steps (0: only at the end)',
+    'eval_batch_size': 'examples per evaluation batch',
+    'checkpoint_every_steps': 'save a checkpoint every N steps',
+    'checkpoint_every_secs': 'also save every N seconds of wall time (0: off)',
+    'keep_checkpoints': 'checkpoints kept in the workdir',
+    'stop_at_step': 'save and stop at this step, resumable (0: run to the end)',
+    'stop_at_test_accuracy': 'the run is complete at the first evaluation reaching this accuracy (0: off)',
+    'allow_config_change': 'continue a workdir that holds another config (never across parameter shapes)',
+    'reevaluate': 'running a finished workdir evaluates it again (otherwise it says it is complete)',
+    'routing_probe_iterations': 'routing iterations of the convergence probe at each evaluation (0: off)',
+    'routing_probe_examples': 'test images the convergence probe routes',
+    'expanded_test_seed': "seed of the expanded task's fixed test placements",
+    'multimnist.examples_per_digit': 'MultiMNIST pairs per source digit (the paper: 1000)',
+    'multimnist.test_seed': "seed of MultiMNIST's fixed test pairs",
+    'affnist.mat_dir': 'a folder of the real affNIST .mat files to test on too (empty: generated affine digits only)',
+    'affnist.num_examples': 'affine test digits (0: the whole MNIST test set)',
+    'affnist.test_seed': 'seed of the fixed affine test transformations',
+    'affnist.ranges.rotation_degrees': 'affine test digits: rotation up to ± this many degrees',
+    'affnist.ranges.shear': 'affine test digits: shear factor up to ± this',
+    'affnist.ranges.scale_min': 'affine test digits: smallest scale',
+    'affnist.ranges.scale_max': 'affine test digits: largest scale',
+    'ensemble': 'several configurations as one vmapped program: seeds × routing_iterations × reconstruction_weights',
+    'ensemble.seeds': 'ensemble members: one per seed',
+    'ensemble.routing_iterations': 'ensemble members: routing iterations each (at most model.routing_iterations)',
+    'ensemble.reconstruction_weights': 'ensemble members: reconstruction loss weights',
+    'sweep.variants': 'the sweep: one run per variant, KEY=VALUE overrides separated by commas',
+    'enabled': 'also train this comparison model',
+    'distributed': 'start jax.distributed (several hosts run the same command)',
+    'coordinator_address': 'HOST:PORT of process 0 (empty: detected on Cloud TPU, SLURM, Open MPI)',
+    'num_processes': 'processes in a multi-host run (0: detected)',
+    'process_id': "this process's index (-1: detected)",
+    'distributed_timeout_s': 'seconds to wait for the coordinator and the other processes',
+    'model.name': 'the model family (registered in capsjax.models / capsjax.families)',
+    'model.input_shape': 'image height, width, channels the model reads',
+    'model.num_classes': 'classes (digit capsules, or output units)',
+    'model.conv1_channels': 'channels of the first convolution (the paper: 256)',
+    'model.conv1_kernel': 'kernel side of the first convolution (9)',
+    'model.primary_types': 'primary capsule types (32)',
+    'model.primary_dim': 'primary capsule dimensions (8)',
+    'model.primary_kernel': "PrimaryCaps' kernel side (9)",
+    'model.primary_stride': "PrimaryCaps' stride (2)",
+    'model.primary_scale_by_types': "PrimaryCaps' convolution ÷ types before its bias (the authors' code)",
+    'model.digit_dim': 'digit capsule dimensions (16)',
+    'model.digit_bias': "a bias added to s_j in every routing iteration (the authors' code)",
+    'model.routing_iterations': 'routing-by-agreement iterations (3)',
+    'model.routing_loop': 'the routing loop rolled or unrolled (same values; auto: faster on the backend)',
+    'model.learn_log_priors': 'learned initial routing logits',
+    'model.leaky_routing': "a 'none-of-the-above' parent in routing",
+    'model.stop_gradient_predictions': 'gradients reach the predictions through the last routing iteration only',
+    'model.use_decoder': 'the reconstruction decoder (and its loss)',
+    'model.decoder_hidden': "the decoder's hidden widths (512, 1024)",
+    'model.conv_impl': "convolutions as XLA's or im2col + matmul (same values; auto: faster on the backend)",
+    'model.dtype': 'compute dtype of convolutions and predictions (routing, losses and decoder stay float32)',
+    'model.init_scheme': "default initialisers, or the authors' code's (official)",
+    'model.conv_channels': "the CNN's convolution channels",
+    'model.conv_kernels': "the CNN's kernel sides",
+    'model.pool': 'the CNN pools 2×2 after each convolution',
+    'model.dense': "the CNN's fully connected widths",
+    'model.dropout_rate': 'dropout before the CNN\'s output layer',
+    'loss.name': 'the loss (capsnet: margin + reconstruction; cross-entropies for the CNNs)',
+    'loss.m_plus': 'margin loss m+ (0.9)',
+    'loss.m_minus': 'margin loss m− (0.1)',
+    'loss.negative_weight': 'margin loss λ for absent classes (0.5)',
+    'loss.reconstruction_weight': 'reconstruction loss weight (0.0005)',
+    'loss.margin_reduction': "sum over classes (the paper) or official (the authors' code: 0.5 × mean)",
+}
+
+# Allowed values of keys that no rule above checks (text only).
+ALLOWED_TEXT = {
+    'experiment': 'a name', 'program': 'train, ablation, affnist, sweep',
+    'data_dir': 'a folder, or empty', 'tfds_data_dir': 'a folder, or empty', 'affnist.mat_dir': 'a folder, or empty',
+    'coordinator_address': 'HOST:PORT, or empty', 'ensemble': 'a dict, or None',
+    'sweep.variants': 'a tuple of override strings', 'max_shift': 'an integer in [0, a quarter of the image side]',
+    'affnist.ranges.rotation_degrees': 'a number >= 0', 'affnist.ranges.shear': 'a number >= 0',
+    'affnist.ranges.scale_min': 'a number > 0', 'affnist.ranges.scale_max': 'a number >= scale_min',
+}
+
+
+def key_help(key: str) -> str:
+  """'description [allowed]' of a config key (dotted), for --help; '' when undescribed."""
+  general = key.split('.', 1)[1] if key.split('.')[0] in COMPARISON_MODELS else key
+  if general.startswith('model.'):
+    rule = MODEL_RULES.get(general[len('model.'):])
+  elif general.startswith('loss.'):
+    rule = LOSS_RULES.get(general[len('loss.'):])
+  else:
+    rule = RUN_RULES.get(general)
+  if rule is None and general == 'enabled':
+    rule = RUN_RULES[f'{key.split(".")[0]}.enabled']
+  allowed = str(rule[1]) if rule else ALLOWED_TEXT.get(general, '')
+  description = DESCRIPTIONS.get(general, '')
+  return f'{description} [{allowed}]' if description and allowed else description

@@ -3,6 +3,7 @@ allowed, before any data is read; through run.py it is `error: ...` and exit 2."
 import importlib
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 import time
@@ -11,15 +12,28 @@ import pytest
 
 import experiments
 from capsjax.errors import ConfigError
-from capsjax.validation import problems_of, validate
+from capsjax.launch import config_lines
+from capsjax.validation import key_help, problems_of, validate
 from experiments import ablation, mnist, multimnist_baseline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize('name', sorted(m.name for m in pkgutil.iter_modules(experiments.__path__)))
-def test_every_experiment_default_is_valid(name):
-  assert problems_of(importlib.import_module(f'experiments.{name}').get_config()) == []
+def test_every_experiment_default_is_valid_and_every_key_is_described(name):
+  config = importlib.import_module(f'experiments.{name}').get_config()
+  assert problems_of(config) == []
+  for line in config_lines(config):   # what --help prints: a meaning and the allowed values
+    key = line.split(' = ')[0]
+    assert re.fullmatch(r'.+ \[.+\]', key_help(key)), key
+
+
+def test_experiment_help_explains_each_key():
+  result = subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist', '--help'],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0
+  assert ("  model.routing_loop = 'auto'  — the routing loop rolled or unrolled (same values; auto: faster on "
+          'the backend) [one of auto, rolled, unrolled]') in result.stdout.splitlines()
 
 
 def _set(config, key, value):
