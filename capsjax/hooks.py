@@ -17,6 +17,7 @@ from capsjax import sharding
 from capsjax.checkpoints import Checkpoints
 from capsjax.errors import NaNLossError
 from capsjax.runtime import StopRequests
+from capsjax.steps import EvaluationInterrupted
 from capsjax.workdir import MetricsLog
 
 
@@ -165,12 +166,14 @@ class Evaluator(Hook):
 
   def __init__(self, every_steps: int, probes=(), progress: Optional[ProgressLogger] = None,
                validate: Optional[Callable[[Any], Dict[str, Any]]] = None,
-               before: Optional[Callable[[Run, int], None]] = None):
+               before: Optional[Callable[[Run, int], None]] = None,
+               should_stop: Optional[Callable[[], bool]] = None):
     self.every_steps = every_steps
     self.probes = list(probes)
     self.progress = progress
     self.validate = validate
     self.before = before   # called before each evaluation: the checkpointer saves there
+    self.should_stop = should_stop   # a stop request ends an evaluation between its batches
     self.last_seconds: Optional[float] = None   # how long the last evaluation took
     if progress is not None:
       progress.evaluator = self
@@ -190,12 +193,13 @@ class Evaluator(Hook):
     run.log(f'step {step}: evaluating' + (' (test and validation)' if self.validate is not None else '')
             + (f', ≈ {self.last_seconds:.0f} s' if self.last_seconds else '') + '…')
     start = time.time()
-    metrics = run.evaluate(run.state['params'])
+    stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
+    metrics = run.evaluate(run.state['params'], **stop)
     for probe in self.probes:
       metrics.update(probe(run.state['params']))
-    run.last_eval, run.last_eval_step = metrics, step
     if self.validate is not None:
-      run.last_validation = self.validate(run.state['params'])
+      run.last_validation = self.validate(run.state['params'], **stop)
+    run.last_eval, run.last_eval_step = metrics, step
     self.last_seconds = time.time() - start
     return metrics
 
@@ -204,7 +208,13 @@ class Evaluator(Hook):
       return
     if self.before is not None:
       self.before(run, step)
-    results = self.evaluate(run, step)
+    try:
+      results = self.evaluate(run, step)
+    except EvaluationInterrupted:
+      run.log(f'stop requested during the evaluation at step {step}: ended it (the checkpoint of step {step} '
+              'is saved; run again to resume)')
+      run.request_stop('preempted', step)
+      return
     took = f' ({self.last_seconds:.1f} s)'
     if self.validate is not None:
       run.log(f'step {step} validation: {run.describe_test(run.last_validation)}')

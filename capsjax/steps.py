@@ -141,14 +141,20 @@ def _eval_batches(pipeline, batch_size: int, mesh):
     yield sharding.global_batch(mesh, (host_batch, weights), batch_size)
 
 
+class EvaluationInterrupted(Exception):
+  """A stop request (SIGTERM, Ctrl-C) arrived during an evaluation: it ends there."""
+
+
 def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None,
-             source=None) -> Dict[str, Any]:
+             source=None, should_stop=None) -> Dict[str, Any]:
   """Accuracy (all labels right), per-digit accuracy and mean loss over the test set:
   floats, or for an ensemble lists with one value per member. With `mesh`, every batch
   is split over the data axis (`source`: the pipeline's source, replicated)."""
   source = pipeline.source if source is None else source
   totals = None
   for host_batch, weights in _eval_batches(pipeline, batch_size, mesh):
+    if should_stop is not None and should_stop():   # between batches: acted on within a batch's time
+      raise EvaluationInterrupted()
     sums = eval_step(params, source, host_batch, weights, knobs)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   totals = jax.tree.map(lambda x: np.asarray(x, np.float64), sharding.to_host(totals))

@@ -73,15 +73,15 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   def step_arguments(state, step):
     return (state, train_source, host_batch(step)) + ((knobs,) if ensemble else ())
 
-  def evaluate(params):
-    return steps.evaluate(eval_step, params, test, config.eval_batch_size, knobs, mesh, test_source)
+  def evaluate(params, should_stop=None):
+    return steps.evaluate(eval_step, params, test, config.eval_batch_size, knobs, mesh, test_source, should_stop)
 
   validate = None
   if validation is not None:
     validation_step = steps.make_eval_step(config, model, validation, ensemble)
     validation_source = sharding.replicate(validation.source, mesh)
-    validate = lambda params: steps.evaluate(validation_step, params, validation, config.eval_batch_size,
-                                             knobs, mesh, validation_source)
+    validate = lambda params, should_stop=None: steps.evaluate(
+        validation_step, params, validation, config.eval_batch_size, knobs, mesh, validation_source, should_stop)
 
   probes = []
   routing_probe = steps.make_routing_probe(config, model, test)
@@ -100,7 +100,8 @@ def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
                                         0.0 if multi_process else config.checkpoint_every_secs)
   hooks = [guard, progress,
            hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress, validate=validate,
-                               before=checkpointer.save_before_evaluation)]
+                               before=checkpointer.save_before_evaluation,
+                               should_stop=None if multi_process else (lambda: requests.raised))]
   if config.stop_at_test_accuracy and not config.ensemble:
     hooks.append(hooks_lib.EarlyStop(config.stop_at_test_accuracy))
   hooks.append(hooks_lib.Preemption(requests, checkpoints, multi_process))
@@ -189,7 +190,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   done = run.stopped_at or run.last_step
   if run.stop_reason == 'early':
     run.num_steps = done
-  if done < run.num_steps:
+  # (A stop request during the last evaluation leaves the run unevaluated: not complete.)
+  if done < run.num_steps or (run.stop_reason == 'preempted' and run.last_eval_step != done):
     _log(f'stopped at step {done} of {run.num_steps}; run again to resume')
     return {'steps': done, 'completed': False, 'stop_reason': run.stop_reason or 'stop_at_step'}
   if run.last_eval_step != done:   # resumed a finished run: evaluate the restored parameters

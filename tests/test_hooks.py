@@ -4,12 +4,13 @@ import os
 import re
 import signal
 import time
+from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import hooks
+from capsjax import hooks, steps
 from capsjax.errors import NaNLossError
 from capsjax.runtime import StopRequests
 from capsjax.workdir import MetricsLog
@@ -211,6 +212,35 @@ def test_an_evaluation_that_fails_never_loses_the_steps_before_it(tmp_path):
   assert lines == ['step 3: evaluating…']
   saver(run, 3, metrics())   # had it succeeded: no second save of the same step
   assert len(checkpoints.saved) == 1
+
+
+def test_a_stop_request_ends_an_evaluation_between_its_batches(tmp_path):
+  calls = []
+
+  def eval_step(params, source, host_batch, weights, knobs):
+    calls.append(1)
+    return {'correct': jnp.sum(weights), 'digits_correct': jnp.sum(weights), 'loss': jnp.zeros(()),
+            'count': jnp.sum(weights)}
+
+  pipeline = SimpleNamespace(source=None, eval_batches=lambda size: iter([((None,), np.ones(4))] * 5))
+  requested = []
+  with pytest.raises(steps.EvaluationInterrupted):
+    steps.evaluate(eval_step, {}, pipeline, 4, should_stop=lambda: bool(requested) or requested.append(1))
+  assert len(calls) == 1   # the request after the first batch ended it: 4 batches never ran
+  assert steps.evaluate(eval_step, {}, pipeline, 4, should_stop=lambda: False)['accuracy'] == 1.0
+
+  def evaluate(params, should_stop=None):
+    if should_stop():
+      raise steps.EvaluationInterrupted()
+  run, lines = fake_run(tmp_path, evaluate=evaluate)
+  checkpoints = FakeCheckpoints()
+  saver = hooks.Checkpointer(checkpoints, hooks.DivergenceGuard(), every_steps=100)
+  evaluator = hooks.Evaluator(3, before=saver.save_before_evaluation, should_stop=lambda: True)
+  run.state = {'params': {}, 'step': jnp.asarray(3)}
+  evaluator(run, 3, metrics())
+  assert (run.stop_reason, run.stopped_at, run.last_eval_step) == ('preempted', 3, None)
+  assert lines[-1].startswith('stop requested during the evaluation at step 3: ended it')
+  assert [step for step, _ in checkpoints.saved] == [3]   # the steps before it are safe
 
 
 def test_checkpointer_never_saves_after_a_non_finite_step(tmp_path):
