@@ -56,7 +56,7 @@ case "${1:-}" in
     environment
     # Not there: Chromium (the explorer's browser test) and TensorFlow (TFDS preparation).
     workers=()
-    if python3 -c "import xdist" 2>/dev/null; then workers=(-n 8 --dist loadscope); fi
+    if python3 -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
     set -o pipefail
     python3 -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=15 \
       --ignore=tests/test_explorer_browser.py --ignore=tests/test_tfds.py tests 2>&1 | tee "$OUT/suite.log"

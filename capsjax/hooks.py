@@ -81,36 +81,57 @@ def format_duration(seconds: float) -> str:
 
 
 class DivergenceGuard(Hook):
-  """Stops the run at the first step whose loss or update norm is not finite.
+  """Stops the run at the first step whose loss or update norm is not finite, or once the
+  loss has stayed above STUCK_FACTOR × its first value for STUCK_STEPS steps in a row (a
+  learning rate far too large saturates every capsule: finite, and learning nothing).
 
   The values stay on the device until `check()` (called by the progress logger and
   before every checkpoint): no host synchronisation per step, and never a saved
   parameter from after a non-finite step.
   """
+  STUCK_FACTOR = 2.0
+  STUCK_STEPS = 200
 
   def __init__(self, checkpoints: Optional[Checkpoints] = None):
     self.checkpoints = checkpoints
     self.pending: List[Any] = []
+    self.first_loss: Optional[np.ndarray] = None   # per member: this invocation's first step
+    self.stuck: Optional[np.ndarray] = None        # steps in a row above STUCK_FACTOR × first_loss
 
   def __call__(self, run, step, metrics):
-    self.pending.append((step - 1, metrics['loss'].sum() + metrics['update_norm'].sum()))
+    self.pending.append((step - 1, metrics['loss'].sum() + metrics['update_norm'].sum(), metrics['loss']))
+
+  def _kept(self, which: str) -> str:
+    last = None
+    if self.checkpoints is not None:
+      self.checkpoints.wait()
+      last = self.checkpoints.latest_step()
+    return (f'{which}: step {last} in {self.checkpoints.directory}' if last is not None
+            else 'no checkpoint was written yet')
 
   def check(self) -> None:
     if not self.pending:
       return
-    steps, values = zip(*self.pending)
+    steps, values, losses = zip(*self.pending)
     self.pending = []
-    values = np.asarray(sharding.to_host(list(values)), np.float64)
+    values, losses = sharding.to_host((list(values), list(losses)))
+    values = np.asarray(values, np.float64)
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
-      last = None
-      if self.checkpoints is not None:
-        self.checkpoints.wait()
-        last = self.checkpoints.latest_step()
-      kept = (f'last good checkpoint: step {last} in {self.checkpoints.directory}' if last is not None
-              else 'no checkpoint was written yet')
       raise NaNLossError(f'training diverged: non-finite loss or update at step {steps[bad[0]]}; '
-                         f'stopped ({kept})')
+                         f'stopped ({self._kept("last good checkpoint")})')
+    for step, loss in zip(steps, losses):
+      loss = np.atleast_1d(np.asarray(loss, np.float64))    # [members] or [1]
+      if self.first_loss is None:
+        self.first_loss, self.stuck = loss, np.zeros(loss.shape, int)
+      self.stuck = np.where(loss > self.STUCK_FACTOR * self.first_loss, self.stuck + 1, 0)
+      if np.any(self.stuck >= self.STUCK_STEPS):
+        member = int(np.argmax(self.stuck >= self.STUCK_STEPS))
+        which = f' (member {member})' if loss.size > 1 else ''
+        raise NaNLossError(
+            f'training diverged{which}: the loss stayed above {self.STUCK_FACTOR:g} × its first value '
+            f'({self.first_loss[member]:.4g}) for {self.STUCK_STEPS} steps, now {loss[member]:.4g} at step {step}; '
+            f'stopped ({self._kept("last checkpoint")}; a smaller learning_rate?)')
 
   def end(self, run):
     self.check()

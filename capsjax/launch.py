@@ -183,6 +183,7 @@ def entry_point(program: Optional[str] = None):
     argv[0] = f'capsjax.programs.{program}'
     if not any(arg.startswith('--experiment') for arg in argv[1:]):
       argv.insert(1, f'--experiment={PROGRAM_DEFAULT_EXPERIMENTS[program]}')
+  cli.as_program()
   remaining = parse_flags(argv)
   if program is not None and FLAGS.config.program != program:
     cli.fail(f'experiment {FLAGS.experiment!r} runs the program {FLAGS.config.program!r}, '

@@ -20,8 +20,9 @@ from capsjax.models import build_model
 from capsjax.objectives import top_k_correct
 from capsjax.validation import problems_of
 
-# cifar10 trains as cifar10_ensemble's members do (the same config, vmapped): one run covers both.
-NEW_EXPERIMENTS = ('svhn', 'smallnorb', 'cifar10_ensemble', 'fashion_mnist')
+# cifar10 trains as cifar10_ensemble's members do (the same config, vmapped): one run covers
+# both; fashion_mnist is the mnist recipe and model on other 28×28 grey images (nothing of its own to train).
+NEW_EXPERIMENTS = ('svhn', 'smallnorb', 'cifar10_ensemble')
 
 
 def _batch(shape=(16, 12, 12, 3), seed=0):

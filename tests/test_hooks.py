@@ -68,6 +68,26 @@ def test_divergence_guard_names_the_first_bad_step_only_when_checked(tmp_path):
   guard.end(run)
 
 
+def test_divergence_guard_stops_a_loss_stuck_far_above_its_start(tmp_path):
+  run, _ = fake_run(tmp_path)
+  guard = hooks.DivergenceGuard()
+  guard(run, 1, metrics(loss=0.9))
+  for step in range(2, 2 + hooks.DivergenceGuard.STUCK_STEPS - 1):
+    guard(run, step, metrics(loss=3.6))   # saturated capsules: finite, learning nothing
+  guard(run, 300, metrics(loss=1.7))      # below 2 × 0.9: the count starts again
+  guard.check()
+  for step in range(301, 301 + hooks.DivergenceGuard.STUCK_STEPS):
+    guard(run, step, metrics(loss=3.6))
+  with pytest.raises(NaNLossError, match=r'the loss stayed above 2 × its first value \(0\.9\) for 200 steps, '
+                                         r'now 3\.6 at step 499; stopped \(no checkpoint'):
+    guard.check()
+  ensemble = hooks.DivergenceGuard()   # per member: one member stuck is enough
+  for step in range(1, 2 + hooks.DivergenceGuard.STUCK_STEPS):
+    ensemble(run, step, metrics(loss=[0.9, 0.9] if step == 1 else [0.5, 3.0]))
+  with pytest.raises(NaNLossError, match=r'diverged \(member 1\)'):
+    ensemble.check()
+
+
 def test_progress_logger_writes_every_n_steps_and_reports_the_first_at_once(tmp_path):
   run, lines = fake_run(tmp_path, last_step=7)
   logger = hooks.ProgressLogger(3, hooks.DivergenceGuard())

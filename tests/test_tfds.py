@@ -2,6 +2,7 @@
 server standing in for the internet, serving the real files), prepares with TensorFlow,
 and the trainer reads it back; offline it fails within seconds with one line."""
 import functools
+import json
 import http.server
 import os
 import subprocess
@@ -63,7 +64,9 @@ def test_readme_command_downloads_prepares_and_trains(prepared):
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'TFDS: downloading and preparing mnist' in result.stdout
   assert os.path.isdir(os.path.join(tfds_dir, 'mnist'))
-  assert 'step 3/3' in result.stdout and os.path.isfile(workdir / 'results.json')
+  assert 'step 3/3' in result.stdout and 'img/s' in result.stdout and 'ETA' in result.stdout
+  results = json.loads((workdir / 'results.json').read_text())
+  assert results['steps'] == 3 and results['config']['num_steps'] == 3 and results['num_test_examples'] == 500
 
 
 def test_prepared_tfds_data_equals_the_idx_files(prepared, mnist_dir):

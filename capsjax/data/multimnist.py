@@ -143,6 +143,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  import sys  # pylint: disable=g-import-not-at-top
-  from capsjax.cli import main_wrapper  # pylint: disable=g-import-not-at-top
-  sys.exit(main_wrapper(main)())
+  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  cli.run_program(cli.main_wrapper(main))

@@ -79,4 +79,4 @@ def _listen_problem(error: OSError) -> str:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  cli.run_program(main)

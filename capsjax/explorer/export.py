@@ -37,4 +37,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  cli.run_program(main)

@@ -18,7 +18,6 @@ For an ensemble run (`ablation`), --member picks the member (default: the last).
 """
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -176,4 +175,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  cli.run_program(main)

@@ -13,7 +13,6 @@ digit's own shifted image, the one that went into the overlay.
 """
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -114,4 +113,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  cli.run_program(main)
