@@ -1,6 +1,5 @@
 """run.py: the summary, and one clear error line (no traceback) for bad input."""
 import importlib
-
 import os
 import subprocess
 import sys
