@@ -78,7 +78,7 @@ def test_unmarked_tests_keep_jaxs_default_precision():
 def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
   out = tmp_path / 'report'
   # The smoke is the CPU rehearsal (on a GPU machine too): fp32 peer rows, shared processes.
-  # A budget above the smoke's own 165 s: a loaded CI machine must not skip rows.
+  # A budget above the smoke's own 165 s: beside the suite's other worker it runs slower.
   done = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'device_report.py'), '--smoke',
                          '--budget_s', '400', '--out', str(out)], capture_output=True, text=True, timeout=480,
                         cwd=ROOT, check=False, env=dict(os.environ, JAX_PLATFORMS='cpu'))
