@@ -151,7 +151,7 @@ def _capsjax_setup(spec):
   from capsjax import sharding, train  # pylint: disable=g-import-not-at-top
   from capsjax.data import pipeline  # pylint: disable=g-import-not-at-top
   from capsjax.data.datasets import dataset_info  # pylint: disable=g-import-not-at-top
-  from capsjax.data.mnist import Dataset  # pylint: disable=g-import-not-at-top
+  from capsjax.data.sources import Dataset  # pylint: disable=g-import-not-at-top
   from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
 
   config = importlib.import_module(f'experiments.{spec["experiment"]}').get_config()

@@ -31,7 +31,7 @@ def _peak_mib() -> float:
 def measure(args) -> dict:
   """One mode, in this process."""
   from capsjax.data import pipeline  # pylint: disable=g-import-not-at-top
-  from capsjax.data.mnist import load_dataset  # pylint: disable=g-import-not-at-top
+  from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
   from experiments import mnist  # pylint: disable=g-import-not-at-top
   if not args.data_dir:
     import tensorflow_datasets  # pylint: disable=g-import-not-at-top,unused-import  # not counted below

@@ -31,7 +31,7 @@ from capsjax.models import build_model
 from timing import buffer_bytes, capsnet_flops, seconds_per_call
 from capsjax.data import pipeline
 from capsjax.data.datasets import dataset_info
-from capsjax.data.mnist import Dataset
+from capsjax.data.sources import Dataset
 
 DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, '..', 'shared', 'bench', 'torch_capsnet.py')
 

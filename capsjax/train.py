@@ -19,9 +19,10 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import reports, sharding, steps
+from capsjax import reports, sharding, steps, validation
 from capsjax import workdir as workdir_lib
-from capsjax.data.pipeline import Pipeline, make_splits
+from capsjax.data.pipeline import Pipeline
+from capsjax.data.tasks import make_splits, resolve_data
 from capsjax.ensembles import ensemble_members, member_knobs
 from capsjax.models import build_model, count_params
 from capsjax.runtime import StopRequests
@@ -119,6 +120,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   does the same at the next step.
   """
   workdir = workdir_lib.prepare(workdir)
+  config = resolve_data(config)   # the data's shape and classes where the config leaves them open
+  validation.validate(config)     # again: e.g. images too small for the model
   is_writer = sharding.is_main_process()
   with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
     changed = workdir_lib.bind_config(workdir, config)

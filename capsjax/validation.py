@@ -8,15 +8,15 @@ does not have are skipped, so one table serves every experiment, and comparison 
 import math
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
-from capsjax.data.datasets import DATASETS
 from capsjax.data.rows import HOST_IMAGES
+from capsjax.data.sources import dataset_names_help, is_dataset_name
+from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
 from capsjax.models import INITS, registered_models
 from capsjax.objectives import registered_objectives
 from capsjax.formulations import CONV_IMPLS, ROUTING_LOOPS
 
-TASKS = ('classify', 'expanded', 'multimnist')
 DTYPES = ('float32', 'bfloat16', 'float16')
 
 
@@ -101,8 +101,11 @@ def numbers_at_least(low: float):
 COMPARISON_MODELS = ('baseline', 'cnn')
 
 RUN_RULES = {
-    'task': one_of(TASKS),
-    'dataset': one_of(DATASETS),
+    'task': registered(lambda: TASKS),
+    'dataset': (is_dataset_name, dataset_names_help()),
+    'image_size': int_in(0, 4096),
+    'class_names': ((lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) and x for x in v)),
+                    'a tuple of class names (empty: from the data)'),
     'host_images': one_of(HOST_IMAGES),
     'num_train_examples': int_at_least(0),
     'num_test_examples': int_at_least(0),
@@ -146,9 +149,10 @@ RUN_RULES = {
 
 MODEL_RULES = {
     'name': registered(registered_models),
-    'input_shape': ((lambda v: isinstance(v, (tuple, list)) and len(v) == 3
-                     and all(_is_int(x) and x >= 1 for x in v)), '(height, width, channels), each >= 1'),
-    'num_classes': int_at_least(2),
+    'input_shape': ((lambda v: isinstance(v, (tuple, list)) and len(v) in (0, 3)
+                     and all(_is_int(x) and x >= 1 for x in v)),
+                    '(height, width, channels), each >= 1, or () for the shape of the data'),
+    'num_classes': ((lambda v: _is_int(v) and (v == 0 or v >= 2)), 'an integer >= 2, or 0 for the classes of the data'),
     # CapsNet
     'conv1_channels': int_at_least(1),
     'conv1_kernel': int_at_least(1),
@@ -206,6 +210,8 @@ def _check_rules(config, rules, prefix: str, problems: List[str]) -> None:
 
 def _capsnet_geometry(model) -> Optional[str]:
   """Why the CapsNet's layers do not fit its input, or None."""
+  if not model.input_shape:
+    return None   # the shape of the data, checked once the data has said it
   height, width = model.input_shape[:2]
   sizes = []
   for side in (height, width):
@@ -213,8 +219,10 @@ def _capsnet_geometry(model) -> Optional[str]:
     primary = (conv1 - model.primary_kernel) // model.primary_stride + 1 if conv1 >= model.primary_kernel else 0
     sizes.append((conv1, primary))
   if min(s[1] for s in sizes) < 1:
-    return (f'the input {tuple(model.input_shape[:2])} is too small for conv1_kernel={model.conv1_kernel}, '
-            f'primary_kernel={model.primary_kernel}, primary_stride={model.primary_stride}')
+    least = model.conv1_kernel + model.primary_kernel - 1
+    return (f'images of {height}×{width} are too small for the CapsNet\'s {model.conv1_kernel}×'
+            f'{model.conv1_kernel} and {model.primary_kernel}×{model.primary_kernel} convolutions (at least '
+            f'{least}×{least}): pass --config.image_size=N with N >= {least} to resize them')
   return None
 
 
@@ -266,7 +274,7 @@ def problems_of(config) -> List[str]:
     problems.append(f'config.num_epochs={config.num_epochs!r}: allowed a number > 0 '
                     '(or give config.num_steps > 0)')
   if 'max_shift' in config:
-    side = min(config.model.input_shape[:2]) if 'model' in config else 28
+    side = min(config.model.input_shape[:2] or (28,)) if 'model' in config else 28
     limit = side // 4   # beyond a quarter of the side, shifts cut off much of a digit
     if not (_is_int(config.max_shift) and 0 <= config.max_shift <= limit):
       problems.append(f'config.max_shift={config.max_shift!r}: allowed an integer in [0, {limit}] '
@@ -299,8 +307,11 @@ DESCRIPTIONS = {
     'experiment': 'the experiment name written into results (set by experiments/NAME.py)',
     'program': 'what runs: train, or an experiment program (ablation, affnist, sweep)',
     'task': 'classify one label per image, expanded (digits placed on a larger canvas) or multimnist (two overlaid digits)',
-    'dataset': 'the dataset (TFDS name, or the IDX files in data_dir)',
-    'data_dir': 'a folder of IDX files to read instead of TFDS (offline use); does not bind the workdir',
+    'dataset': 'where the images come from: a TFDS name, or image_folder (the folder in data_dir)',
+    'data_dir': 'a folder read instead of TFDS: IDX files (MNIST family), or with dataset=image_folder '
+                'DIR/train/CLASS/*.png|jpg and DIR/test/CLASS/…; does not bind the workdir',
+    'image_size': '> 0: every image resized to N×N (needed for images of mixed sizes); 0: as stored',
+    'class_names': 'the class names written into results, figures and predictions; () = from the data',
     'tfds_data_dir': "TFDS's data folder (default ~/tensorflow_datasets); does not bind the workdir",
     'host_images': "memory: each split loaded whole; rows: each process reads only its batches' rows; auto: rows on several processes",
     'num_train_examples': 'use the first N training examples (0: all)',
@@ -350,8 +361,8 @@ DESCRIPTIONS = {
     'process_id': "this process's index (-1: detected)",
     'distributed_timeout_s': 'seconds to wait for the coordinator and the other processes',
     'model.name': 'the model family (registered in capsjax.models / capsjax.families)',
-    'model.input_shape': 'image height, width, channels the model reads',
-    'model.num_classes': 'classes (digit capsules, or output units)',
+    'model.input_shape': 'image height, width, channels the model reads; () = those of the data',
+    'model.num_classes': 'classes (digit capsules, or output units); 0 = those of the data',
     'model.conv1_channels': 'channels of the first convolution (the paper: 256)',
     'model.conv1_kernel': 'kernel side of the first convolution (9)',
     'model.primary_types': 'primary capsule types (32)',

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import ml_collections
 
-from experiments import mnist as base_config
+from capsjax import defaults
 
 from capsjax.errors import ConfigError, WorkdirError
 
@@ -33,6 +33,8 @@ RUNTIME_KEYS = frozenset({
     'checkpoint_every_steps', 'checkpoint_every_secs', 'keep_checkpoints', 'stop_at_step',
     'distributed', 'coordinator_address', 'num_processes', 'process_id', 'distributed_timeout_s',
     'allow_config_change', 'reevaluate', 'routing_probe_examples', 'routing_probe_iterations',
+    # Names only: a run started before class names were recorded has none.
+    'class_names',
 })
 
 
@@ -134,15 +136,15 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
         stored = json.load(f)['config']
   except (OSError, ValueError, KeyError) as e:
     raise WorkdirError(f'cannot read the config in {workdir}: {e}') from None
-  return ml_collections.ConfigDict(with_defaults(stored, base_config.get_config().to_dict()))
+  return ml_collections.ConfigDict(with_defaults(stored, defaults.base_config().to_dict()))
 
 
-def with_defaults(stored: Dict[str, Any], defaults: Dict[str, Any]) -> Dict[str, Any]:
-  """`stored` with the keys it lacks taken from `defaults`: a run started before a key
+def with_defaults(stored: Dict[str, Any], fallback: Dict[str, Any]) -> Dict[str, Any]:
+  """`stored` with the keys it lacks taken from `fallback` (the base config's values): a run started before a key
   existed ran with that key's default behaviour. A section whose `name` differs (a CNN
   model against the base CapsNet) is left as stored."""
   merged = dict(stored)
-  for key, default in defaults.items():
+  for key, default in fallback.items():
     if key not in merged:
       merged[key] = default
     elif isinstance(default, dict) and isinstance(merged[key], dict) and \
@@ -170,7 +172,7 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict) -> List[str]:
     except (OSError, ValueError) as e:
       raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
     # Keys added to capsjax since the run started count as their defaults, not as changes.
-    differences = config_differences(with_defaults(saved, base_config.get_config().to_dict()), config)
+    differences = config_differences(with_defaults(saved, defaults.base_config().to_dict()), config)
     if differences and not config.allow_config_change:
       shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
       raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '

@@ -1,112 +1,14 @@
 """The paper's MNIST setup (section 5): 3-layer CapsNet, 3 routing iterations, ±2 px shifts.
 
 Optimiser: Adam at 1e-3 with exponential decay ×0.96 every 2000 steps, batch 128, as in
-the authors' released code (the paper says only "TensorFlow default Adam ... exponentially
-decaying learning rate"); see BUILD.md.
+the authors' released code; the values live in capsjax/defaults.py, the base of every
+experiment (see BUILD.md).
 """
-import ml_collections
+from capsjax import defaults
 
-from capsjax.data.datasets import dataset_info
-
-
-def get_model_config() -> ml_collections.ConfigDict:
-  """The paper's CapsNet: 8,215,568 parameters (6,804,224 without the decoder)."""
-  return ml_collections.ConfigDict(dict(
-      name='capsnet',
-      conv1_channels=256, conv1_kernel=9,
-      primary_types=32, primary_dim=8, primary_kernel=9, primary_stride=2,
-      num_classes=10, digit_dim=16, routing_iterations=3,
-      digit_bias=False, learn_log_priors=False, leaky_routing=False,
-      stop_gradient_predictions=False,
-      decoder_hidden=(512, 1024), use_decoder=True,
-      input_shape=(28, 28, 1),
-      # Formulations of the same math; 'auto' = the backend's measured faster one
-      # (capsjax/formulations.py): conv 'xla' | 'patches', routing 'rolled' | 'unrolled'.
-      conv_impl='auto',
-      routing_loop='auto',
-      dtype='float32',
-      # The authors' released code (see experiments/mnist_official.py): 'official'
-      # truncated-normal weights and 0.1 biases; PrimaryCaps pre-squash output ÷ types.
-      init_scheme='default',
-      primary_scale_by_types=False,
-  ))
+get_model_config = defaults.capsnet_config
+dataset_config = defaults.dataset_config
 
 
-def get_config() -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict()
-  config.experiment = 'mnist'
-  config.task = 'classify'        # 'classify' (one label per image) or 'multimnist'
-  # Data: TFDS by default; data_dir = a folder of LeCun IDX files (offline use).
-  config.dataset = 'mnist'
-  config.data_dir = ''
-  config.tfds_data_dir = ''
-  # Host memory: 'memory' loads each split whole (uint8); 'rows' reads only the rows of
-  # each batch this process feeds its devices (TFDS array_record or an uncompressed IDX
-  # file; capsjax.data.rows); 'auto' = 'rows' on several processes (multi-host).
-  config.host_images = 'auto'
-  config.num_train_examples = 0   # 0 = the whole split
-  config.num_test_examples = 0
-  # > 0: the last N training images are held out as a validation split, evaluated next
-  # to the test set; results.json then reports the test error at the best validation
-  # evaluation too. The project never selects on the test set.
-  config.validation_examples = 0
-  config.max_shift = 2            # training images shifted by up to ±2 px, zero padding
-  # Optimisation.
-  config.seed = 0
-  config.batch_size = 128
-  config.num_epochs = 50.0
-  config.num_steps = 0            # > 0 overrides num_epochs
-  config.learning_rate = 1e-3
-  config.lr_decay_rate = 0.96
-  config.lr_decay_steps = 2000
-  config.lr_staircase = False
-  config.lr_min = 0.0             # floor of the decayed learning rate (authors' code: 1e-6)
-  config.loss = ml_collections.ConfigDict(dict(
-      name='capsnet', m_plus=0.9, m_minus=0.1, negative_weight=0.5, reconstruction_weight=0.0005,
-      # 'sum' over classes (paper, eq. 4) or 'official' (authors' code: 0.5 × mean over classes).
-      margin_reduction='sum'))
-  config.model = get_model_config()
-  # Bookkeeping.
-  config.log_every_steps = 50
-  config.eval_every_steps = 468   # one epoch: 60 000 // 128 steps
-  config.eval_batch_size = 500
-  config.checkpoint_every_steps = 468
-  config.keep_checkpoints = 3
-  config.checkpoint_every_secs = 600.0   # also save every 10 minutes of wall time (0: off)
-  config.stop_at_step = 0         # > 0: checkpoint and exit there (as a preemption would)
-  # > 0: the run is complete at the first evaluation with this test accuracy (affNIST).
-  config.stop_at_test_accuracy = 0.0
-  # A workdir is bound to the config it was started with; True continues it with another.
-  config.allow_config_change = False
-  # Running a finished workdir again says so and exits at once; True evaluates it again.
-  config.reevaluate = False
-  # The function that runs the experiment (see run.py): 'train', or a program of
-  # capsjax.programs that calls the training loop itself.
-  config.program = 'train'
-  # Several configurations trained as one vmapped program (capsjax.ensembles): a dict of
-  # tuples seeds / routing_iterations / reconstruction_weights, or None.
-  config.ensemble = None
-  # Multi-host (capsjax.sharding): every process runs the same command; on Cloud TPU the
-  # coordinator is found automatically, elsewhere give address, count and id.
-  config.distributed = False
-  config.coordinator_address = ''
-  config.num_processes = 0
-  config.process_id = -1
-  # How long a process waits for the coordinator (and JAX for all processes) before
-  # giving up with one error line.
-  config.distributed_timeout_s = 120
-  # Routing convergence (appendix A): mean |Δb| per iteration at every evaluation.
-  config.routing_probe_iterations = 6
-  config.routing_probe_examples = 100
-  return config
-
-
-def dataset_config(name: str) -> ml_collections.ConfigDict:
-  """This recipe on dataset `name` (capsjax.data.datasets): the experiment of that name,
-  the model's input shape and class count taken from the dataset's description."""
-  config = get_config()
-  info = dataset_info(name)
-  config.experiment = config.dataset = name
-  config.model.input_shape = info.input_shape
-  config.model.num_classes = info.num_classes
-  return config
+def get_config():
+  return defaults.base_config()

@@ -7,11 +7,27 @@ members or a plain reference at float32 tolerances carries the marker (on the te
 `pytestmark` for a module, which also covers its module-scoped fixtures): it then runs with
 `jax_default_matmul_precision='highest'` set globally, so that every thread (a test
 server's too) computes at full float32 on any backend.
+
+Compilation dominates the suite's time on a CPU, and many tests (and the commands they
+run in subprocesses) compile the same programs: one JAX persistent compilation cache per
+suite run, in a fresh temporary folder that the pytest-xdist workers and every subprocess
+inherit through the environment, removed at the end. Measured on 2 CPU cores
+(2026-11-23): test_train + test_workdir + test_signals 306 s without it, 122 s with it
+starting empty.
 """
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 
-import jax
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:   # set before JAX reads its flags
+  _cache_dir = tempfile.mkdtemp(prefix='capsjax-tests-jax-cache-')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache_dir
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)   # the process that made it
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

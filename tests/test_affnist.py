@@ -9,7 +9,7 @@ import scipy.io
 
 from capsjax import train
 from capsjax.data import affine
-from capsjax.data.pipeline import affine_test_pipeline, make_pipelines
+from capsjax.data.tasks import affine_test_pipeline, make_pipelines
 from capsjax.errors import DataError
 from experiments import affnist_smoke
 from test_train import tiny_config

@@ -9,7 +9,7 @@ import pytest
 
 from capsjax.data import augment
 from capsjax.data.idx import parse_idx, read_idx, write_idx
-from capsjax.data.mnist import load_dataset, load_idx_split
+from capsjax.data.sources import load_dataset, load_idx_split
 from capsjax.errors import DataError
 from experiments import mnist
 
@@ -122,7 +122,7 @@ def test_random_shift_bounds_and_determinism():
      'config.num_test_examples=50001: the data has 50000 MultiMNIST test pairs'),
 ])
 def test_counts_beyond_the_data_are_refused_never_clamped(tmp_path, overrides, message):
-  from capsjax.data.pipeline import make_splits  # pylint: disable=g-import-not-at-top
+  from capsjax.data.tasks import make_splits  # pylint: disable=g-import-not-at-top
   from capsjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   for split, count in (('train', 200), ('test', 50)):

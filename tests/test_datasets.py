@@ -11,10 +11,11 @@ import pytest
 
 from capsjax import steps, train
 from capsjax.data import augment
-from capsjax.data import mnist as mnist_data
+from capsjax.data import sources as mnist_data
 from capsjax.data import pipeline as pipeline_lib
+from capsjax.data import tasks as tasks_lib
 from capsjax.data.datasets import Preprocessing, dataset_info
-from capsjax.data.mnist import Dataset
+from capsjax.data.sources import Dataset
 from capsjax.errors import DataError
 from capsjax.models import build_model
 from capsjax.objectives import top_k_correct
@@ -114,7 +115,7 @@ def test_each_dataset_through_the_real_pipeline(name, offline_tfds):
   config = importlib.import_module(f'experiments.{name}').get_config()
   config.batch_size, config.eval_batch_size = 32, 48
   assert tuple(config.model.input_shape) == info.input_shape
-  train_pipe, test_pipe, _ = pipeline_lib.make_splits(config)
+  train_pipe, test_pipe, _ = tasks_lib.make_splits(config)
   host = train_pipe.host_batch(0)
   batch = train_pipe.device_batch(train_pipe.source, host, jax.random.key(0))
   again = train_pipe.device_batch(train_pipe.source, host, jax.random.key(0))

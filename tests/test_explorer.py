@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from capsjax import train
-from capsjax.data.mnist import load_dataset
+from capsjax.data.sources import load_dataset
 from capsjax.data.pipeline import preprocess
 from capsjax.explorer import __main__ as explorer_main
 from capsjax.explorer import backend

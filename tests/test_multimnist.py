@@ -8,7 +8,7 @@ import pytest
 from capsjax import cli, objectives, train
 from capsjax.programs import segmentation
 from capsjax.data import multimnist
-from capsjax.data.mnist import load_idx_split
+from capsjax.data.sources import load_idx_split
 from capsjax.models import build_model, count_params
 from experiments import multimnist as multimnist_config
 from experiments import multimnist_baseline

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from capsjax import losses, reports, steps, train
-from capsjax.data.mnist import Dataset
-from capsjax.data.pipeline import split_validation
+from capsjax.data.sources import Dataset
+from capsjax.data.tasks import split_validation
 from capsjax.errors import ConfigError
 from capsjax.layers import PrimaryCaps
 from capsjax.models import build_model
@@ -129,7 +129,7 @@ def test_validation_split_holds_out_the_last_training_images():
   with pytest.raises(ConfigError, match='fewer than the 10'):
     split_validation(config, data)
   config.validation_examples, config.task = 3, 'multimnist'
-  with pytest.raises(ConfigError, match="'classify' and 'expanded'"):
+  with pytest.raises(ConfigError, match="'classify', 'expanded' tasks only"):
     split_validation(config, data)
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from capsjax.data import pipeline, rows
-from capsjax.data.mnist import Dataset, load_idx_split
+from capsjax.data.sources import Dataset, load_idx_split
 from capsjax.errors import DataError
 from experiments import mnist
 from test_data import _write_split

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from capsjax.data.mnist import load_dataset, load_idx_split, load_tfds_split
+from capsjax.data.sources import load_dataset, load_idx_split, load_tfds_split
 from capsjax.data.rows import ImageRows
 from capsjax.errors import DataError
 

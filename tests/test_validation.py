@@ -76,7 +76,7 @@ BAD_VALUES = [
     ('model.conv_impl', 'bogus', "config.model.conv_impl='bogus': allowed one of auto, xla, patches"),
     ('model.digit_dim', 0, 'config.model.digit_dim=0'),
     ('model.num_classes', 1, 'config.model.num_classes=1'),
-    ('model.conv1_kernel', 27, 'config.model.input_shape=(28, 28, 1): the input (28, 28) is too small'),
+    ('model.conv1_kernel', 27, 'config.model.input_shape=(28, 28, 1): images of 28×28 are too small'),
     ('loss.name', 'bogus', "config.loss.name='bogus': allowed one of capsnet, sigmoid_xent, softmax_xent"),
     ('loss.name', 'softmax_xent', "config.loss.name='softmax_xent': a CapsNet model is trained with the 'capsnet' loss"),
     ('loss.m_minus', 0.95, 'config.loss.m_minus=0.95: allowed a value below m_plus=0.9'),

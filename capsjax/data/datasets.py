@@ -1,6 +1,8 @@
-"""Every dataset the experiments can name (`config.dataset`), described in one place: where
-it comes from (TFDS name, splits, feature keys), what one stored image is, and how
-training and test images are made from it (capsjax.data.augment, on device)."""
+"""The datasets the paper's experiments use, described in one place: where each comes from
+(TFDS name, splits, feature keys), what one stored image is, its classes, and how
+training and test images are made from it (capsjax.data.augment, on device). Any other
+TFDS image-classification dataset, or an image folder, describes itself
+(capsjax.data.sources)."""
 import dataclasses
 from typing import Dict, Optional, Tuple
 
@@ -24,7 +26,7 @@ class Preprocessing:
 class DatasetInfo:
   tfds_name: str                      # the TFDS builder (the default source)
   image_shape: Tuple[int, int, int]   # [height, width, channels] of one stored image
-  num_classes: int
+  class_names: Tuple[str, ...]
   idx_folder: bool                    # also readable from a folder of LeCun IDX files
   # TFDS features: the images stacked as channels (smallNORB's stereo pair), the label.
   image_keys: Tuple[str, ...] = ('image',)
@@ -37,6 +39,10 @@ class DatasetInfo:
   download_url: str = ''
 
   @property
+  def num_classes(self) -> int:
+    return len(self.class_names)
+
+  @property
   def input_shape(self) -> Tuple[int, int, int]:
     """The model's input: the crop (or the resized image, or the stored one)."""
     side = self.preprocessing.crop or self.preprocessing.resize
@@ -44,17 +50,24 @@ class DatasetInfo:
     return (side, side, channels) if side else (height, width, channels)
 
 
+DIGITS = tuple('0123456789')
+# The names of TFDS's ClassLabel features.
+FASHION = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker', 'Bag',
+           'Ankle boot')
+CIFAR10 = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
+SMALLNORB = ('four-legged animal', 'human figure', 'airplane', 'truck', 'car')
+
 DATASETS: Dict[str, DatasetInfo] = {
-    'mnist': DatasetInfo('mnist', (28, 28, 1), 10, idx_folder=True),
+    'mnist': DatasetInfo('mnist', (28, 28, 1), DIGITS, idx_folder=True),
     # Same format; Debian's dataset-fashion-mnist installs the IDX files.
-    'fashion_mnist': DatasetInfo('fashion_mnist', (28, 28, 1), 10, idx_folder=True),
+    'fashion_mnist': DatasetInfo('fashion_mnist', (28, 28, 1), FASHION, idx_folder=True),
     # The small training set only (73 257 images; TFDS's `extra` split is not used).
-    'svhn': DatasetInfo('svhn_cropped', (32, 32, 3), 10, idx_folder=False,
+    'svhn': DatasetInfo('svhn_cropped', (32, 32, 3), DIGITS, idx_folder=False,
                         source='paper section 7: the small training set; shifts as MNIST',
                         download_url='http://ufldl.stanford.edu/housenumbers/'),
     # The stereo pair as 2 channels; 5 categories.
     'smallnorb': DatasetInfo(
-        'smallnorb', (96, 96, 2), 5, idx_folder=False, image_keys=('image', 'image2'),
+        'smallnorb', (96, 96, 2), SMALLNORB, idx_folder=False, image_keys=('image', 'image2'),
         label_key='label_category',
         preprocessing=Preprocessing(resize=48, crop=32, brightness=63 / 255, contrast=(0.2, 1.8),
                                     standardize=True),
@@ -65,7 +78,7 @@ DATASETS: Dict[str, DatasetInfo] = {
                'standardisation cancels; contrast uses the crop\'s channel means)',
         download_url='https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/'),
     'cifar10': DatasetInfo(
-        'cifar10', (32, 32, 3), 10, idx_folder=False,
+        'cifar10', (32, 32, 3), CIFAR10, idx_folder=False,
         preprocessing=Preprocessing(crop=24, flip=True, brightness=63 / 255, contrast=(0.2, 1.8),
                                     standardize=True),
         source='paper section 7: 24×24 patches; flips, brightness ±63/255, contrast 0.2–1.8 and '
@@ -76,6 +89,8 @@ DATASETS: Dict[str, DatasetInfo] = {
 
 
 def dataset_info(name: str) -> DatasetInfo:
+  """The description of one of the DATASETS (described_source in capsjax.data.sources
+  covers the others)."""
   if name not in DATASETS:
-    raise ConfigError(f'config.dataset={name!r}: allowed one of {", ".join(DATASETS)}')
+    raise ConfigError(f'config.dataset={name!r} is not one of the described datasets {", ".join(DATASETS)}')
   return DATASETS[name]

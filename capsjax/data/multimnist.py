@@ -111,7 +111,7 @@ def bounding_box_overlap(digits: np.ndarray) -> np.ndarray:
 
 def main(argv=None):
   from capsjax import cli  # pylint: disable=g-import-not-at-top
-  from capsjax.data.mnist import load_idx_split, load_tfds_split  # pylint: disable=g-import-not-at-top
+  from capsjax.data.sources import load_idx_split, load_tfds_split  # pylint: disable=g-import-not-at-top
 
   parser = cli.ArgumentParser(prog='capsjax.data.multimnist',
                               description='Export MultiMNIST examples to an .npz file.')

@@ -18,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.data import affine, augment, multimnist
-from capsjax.data.datasets import dataset_info
-from capsjax.data.mnist import Dataset, load_dataset
+from capsjax.data.datasets import DATASETS, Preprocessing
 from capsjax.data.rows import ImageRows
-from capsjax.errors import ConfigError
+from capsjax.data.sources import Dataset
 
 HostBatch = Tuple[np.ndarray, ...]
 
@@ -78,17 +77,25 @@ class ReadAhead:
 
 # ----------------------------------------------------------------------------- MNIST-like
 
+def _described_preprocessing(config) -> Preprocessing:
+  # For callers that build a pipeline without a source (benchmarks, tests).
+  described = DATASETS.get(config.get('dataset', ''))
+  return described.preprocessing if described else Preprocessing()
+
+
 def dataset_pipeline(config, dataset: Dataset, training: bool,
-                     example_transform: Optional[Callable] = None, seed: int = 0) -> Pipeline:
-  """Batches of a host dataset (uint8 on the host; converted on device). Without
-  `example_transform`: the dataset's preprocessing (capsjax.data.datasets; crops, flips,
-  jitter, standardisation) and training shifts of up to config.max_shift px, from the
-  step's key in training. With it, `example_transform(image, key)` makes every image
+                     example_transform: Optional[Callable] = None, seed: int = 0,
+                     preprocessing: Optional[Preprocessing] = None) -> Pipeline:
+  """Batches of a host dataset (uint8 on the host; converted on device). `config` needs
+  batch_size, seed and max_shift only. Without `example_transform`: `preprocessing` (the
+  source's: crops, flips, jitter, standardisation; by default the described dataset's of
+  config.dataset) and training shifts of up to config.max_shift px, from the step's key in
+  training. With it, `example_transform(image, key)` makes every image
   (expanded MNIST placement, affine test digits): in training from the step's key, in
   evaluation from (`seed`, example index), so the test set is fixed."""
   batch_size = config.batch_size
   steps_per_epoch = len(dataset) // batch_size
-  preprocessing = dataset_info(config.dataset).preprocessing
+  preprocessing = preprocessing or _described_preprocessing(config)
 
   def host_batch(step, run_seed=None, rows=slice(None)):
     epoch, position = divmod(step, steps_per_epoch)
@@ -123,21 +130,12 @@ def dataset_pipeline(config, dataset: Dataset, training: bool,
   return Pipeline(len(dataset), None, host_batch, eval_batches, device_batch)
 
 
-def affine_test_pipeline(config) -> Pipeline:
-  """The MNIST test digits under random affine maps (config.affnist), fixed per index."""
-  test = _load(config, 'test')
-  if config.num_test_examples:
-    test = test.take(config.num_test_examples)
-  ranges = dict(config.affnist.ranges)
-  transform = lambda image, key: affine.random_affine(image, key, ranges)[0]
-  return dataset_pipeline(config, test, False, transform, config.affnist.test_seed)
-
-
 # ----------------------------------------------------------------------------- MultiMNIST
 
-def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) -> Pipeline:
+def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int, num_classes: int = 10) -> Pipeline:
+  """`config` needs batch_size and multimnist.examples_per_digit only."""
   # Overlays are made on device from any two training digits: the whole split is needed.
-  source = multimnist.make_source(np.asarray(dataset.images), dataset.labels, dataset_info(config.dataset).num_classes)
+  source = multimnist.make_source(np.asarray(dataset.images), dataset.labels, num_classes)
   total = len(dataset) * config.multimnist.examples_per_digit
   num_examples = min(num_examples or total, total)
 
@@ -162,82 +160,10 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int) 
   return Pipeline(num_examples, source, host_batch, eval_batches, device_batch)
 
 
-# ----------------------------------------------------------------------------- entry point
+# ----------------------------------------------------------------------------- host memory
 
 def images_on_demand(config) -> bool:
   """config.host_images: 'memory' loads each split whole; 'rows' reads only the rows a
   process's batches use (capsjax.data.rows); 'auto' is 'rows' on several processes."""
   mode = config.get('host_images', 'auto')
   return mode == 'rows' or (mode == 'auto' and jax.process_count() > 1)
-
-
-def _load(config, split: str) -> Dataset:
-  return load_dataset(config.dataset, split, config.data_dir, config.tfds_data_dir, images_on_demand(config))
-
-
-def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]]:
-  """(training examples, held-out validation examples or None): the last
-  config.validation_examples images of the training split are held out, as the authors'
-  `--validate` holds out the last 10 000 (50k/10k)."""
-  held_out = config.validation_examples
-  if not held_out:
-    return train, None
-  if config.task == 'multimnist':
-    raise ConfigError('config.validation_examples: a held-out validation split exists for '
-                      "the 'classify' and 'expanded' tasks only")
-  if held_out >= len(train):
-    raise ConfigError(f'config.validation_examples={held_out}: allowed fewer than the {len(train)} '
-                      'training examples')
-  return (Dataset(train.images[:-held_out], train.labels[:-held_out]),
-          Dataset(train.images[-held_out:], train.labels[-held_out:]))
-
-
-def _at_most(config, key: str, available: int, what: str) -> int:
-  """config[key], refused when the data has fewer (never silently clamped)."""
-  if config[key] > available:
-    raise ConfigError(f'config.{key}={config[key]}: the data has {available} {what}; allowed at most that')
-  return config[key]
-
-
-def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
-  """(train, test) pipelines for config.task: 'classify' (the dataset's images as they
-  are), 'expanded' (each digit placed at random on the model's larger canvas) or
-  'multimnist' (two digits overlaid on the model's canvas). With
-  config.validation_examples, training never sees the held-out images (make_splits
-  returns them as a third pipeline)."""
-  train, test, _ = make_splits(config)
-  return train, test
-
-
-def make_splits(config) -> Tuple[Pipeline, Pipeline, Optional[Pipeline]]:
-  """(train, test, validation or None) pipelines; see make_pipelines."""
-  task = config.task
-  train, test = _load(config, 'train'), _load(config, 'test')
-  model_input = dataset_info(config.dataset).input_shape
-  if task == 'classify' and model_input != tuple(config.model.input_shape):
-    raise ConfigError(f'{config.dataset} gives the model inputs of shape {model_input}; the model expects '
-                      f'config.model.input_shape={tuple(config.model.input_shape)}')
-  train, held_out = split_validation(config, train)
-  if config.num_train_examples:
-    train = train.take(_at_most(config, 'num_train_examples', len(train), 'training examples'
-                                + (f' (after holding out {len(held_out)} for validation)' if held_out else '')))
-  if task in ('classify', 'expanded'):
-    if config.num_test_examples:
-      test = test.take(_at_most(config, 'num_test_examples', len(test), 'test examples'))
-    if len(train) < config.batch_size:
-      raise ConfigError(f'batch_size {config.batch_size} exceeds the {len(train)} training examples')
-    if task == 'classify':
-      validation = dataset_pipeline(config, held_out, False) if held_out else None
-      return dataset_pipeline(config, train, True), dataset_pipeline(config, test, False), validation
-    canvas = config.model.input_shape[0]
-    place = lambda image, key: affine.random_place(image, key, canvas)
-    validation = (dataset_pipeline(config, held_out, False, place, config.expanded_test_seed + 1)
-                  if held_out else None)
-    return (dataset_pipeline(config, train, True, place),
-            dataset_pipeline(config, test, False, place, config.expanded_test_seed), validation)
-  if task == 'multimnist':
-    if config.num_test_examples:
-      _at_most(config, 'num_test_examples', len(test) * config.multimnist.examples_per_digit, 'MultiMNIST test pairs')
-    return (multimnist_pipeline(config, train, config.seed, 0),
-            multimnist_pipeline(config, test, config.multimnist.test_seed, config.num_test_examples), None)
-  raise ConfigError(f"unknown task {task!r} (expected 'classify', 'expanded' or 'multimnist')")

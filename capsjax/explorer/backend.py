@@ -18,7 +18,8 @@ from flax import traverse_util
 from PIL import Image
 
 from capsjax.checkpoints import load_trained, select_member
-from capsjax.data.pipeline import make_pipelines, preprocess
+from capsjax.data.pipeline import preprocess
+from capsjax.data.tasks import make_pipelines
 from capsjax.errors import CapsjaxError, CheckpointError
 from capsjax.models import build_model, capsule_lengths
 from capsjax.programs.figures import draw_perturbations

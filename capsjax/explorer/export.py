@@ -10,7 +10,7 @@ import os
 import sys
 
 from capsjax import cli
-from capsjax.data.mnist import load_dataset
+from capsjax.data.sources import load_dataset
 from capsjax.explorer.backend import ASSETS, export
 from capsjax.workdir import read_config
 

@@ -19,8 +19,9 @@ from capsjax.checkpoints import load_trained
 from capsjax.programs.common import image_grid, with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
-from capsjax.data.mnist import Dataset
-from capsjax.data.pipeline import affine_test_pipeline, dataset_pipeline
+from capsjax.data.sources import Dataset
+from capsjax.data.pipeline import dataset_pipeline
+from capsjax.data.tasks import affine_test_pipeline
 
 PAPER = {'capsnet': (99.23, 79.0), 'cnn': (99.22, 66.0)}   # expanded MNIST %, affNIST %
 

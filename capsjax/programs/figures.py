@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax.data.mnist import load_dataset
+from capsjax.data.sources import load_dataset
 from capsjax.data.pipeline import preprocess
 from capsjax import cli
 from capsjax.errors import CapsjaxError

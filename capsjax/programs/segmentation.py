@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import cli
-from capsjax.data.pipeline import make_pipelines
+from capsjax.data.tasks import make_pipelines
 from capsjax.programs.common import image_grid
 from capsjax.errors import CapsjaxError
 from capsjax.checkpoints import load_trained

@@ -1,0 +1,80 @@
+"""Image files and arrays to the uint8 arrays a run trains on: one conversion for training
+(an image folder, a resized TFDS dataset) and for `capsjax.predict`, so that a file is
+converted at prediction exactly as training converted its kind.
+
+Colour: a run's images are grey (1 channel) when every training image is grey, else RGB
+(3 channels; alpha dropped, palettes expanded). Size: resized with Pillow's bilinear
+filter (antialiased when shrinking) to the run's [height, width] when it differs.
+"""
+from typing import Tuple
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from capsjax.errors import DataError
+
+# What tfds.ImageFolder reads (other files in a class folder are ignored, as there).
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
+# Pillow modes without colour.
+GREY_MODES = frozenset({'1', 'L', 'LA', 'I', 'I;16', 'I;16B', 'I;16L', 'I;16N', 'F'})
+
+
+def is_image_file(name: str) -> bool:
+  return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def channels_of(mode: str) -> int:
+  """1 for a grey Pillow mode, 3 for anything with colour."""
+  return 1 if mode in GREY_MODES else 3
+
+
+def open_image(path: str) -> Image.Image:
+  """The image at `path`, header read (pixels decoded on first use); one DataError line if
+  it is missing or not an image."""
+  try:
+    return Image.open(path)
+  except FileNotFoundError:
+    raise DataError(f'{path}: no such file') from None
+  except IsADirectoryError:
+    raise DataError(f'{path}: a directory, not an image file') from None
+  except UnidentifiedImageError:
+    raise DataError(f'{path}: not an image (Pillow reads PNG, JPEG and other image formats)') from None
+  except OSError as e:
+    raise DataError(f'{path}: cannot read ({e.strerror or e})') from None
+
+
+def to_array(image: Image.Image, shape: Tuple[int, int, int], name: str = 'image') -> np.ndarray:
+  """uint8 [height, width, channels] of `shape`: `image` converted to grey or RGB and
+  resized (bilinear) where its size differs."""
+  height, width, channels = shape
+  try:
+    if image.mode in ('I', 'I;16', 'I;16B', 'I;16L', 'I;16N', 'F') and channels == 1:
+      # 16-bit or float grey: scaled to 0..255 by its own range, not clipped.
+      values = np.asarray(image, np.float64)
+      span = values.max() - values.min()
+      image = Image.fromarray(np.uint8(np.round(255 * (values - values.min()) / (span or 1))))
+    converted = image.convert('L' if channels == 1 else 'RGB')
+    if converted.size != (width, height):
+      converted = converted.resize((width, height), Image.BILINEAR)
+    array = np.asarray(converted, np.uint8)
+  except (OSError, ValueError) as e:   # a truncated or corrupt file fails when decoded
+    raise DataError(f'{name}: cannot decode ({e})') from None
+  return array[..., None] if channels == 1 else array
+
+
+def read_image(path: str, shape: Tuple[int, int, int]) -> np.ndarray:
+  """The image file at `path` as uint8 [height, width, channels] of `shape`."""
+  with open_image(path) as image:
+    return to_array(image, shape, path)
+
+
+def resize_array(images: np.ndarray, size: int) -> np.ndarray:
+  """uint8 [n, h, w, c] → [n, size, size, c], each image as `to_array` resizes it; c may be
+  any count (stacked channels, e.g. smallNORB's stereo pair, are resized one by one)."""
+  if images.shape[1:3] == (size, size):
+    return images
+  out = np.empty((len(images), size, size, images.shape[-1]), np.uint8)
+  for i, image in enumerate(images):
+    for c in range(images.shape[-1]):
+      out[i, :, :, c] = to_array(Image.fromarray(image[:, :, c]), (size, size, 1))[..., 0]
+  return out

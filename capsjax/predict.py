@@ -1,0 +1,180 @@
+"""Classify image files with a trained CapsNet.
+
+  python -m capsjax.predict [--workdir=W] [--member=K] [--json] [--reconstruct=DIR] FILE...
+
+For each file: the class name and every class's activation (the capsule lengths).
+Without --workdir: the small MNIST CapsNet that ships with capsjax. A file of any size or
+colour is converted as training converted the run's images (capsjax.data.images: grey or
+RGB, resized to the run's size), then preprocessed as the run's test images. --json
+prints one JSON object per line: {"file", "class", "class_index", "activations"}.
+--reconstruct=DIR writes DIR/NAME.png: the input | the decoder's reconstruction from the
+predicted class's capsule.
+
+From Python, `Predictor.from_workdir(W).predict(images)` does the same for arrays.
+"""
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from capsjax import cli
+from capsjax.errors import CapsjaxError
+
+PREDICT_BATCH = 64
+
+
+class Predictor:
+  """A trained CapsNet (or baseline CNN) and how its run converted images."""
+
+  def __init__(self, config, model, params, source: str):
+    import jax  # pylint: disable=g-import-not-at-top
+    from capsjax.data.sources import run_source_info  # pylint: disable=g-import-not-at-top
+    if config.task == 'multimnist':
+      raise CapsjaxError(f'{source} holds a MultiMNIST run: predict classifies one object per image')
+    self.config, self.model, self.params, self.source = config, model, params, source
+    self.info = run_source_info(config)
+    self.class_names = self.info.class_names
+    self.has_decoder = config.model.name == 'capsnet' and config.model.get('use_decoder', False)
+    self._scores = jax.jit(self._scores_and_reconstructions)
+
+  @classmethod
+  def from_workdir(cls, workdir: str, member: Optional[int] = None) -> 'Predictor':
+    from capsjax.checkpoints import load_trained, select_member  # pylint: disable=g-import-not-at-top
+    config, model, params = load_trained(workdir)
+    return cls(config, model, select_member(config, params, member, workdir), workdir)
+
+  @classmethod
+  def shipped(cls) -> 'Predictor':
+    from capsjax.explorer.backend import ASSETS, read_exported  # pylint: disable=g-import-not-at-top
+    from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
+    config, params = read_exported(ASSETS)
+    return cls(config, build_model(config.model), params, 'the shipped model')
+
+  # --------------------------------------------------------------------------- conversion
+
+  def convert(self, image: np.ndarray, name: str = 'image') -> np.ndarray:
+    """One image array (uint8 or float in [0, 1]; [h, w], [h, w, 1|3|4]) as the run held
+    its images: uint8 of the run's shape (capsjax.data.images.to_array)."""
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+    from capsjax.data.images import to_array  # pylint: disable=g-import-not-at-top
+    array = np.asarray(image)
+    if array.dtype != np.uint8:
+      if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
+        raise CapsjaxError(f'{name}: expected a numeric image array with finite values')
+      array = np.uint8(np.round(np.clip(array, 0.0, 1.0) * 255))
+    if array.ndim == 3 and array.shape[-1] == 1:
+      array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
+      raise CapsjaxError(f'{name}: expected an image [h, w] or [h, w, 1|3|4], got shape {list(np.shape(image))}')
+    return to_array(Image.fromarray(array), self.info.image_shape, name)
+
+  def read_files(self, paths: Sequence[str]) -> np.ndarray:
+    """The files as the run held its images: uint8 [n, *shape] (one error line for a
+    missing file or one that is not an image)."""
+    from capsjax.data.images import read_image  # pylint: disable=g-import-not-at-top
+    return np.stack([read_image(path, self.info.image_shape) for path in paths])
+
+  # --------------------------------------------------------------------------- prediction
+
+  def _scores_and_reconstructions(self, params, images_uint8):
+    from capsjax.data import augment  # pylint: disable=g-import-not-at-top
+    from capsjax.models import capsule_lengths, longest_capsule_mask  # pylint: disable=g-import-not-at-top
+    inputs, _ = augment.prepare(images_uint8, self.info.preprocessing)
+    variables = {'params': params}
+    if self.config.model.name != 'capsnet':
+      logits = self.model.apply(variables, inputs)['logits']
+      import jax  # pylint: disable=g-import-not-at-top
+      scores = jax.nn.sigmoid(logits) if self.config.loss.name == 'sigmoid_xent' else jax.nn.softmax(logits)
+      return scores, None
+    capsules = self.model.apply(variables, inputs, method='encode')
+    lengths = capsule_lengths(capsules)
+    if not self.has_decoder:
+      return lengths, None
+    return lengths, self.model.apply(variables, capsules, longest_capsule_mask(lengths), method='decode')
+
+  def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
+    """For each image (an array, or a stacked batch of the run's shape): {'class',
+    'class_index', 'activations' {name: value}, 'input' uint8, 'reconstruction' float
+    [0, 1] or None}. CapsNet activations are the capsule lengths; a CNN's are its softmax
+    (or sigmoid) outputs."""
+    if isinstance(images, np.ndarray) and images.ndim == 4 and images.dtype == np.uint8 and \
+        images.shape[1:] == self.info.image_shape:
+      held = images
+    else:
+      held = np.stack([self.convert(image, (names or [None] * len(images))[i] or f'image {i}')
+                       for i, image in enumerate(images)])
+    results = []
+    for start in range(0, len(held), PREDICT_BATCH):
+      chunk = held[start:start + PREDICT_BATCH]
+      padded = np.concatenate([chunk, np.zeros((PREDICT_BATCH - len(chunk),) + chunk.shape[1:], np.uint8)])
+      scores, reconstructions = self._scores(self.params, padded)   # one compiled batch shape
+      scores = np.asarray(scores)[:len(chunk)]
+      reconstructions = None if reconstructions is None else np.asarray(reconstructions)[:len(chunk)]
+      for i, row in enumerate(scores):
+        index = int(np.argmax(row))
+        results.append({'class': self.class_names[index], 'class_index': index,
+                        'activations': {name: float(v) for name, v in zip(self.class_names, row)},
+                        'input': chunk[i], 'reconstruction': None if reconstructions is None else reconstructions[i]})
+    return results
+
+
+def side_by_side(image_uint8: np.ndarray, reconstruction: np.ndarray) -> np.ndarray:
+  """uint8 [h, 2w + 2, c]: the input | a 2-pixel grey gap | the reconstruction."""
+  rebuilt = np.uint8(np.round(np.clip(reconstruction, 0.0, 1.0) * 255)).reshape(image_uint8.shape)
+  gap = np.full(image_uint8.shape[:1] + (2,) + image_uint8.shape[2:], 128, np.uint8)
+  return np.concatenate([image_uint8, gap, rebuilt], axis=1)
+
+
+def _png_names(paths: Sequence[str]) -> List[str]:
+  """A distinct NAME.png per file (a.png, a-1.png for two files named a)."""
+  names, seen = [], {}
+  for path in paths:
+    stem = os.path.splitext(os.path.basename(path))[0] or 'image'
+    count = seen.get(stem, 0)
+    seen[stem] = count + 1
+    names.append(f'{stem}.png' if not count else f'{stem}-{count}.png')
+  return names
+
+
+@cli.main_wrapper
+def main(argv=None):
+  parser = cli.ArgumentParser(prog='capsjax.predict', description=__doc__.splitlines()[0])
+  parser.add_argument('files', nargs='+', metavar='FILE', help='image files (PNG, JPEG, …)')
+  parser.add_argument('--workdir', type=cli.existing_workdir, default=None,
+                      help='a trained run (default: the model shipped with capsjax)')
+  parser.add_argument('--member', type=cli.int_at_least(0), default=None,
+                      help='ensemble member of an ensemble run (default: the last)')
+  parser.add_argument('--json', action='store_true', help='one JSON object per line')
+  parser.add_argument('--reconstruct', metavar='DIR', default=None,
+                      help='write DIR/NAME.png: input | reconstruction')
+  args = parser.parse_args(argv)
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from capsjax.data.images import open_image  # pylint: disable=g-import-not-at-top
+  for path in args.files:   # every file checked before the model loads
+    open_image(path).close()
+  if args.workdir is None and args.member is not None:
+    cli.fail('capsjax.predict: --member needs --workdir (the shipped model is a single run)')
+  predictor = Predictor.shipped() if args.workdir is None else Predictor.from_workdir(args.workdir, args.member)
+  if args.reconstruct and not predictor.has_decoder:
+    cli.fail(f'capsjax.predict: --reconstruct: {predictor.source} has no decoder')
+  results = predictor.predict(predictor.read_files(args.files))
+  if args.reconstruct:
+    os.makedirs(args.reconstruct, exist_ok=True)
+  width = max(len(name) for name in predictor.class_names)
+  for path, png, result in zip(args.files, _png_names(args.files), results):
+    if args.json:
+      print(json.dumps({'file': path, 'class': result['class'], 'class_index': result['class_index'],
+                        'activations': result['activations']}), flush=True)
+    else:
+      ranked = sorted(result['activations'].items(), key=lambda item: -item[1])
+      print(f'{path}: {result["class"]}  (' + ', '.join(f'{name:>{width}} {value:.3f}' for name, value in ranked)
+            + ')', flush=True)
+    if args.reconstruct:
+      pair = side_by_side(result['input'], result['reconstruction'])
+      Image.fromarray(pair[..., 0] if pair.shape[-1] == 1 else pair).save(os.path.join(args.reconstruct, png))
+  return 0
+
+
+if __name__ == '__main__':
+  cli.run_program(main)
