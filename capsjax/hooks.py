@@ -41,6 +41,7 @@ class Run:
   last_eval: Optional[Dict[str, Any]] = None
   last_eval_step: Optional[int] = None
   last_validation: Optional[Dict[str, Any]] = None
+  learning_rate: Optional[Callable[[int], float]] = None   # the schedule: step → rate
 
   def request_stop(self, reason: str, step: int) -> None:
     if self.stop_reason is None:
@@ -173,7 +174,8 @@ class ProgressLogger(Hook):
       speed = f'first step (with compilation) {elapsed:.1f}s'   # console only
     else:
       speed = f'{images_per_s:.1f} img/s | ETA {self.eta(run, step, images_per_s)}'
-      run.metrics.write(split='train', step=step, epoch=run.epoch(step), images_per_s=images_per_s, **host)
+      rate = {} if run.learning_rate is None else {'learning_rate': float(run.learning_rate(step))}
+      run.metrics.write(split='train', step=step, epoch=run.epoch(step), images_per_s=images_per_s, **rate, **host)
     run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {run.describe(host["loss"])} '
             f'| acc {np.mean(host["accuracy"]):.3f} | {speed}')
     self.restart_window()
@@ -244,6 +246,18 @@ class Evaluator(Hook):
     run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds, **results)
     if self.progress is not None:
       self.progress.restart_window()   # evaluation time is not training throughput
+
+
+class ReconstructionImages(Hook):
+  """After each evaluation: a few test inputs beside their reconstructions, for
+  TensorBoard (`reconstruct`: params → uint8 [n, h, 2w + 2, c])."""
+
+  def __init__(self, reconstruct: Callable[[Any], np.ndarray]):
+    self.reconstruct = reconstruct
+
+  def __call__(self, run, step, metrics):
+    if run.last_eval_step == step:
+      run.metrics.images(step, 'test/reconstructions', self.reconstruct(run.state['params']))
 
 
 class EarlyStop(Hook):

@@ -119,13 +119,6 @@ class Predictor:
     return results
 
 
-def side_by_side(image_uint8: np.ndarray, reconstruction: np.ndarray) -> np.ndarray:
-  """uint8 [h, 2w + 2, c]: the input | a 2-pixel grey gap | the reconstruction."""
-  rebuilt = np.uint8(np.round(np.clip(reconstruction, 0.0, 1.0) * 255)).reshape(image_uint8.shape)
-  gap = np.full(image_uint8.shape[:1] + (2,) + image_uint8.shape[2:], 128, np.uint8)
-  return np.concatenate([image_uint8, gap, rebuilt], axis=1)
-
-
 def _png_names(paths: Sequence[str]) -> List[str]:
   """A distinct NAME.png per file (a.png, a-1.png for two files named a)."""
   names, seen = [], {}
@@ -150,7 +143,7 @@ def main(argv=None):
                       help='write DIR/NAME.png: input | reconstruction')
   args = parser.parse_args(argv)
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  from capsjax.data.images import open_image  # pylint: disable=g-import-not-at-top
+  from capsjax.data.images import open_image, side_by_side  # pylint: disable=g-import-not-at-top
   for path in args.files:   # every file checked before the model loads
     open_image(path).close()
   if args.workdir is None and args.member is not None:

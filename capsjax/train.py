@@ -21,7 +21,9 @@ from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
 from capsjax import reports, sharding, steps, validation
 from capsjax import workdir as workdir_lib
+from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
+from capsjax.events import EventWriter
 from capsjax.data.tasks import make_splits, resolve_data
 from capsjax.ensembles import ensemble_members, member_knobs
 from capsjax.models import build_model, count_params
@@ -45,6 +47,8 @@ class Program:
   probes: List[Callable[[Any], Dict[str, Any]]]
   initial_state: Any
   members: Optional[List[Dict[str, Any]]]
+  # params → uint8 [n, h, 2w + 2, c]: test inputs | reconstructions (TensorBoard), or None
+  reconstruct: Optional[Callable[[Any], np.ndarray]] = None
 
   def train_step(self, state, step: int):
     """(state, step) → (state, metrics); the state is donated."""
@@ -89,11 +93,31 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   if routing_probe is not None:
     probes.append(lambda params: routing_probe(params, mesh, test_source))
   return Program(train_step, step_arguments, evaluate, validate, probes, steps.initial_state(config, model, optimizer, members),
-                 members)
+                 members, _reconstructions(config, model, test, ensemble))
+
+
+RECONSTRUCTED_EXAMPLES = 8
+
+
+def _reconstructions(config, model, test: Pipeline, ensemble: bool):
+  """params → the first test inputs beside their reconstructions (masked by the longest
+  capsule, as at test time): a CapsNet with a decoder, one run, one process."""
+  if ensemble or config.model.name != 'capsnet' or not config.model.get('use_decoder') or jax.process_count() > 1:
+    return None
+  host_batch, weights = next(iter(test.eval_batches(RECONSTRUCTED_EXAMPLES)))
+  batch = test.device_batch(test.source, host_batch, None)
+  shown = np.asarray(batch.get('reconstruction_targets', batch['images']))[weights > 0]
+  reconstruct = jax.jit(lambda params, images: model.apply({'params': params}, images)['reconstructions'])
+
+  def pairs(params):
+    rebuilt = np.asarray(reconstruct(params, batch['images']))[weights > 0]
+    inputs = np.uint8(np.round(np.clip(shown, 0.0, 1.0) * 255))
+    return np.stack([side_by_side(image, r) for image, r in zip(inputs, rebuilt)])
+  return pairs
 
 
 def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
-                  validate=None) -> List[hooks_lib.Hook]:
+                  validate=None, reconstruct=None) -> List[hooks_lib.Hook]:
   guard = hooks_lib.DivergenceGuard(checkpoints)
   progress = hooks_lib.ProgressLogger(config.log_every_steps, guard)
   # Last in the order (it saves where anyone asked to stop), and first at evaluation steps.
@@ -103,6 +127,8 @@ def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
            hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress, validate=validate,
                                before=checkpointer.save_before_evaluation,
                                should_stop=None if multi_process else (lambda: requests.raised))]
+  if reconstruct is not None:
+    hooks.append(hooks_lib.ReconstructionImages(reconstruct))
   if config.stop_at_test_accuracy and not config.ensemble:
     hooks.append(hooks_lib.EarlyStop(config.stop_at_test_accuracy))
   hooks.append(hooks_lib.Preemption(requests, checkpoints, multi_process))
@@ -156,21 +182,23 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
       return previous
     if previous.get('stopped_early') and previous.get('steps') == first_step:
       num_steps = first_step   # a run that stopped early is finished
-    metrics_log = workdir_lib.MetricsLog(workdir, is_writer)
+    metrics_log = workdir_lib.MetricsLog(workdir, is_writer, EventWriter(workdir))
     metrics_log.truncate_after(first_step)   # rows after the checkpoint are trained again
     run = hooks_lib.Run(
         state=state, first_step=first_step,
         last_step=min(num_steps, stop_at_step or num_steps), num_steps=num_steps,
         steps_per_epoch=train.num_examples // config.batch_size, batch_size=config.batch_size,
         num_members=len(members) if members else None, metrics=metrics_log, log=_log,
-        evaluate=program.evaluate, wall_time_before=progress.get('wall_time_s', 0.0))
+        evaluate=program.evaluate, wall_time_before=progress.get('wall_time_s', 0.0),
+        learning_rate=steps.learning_rate_schedule(config))
     if first_step:
       _log(f'resumed from checkpoint at step {first_step}')
     _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
          f'examples, {num_steps} steps of {config.batch_size} ({run.epoch(num_steps):.2f} epochs)'
          + (f', {len(members)} members in one vmapped program' if members else '')
          + f'; {describe_devices()}')
-    hooks = default_hooks(config, checkpoints, requests, multi_process, program.probes, program.validate)
+    hooks = default_hooks(config, checkpoints, requests, multi_process, program.probes, program.validate,
+                          program.reconstruct)
     evaluator = next(hook for hook in hooks if isinstance(hook, hooks_lib.Evaluator))
     if first_step < run.last_step:
       _log('compiling the training step…')
@@ -189,6 +217,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
         break
     for hook in hooks:
       hook.end(run)
+    metrics_log.close()
 
   done = run.stopped_at or run.last_step
   if run.stop_reason == 'early':
@@ -223,6 +252,8 @@ def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any]
   trained_now = train_metrics is not None
   return {
       'experiment': config.experiment,
+      'dataset': config.dataset,
+      'class_names': list(config.get('class_names') or ()),
       'test_accuracy': run.last_eval['accuracy'],
       'test_error': run.last_eval['error'],
       'test_digit_accuracy': run.last_eval['digit_accuracy'],

@@ -188,14 +188,18 @@ def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 
 class MetricsLog:
-  """workdir/metrics.jsonl, one JSON object per line; only the writer process writes."""
+  """workdir/metrics.jsonl, one JSON object per line; only the writer process writes.
+  With `events` (capsjax.events.EventWriter) every row is also written for TensorBoard."""
 
-  def __init__(self, workdir: str, is_writer: bool = True):
+  def __init__(self, workdir: str, is_writer: bool = True, events=None):
     self.path = os.path.join(workdir, METRICS_FILE)
     self.is_writer = is_writer
+    self.events = events if is_writer else None
 
   def truncate_after(self, step: int) -> None:
     """Drops rows after `step` (written after the checkpoint a resumed run restarts from)."""
+    if self.events is not None and step:
+      self.events.restart_at(step)
     if not self.is_writer or not os.path.isfile(self.path):
       return
     kept = []
@@ -219,6 +223,18 @@ class MetricsLog:
         f.write(json.dumps(record) + '\n')
     except OSError as e:
       raise WorkdirError(f'cannot append to {self.path}: {_describe_os_error(e)}') from None
+    if self.events is not None:
+      fields = {k: v for k, v in record.items() if k not in ('split', 'step', 'epoch')}
+      self.events.scalars(record.get('step', 0), record.get('split', 'metrics'), fields)
+
+  def images(self, step: int, tag: str, images) -> None:
+    """uint8 images [n, h, w, c] for TensorBoard (nothing without `events`)."""
+    if self.events is not None:
+      self.events.images(step, tag, images)
+
+  def close(self) -> None:
+    if self.events is not None:
+      self.events.close()
 
   def read(self) -> List[Dict[str, Any]]:
     if not os.path.isfile(self.path):

@@ -163,9 +163,9 @@ def test_each_new_experiment_trains_beyond_chance(name, mnist_dir, monkeypatch, 
   assert problems_of(config) == []
   info = dataset_info(config.dataset)
   digits = mnist_data.load_idx_split(mnist_dir, 'train')
-  monkeypatch.setattr(pipeline_lib, 'load_dataset',
-                      lambda dataset, split, *args: learnable(digits, info, 2048 if split == 'train' else 200,
-                                                              0 if split == 'train' else 50000))
+  monkeypatch.setattr(mnist_data.TfdsSource, 'load',
+                      lambda self, split, on_demand=False: learnable(digits, info, 2048 if split == 'train' else 200,
+                                                                     0 if split == 'train' else 50000))
   config.model.conv1_channels, config.model.primary_types = 16, 4
   config.model.decoder_hidden = (32, 64)
   config.batch_size, config.eval_batch_size, config.num_steps = 32, 100, 80

@@ -78,3 +78,10 @@ def resize_array(images: np.ndarray, size: int) -> np.ndarray:
     for c in range(images.shape[-1]):
       out[i, :, :, c] = to_array(Image.fromarray(image[:, :, c]), (size, size, 1))[..., 0]
   return out
+
+
+def side_by_side(image_uint8: np.ndarray, reconstruction: np.ndarray) -> np.ndarray:
+  """uint8 [h, 2w + 2, c]: an input | a 2-pixel grey gap | its reconstruction (in [0, 1])."""
+  rebuilt = np.uint8(np.round(np.clip(reconstruction, 0.0, 1.0) * 255)).reshape(image_uint8.shape)
+  gap = np.full(image_uint8.shape[:1] + (2,) + image_uint8.shape[2:], 128, np.uint8)
+  return np.concatenate([image_uint8, gap, rebuilt], axis=1)

@@ -440,8 +440,9 @@ class TfdsSource(Source):
     features = builder.info.features
     keys = builder.info.supervised_keys or ('image', 'label')
     image_key, label_key = (keys[0], keys[1]) if len(keys) >= 2 and isinstance(keys[0], str) else ('image', 'label')
-    image, label = features.get(image_key) if image_key in features else None, \
-        features.get(label_key) if label_key in features else None
+    names = set(features.keys())
+    image = features[image_key] if image_key in names else None
+    label = features[label_key] if label_key in names else None
     if image is None or label is None or not hasattr(label, 'names') or len(getattr(image, 'shape', ())) != 3:
       raise DataError(f'TFDS {spec.dataset} is not an image-classification dataset (no image feature with a '
                       'class label among its supervised keys)')

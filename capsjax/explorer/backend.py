@@ -19,6 +19,7 @@ from PIL import Image
 
 from capsjax.checkpoints import load_trained, select_member
 from capsjax.data.pipeline import preprocess
+from capsjax.data.sources import run_source_info
 from capsjax.data.tasks import make_pipelines
 from capsjax.errors import CapsjaxError, CheckpointError
 from capsjax.models import build_model, capsule_lengths
@@ -148,6 +149,7 @@ class Explorer:
         'experiment': self.config.experiment,
         'num_examples': len(self.labels),
         'num_classes': self.num_classes,
+        'class_names': list(run_source_info(self.config).class_names),
         'dim': self.dim,
         'image_shape': list(self.input_shape[:2]),
         'slider_range': SLIDER_RANGE,

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax.data.sources import load_dataset
+from capsjax.data.sources import load_dataset, run_source_info
 from capsjax.data.pipeline import preprocess
 from capsjax import cli
 from capsjax.errors import CapsjaxError
@@ -70,18 +70,20 @@ def reconstruction_columns(labels, predictions, num_correct=5, num_failures=2):
   return columns
 
 
-def draw_reconstructions(model, params, images, labels, capsules, predictions, path):
+def draw_reconstructions(model, params, images, labels, capsules, predictions, path, names=None):
   columns = reconstruction_columns(labels, predictions)
   outputs = [decode_class(model, params, capsules[index:index + 1], np.array([target]))[0]
              for index, _, _, target in columns]
   grid = np.stack([np.stack([images[index] for index, _, _, _ in columns]), np.stack(outputs)])  # [2, cols, h, w, c]
-  titles = [[f'({label},{predicted},{target})' for _, label, predicted, target in columns], [''] * len(columns)]
+  name = (lambda c: names[c]) if names else str
+  titles = [[f'({name(label)},{name(predicted)},{name(target)})' for _, label, predicted, target in columns],
+            [''] * len(columns)]
   colors = [['black' if label == predicted else 'red' for _, label, predicted, _ in columns], ['black'] * len(columns)]
   image_grid(path, grid, titles, colors, row_labels=['input', 'output'], cell=(1.3, 1.5), fontsize=9)
   return columns
 
 
-def draw_perturbations(model, params, capsule, label, path):
+def draw_perturbations(model, params, capsule, label, path, name=None):
   """Figure 4 for one digit capsule [dim] of class `label`."""
   grid = perturb(capsule)                                         # [dim, deltas, dim]
   dim, steps = grid.shape[:2]
@@ -92,7 +94,7 @@ def draw_perturbations(model, params, capsule, label, path):
       (dim, steps) + tuple(model.input_shape))
   titles = [[f'{delta:+.2f}' for delta in PERTURBATIONS]] + [[''] * steps] * (dim - 1)
   image_grid(path, outputs, titles, row_labels=[str(d) for d in range(dim)], cell=(0.7, 0.7), fontsize=7,
-             suptitle=f'digit {label}: dimension (rows) × perturbation (columns)', dpi=100, tight=False)
+             suptitle=f'class {name or label}: dimension (rows) × perturbation (columns)', dpi=100, tight=False)
 
 
 def final_routing_changes(model, params, images, iterations=10):
@@ -149,16 +151,18 @@ def main(argv=None):
   if config.task != 'classify':
     raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.programs.segmentation')
   params = select_member(config, params, args.member, args.workdir)
-  test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir).take(args.num)
+  test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir,
+                      image_size=config.get('image_size', 0)).take(args.num)
+  names = run_source_info(config).class_names
   images = np.asarray(preprocess(jnp.asarray(test.images)))
   capsules, predictions = classify(model, params, images)
   columns = draw_reconstructions(model, params, images, test.labels, capsules, predictions,
-                                 os.path.join(args.workdir, 'reconstructions.png'))
+                                 os.path.join(args.workdir, 'reconstructions.png'), names)
   perturbed = [int(i) for i in np.flatnonzero(test.labels == predictions)[:args.digits]]
   for index in perturbed:
     label = int(test.labels[index])
     draw_perturbations(model, params, capsules[index, label], label,
-                       os.path.join(args.workdir, f'perturbations_{index}.png'))
+                       os.path.join(args.workdir, f'perturbations_{index}.png'), names[label])
   final_changes = final_routing_changes(model, params, images[:100])
   draw_routing_convergence(os.path.join(args.workdir, 'metrics.jsonl'), final_changes,
                            os.path.join(args.workdir, 'routing_convergence.png'))

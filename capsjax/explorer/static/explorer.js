@@ -22,6 +22,12 @@ const $ = (id) => document.getElementById(id);
 const COLORS = ['#e53935', '#43a047'];
 const SEGMENTATION_THRESHOLD = 0.1 * 255;   // as capsjax.programs.segmentation
 
+
+// A class's name from the run (its data's class names), or its index.
+function className(cls) {
+  const names = state.info && state.info.class_names;
+  return names && names[cls] !== undefined ? names[cls] : String(cls);
+}
 function showError(message) {
   const box = $('error');
   box.textContent = message;
@@ -86,7 +92,7 @@ function renderBars() {
     const column = document.createElement('div');
     column.className = 'bar-column';
     column.dataset.class = cls;
-    column.title = `class ${cls}: |v| = ${length.toFixed(3)}`;
+    column.title = `class ${className(cls)}: |v| = ${length.toFixed(3)}`;
     const bar = document.createElement('div');
     bar.className = 'bar' + (prediction.includes(cls) ? ' predicted' : '');
     bar.style.height = `${Math.max(1, length * 100)}%`;
@@ -95,7 +101,7 @@ function renderBars() {
     value.textContent = length.toFixed(2);
     const name = document.createElement('div');
     name.className = 'bar-name' + (labels.includes(cls) ? ' label' : '');
-    name.textContent = cls;
+    name.textContent = className(cls);
     const slot = chosen.indexOf(cls);
     if (slot >= 0) name.style.borderColor = state.info.mode === 'multimnist' ? COLORS[slot] : '#1e88e5';
     column.append(value, bar, name);
@@ -132,7 +138,7 @@ function buildPanels() {
     const buttons = box.querySelector(`#class-buttons-${p}`);
     for (let cls = 0; cls < state.info.num_classes; cls++) {
       const button = document.createElement('button');
-      button.textContent = cls;
+      button.textContent = className(cls);
       button.dataset.class = cls;
       button.addEventListener('click', () => switchClass(p, cls));
       buttons.append(button);
@@ -154,7 +160,7 @@ function buildPanels() {
 function syncPanels() {
   const range = sliderRange();
   state.panels.forEach((panel, p) => {
-    $(`panel-class-${p}`).textContent = panel.cls;
+    $(`panel-class-${p}`).textContent = className(panel.cls);
     document.querySelectorAll(`#class-buttons-${p} button`).forEach((button) => {
       button.classList.toggle('active', Number(button.dataset.class) === panel.cls);
     });
@@ -239,8 +245,8 @@ function setExample(example, name) {
   state.example = example;
   drawGrey($('input-canvas'), example.image);
   const labels = example.label === undefined ? null : [].concat(example.label);
-  $('label').textContent = labels === null ? 'drawn' : labels.join(', ');
-  $('prediction').textContent = example.prediction.join(', ');
+  $('label').textContent = labels === null ? 'drawn' : labels.map(className).join(', ');
+  $('prediction').textContent = example.prediction.map(className).join(', ');
   $('prediction').classList.toggle('wrong',
       labels !== null && labels.slice().sort().join() !== example.prediction.slice().sort().join());
   $('input-name').textContent = name;

@@ -1,0 +1,203 @@
+"""Your own images: an image folder of real digit scans that are not MNIST (scikit-learn's
+copy of the UCI optical digits, 8×8 from 43 writers, written as PNG files) trains with
+images_smoke, then `capsjax.predict` names their classes; a TFDS builder other than the
+five is downloaded from a local HTTP server serving files in its own format, prepared
+and trained; bad images are one line each."""
+import functools
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from capsjax.data import images as image_files
+from capsjax.data.sources import DataSpec, describe_source, load_dataset
+from capsjax.errors import DataError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_DIGITS = 1500   # of scikit-learn's 1 797; the other 297 are the test split
+
+
+def _run(*args, timeout=600):
+  return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope='module')
+def digit_folder(tmp_path_factory):
+  """DIR/train/CLASS/NNNN.png and DIR/test/CLASS/NNNN.png: the UCI digits as 8×8 grey PNGs."""
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  digits = load_digits()
+  root = tmp_path_factory.mktemp('uci_digits')
+  for i, (image, label) in enumerate(zip(digits.images, digits.target)):
+    folder = root / ('train' if i < TRAIN_DIGITS else 'test') / str(label)
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.uint8(np.clip(image * 16, 0, 255))).save(folder / f'{i:04d}.png')
+  return root
+
+
+@pytest.fixture(scope='module')
+def trained(digit_folder, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('images') / 'w'
+  result = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={digit_folder}', '--config.image_size=28',
+                f'--workdir={workdir}', '--config.num_epochs=4')
+  return workdir, result
+
+
+def test_image_folder_of_real_digits_trains_and_records_its_classes(trained):
+  workdir, result = trained
+  assert result.returncode == 0, result.stderr[-3000:]
+  results = json.loads((workdir / 'results.json').read_text())
+  assert results['num_train_examples'] == TRAIN_DIGITS and results['num_test_examples'] == 1797 - TRAIN_DIGITS
+  assert results['class_names'] == [str(d) for d in range(10)]
+  assert results['config']['model']['input_shape'] == [28, 28, 1]   # 8×8 scans resized, grey from the files
+  assert results['test_accuracy'] > 0.8, results['test_accuracy']   # 92.6 % after 6 epochs (README)
+
+
+def test_events_hold_the_curves_and_reconstructions(trained):
+  workdir, result = trained
+  assert result.returncode == 0
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(workdir), size_guidance={'scalars': 0, 'images': 0})
+  events.Reload()
+  tags = events.Tags()
+  assert {'train/loss', 'train/learning_rate', 'train/images_per_s', 'test/error'} <= set(tags['scalars'])
+  losses = [event.value for event in events.Scalars('train/loss')]
+  logged = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  assert losses == pytest.approx([row['loss'] for row in logged if row['split'] == 'train'], rel=1e-6)
+  rate = events.Scalars('train/learning_rate')[-1]
+  assert rate.value == pytest.approx(1e-3 * 0.96 ** (rate.step / 200), rel=1e-5)   # images_smoke's decay
+  test_error = events.Scalars('test/error')[-1].value
+  assert test_error == pytest.approx(json.loads((workdir / 'results.json').read_text())['test_error'], rel=1e-6)
+  image = events.Images('test/reconstructions/0')[-1]
+  assert (image.height, image.width) == (28, 2 * 28 + 2)   # input | reconstruction
+
+
+def test_predict_names_the_classes_of_files(trained, digit_folder, tmp_path):
+  workdir, result = trained
+  assert result.returncode == 0
+  files = sorted(str(path) for path in (digit_folder / 'test').glob('*/*.png'))[::30]   # 10 files, 8×8 PNGs
+  rgb = tmp_path / 'big_rgb.png'   # another size and colour: converted as training converted
+  Image.open(files[0]).convert('RGB').resize((40, 40)).save(rgb)
+  predicted = _run('-m', 'capsjax.predict', f'--workdir={workdir}', '--json', f'--reconstruct={tmp_path}/rec',
+                   *files, str(rgb))
+  assert predicted.returncode == 0, predicted.stderr[-3000:]
+  rows = [json.loads(line) for line in predicted.stdout.splitlines()]
+  assert [row['file'] for row in rows] == files + [str(rgb)]
+  correct = [row['class'] == os.path.basename(os.path.dirname(row['file'])) for row in rows[:-1]]
+  assert sum(correct) >= 8, rows
+  assert all(set(row['activations']) == {str(d) for d in range(10)} for row in rows)
+  assert all(0 <= value <= 1 for row in rows for value in row['activations'].values())
+  pair = np.asarray(Image.open(tmp_path / 'rec' / 'big_rgb.png'))
+  assert pair.shape == (28, 58)   # grey input | reconstruction
+
+
+def test_predict_function_agrees_with_files(trained, digit_folder):
+  from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
+  workdir, result = trained
+  assert result.returncode == 0
+  path = sorted((digit_folder / 'test' / '3').glob('*.png'))[0]
+  predictor = Predictor.from_workdir(str(workdir))
+  from_file = predictor.predict(predictor.read_files([str(path)]))[0]
+  from_array = predictor.predict([np.asarray(Image.open(path)) / 255.0])[0]   # floats in [0, 1], [h, w]
+  assert from_file['class'] == from_array['class']
+  assert from_file['activations'] == pytest.approx(from_array['activations'], abs=2e-2)
+
+
+def test_bad_images_are_one_line_each(digit_folder, tmp_path):
+  text = tmp_path / 'notes.png'
+  text.write_text('not an image')
+  too_small = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={digit_folder}', f'--workdir={tmp_path}/w',
+                   timeout=120)
+  not_image = _run('-m', 'capsjax.predict', str(text), timeout=120)
+  missing = _run('-m', 'capsjax.predict', str(tmp_path / 'missing.png'), timeout=120)
+  for result, expected in ((too_small, 'images of 8×8 are too small'), (not_image, 'notes.png: not an image'),
+                           (missing, 'missing.png: no such file')):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
+  assert '--config.image_size=N with N >= 17' in too_small.stderr
+  assert not os.path.exists(tmp_path / 'w' / 'config.json')
+
+
+def test_folder_source_describes_itself_and_reads_rows_on_demand(digit_folder, tmp_path):
+  info = describe_source(DataSpec('image_folder', str(digit_folder), image_size=20))
+  assert info.image_shape == (20, 20, 1) and info.class_names == tuple('0123456789')
+  whole = load_dataset('image_folder', 'test', str(digit_folder), image_size=20)
+  lazy = load_dataset('image_folder', 'test', str(digit_folder), image_size=20, on_demand=True)
+  np.testing.assert_array_equal(whole.labels, lazy.labels)
+  rows = np.array([5, 0, 200])
+  np.testing.assert_array_equal(lazy.images[rows], whole.images[rows])
+  assert lazy.images.rows_read == 3
+  # Labels follow the class folders; the order is tfds.ImageFolder's fixed shuffle.
+  assert set(whole.labels.tolist()) == set(range(10)) and whole.labels[:10].tolist() != sorted(whole.labels[:10])
+  # Mixed sizes need image_size; RGB anywhere makes every image RGB.
+  mixed = tmp_path / 'mixed'
+  for split, size, mode in (('train', 20, 'L'), ('test', 24, 'RGB')):
+    (mixed / split / 'a').mkdir(parents=True)
+    Image.new(mode, (size, size)).save(mixed / split / 'a' / 'x.png')
+  with pytest.raises(DataError, match=r'have 2 sizes \(20×20, 24×24\): pass --config.image_size=N'):
+    describe_source(DataSpec('image_folder', str(mixed)))
+  assert describe_source(DataSpec('image_folder', str(mixed), image_size=17)).image_shape == (17, 17, 3)
+
+
+def test_conversion_is_one_function_for_files_and_arrays(tmp_path):
+  grey = np.arange(64, dtype=np.uint8).reshape(8, 8) * 4
+  Image.fromarray(grey).save(tmp_path / 'g.png')
+  from_file = image_files.read_image(str(tmp_path / 'g.png'), (16, 16, 3))
+  from_array = image_files.to_array(Image.fromarray(grey), (16, 16, 3))
+  np.testing.assert_array_equal(from_file, from_array)
+  assert from_file.shape == (16, 16, 3) and np.all(from_file[..., 0] == from_file[..., 2])   # grey → RGB
+  resized = image_files.resize_array(grey[None, :, :, None], 16)
+  np.testing.assert_array_equal(resized[0], image_files.to_array(Image.fromarray(grey), (16, 16, 1)))
+
+
+# ----------------------------------------------------------------------------- another TFDS builder
+
+# TFDS's cmaterdb builder (handwritten Bangla numerals; 32×32 RGB; npz files of `images`
+# and `labels`) with its download URLs pointed at a local server; nothing else patched.
+RUN_WITH_CMATERDB_URL = '''
+import runpy, sys
+from tensorflow_datasets.image_classification import cmaterdb
+base = sys.argv.pop(1)
+cmaterdb._CMATERDB_TRAINING_URL = base + '{{type}}-numerals/training-images.npz'
+cmaterdb._CMATERDB_TESTING_URL = base + '{{type}}-numerals/testing-images.npz'
+sys.argv[0] = {run_py!r}
+runpy.run_path({run_py!r}, run_name='__main__')
+'''.format(run_py=os.path.join(ROOT, 'run.py'))
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args):
+    pass
+
+
+def test_another_tfds_builder_downloads_prepares_and_trains(mnist_dir, tmp_path):
+  # The builder's own format, made from real MNIST digits: 32×32 RGB (padded, grey in
+  # all three channels), 1 000 training and 300 test images.
+  from capsjax.data.sources import load_idx_split  # pylint: disable=g-import-not-at-top
+  served = tmp_path / 'served' / 'bangla-numerals'
+  served.mkdir(parents=True)
+  for split, name, count in (('train', 'training', 1000), ('test', 'testing', 300)):
+    digits = load_idx_split(mnist_dir, split).take(count)
+    images = np.repeat(np.pad(digits.images, ((0, 0), (2, 2), (2, 2), (0, 0))), 3, axis=-1)
+    np.savez(served / f'{name}-images.npz', images=images, labels=digits.labels)
+  handler = functools.partial(_QuietHandler, directory=str(tmp_path / 'served'))
+  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    result = _run('-c', RUN_WITH_CMATERDB_URL, f'http://127.0.0.1:{server.server_address[1]}/',
+                  '--experiment=images_smoke', '--config.dataset=cmaterdb/bangla',
+                  f'--config.tfds_data_dir={tmp_path}/tfds', f'--workdir={tmp_path}/w', '--config.num_steps=20',
+                  '--config.model.conv1_channels=16', '--config.model.primary_types=4')
+  finally:
+    server.shutdown()
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'TFDS: downloading and preparing cmaterdb/bangla' in result.stdout
+  results = json.loads((tmp_path / 'w' / 'results.json').read_text())
+  assert results['num_train_examples'] == 1000 and results['num_test_examples'] == 300
+  assert results['config']['model']['input_shape'] == [32, 32, 3] and results['class_names'] == list('0123456789')
+  assert results['test_accuracy'] > 0.2   # 20 steps of a small model: above chance
