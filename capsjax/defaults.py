@@ -32,6 +32,11 @@ def capsnet_config() -> ml_collections.ConfigDict:
       # truncated-normal weights and 0.1 biases; PrimaryCaps pre-squash output ÷ types.
       init_scheme='default',
       primary_scale_by_types=False,
+      # The routing algorithm (capsjax.routing.ROUTINGS: dynamic = the paper's Procedure 1,
+      # em, self_attention, inverted_dot_product) and its options (e.g. em's
+      # inverse_temperature); the options it learns are parameters with defaults.
+      routing='dynamic',
+      routing_options=ml_collections.ConfigDict(),
   ))
 
 

@@ -36,9 +36,11 @@ PROGRAMS = {
     'ablation': 'capsjax.programs.ablation:run',
     'affnist': 'capsjax.programs.affnist:run',
     'sweep': 'capsjax.programs.sweep:run',
+    'routing_zoo': 'capsjax.programs.routing_zoo:run',
 }
 # python -m capsjax.programs.NAME without --experiment runs this experiment.
-PROGRAM_DEFAULT_EXPERIMENTS = {'ablation': 'ablation', 'affnist': 'affnist', 'sweep': 'recipes'}
+PROGRAM_DEFAULT_EXPERIMENTS = {'ablation': 'ablation', 'affnist': 'affnist', 'sweep': 'recipes',
+                               'routing_zoo': 'routing_zoo'}
 HELP_ARGS = ('--help', '-h', '--helpshort', '--helpfull', '-?')
 
 

@@ -1,13 +1,13 @@
 """Flax (linen) capsule layers: they hold parameters and call the pure functions."""
 import math
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
-from capsjax.routing import dynamic_routing, squash
+from capsjax.routing import ROUTINGS, dynamic_routing, route, squash, vector_norm
 
 Array = jax.Array
 
@@ -101,10 +101,16 @@ class CapsuleLayer(nn.Module):
   weights_init: Initializer = nn.initializers.normal(0.01)
   bias_init: Initializer = nn.initializers.zeros
   dtype: Optional[jnp.dtype] = None
+  # The routing algorithm (capsjax.routing.ROUTINGS) and its options; the options it
+  # learns (EM's β, self-attention's log priors, …) are parameters `routing_NAME`.
+  routing: str = 'dynamic'
+  routing_options: Optional[Dict[str, Any]] = None
 
   @nn.compact
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
                return_logits: bool = False):
+    """(parents [batch, out, dim], activations [batch, out]); with `return_logits`
+    (Procedure 1 only: the routing-convergence probe) (parents, logits per iteration)."""
     _, in_caps, in_dim = capsules.shape
     weights = self.param('weights', self.weights_init,
                          (in_caps, self.num_capsules, self.dim, in_dim))
@@ -116,14 +122,26 @@ class CapsuleLayer(nn.Module):
     log_priors = (self.param('log_priors', nn.initializers.zeros, (in_caps, self.num_capsules))
                   if self.learn_log_priors else None)
     iterations = self.routing_iterations if routing_iterations is None else routing_iterations
-    result = dynamic_routing(
-        prediction_vectors.astype(jnp.float32), iterations,
-        max_iterations=max_iterations,
-        stop_gradient_predictions=self.stop_gradient_predictions,
-        leaky=self.leaky_routing, log_priors=log_priors, bias=bias,
-        return_logits=return_logits,
-        unroll=formulations.resolve('routing_loop', self.routing_loop) == 'unrolled')
-    return result
+    unroll = formulations.resolve('routing_loop', self.routing_loop) == 'unrolled'
+    predictions = prediction_vectors.astype(jnp.float32)
+    if self.routing == 'dynamic':
+      parents = dynamic_routing(
+          predictions, iterations, max_iterations=max_iterations,
+          stop_gradient_predictions=self.stop_gradient_predictions,
+          leaky=self.leaky_routing, log_priors=log_priors, bias=bias,
+          return_logits=return_logits, unroll=unroll)
+      return parents if return_logits else (parents, vector_norm(parents))
+    if return_logits:
+      raise ValueError(f'routing {self.routing!r} has no routing logits (the convergence probe is Procedure 1\'s)')
+    function = ROUTINGS[self.routing]
+    options = dict(self.routing_options or {})
+    for name, (shape, initial) in function.learned.items():
+      options[name] = self.param(f'routing_{name}', nn.initializers.constant(initial),
+                                 shape(in_caps, self.num_capsules, self.dim))
+    # EM reads the primary capsules' lengths as input activations; the others ignore them.
+    input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]
+    return route(self.routing, predictions, input_activations, iterations,
+                 max_iterations=max_iterations, unroll=unroll, **options)
 
 
 class Decoder(nn.Module):

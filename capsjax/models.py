@@ -1,5 +1,5 @@
 """CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -65,9 +65,11 @@ class CapsNet(nn.Module):
   """Conv1 → PrimaryCaps → DigitCaps (routing) → Decoder.
 
   `__call__(images, mask)` returns a dict with `capsules` [batch, classes, dim], `lengths`
-  [batch, classes] and, with a decoder, `reconstructions` [batch, *input_shape]. `mask`
+  [batch, classes] (|v|), `activations` [batch, classes] (the routing's, what the margin
+  loss reads; Procedure 1's are the lengths; `routing` names the algorithm,
+  capsjax.routing) and, with a decoder, `reconstructions` [batch, *input_shape]. `mask`
   [batch, classes] selects the capsules the decoder sees (true labels in training); None
-  masks by the longest capsule, as at test time. A mask [batch, k, classes] decodes k
+  masks by the most active capsule, as at test time. A mask [batch, k, classes] decodes k
   times (one digit each, MultiMNIST): reconstructions [batch, k, *input_shape].
   """
   conv1_channels: int = 256
@@ -91,6 +93,8 @@ class CapsNet(nn.Module):
   dtype: Optional[jnp.dtype] = None
   init_scheme: str = 'default'
   primary_scale_by_types: bool = False
+  routing: str = 'dynamic'                        # capsjax.routing.ROUTINGS
+  routing_options: Optional[Dict[str, Any]] = None
 
   def setup(self):
     inits = initializers(self.init_scheme)
@@ -104,14 +108,24 @@ class CapsNet(nn.Module):
         self.num_classes, self.digit_dim, self.routing_iterations, use_bias=self.digit_bias,
         learn_log_priors=self.learn_log_priors, leaky_routing=self.leaky_routing,
         stop_gradient_predictions=self.stop_gradient_predictions, routing_loop=self.routing_loop,
-        dtype=self.dtype, weights_init=inits['digit'], bias_init=inits['bias'])
+        dtype=self.dtype, weights_init=inits['digit'], bias_init=inits['bias'], routing=self.routing,
+        routing_options=dict(self.routing_options or {}))
     if self.use_decoder:
       self.decoder = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape),
                              kernel_init=inits['decoder'], bias_init=inits['bias'])
 
+  def classify(self, images: Array, routing_iterations=None, max_iterations=None):
+    """Images [batch, h, w, c] → (digit capsules [batch, classes, dim], the routing's
+    activations [batch, classes]: for Procedure 1 the capsule lengths)."""
+    return self._route(images, routing_iterations, max_iterations, False)
+
   def encode(self, images: Array, routing_iterations=None, max_iterations=None,
              return_logits: bool = False):
     """Images [batch, h, w, c] → digit capsules [batch, classes, dim] (and logits)."""
+    result = self._route(images, routing_iterations, max_iterations, return_logits)
+    return result if return_logits else result[0]
+
+  def _route(self, images, routing_iterations, max_iterations, return_logits):
     expected = tuple(self.input_shape)
     if tuple(images.shape[1:]) != expected:
       raise ValueError(f'CapsNet expects images of shape [batch, {", ".join(map(str, expected))}], '
@@ -125,12 +139,11 @@ class CapsNet(nn.Module):
 
   def __call__(self, images: Array, mask: Optional[Array] = None, routing_iterations=None,
                max_iterations=None):
-    capsules = self.encode(images, routing_iterations, max_iterations)
-    lengths = capsule_lengths(capsules)
-    outputs = {'capsules': capsules, 'lengths': lengths}
+    capsules, activations = self.classify(images, routing_iterations, max_iterations)
+    outputs = {'capsules': capsules, 'lengths': capsule_lengths(capsules), 'activations': activations}
     if self.use_decoder:
       if mask is None:
-        mask = longest_capsule_mask(lengths)
+        mask = longest_capsule_mask(activations)
       if mask.ndim == 3:
         outputs['reconstructions'] = jnp.stack(
             [self.decode(capsules, mask[:, k]) for k in range(mask.shape[1])], axis=1)
@@ -173,6 +186,25 @@ class BaselineCNN(nn.Module):
     return {'logits': nn.Dense(self.num_classes)(features)}
 
 
+def capsnet_geometry_problem(model) -> Optional[str]:
+  """Why the CapsNet's two valid convolutions do not fit its input (a model config),
+  or None: each side needs at least conv1_kernel + primary_kernel − 1 pixels."""
+  if not model.input_shape:
+    return None   # the shape of the data, checked once the data has said it
+  height, width = model.input_shape[:2]
+  sizes = []
+  for side in (height, width):
+    conv1 = side - model.conv1_kernel + 1
+    primary = (conv1 - model.primary_kernel) // model.primary_stride + 1 if conv1 >= model.primary_kernel else 0
+    sizes.append((conv1, primary))
+  if min(s[1] for s in sizes) < 1:
+    least = model.conv1_kernel + model.primary_kernel - 1
+    return (f'images of {height}×{width} are too small for the CapsNet\'s {model.conv1_kernel}×'
+            f'{model.conv1_kernel} and {model.primary_kernel}×{model.primary_kernel} convolutions (at least '
+            f'{least}×{least}): pass --config.image_size=N with N >= {least} to resize them')
+  return None
+
+
 def registered_models() -> Dict[str, type]:
   """Every model name: the ones above and those of capsjax.families' modules."""
   import capsjax.families  # pylint: disable=g-import-not-at-top,unused-import  (registers on import)
@@ -190,6 +222,8 @@ def build_model(model_config: ml_collections.ConfigDict) -> nn.Module:
   for key, value in fields.items():
     if isinstance(value, list):
       fields[key] = tuple(value)
+    elif isinstance(value, ml_collections.ConfigDict):
+      fields[key] = value.to_dict()
   if fields.get('dtype') is not None:
     fields['dtype'] = jnp.dtype(fields['dtype'])
   return models[name](**fields)

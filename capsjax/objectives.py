@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import optax
 
 from capsjax import losses
-from capsjax.models import capsule_lengths
 
 Array = jax.Array
 
@@ -63,8 +62,8 @@ def capsnet_objective(config, model, params, batch, train: bool, knobs=None):
                           max_iterations=config.model.routing_iterations)
     reconstruction_weight = knobs['reconstruction_weight']
   if not train:
-    lengths = capsule_lengths(model.apply(variables, images, method='encode', **routing_kwargs))
-    return losses.margin_loss(lengths, targets, **margin_kwargs), lengths, {}
+    _, activations = model.apply(variables, images, method='classify', **routing_kwargs)
+    return losses.margin_loss(activations, targets, **margin_kwargs), activations, {}
   per_label = labels if labels.ndim == 2 else labels[:, None]                 # [batch, k]
   if 'digits' in batch:                          # MultiMNIST: each digit on its own
     reconstruction_targets = batch['digits']     # [batch, k, h, w, c]
@@ -72,9 +71,9 @@ def capsnet_objective(config, model, params, batch, train: bool, knobs=None):
     reconstruction_targets = batch.get('reconstruction_targets', images)[:, None]
   outputs = model.apply(variables, images, jax.nn.one_hot(per_label, num_classes), **routing_kwargs)
   total, parts = losses.capsnet_loss(
-      outputs['lengths'], targets, outputs.get('reconstructions'), reconstruction_targets,
+      outputs['activations'], targets, outputs.get('reconstructions'), reconstruction_targets,
       reconstruction_weight, **margin_kwargs)
-  return total, outputs['lengths'], parts
+  return total, outputs['activations'], parts
 
 
 def _logits(config, model, params, batch, train: bool):

@@ -2,7 +2,8 @@
 
   python -m capsjax.predict [--workdir=W] [--member=K] [--json] [--reconstruct=DIR] FILE...
 
-For each file: the class name and every class's activation (the capsule lengths).
+For each file: the class name and every class's activation (the routing's activations:
+for Procedure 1, the capsule lengths).
 Without --workdir: the small MNIST CapsNet that ships with capsjax. A file of any size or
 colour is converted as training converted the run's images (capsjax.data.images: grey or
 RGB, resized to the run's size), then preprocessed as the run's test images. --json
@@ -79,7 +80,7 @@ class Predictor:
 
   def _scores_and_reconstructions(self, params, images_uint8):
     from capsjax.data import augment  # pylint: disable=g-import-not-at-top
-    from capsjax.models import capsule_lengths, longest_capsule_mask  # pylint: disable=g-import-not-at-top
+    from capsjax.models import longest_capsule_mask  # pylint: disable=g-import-not-at-top
     inputs, _ = augment.prepare(images_uint8, self.info.preprocessing)
     variables = {'params': params}
     if self.config.model.name != 'capsnet':
@@ -87,17 +88,16 @@ class Predictor:
       import jax  # pylint: disable=g-import-not-at-top
       scores = jax.nn.sigmoid(logits) if self.config.loss.name == 'sigmoid_xent' else jax.nn.softmax(logits)
       return scores, None
-    capsules = self.model.apply(variables, inputs, method='encode')
-    lengths = capsule_lengths(capsules)
+    capsules, activations = self.model.apply(variables, inputs, method='classify')
     if not self.has_decoder:
-      return lengths, None
-    return lengths, self.model.apply(variables, capsules, longest_capsule_mask(lengths), method='decode')
+      return activations, None
+    return activations, self.model.apply(variables, capsules, longest_capsule_mask(activations), method='decode')
 
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """For each image (an array, or a stacked batch of the run's shape): {'class',
     'class_index', 'activations' {name: value}, 'input' uint8, 'reconstruction' float
-    [0, 1] or None}. CapsNet activations are the capsule lengths; a CNN's are its softmax
-    (or sigmoid) outputs."""
+    [0, 1] or None}. CapsNet activations are its routing's (Procedure 1: the capsule
+    lengths); a CNN's are its softmax (or sigmoid) outputs."""
     if isinstance(images, np.ndarray) and images.ndim == 4 and images.dtype == np.uint8 and \
         images.shape[1:] == self.info.image_shape:
       held = images

@@ -6,7 +6,7 @@ Shapes used throughout:
   coupling            c_ij      [batch, in_caps, out_caps]   (softmax of b over out_caps)
   parents             v_j       [batch, out_caps, out_dim]
 """
-from typing import Optional, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import chex
 import jax
@@ -186,3 +186,200 @@ def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array
   logits = jnp.concatenate([initial, logits_per_iteration], axis=0)
   couplings = jax.nn.softmax(logits, axis=-1)              # [iterations + 1, batch, in, out]
   return jnp.mean(jnp.abs(couplings[1:] - couplings[:-1]), axis=(1, 2, 3))
+
+
+# ============================================================================= the registry
+# Every routing algorithm has one signature:
+#   function(prediction_vectors [batch, in, out, dim], input_activations [batch, in],
+#            num_iterations, *, max_iterations=None, unroll=False, **options)
+#     → (parents [batch, out, dim], activations [batch, out] in [0, 1])
+# and is registered with `@register_routing(name, learned=...)`. `learned` names the
+# options a model learns (shape from (in_caps, out_caps, dim), initial value); `route`
+# fills each one it is not given with its initial value, so route(name, û, a) works as it
+# stands. Activations are what the margin loss, the explorer and predict read.
+
+ROUTINGS: Dict[str, Callable[..., Tuple[Array, Array]]] = {}
+
+
+def register_routing(name: str, *, iterative: bool = True,
+                     learned: Optional[Dict[str, Tuple[Callable[[int, int, int], tuple], float]]] = None):
+  def register(function):
+    function.routing_name = name
+    function.iterative = iterative              # whether num_iterations means anything
+    function.learned = dict(learned or {})      # option → (shape(in_caps, out_caps, dim), initial value)
+    ROUTINGS[name] = function
+    return function
+  return register
+
+
+def route(name: str, prediction_vectors: Array, input_activations: Optional[Array] = None,
+          num_iterations: Union[int, Array] = 3, **options) -> Tuple[Array, Array]:
+  """(parents [batch, out, dim], activations [batch, out]) of routing `name`.
+
+  prediction_vectors û [batch, in, out, dim]; input_activations [batch, in] (default ones;
+  Procedure 1 ignores them); num_iterations a Python int or, with `max_iterations=`, a
+  traced integer (vmap over r, with gradients). Learned options not given take their
+  initial values.
+  """
+  if name not in ROUTINGS:
+    raise ValueError(f'unknown routing {name!r}; registered: {", ".join(sorted(ROUTINGS))}')
+  function = ROUTINGS[name]
+  chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]
+  batch, in_caps, out_caps, dim = prediction_vectors.shape
+  if input_activations is None:
+    input_activations = jnp.ones((batch, in_caps), prediction_vectors.dtype)
+  for option, (shape, initial) in function.learned.items():
+    if option not in options or options[option] is None:
+      options[option] = jnp.full(shape(in_caps, out_caps, dim), initial, prediction_vectors.dtype)
+  return function(prediction_vectors, input_activations, num_iterations, **options)
+
+
+def _loop_length(num_iterations, max_iterations) -> int:
+  if isinstance(num_iterations, int):
+    if num_iterations < 1:
+      raise ValueError(f'num_iterations must be >= 1, got {num_iterations}')
+    if max_iterations is not None and num_iterations > max_iterations:
+      raise ValueError(f'num_iterations={num_iterations} exceeds max_iterations={max_iterations}')
+    return num_iterations
+  if max_iterations is None:
+    raise ValueError('a traced num_iterations needs a static max_iterations bound')
+  return max_iterations
+
+
+def _iterate(body, state, num_iterations, max_iterations, unroll):
+  """state after body(t, state) for t = 0 … r−1 (a fori_loop). A traced r runs
+  max_iterations times and iterations ≥ r keep the state (as dynamic_routing does), so
+  reverse-mode gradients stay available."""
+  length = _loop_length(num_iterations, max_iterations)
+  static = isinstance(num_iterations, int)
+
+  def step(t, carry):
+    new = body(t, carry)
+    if static:
+      return new
+    active = t < num_iterations
+    return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, carry)
+  return jax.lax.fori_loop(0, length, step, state, unroll=unroll)
+
+
+@register_routing('dynamic')
+def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False,
+            stop_gradient_predictions=False, leaky=False, log_priors=None, bias=None):
+  """Procedure 1 (`dynamic_routing`); input activations are ignored; activations |v_j|."""
+  del input_activations
+  parents = dynamic_routing(prediction_vectors, num_iterations, max_iterations=max_iterations,
+                            stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
+                            log_priors=log_priors, bias=bias, unroll=unroll)
+  return parents, vector_norm(parents)
+
+
+@register_routing('em', learned={'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)})
+def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a, max_iterations=None,
+       unroll=False, inverse_temperature=1.0, variance_epsilon=1e-4):
+  """EM routing (Hinton, Sabour, Frosst, ICLR 2018, Procedure 1) on vector poses.
+
+  Votes V_ij = û_{j|i}, input activations a_i. R_ij = 1/|out|; r times: M-step
+  (R_ij ← R_ij a_i; μ_j, σ²_j per dimension, weighted by R; cost_jh = (β_u + log σ_jh) ·
+  R̄_j; a_j = logistic(λ_t (β_a − Σ_h cost_jh))), then, except after the last, E-step
+  (R_ij = a_j p_j(V_ij) / Σ_k a_k p_k(V_ij), p a diagonal Gaussian). Choices where the
+  paper leaves them open (BUILD.md): R̄_j = Σ_i R_ij / |in| (the mean, not the sum: the
+  sum over 1 152 primary capsules saturates the logistic); λ_t = inverse_temperature ·
+  (t + 1) / r (rising to inverse_temperature at the last iteration); σ² + variance_epsilon.
+  β_u, β_a: [out] (learned per output capsule). Returns (μ [batch, out, dim], a [batch, out]).
+  """
+  batch, in_caps, out_caps, dim = prediction_vectors.shape
+  votes = prediction_vectors                                             # [batch, in, out, dim]
+  count = jnp.asarray(num_iterations, votes.dtype)
+
+  def m_step(t, responsibilities):
+    weighted = responsibilities * input_activations[:, :, None]          # [batch, in, out]
+    mass = jnp.sum(weighted, axis=1) + 1e-9                              # [batch, out]
+    # μ_jh = Σ_i R_ij V_ijh / Σ_i R_ij                                   [batch, out, dim]
+    means = jnp.einsum('bij,bijd->bjd', weighted, votes) / mass[..., None]
+    # σ²_jh = Σ_i R_ij (V_ijh − μ_jh)² / Σ_i R_ij                         [batch, out, dim]
+    variances = jnp.einsum('bij,bijd->bjd', weighted, jnp.square(votes - means[:, None])) / mass[..., None]
+    variances = variances + variance_epsilon
+    cost = (beta_u[:, None] + 0.5 * jnp.log(variances)) * (mass / in_caps)[..., None]   # [batch, out, dim]
+    temperature = inverse_temperature * (t + 1) / count
+    activations = jax.nn.sigmoid(temperature * (beta_a - jnp.sum(cost, axis=-1)))      # [batch, out]
+    return means, variances, activations
+
+  def e_step(means, variances, activations):
+    # log p_j(V_ij) for a diagonal Gaussian                               [batch, in, out]
+    log_p = -0.5 * jnp.sum(jnp.log(2 * jnp.pi * variances)[:, None]
+                           + jnp.square(votes - means[:, None]) / variances[:, None], axis=-1)
+    return jax.nn.softmax(jnp.log(activations + 1e-9)[:, None] + log_p, axis=-1)
+
+  def body(t, carry):
+    responsibilities, _, _ = carry
+    means, variances, activations = m_step(t, responsibilities)
+    return e_step(means, variances, activations), means, activations
+
+  initial = (jnp.full((batch, in_caps, out_caps), 1.0 / out_caps, votes.dtype),
+             jnp.zeros((batch, out_caps, dim), votes.dtype), jnp.zeros((batch, out_caps), votes.dtype))
+  # The last iteration's E-step does not reach the outputs (μ, a come from its M-step).
+  _, means, activations = _iterate(body, initial, num_iterations, max_iterations, unroll)
+  return means, activations
+
+
+def efficient_squash(vectors: Array, axis: int = -1) -> Array:
+  """Efficient-CapsNet's squash: (1 − e^{−|s|}) s / |s| (0 at the origin)."""
+  norm = vector_norm(vectors, axis=axis, keepdims=True)
+  safe = jnp.where(norm > 0, norm, 1.0)
+  return jnp.where(norm > 0, vectors * (-jnp.expm1(-norm) / safe), 0.0)
+
+
+@register_routing('self_attention', iterative=False, learned={'log_priors': (lambda i, j, d: (i, j), 0.0)})
+def self_attention(prediction_vectors, input_activations, num_iterations, *, log_priors, max_iterations=None,
+                   unroll=False):
+  """Efficient-CapsNet's self-attention routing (Mazzia, Salvetti, Chiaberge 2021), one pass.
+
+  For each parent j: A_j = Û_j Û_jᵀ / √d over the children's predictions; the coupling of
+  child i is the softmax over parents of Σ_k A_j[i, k]; the log priors B [in, out] are
+  added to it (after the softmax, as in the paper's s_j = Û_jᵀ (C_j + B_j) and the
+  authors' code); s_j = Σ_i û_{j|i} (c_ij + b_ij), v_j = (1 − e^{−|s_j|}) s_j / |s_j|.
+  Activations |v_j|. Not iterative: num_iterations is ignored.
+  """
+  del input_activations, num_iterations, max_iterations, unroll
+  dim = prediction_vectors.shape[-1]
+  # Σ_k A_j[i, k] = û_{j|i} · Σ_k û_{j|k} / √d                          [batch, in, out]
+  scores = jnp.einsum('bijd,bjd->bij', prediction_vectors, jnp.sum(prediction_vectors, axis=1)) / jnp.sqrt(dim)
+  coupling = jax.nn.softmax(scores, axis=-1) + log_priors                # [batch, in, out]
+  # s_j = Σ_i (c_ij + b_ij) û_{j|i}                                    [batch, out, dim]
+  parents = efficient_squash(jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors))
+  return parents, vector_norm(parents)
+
+
+def layer_norm(vectors: Array, scale: Array, offset: Array, epsilon: float = 1e-5) -> Array:
+  """LayerNorm over the last axis with gain `scale` and bias `offset`."""
+  mean = jnp.mean(vectors, axis=-1, keepdims=True)
+  variance = jnp.mean(jnp.square(vectors - mean), axis=-1, keepdims=True)
+  return (vectors - mean) * jax.lax.rsqrt(variance + epsilon) * scale + offset
+
+
+@register_routing('inverted_dot_product', learned={'layer_norm_scale': (lambda i, j, d: (d,), 1.0),
+                                                   'layer_norm_offset': (lambda i, j, d: (d,), 0.0)})
+def inverted_dot_product(prediction_vectors, input_activations, num_iterations, *, layer_norm_scale,
+                         layer_norm_offset, max_iterations=None, unroll=False):
+  """Inverted dot-product attention routing (Tsai, Srivastava, Goh, Salakhutdinov, ICLR 2020).
+
+  Parent poses p_j start at 0; r times: a_ij = p_j · û_{j|i} (the parent as the query),
+  r_ij = softmax over parents j of a_ij, s_j = Σ_i r_ij û_{j|i}, p_j = LayerNorm(s_j)
+  (learned gain and bias over the pose dimensions). The first iteration, with p = 0,
+  couples uniformly. Activations (the paper classifies from poses and defines none):
+  |squash(s_j)| of the last iteration, in [0, 1) as Procedure 1's (BUILD.md). Input
+  activations are ignored.
+  """
+  del input_activations
+  batch, _, out_caps, dim = prediction_vectors.shape
+
+  def body(t, carry):
+    poses, _ = carry
+    agreement = jnp.einsum('bijd,bjd->bij', prediction_vectors, poses)   # a_ij [batch, in, out]
+    coupling = jax.nn.softmax(agreement, axis=-1)                        # r_ij over parents
+    total = jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors)    # s_j [batch, out, dim]
+    return layer_norm(total, layer_norm_scale, layer_norm_offset), total
+
+  zeros = jnp.zeros((batch, out_caps, dim), prediction_vectors.dtype)
+  poses, total = _iterate(body, (zeros, zeros), num_iterations, max_iterations, unroll)
+  return poses, vector_norm(squash(total))

@@ -173,10 +173,12 @@ def make_routing_probe(config, model, pipeline):
 
   Runs config.routing_probe_iterations iterations (which may exceed the model's own
   count, to see where routing settles) on the first `routing_probe_examples` images of
-  the first test batch. Single CapsNet runs only.
+  the first test batch. Single CapsNet runs of Procedure 1 only (the probe reads its
+  routing logits; the other routings have none).
   """
   iterations = config.routing_probe_iterations
-  if not iterations or config.loss.name != 'capsnet' or config.ensemble:
+  if not iterations or config.loss.name != 'capsnet' or config.ensemble or \
+      config.model.get('routing', 'dynamic') != 'dynamic':
     return None
   examples = config.routing_probe_examples
 

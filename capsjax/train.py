@@ -19,7 +19,7 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import reports, sharding, steps, validation
+from capsjax import reports, sharding, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
@@ -147,7 +147,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   workdir = workdir_lib.prepare(workdir)
   config = resolve_data(config)   # the data's shape and classes where the config leaves them open
-  validation.validate(config)     # again: e.g. images too small for the model
   is_writer = sharding.is_main_process()
   with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
     changed = workdir_lib.bind_config(workdir, config)

@@ -5,6 +5,7 @@ raises ConfigError with one line: `config.KEY=VALUE: allowed ...`. Keys an exper
 does not have are skipped, so one table serves every experiment, and comparison models
 (`baseline.model`, `cnn.model`) are checked with the same model rules.
 """
+import inspect
 import math
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
@@ -13,9 +14,10 @@ from capsjax.data.sources import dataset_names_help, is_dataset_name
 from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
-from capsjax.models import INITS, registered_models
+from capsjax.models import INITS, capsnet_geometry_problem, registered_models
 from capsjax.objectives import registered_objectives
 from capsjax.formulations import CONV_IMPLS, ROUTING_LOOPS
+from capsjax.routing import ROUTINGS
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 
@@ -142,6 +144,9 @@ RUN_RULES = {
     'ensemble.seeds': ints_at_least(0),
     'ensemble.routing_iterations': ints_at_least(1),
     'ensemble.reconstruction_weights': numbers_at_least(0),
+    'routing_zoo.routings': ((lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(n in ROUTINGS for n in v)),
+                             f'a tuple of routing names ({", ".join(ROUTINGS)})'),
+    'routing_zoo.seeds': ints_at_least(0, allow_empty=False),
     'num_processes': int_at_least(0),
     'process_id': int_at_least(-1),
     'distributed_timeout_s': int_in(1, 3600),
@@ -167,6 +172,8 @@ MODEL_RULES = {
     'routing_loop': one_of(ROUTING_LOOPS),
     'dtype': one_of(DTYPES),
     'init_scheme': one_of(INITS),
+    'routing': registered(lambda: ROUTINGS),
+    'routing_options': ((lambda v: hasattr(v, 'keys')), 'a dict of the routing\'s options'),
     'digit_bias': boolean(),
     'primary_scale_by_types': boolean(),
     'learn_log_priors': boolean(),
@@ -208,22 +215,28 @@ def _check_rules(config, rules, prefix: str, problems: List[str]) -> None:
       problems.append(f'config.{prefix}{key}={value!r}: allowed {allowed}')
 
 
-def _capsnet_geometry(model) -> Optional[str]:
-  """Why the CapsNet's layers do not fit its input, or None."""
-  if not model.input_shape:
-    return None   # the shape of the data, checked once the data has said it
-  height, width = model.input_shape[:2]
-  sizes = []
-  for side in (height, width):
-    conv1 = side - model.conv1_kernel + 1
-    primary = (conv1 - model.primary_kernel) // model.primary_stride + 1 if conv1 >= model.primary_kernel else 0
-    sizes.append((conv1, primary))
-  if min(s[1] for s in sizes) < 1:
-    least = model.conv1_kernel + model.primary_kernel - 1
-    return (f'images of {height}×{width} are too small for the CapsNet\'s {model.conv1_kernel}×'
-            f'{model.conv1_kernel} and {model.primary_kernel}×{model.primary_kernel} convolutions (at least '
-            f'{least}×{least}): pass --config.image_size=N with N >= {least} to resize them')
-  return None
+# Options of Procedure 1 that are model flags; the other routings have none of them.
+DYNAMIC_FLAGS = ('leaky_routing', 'learn_log_priors', 'stop_gradient_predictions', 'digit_bias')
+
+
+def _routing_problems(model, prefix: str) -> List[str]:
+  name = model.get('routing', 'dynamic')
+  problems = []
+  if name != 'dynamic':
+    for flag in DYNAMIC_FLAGS:
+      if model.get(flag):
+        problems.append(f'config.{prefix}{flag}=True: an option of routing=dynamic (Procedure 1) only; '
+                        f'routing={name!r}')
+  function = ROUTINGS[name]
+  given = dict(model.get('routing_options') or {})
+  known = [p for p in inspect.signature(function).parameters
+           if p not in ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll')
+           and p not in function.learned]
+  for option in given:
+    if option not in known:
+      problems.append(f'config.{prefix}routing_options.{option}: routing {name!r} has '
+                      + (f'the options {", ".join(known)}' if known else 'no options'))
+  return problems
 
 
 def _check_model(model, prefix: str, problems: List[str]) -> None:
@@ -232,9 +245,10 @@ def _check_model(model, prefix: str, problems: List[str]) -> None:
   if len(problems) > before:
     return   # the cross-field checks below need valid fields
   if model.get('name') == 'capsnet':
-    why = _capsnet_geometry(model)
+    why = capsnet_geometry_problem(model)
     if why:
       problems.append(f'config.{prefix}input_shape={tuple(model.input_shape)!r}: {why}')
+    problems.extend(_routing_problems(model, prefix))
   if model.get('name') == 'cnn' and len(model.conv_channels) != len(model.conv_kernels):
     problems.append(f'config.{prefix}conv_kernels={tuple(model.conv_kernels)!r}: allowed one kernel per '
                     f'entry of conv_channels={tuple(model.conv_channels)!r}')
@@ -305,7 +319,7 @@ def validate(config) -> None:
 
 DESCRIPTIONS = {
     'experiment': 'the experiment name written into results (set by experiments/NAME.py)',
-    'program': 'what runs: train, or an experiment program (ablation, affnist, sweep)',
+    'program': 'what runs: train, or an experiment program (ablation, affnist, sweep, routing_zoo)',
     'task': 'classify one label per image, expanded (digits placed on a larger canvas) or multimnist (two overlaid digits)',
     'dataset': 'where the images come from: a TFDS name, or image_folder (the folder in data_dir)',
     'data_dir': 'a folder read instead of TFDS: IDX files (MNIST family), or with dataset=image_folder '
@@ -354,6 +368,9 @@ DESCRIPTIONS = {
     'ensemble.routing_iterations': 'ensemble members: routing iterations each (at most model.routing_iterations)',
     'ensemble.reconstruction_weights': 'ensemble members: reconstruction loss weights',
     'sweep.variants': 'the sweep: one run per variant, KEY=VALUE overrides separated by commas',
+    'routing_zoo.routings': 'the routing algorithms the zoo trains, each over routing_zoo.seeds',
+    'routing_zoo.seeds': 'the seeds of each routing (one vmapped program per routing)',
+    'routing_zoo.options': 'per routing name, its options (as model.routing_options)',
     'enabled': 'also train this comparison model',
     'distributed': 'start jax.distributed (several hosts run the same command)',
     'coordinator_address': 'HOST:PORT of process 0 (empty: detected on Cloud TPU, SLURM, Open MPI)',
@@ -363,6 +380,10 @@ DESCRIPTIONS = {
     'model.name': 'the model family (registered in capsjax.models / capsjax.families)',
     'model.input_shape': 'image height, width, channels the model reads; () = those of the data',
     'model.num_classes': 'classes (digit capsules, or output units); 0 = those of the data',
+    'model.routing': 'the routing algorithm (dynamic: the paper\'s Procedure 1; em, self_attention, '
+                     'inverted_dot_product: see BUILD.md)',
+    'model.routing_options': 'options of the routing (em: inverse_temperature, variance_epsilon); its '
+                             'learned parameters are not options',
     'model.conv1_channels': 'channels of the first convolution (the paper: 256)',
     'model.conv1_kernel': 'kernel side of the first convolution (9)',
     'model.primary_types': 'primary capsule types (32)',
@@ -397,7 +418,8 @@ DESCRIPTIONS = {
 
 # Allowed values of keys that no rule above checks (text only).
 ALLOWED_TEXT = {
-    'experiment': 'a name', 'program': 'train, ablation, affnist, sweep',
+    'experiment': 'a name', 'program': 'train, ablation, affnist, sweep, routing_zoo',
+    'routing_zoo.options': 'a dict: routing name → its options',
     'data_dir': 'a folder, or empty', 'tfds_data_dir': 'a folder, or empty', 'affnist.mat_dir': 'a folder, or empty',
     'coordinator_address': 'HOST:PORT, or empty', 'ensemble': 'a dict, or None',
     'sweep.variants': 'a tuple of override strings', 'max_shift': 'an integer in [0, a quarter of the image side]',

@@ -14,6 +14,7 @@ from capsjax.data import affine
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, images_on_demand, multimnist_pipeline
 from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source
 from capsjax.errors import ConfigError
+from capsjax.models import capsnet_geometry_problem
 
 TASKS: Dict[str, type] = {}
 
@@ -206,4 +207,7 @@ def resolve_data(config) -> ml_collections.ConfigDict:
       raise ConfigError(f'config.model.input_shape=(): the {task.name} task needs the canvas size '
                         '(height, width, channels)')
     model.input_shape = tuple(info.input_shape)
+    why = capsnet_geometry_problem(model) if model.get('name') == 'capsnet' else None
+    if why:   # the data's images, too small for the CapsNet
+      raise ConfigError(f'config.model.input_shape={tuple(model.input_shape)!r}: {why}')
   return config

@@ -98,12 +98,13 @@ class Explorer:
     self.images = np.asarray(images, np.float32)
     self.labels = np.asarray(labels)
     self.top_k = 2 if self.multimnist else 1
-    self._encode = jax.jit(lambda x: model.apply({'params': params}, x, method='encode'))
+    # (capsules, the routing's activations: Procedure 1's are the capsule lengths)
+    self._encode = jax.jit(lambda x: model.apply({'params': params}, x, method='classify'))
     self._decode = jax.jit(lambda capsules, mask: model.apply({'params': params}, capsules, mask,
                                                               method='decode'))
     self._figure_lock = threading.Lock()   # matplotlib is not thread-safe
-    self.capsules = self._encode_all(self.images)                          # [n, classes, dim]
-    self.predictions = self._longest(self.capsules)                       # [n, k]
+    self.capsules, self.activations = self._encode_all(self.images)     # [n, classes, dim], [n, classes]
+    self.predictions = self._most_active(self.activations)                # [n, k]
     self.misclassified = [i for i, (label, predicted) in enumerate(zip(self.labels, self.predictions))
                           if set(np.atleast_1d(label).tolist()) != set(predicted.tolist())]
     for k in range(1, self.top_k + 1):   # compile every decode shape the page asks for now
@@ -161,7 +162,8 @@ class Explorer:
 
   def example(self, index) -> Dict[str, Any]:
     index = _int(index, 'index', 0, len(self.labels))
-    answer = self._describe(self.images[index], self.capsules[index], self.predictions[index])
+    answer = self._describe(self.images[index], self.capsules[index], self.activations[index],
+                            self.predictions[index])
     answer.update(index=index, label=self.labels[index].tolist())
     return answer
 
@@ -169,8 +171,8 @@ class Explorer:
     if not self.can_draw:
       raise RequestError(f'drawing needs a 28×28 MNIST model; this one reads {list(self.input_shape)} inputs')
     image = mnist_preprocess(drawing)[..., None]
-    capsules = np.asarray(self._encode(jnp.asarray(image[None])))[0]
-    return self._describe(image, capsules, self._longest(capsules))
+    capsules, activations = (np.asarray(x)[0] for x in self._encode(jnp.asarray(image[None])))
+    return self._describe(image, capsules, activations, self._most_active(activations))
 
   @property
   def can_draw(self) -> bool:
@@ -199,24 +201,29 @@ class Explorer:
 
   # --------------------------------------------------------------------------- helpers
 
-  def _encode_all(self, images: np.ndarray) -> np.ndarray:
-    """Digit capsules [n, classes, dim], in fixed-size batches (one compilation)."""
+  def _encode_all(self, images: np.ndarray):
+    """(digit capsules [n, classes, dim], activations [n, classes]) in fixed-size batches
+    (one compilation)."""
     batch = min(ENCODE_BATCH, len(images))
-    out = []
+    capsules, activations = [], []
     for start in range(0, len(images), batch):
       chunk = images[start:start + batch]
       padded = np.concatenate([chunk, np.zeros((batch - len(chunk),) + chunk.shape[1:], chunk.dtype)])
-      out.append(np.asarray(self._encode(jnp.asarray(padded)))[:len(chunk)])
-    return np.concatenate(out)
+      encoded, active = self._encode(jnp.asarray(padded))
+      capsules.append(np.asarray(encoded)[:len(chunk)])
+      activations.append(np.asarray(active)[:len(chunk)])
+    return np.concatenate(capsules), np.concatenate(activations)
 
-  def _longest(self, capsules: np.ndarray) -> np.ndarray:
-    """The top_k classes by capsule length, longest first: [..., classes, dim] → [..., k]."""
-    return np.argsort(-np.asarray(capsule_lengths(jnp.asarray(capsules))), axis=-1)[..., :self.top_k]
+  def _most_active(self, activations: np.ndarray) -> np.ndarray:
+    """The top_k classes by activation, most active first: [..., classes] → [..., k]."""
+    return np.argsort(-np.asarray(activations), axis=-1)[..., :self.top_k]
 
-  def _describe(self, image: np.ndarray, capsules: np.ndarray, prediction: np.ndarray) -> Dict[str, Any]:
+  def _describe(self, image: np.ndarray, capsules: np.ndarray, activations: np.ndarray,
+                prediction: np.ndarray) -> Dict[str, Any]:
     return {
         'image': to_pixels(image[..., 0]).ravel().tolist(),
         'lengths': np.asarray(capsule_lengths(jnp.asarray(capsules))).tolist(),
+        'activations': np.asarray(activations).tolist(),   # the bars: the routing's activations
         'capsules': capsules.tolist(),
         'prediction': [int(c) for c in prediction],
     }

@@ -36,11 +36,12 @@ PERTURBATIONS = np.round(np.arange(-0.25, 0.2501, 0.05), 2)   # 11 values, 0 in 
 
 
 def classify(model, params, images, batch_size=500):
-  """Digit capsules [n, classes, dim] and predictions [n] (longest capsule)."""
-  encode = jax.jit(lambda p, x: model.apply({'params': p}, x, method='encode'))
-  capsules = np.concatenate([np.asarray(encode(params, images[i:i + batch_size]))
-                             for i in range(0, len(images), batch_size)])
-  return capsules, np.argmax(np.asarray(capsule_lengths(jnp.asarray(capsules))), axis=-1)
+  """Digit capsules [n, classes, dim] and predictions [n] (the most active capsule)."""
+  apply = jax.jit(lambda p, x: model.apply({'params': p}, x, method='classify'))
+  outputs = [apply(params, images[i:i + batch_size]) for i in range(0, len(images), batch_size)]
+  capsules = np.concatenate([np.asarray(c) for c, _ in outputs])
+  activations = np.concatenate([np.asarray(a) for _, a in outputs])
+  return capsules, np.argmax(activations, axis=-1)
 
 
 def decode_class(model, params, capsules, classes):
@@ -163,9 +164,12 @@ def main(argv=None):
     label = int(test.labels[index])
     draw_perturbations(model, params, capsules[index, label], label,
                        os.path.join(args.workdir, f'perturbations_{index}.png'), names[label])
-  final_changes = final_routing_changes(model, params, images[:100])
-  draw_routing_convergence(os.path.join(args.workdir, 'metrics.jsonl'), final_changes,
-                           os.path.join(args.workdir, 'routing_convergence.png'))
+  # The convergence figure reads Procedure 1's routing logits; other routings have none.
+  dynamic = config.model.get('routing', 'dynamic') == 'dynamic'
+  final_changes = final_routing_changes(model, params, images[:100]) if dynamic else None
+  if dynamic:
+    draw_routing_convergence(os.path.join(args.workdir, 'metrics.jsonl'), final_changes,
+                             os.path.join(args.workdir, 'routing_convergence.png'))
   summary = {'reconstruction_columns': [dict(zip(('index', 'label', 'prediction', 'reconstructed'), c))
                                         for c in columns],
              'perturbed_indices': perturbed, 'perturbations': PERTURBATIONS.tolist(),
@@ -174,7 +178,8 @@ def main(argv=None):
   with open(os.path.join(args.workdir, 'figures.json'), 'w') as f:
     json.dump(summary, f, indent=2)
   print(f'figures written to {args.workdir}: reconstructions.png, '
-        f'{", ".join(f"perturbations_{i}.png" for i in perturbed)}, routing_convergence.png')
+        f'{", ".join(f"perturbations_{i}.png" for i in perturbed)}'
+        + (', routing_convergence.png' if dynamic else ''))
   return 0
 
 

@@ -29,7 +29,7 @@ from capsjax.workdir import read_config
 def reconstruct_pairs(model, params, images, masks):
   """Lengths [b, classes] and one reconstruction per mask: masks [b, k, classes] → [b, k, h, w, c]."""
   outputs = model.apply({'params': params}, images, masks)
-  return outputs['lengths'], outputs['reconstructions']
+  return outputs['activations'], outputs['reconstructions']
 
 
 def mask_iou(predicted: np.ndarray, true: np.ndarray) -> np.ndarray:

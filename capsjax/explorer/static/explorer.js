@@ -6,7 +6,7 @@
 
 const state = {
   info: null,
-  example: null,        // the current input: {image, lengths, capsules, prediction, label?}
+  example: null,        // the current input: {image, lengths, activations, capsules, prediction, label?}
   panels: [],           // per capsule panel: {cls, encoded: [dim], vector: [dim]}
   wide: false,
   inFlight: false,
@@ -85,14 +85,15 @@ function segmentation(first, second) {
 function renderBars() {
   const bars = $('bars');
   bars.innerHTML = '';
-  const {lengths, prediction} = state.example;
+  // The bars show the routing's activations (for Procedure 1, the capsule lengths).
+  const {activations: lengths, prediction} = state.example;
   const labels = state.example.label === undefined ? [] : [].concat(state.example.label);
   const chosen = state.panels.map((panel) => panel.cls);
   lengths.forEach((length, cls) => {
     const column = document.createElement('div');
     column.className = 'bar-column';
     column.dataset.class = cls;
-    column.title = `class ${className(cls)}: |v| = ${length.toFixed(3)}`;
+    column.title = `class ${className(cls)}: activation ${length.toFixed(3)}`;
     const bar = document.createElement('div');
     bar.className = 'bar' + (prediction.includes(cls) ? ' predicted' : '');
     bar.style.height = `${Math.max(1, length * 100)}%`;

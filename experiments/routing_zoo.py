@@ -1,0 +1,26 @@
+"""Every routing algorithm on the paper's MNIST CapsNet: same data order, 3 seeds each as one
+vmapped program, a 5 000-image validation split; writes routing.md.
+
+  python run.py --experiment=routing_zoo --workdir=W
+
+Routings (capsjax.routing.ROUTINGS, BUILD.md): dynamic (the paper's Procedure 1), em (Hinton
+et al. 2018, on vector poses), self_attention (Efficient-CapsNet, 2021),
+inverted_dot_product (Tsai et al. 2020).
+"""
+import ml_collections
+
+from capsjax import defaults
+
+
+def get_config():
+  config = defaults.base_config()
+  config.experiment = 'routing_zoo'
+  config.program = 'routing_zoo'
+  config.validation_examples = 5000
+  config.routing_zoo = ml_collections.ConfigDict(dict(
+      routings=('dynamic', 'em', 'self_attention', 'inverted_dot_product'),
+      seeds=(0, 1, 2),
+      # Per routing, its options (model.routing_options); none changed from their defaults.
+      options=ml_collections.ConfigDict({}),
+  ))
+  return config
