@@ -12,6 +12,18 @@ import ml_collections
 from capsjax.data.datasets import dataset_info
 
 
+def routing_options():
+  """Every option of the registered routings other than Procedure 1 (whose options are
+  model flags), at its default: --config.model.routing_options.KEY=V needs the key to
+  exist. A routing reads only its own options."""
+  from capsjax.routing import ROUTINGS, routing_option_defaults  # pylint: disable=g-import-not-at-top
+  options = {}
+  for name in ROUTINGS:
+    if name != 'dynamic':
+      options.update(routing_option_defaults(name))
+  return options
+
+
 def capsnet_config() -> ml_collections.ConfigDict:
   """The paper's CapsNet: 8,215,568 parameters (6,804,224 without the decoder)."""
   return ml_collections.ConfigDict(dict(
@@ -36,7 +48,7 @@ def capsnet_config() -> ml_collections.ConfigDict:
       # em, self_attention, inverted_dot_product) and its options (e.g. em's
       # inverse_temperature); the options it learns are parameters with defaults.
       routing='dynamic',
-      routing_options=ml_collections.ConfigDict(),
+      routing_options=ml_collections.ConfigDict(routing_options()),
   ))
 
 

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
-from capsjax.routing import ROUTINGS, dynamic_routing, route, squash, vector_norm
+from capsjax.routing import ROUTINGS, dynamic_routing, route, routing_option_defaults, squash, vector_norm
 
 Array = jax.Array
 
@@ -134,7 +134,8 @@ class CapsuleLayer(nn.Module):
     if return_logits:
       raise ValueError(f'routing {self.routing!r} has no routing logits (the convergence probe is Procedure 1\'s)')
     function = ROUTINGS[self.routing]
-    options = dict(self.routing_options or {})
+    given = dict(self.routing_options or {})
+    options = {k: given[k] for k in routing_option_defaults(self.routing) if k in given}   # its own only
     for name, (shape, initial) in function.learned.items():
       options[name] = self.param(f'routing_{name}', nn.initializers.constant(initial),
                                  shape(in_caps, self.num_capsules, self.dim))

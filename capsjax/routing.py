@@ -6,7 +6,7 @@ Shapes used throughout:
   coupling            c_ij      [batch, in_caps, out_caps]   (softmax of b over out_caps)
   parents             v_j       [batch, out_caps, out_dim]
 """
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import chex
 import jax
@@ -234,6 +234,16 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   return function(prediction_vectors, input_activations, num_iterations, **options)
 
 
+def routing_option_defaults(name: str) -> Dict[str, Any]:
+  """The options a config may set for routing `name` (keyword arguments that are neither
+  learned nor the loop's own), with their defaults."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  function = ROUTINGS[name]
+  own = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll')
+  return {p.name: p.default for p in inspect.signature(function).parameters.values()
+          if p.name not in own and p.name not in function.learned}
+
+
 def _loop_length(num_iterations, max_iterations) -> int:
   if isinstance(num_iterations, int):
     if num_iterations < 1:
@@ -275,17 +285,21 @@ def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterat
 
 @register_routing('em', learned={'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)})
 def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a, max_iterations=None,
-       unroll=False, inverse_temperature=1.0, variance_epsilon=1e-4):
+       unroll=False, inverse_temperature=1.0, variance_epsilon=1e-8):
   """EM routing (Hinton, Sabour, Frosst, ICLR 2018, Procedure 1) on vector poses.
 
   Votes V_ij = û_{j|i}, input activations a_i. R_ij = 1/|out|; r times: M-step
-  (R_ij ← R_ij a_i; μ_j, σ²_j per dimension, weighted by R; cost_jh = (β_u + log σ_jh) ·
-  R̄_j; a_j = logistic(λ_t (β_a − Σ_h cost_jh))), then, except after the last, E-step
+  (R_ij ← R_ij a_i; μ_j, σ²_j per dimension, weighted by R; cost_j = Σ_h (β_u + log σ_jh) ·
+  Σ_i R_ij; a_j = logistic(λ_t (β_a − ĉost_j))), then, except after the last, E-step
   (R_ij = a_j p_j(V_ij) / Σ_k a_k p_k(V_ij), p a diagonal Gaussian). Choices where the
-  paper leaves them open (BUILD.md): R̄_j = Σ_i R_ij / |in| (the mean, not the sum: the
-  sum over 1 152 primary capsules saturates the logistic); λ_t = inverse_temperature ·
-  (t + 1) / r (rising to inverse_temperature at the last iteration); σ² + variance_epsilon.
-  β_u, β_a: [out] (learned per output capsule). Returns (μ [batch, out, dim], a [batch, out]).
+  paper leaves them open (BUILD.md): ĉost_j = (cost_j − mean_k cost_k) / (std_k cost_k + ε)
+  standardised over the parents (the raw cost grows with the number of inputs and
+  saturated the logistic, or with a mean instead of the sum did not discriminate: no
+  learning in 200 steps); λ_t = inverse_temperature · (t + 1) / r (rising to
+  inverse_temperature, default 1, at the last iteration: a final 4 left mnist_smoke at
+  chance after 120 steps, 1 reached 83 % training accuracy by step 100); σ² +
+  variance_epsilon (1e-8; 1e-4 swamped the variances of the small initial votes). β_u, β_a: [out]
+  (learned per output capsule). Returns (μ [batch, out, dim], a [batch, out]).
   """
   batch, in_caps, out_caps, dim = prediction_vectors.shape
   votes = prediction_vectors                                             # [batch, in, out, dim]
@@ -293,15 +307,18 @@ def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a,
 
   def m_step(t, responsibilities):
     weighted = responsibilities * input_activations[:, :, None]          # [batch, in, out]
-    mass = jnp.sum(weighted, axis=1) + 1e-9                              # [batch, out]
+    mass = jnp.sum(weighted, axis=1) + 1e-9                              # Σ_i R_ij [batch, out]
     # μ_jh = Σ_i R_ij V_ijh / Σ_i R_ij                                   [batch, out, dim]
     means = jnp.einsum('bij,bijd->bjd', weighted, votes) / mass[..., None]
     # σ²_jh = Σ_i R_ij (V_ijh − μ_jh)² / Σ_i R_ij                         [batch, out, dim]
     variances = jnp.einsum('bij,bijd->bjd', weighted, jnp.square(votes - means[:, None])) / mass[..., None]
     variances = variances + variance_epsilon
-    cost = (beta_u[:, None] + 0.5 * jnp.log(variances)) * (mass / in_caps)[..., None]   # [batch, out, dim]
+    cost = jnp.sum(beta_u[:, None] + 0.5 * jnp.log(variances), axis=-1) * mass          # [batch, out]
+    mean = jnp.mean(cost, axis=-1, keepdims=True)
+    spread = jnp.sqrt(jnp.mean(jnp.square(cost - mean), axis=-1, keepdims=True))
+    standardised = (cost - mean) / (spread + 1e-6)                                     # [batch, out]
     temperature = inverse_temperature * (t + 1) / count
-    activations = jax.nn.sigmoid(temperature * (beta_a - jnp.sum(cost, axis=-1)))      # [batch, out]
+    activations = jax.nn.sigmoid(temperature * (beta_a - standardised))               # [batch, out]
     return means, variances, activations
 
   def e_step(means, variances, activations):

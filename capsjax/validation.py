@@ -5,7 +5,6 @@ raises ConfigError with one line: `config.KEY=VALUE: allowed ...`. Keys an exper
 does not have are skipped, so one table serves every experiment, and comparison models
 (`baseline.model`, `cnn.model`) are checked with the same model rules.
 """
-import inspect
 import math
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
@@ -17,7 +16,7 @@ from capsjax.losses import MARGIN_REDUCTIONS
 from capsjax.models import INITS, capsnet_geometry_problem, registered_models
 from capsjax.objectives import registered_objectives
 from capsjax.formulations import CONV_IMPLS, ROUTING_LOOPS
-from capsjax.routing import ROUTINGS
+from capsjax.routing import ROUTINGS, routing_option_defaults
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 
@@ -174,6 +173,8 @@ MODEL_RULES = {
     'init_scheme': one_of(INITS),
     'routing': registered(lambda: ROUTINGS),
     'routing_options': ((lambda v: hasattr(v, 'keys')), 'a dict of the routing\'s options'),
+    'routing_options.inverse_temperature': number_in(0, math.inf, low_open=True),
+    'routing_options.variance_epsilon': number_in(0, math.inf, low_open=True),
     'digit_bias': boolean(),
     'primary_scale_by_types': boolean(),
     'learn_log_priors': boolean(),
@@ -227,15 +228,16 @@ def _routing_problems(model, prefix: str) -> List[str]:
       if model.get(flag):
         problems.append(f'config.{prefix}{flag}=True: an option of routing=dynamic (Procedure 1) only; '
                         f'routing={name!r}')
-  function = ROUTINGS[name]
-  given = dict(model.get('routing_options') or {})
-  known = [p for p in inspect.signature(function).parameters
-           if p not in ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll')
-           and p not in function.learned]
-  for option in given:
-    if option not in known:
-      problems.append(f'config.{prefix}routing_options.{option}: routing {name!r} has '
-                      + (f'the options {", ".join(known)}' if known else 'no options'))
+  own = {} if name == 'dynamic' else routing_option_defaults(name)   # Procedure 1's: model flags
+  every = {}
+  for other in ROUTINGS:
+    if other != 'dynamic':
+      every.update(routing_option_defaults(other))
+  for option, value in dict(model.get('routing_options') or {}).items():
+    if option not in own and (option not in every or value != every[option]):
+      problems.append(f'config.{prefix}routing_options.{option}={value!r}: routing {name!r} has '
+                      + (f'the options {", ".join(own)}' if own else
+                         f'no options (its variants are the model flags {", ".join(DYNAMIC_FLAGS)})'))
   return problems
 
 
@@ -384,6 +386,9 @@ DESCRIPTIONS = {
                      'inverted_dot_product: see BUILD.md)',
     'model.routing_options': 'options of the routing (em: inverse_temperature, variance_epsilon); its '
                              'learned parameters are not options',
+    'model.routing_options.inverse_temperature': 'em: the final inverse temperature λ (λ rises linearly to it '
+                                                 'over the iterations)',
+    'model.routing_options.variance_epsilon': 'em: added to every variance σ² (keeps log σ finite)',
     'model.conv1_channels': 'channels of the first convolution (the paper: 256)',
     'model.conv1_kernel': 'kernel side of the first convolution (9)',
     'model.primary_types': 'primary capsule types (32)',
