@@ -10,18 +10,7 @@ decaying learning rate"); see BUILD.md.
 import ml_collections
 
 from capsjax.data.datasets import dataset_info
-
-
-def routing_options():
-  """Every option of the registered routings other than Procedure 1 (whose options are
-  model flags), at its default: --config.model.routing_options.KEY=V needs the key to
-  exist. A routing reads only its own options."""
-  from capsjax.routing import ROUTINGS, routing_option_defaults  # pylint: disable=g-import-not-at-top
-  options = {}
-  for name in ROUTINGS:
-    if name != 'dynamic':
-      options.update(routing_option_defaults(name))
-  return options
+from capsjax.routing import configurable_routing_options
 
 
 def capsnet_config() -> ml_collections.ConfigDict:
@@ -46,9 +35,10 @@ def capsnet_config() -> ml_collections.ConfigDict:
       primary_scale_by_types=False,
       # The routing algorithm (capsjax.routing.ROUTINGS: dynamic = the paper's Procedure 1,
       # em, self_attention, inverted_dot_product) and its options (e.g. em's
-      # inverse_temperature); the options it learns are parameters with defaults.
+      # inverse_temperature): every routing's, at its default, so that
+      # --config.model.routing_options.KEY=V finds its key; a routing reads only its own.
       routing='dynamic',
-      routing_options=ml_collections.ConfigDict(routing_options()),
+      routing_options=ml_collections.ConfigDict(configurable_routing_options()),
   ))
 
 

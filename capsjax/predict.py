@@ -79,13 +79,13 @@ class Predictor:
   # --------------------------------------------------------------------------- prediction
 
   def _scores_and_reconstructions(self, params, images_uint8):
+    import jax  # pylint: disable=g-import-not-at-top
     from capsjax.data import augment  # pylint: disable=g-import-not-at-top
     from capsjax.models import longest_capsule_mask  # pylint: disable=g-import-not-at-top
     inputs, _ = augment.prepare(images_uint8, self.info.preprocessing)
     variables = {'params': params}
     if self.config.model.name != 'capsnet':
       logits = self.model.apply(variables, inputs)['logits']
-      import jax  # pylint: disable=g-import-not-at-top
       scores = jax.nn.sigmoid(logits) if self.config.loss.name == 'sigmoid_xent' else jax.nn.softmax(logits)
       return scores, None
     capsules, activations = self.model.apply(variables, inputs, method='classify')

@@ -244,6 +244,16 @@ def routing_option_defaults(name: str) -> Dict[str, Any]:
           if p.name not in own and p.name not in function.learned}
 
 
+def configurable_routing_options() -> Dict[str, Any]:
+  """Every option of the registered routings other than Procedure 1 (whose variants are
+  model flags), at its default: what config.model.routing_options holds."""
+  options = {}
+  for name in ROUTINGS:
+    if name != 'dynamic':
+      options.update(routing_option_defaults(name))
+  return options
+
+
 def _loop_length(num_iterations, max_iterations) -> int:
   if isinstance(num_iterations, int):
     if num_iterations < 1:

@@ -6,7 +6,7 @@ does not have are skipped, so one table serves every experiment, and comparison 
 (`baseline.model`, `cnn.model`) are checked with the same model rules.
 """
 import math
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Tuple
 
 from capsjax.data.rows import HOST_IMAGES
 from capsjax.data.sources import dataset_names_help, is_dataset_name
@@ -16,7 +16,7 @@ from capsjax.losses import MARGIN_REDUCTIONS
 from capsjax.models import INITS, capsnet_geometry_problem, registered_models
 from capsjax.objectives import registered_objectives
 from capsjax.formulations import CONV_IMPLS, ROUTING_LOOPS
-from capsjax.routing import ROUTINGS, routing_option_defaults
+from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 
@@ -229,10 +229,7 @@ def _routing_problems(model, prefix: str) -> List[str]:
         problems.append(f'config.{prefix}{flag}=True: an option of routing=dynamic (Procedure 1) only; '
                         f'routing={name!r}')
   own = {} if name == 'dynamic' else routing_option_defaults(name)   # Procedure 1's: model flags
-  every = {}
-  for other in ROUTINGS:
-    if other != 'dynamic':
-      every.update(routing_option_defaults(other))
+  every = configurable_routing_options()
   for option, value in dict(model.get('routing_options') or {}).items():
     if option not in own and (option not in every or value != every[option]):
       problems.append(f'config.{prefix}routing_options.{option}={value!r}: routing {name!r} has '

@@ -44,10 +44,15 @@ class DatasetInfo:
 
   @property
   def input_shape(self) -> Tuple[int, int, int]:
-    """The model's input: the crop (or the resized image, or the stored one)."""
-    side = self.preprocessing.crop or self.preprocessing.resize
-    height, width, channels = self.image_shape
-    return (side, side, channels) if side else (height, width, channels)
+    return model_input_shape(self.image_shape, self.preprocessing)
+
+
+def model_input_shape(image_shape: Tuple[int, int, int], preprocessing: Preprocessing) -> Tuple[int, int, int]:
+  """The model's input for images of `image_shape`: the crop (or the resized image, or the
+  image as it is)."""
+  side = preprocessing.crop or preprocessing.resize
+  height, width, channels = image_shape
+  return (side, side, channels) if side else (height, width, channels)
 
 
 DIGITS = tuple('0123456789')

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from capsjax.data import images as image_files
-from capsjax.data.datasets import DATASETS, Preprocessing
+from capsjax.data.datasets import DATASETS, Preprocessing, model_input_shape
 from capsjax.data.idx import is_gzipped, map_idx, read_idx
 from capsjax.data.rows import CHUNK_ROWS, ImageRows
 from capsjax.errors import ConfigError, DataError
@@ -231,10 +231,7 @@ class SourceInfo:
 
   @property
   def input_shape(self) -> Tuple[int, int, int]:
-    """The model's input: the crop (or the resized image, or the image as held)."""
-    side = self.preprocessing.crop or self.preprocessing.resize
-    height, width, channels = self.image_shape
-    return (side, side, channels) if side else (height, width, channels)
+    return model_input_shape(self.image_shape, self.preprocessing)
 
 
 class Source:

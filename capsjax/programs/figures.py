@@ -27,7 +27,6 @@ from capsjax.data.sources import load_dataset, run_source_info
 from capsjax.data.pipeline import preprocess
 from capsjax import cli
 from capsjax.errors import CapsjaxError
-from capsjax.models import capsule_lengths
 from capsjax.programs.common import image_grid, pyplot, save_figure
 from capsjax.routing import coupling_changes, routing_logit_changes
 from capsjax.checkpoints import load_trained, select_member
