@@ -6,8 +6,8 @@ TensorFlow when it is installed, as it is here for TFDS: 16 s), so a training ru
 imports neither TensorFlow nor PyTorch for its curves. Measured on this project's 2-core
 CPU machine (2026-11-23, the suite running beside): importing this writer and writing 1 000 scalars
 (flushed each) and 8 images took 1.1 s in all; importing tensorboardX took 3.6–4.6 s
-(its writer imports PyTorch when installed) and TensorFlow for tf.summary 8 s (which
-also needs the tensorboard package).
+(its writer imports PyTorch when installed); tf.summary would import TensorFlow and
+failed here without the tensorboard package (tensorflow-cpu 2.21 does not install it).
 
 Every numeric field of a metrics row becomes a scalar `SPLIT/FIELD` (train/loss,
 train/learning_rate, test/error, validation/error, train/images_per_s, …); images are

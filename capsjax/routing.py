@@ -303,12 +303,11 @@ def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a,
   Σ_i R_ij; a_j = logistic(λ_t (β_a − ĉost_j))), then, except after the last, E-step
   (R_ij = a_j p_j(V_ij) / Σ_k a_k p_k(V_ij), p a diagonal Gaussian). Choices where the
   paper leaves them open (BUILD.md): ĉost_j = (cost_j − mean_k cost_k) / (std_k cost_k + ε)
-  standardised over the parents (the raw cost grows with the number of inputs and
-  saturated the logistic, or with a mean instead of the sum did not discriminate: no
-  learning in 200 steps); λ_t = inverse_temperature · (t + 1) / r (rising to
-  inverse_temperature, default 1, at the last iteration: a final 4 left mnist_smoke at
-  chance after 120 steps, 1 reached 83 % training accuracy by step 100); σ² +
-  variance_epsilon (1e-8; 1e-4 swamped the variances of the small initial votes). β_u, β_a: [out]
+  standardised over the parents (the raw cost grows with the number of inputs; a mean
+  instead of the sum stayed at chance for 200 steps); λ_t = inverse_temperature ·
+  (t + 1) / r (rising to inverse_temperature, default 1, at the last iteration: a final 4
+  left mnist_smoke at chance, 1 reached 83 % training accuracy by step 100); σ² +
+  variance_epsilon (1e-8, below the variances of the small initial votes). β_u, β_a: [out]
   (learned per output capsule). Returns (μ [batch, out, dim], a [batch, out]).
   """
   batch, in_caps, out_caps, dim = prediction_vectors.shape
