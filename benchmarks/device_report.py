@@ -12,7 +12,8 @@ memory is its own and a crash or a hang costs that row alone:
            (train.build_program: host batch → global batch → the jitted, donated step),
            train and inference images/s for conv xla|patches × float32|bfloat16 × routing
            loop rolled|unrolled; the 3-seed vmapped program (mnist_seeds); inference at a
-           larger batch; MultiMNIST training (36×36). Inference = capsules, lengths and the
+           larger batch; the patches conv's inference as one matmul over the whole batch
+           (formulations' `patches_inference`, float32 and bfloat16, both batches); MultiMNIST training (36×36). Inference = capsules, lengths and the
            reconstruction of the longest capsule, from uint8 images already on the device.
   peer     ../shared/bench/torch_capsnet.py, unmodified, eager and --compile, train and
            infer: tf32 and bf16 on a GPU, fp32 on a CPU
@@ -159,6 +160,7 @@ def _capsjax_setup(spec):
   config.model.conv_impl = spec['conv_impl']
   config.model.dtype = spec['dtype']
   config.model.routing_loop = spec['routing_loop']
+  config.model.patches_inference = spec.get('patches_inference', 'auto')
   if spec.get('seeds'):
     config.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(spec['seeds'])))
   info = dataset_info(config.dataset)
@@ -188,6 +190,7 @@ def cell_capsjax(spec, settings) -> dict:
   config, model, program, test_data, dataset = _capsjax_setup(spec)
   members = len(spec.get('seeds') or ()) or 1
   resolved = {'conv_impl': formulations.resolve('conv_impl', spec['conv_impl']),
+              'patches_inference': formulations.resolve('patches_inference', spec.get('patches_inference', 'auto')),
               'routing_loop': formulations.resolve('routing_loop', spec['routing_loop'])}
   flops = capsnet_flops(config.model)
   rows = []
@@ -399,6 +402,12 @@ def plan(args, backend: str, settings, out_dir: str) -> list:
            train=True, infer_batches=[]),
       dict(auto, name='capsjax infer large batch', variant='auto float32 auto', train=False,
            infer_batches=[settings['large_batch']]),
+  ] + [   # the patches conv at inference as one matmul (the table's 'patches_inference');
+          # the smoke runs the code path once (one dtype, one batch)
+      dict(_variant_spec(args, settings, 'patches', dtype, 'auto'), name=f'capsjax patches whole-batch inference {dtype}',
+           variant=f'patches {dtype} auto, whole-batch inference', patches_inference='whole_batch', train=False,
+           infer_batches=[batch] if args.smoke else [batch, settings['large_batch']])
+      for dtype in (('float32',) if args.smoke else ('float32', 'bfloat16'))
   ]
   device = 'cuda' if backend == 'gpu' else 'cpu'
   precisions = ('tf32', 'bf16') if backend == 'gpu' else ('fp32',)

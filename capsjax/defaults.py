@@ -25,8 +25,10 @@ def capsnet_config() -> ml_collections.ConfigDict:
       decoder_hidden=(512, 1024), use_decoder=True,
       input_shape=(28, 28, 1),
       # Formulations of the same math; 'auto' = the backend's measured faster one
-      # (capsjax/formulations.py): conv 'xla' | 'patches', routing 'rolled' | 'unrolled'.
+      # (capsjax/formulations.py): conv 'xla' | 'patches', the patches conv without
+      # gradients 'chunked' | 'whole_batch', routing 'rolled' | 'unrolled'.
       conv_impl='auto',
+      patches_inference='auto',
       routing_loop='auto',
       dtype='float32',
       # The authors' released code (see experiments/mnist_official.py): 'official'

@@ -1,6 +1,6 @@
 """Which formulation of the same math runs on which backend: one table, from measurements.
 
-A model option set to 'auto' (`conv_impl`, `routing_loop`) resolves here, by the backend
+A model option set to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`) resolves here, by the backend
 JAX runs on. Every entry names the measurement behind it; an entry nobody has measured
 says so. `python benchmarks/device_report.py` measures every formulation on a backend in
 one run: change an entry when a report says so, and name that report.
@@ -9,12 +9,19 @@ import jax
 
 CONV_IMPLS = ('auto', 'xla', 'patches')
 ROUTING_LOOPS = ('auto', 'rolled', 'unrolled')
+# The im2col ('patches') convolution without gradients: a few images at a time
+# (capsjax.ops.PATCHES_CHUNK, through lax.map) or the whole batch as one matmul.
+PATCHES_INFERENCE = ('auto', 'chunked', 'whole_batch')
 
 FASTEST = {
     'cpu': {
         # 2-core x86-64 CPU, paper model, batch 128 (BUILD.md "Convolutions"): PrimaryCaps
         # forward+backward 1.4 s as patches vs 28 s with XLA's convolution.
         'conv_impl': 'patches',
+        # 2-core x86-64 CPU, PrimaryCaps forward at batch 128 (capsjax.ops.patches_conv2d):
+        # 325 ms in chunks of 16 images against 533 ms as one matmul (the whole batch's
+        # 382 MB patch matrix is memory traffic; a chunk's stays in cache).
+        'patches_inference': 'chunked',
         # 2-core x86-64 CPU, paper model, batch 128, 2026-11-23, two runs of
         # `device_report.py --only 'capsjax patches float32'` (BUILD.md "Routing loop"):
         # training 79.4 / 64.4 images/s rolled vs 80.5 / 66.3 unrolled, inference 272 / 233
@@ -25,12 +32,18 @@ FASTEST = {
         # One H100, 2026-11-23 (the GPU-speed issue): patches trained at 34.4k images/s
         # against 24.7k for XLA's convolution.
         'conv_impl': 'patches',
+        # Not measured on a GPU yet (the device report's 'capsjax patches whole-batch
+        # inference' row against the 'patches float32' rows decides): chunks run one after
+        # another in lax.map, which may leave an H100 idle; the CPU's choice until then.
+        'patches_inference': 'chunked',
         # Not measured on a GPU yet: the rolled loop until a device report says otherwise.
         'routing_loop': 'rolled',
     },
     'tpu': {
         # Not measured on a TPU: XLA's own convolution (the TPU's native op).
         'conv_impl': 'xla',
+        # Not measured on a TPU (read only where conv_impl='patches' is asked for).
+        'patches_inference': 'chunked',
         # Not measured on a TPU.
         'routing_loop': 'rolled',
     },
@@ -40,7 +53,7 @@ FASTEST = {
 def resolve(option: str, value: str, backend: str = '') -> str:
   """`value` of model option `option`, with 'auto' replaced by FASTEST[backend][option]
   (backend: JAX's default backend unless given; an unknown backend uses the CPU's entry)."""
-  allowed = {'conv_impl': CONV_IMPLS, 'routing_loop': ROUTING_LOOPS}[option]
+  allowed = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS}[option]
   if value not in allowed:
     raise ValueError(f'{option} must be one of {allowed}, got {value!r}')
   if value != 'auto':

@@ -16,7 +16,8 @@ Initializer = Callable[..., Array]
 
 
 class Conv(nn.Module):
-  """Convolution with a [kh, kw, in, out] kernel; `impl` picks the formulation (ops.conv2d).
+  """Convolution with a [kh, kw, in, out] kernel; `impl` and `patches_inference` pick the
+  formulation (ops.conv2d).
 
   padding 'VALID' (CapsNet) or 'SAME' (the CNN baselines: zero padding, stride 1 keeps the size).
   `output_scale` multiplies the convolution before the bias is added.
@@ -26,6 +27,7 @@ class Conv(nn.Module):
   stride: int = 1
   use_bias: bool = True
   impl: str = 'auto'
+  patches_inference: str = 'auto'
   padding: str = 'VALID'
   dtype: Optional[jnp.dtype] = None
   kernel_init: Initializer = nn.initializers.lecun_normal()
@@ -45,7 +47,8 @@ class Conv(nn.Module):
       images = jnp.pad(images, ((0, 0), (low, high), (low, high), (0, 0)))
     elif self.padding != 'VALID':
       raise ValueError(f"padding must be 'VALID' or 'SAME', got {self.padding!r}")
-    outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, self.impl)
+    outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, self.impl,
+                         self.patches_inference)
     if self.output_scale != 1.0:
       outputs = outputs * self.output_scale
     if self.use_bias:
@@ -66,6 +69,7 @@ class PrimaryCaps(nn.Module):
   kernel_size: int = 9
   stride: int = 2
   impl: str = 'auto'
+  patches_inference: str = 'auto'
   dtype: Optional[jnp.dtype] = None
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
@@ -74,7 +78,8 @@ class PrimaryCaps(nn.Module):
   @nn.compact
   def __call__(self, features: Array) -> Array:
     outputs = Conv(self.num_types * self.dim, self.kernel_size, self.stride,
-                   impl=self.impl, dtype=self.dtype, kernel_init=self.kernel_init,
+                   impl=self.impl, patches_inference=self.patches_inference, dtype=self.dtype,
+                   kernel_init=self.kernel_init,
                    bias_init=self.bias_init, output_scale=1.0 / self.num_types if self.scale_by_types else 1.0,
                    name='conv')(features)
     batch, height, width, _ = outputs.shape

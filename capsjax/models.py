@@ -89,6 +89,7 @@ class CapsNet(nn.Module):
   use_decoder: bool = True
   input_shape: Sequence[int] = (28, 28, 1)
   conv_impl: str = 'auto'
+  patches_inference: str = 'auto'
   routing_loop: str = 'auto'
   dtype: Optional[jnp.dtype] = None
   init_scheme: str = 'default'
@@ -98,10 +99,12 @@ class CapsNet(nn.Module):
 
   def setup(self):
     inits = initializers(self.init_scheme)
-    self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, impl=self.conv_impl, dtype=self.dtype,
+    self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, impl=self.conv_impl,
+                      patches_inference=self.patches_inference, dtype=self.dtype,
                       kernel_init=inits['conv1'], bias_init=inits['bias'])
     self.primary_caps = PrimaryCaps(self.primary_types, self.primary_dim, self.primary_kernel,
-                                    self.primary_stride, impl=self.conv_impl, dtype=self.dtype,
+                                    self.primary_stride, impl=self.conv_impl,
+                                    patches_inference=self.patches_inference, dtype=self.dtype,
                                     kernel_init=inits['primary'], bias_init=inits['bias'],
                                     scale_by_types=self.primary_scale_by_types)
     self.digit_caps = CapsuleLayer(
@@ -170,12 +173,14 @@ class BaselineCNN(nn.Module):
   num_classes: int = 10
   input_shape: Sequence[int] = (36, 36, 1)
   conv_impl: str = 'auto'
+  patches_inference: str = 'auto'
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
     features = images
     for channels, kernel in zip(self.conv_channels, self.conv_kernels):
-      features = nn.relu(Conv(channels, kernel, padding='SAME', impl=self.conv_impl)(features))
+      features = nn.relu(Conv(channels, kernel, padding='SAME', impl=self.conv_impl,
+                              patches_inference=self.patches_inference)(features))
       if self.pool:
         features = nn.max_pool(features, (2, 2), strides=(2, 2))
     features = features.reshape(features.shape[0], -1)

@@ -67,6 +67,8 @@ def patches_conv2d(images: Array, kernel: Array, stride: int, chunk: int) -> Arr
     # [chunk, out_h, out_w, out]
     return jnp.einsum('bhwk,ko->bhwo', patches, flat_kernel)
 
+  if chunk >= images.shape[0]:   # one chunk: no loop around it
+    return one_chunk(images)
   return _unchunked(jax.lax.map(one_chunk, _chunked(images, chunk)))
 
 
@@ -95,13 +97,17 @@ patches_conv2d.defvjp(_patches_conv2d_fwd, _patches_conv2d_bwd)
 PATCHES_CHUNK = 16
 
 
-def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto') -> Array:
-  """VALID 2-D convolution, NHWC; kernel [kh, kw, in, out]; no bias."""
+def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
+           patches_inference: str = 'auto') -> Array:
+  """VALID 2-D convolution, NHWC; kernel [kh, kw, in, out]; no bias. `patches_inference`
+  ('chunked' | 'whole_batch' | 'auto'): how the patches form runs without gradients."""
   impl = resolve_conv_impl(impl)
+  whole_batch = formulations.resolve('patches_inference', patches_inference) == 'whole_batch'
   if kernel.shape[0] != kernel.shape[1]:
     raise ValueError(f'square kernels only, got {kernel.shape[:2]}')
   if impl == 'xla':
     return jax.lax.conv_general_dilated(
         images, kernel, window_strides=(stride, stride), padding='VALID',
         dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-  return patches_conv2d(images, kernel, stride, batch_chunk_size(images.shape[0], PATCHES_CHUNK))
+  chunk = images.shape[0] if whole_batch else batch_chunk_size(images.shape[0], PATCHES_CHUNK)
+  return patches_conv2d(images, kernel, stride, chunk)

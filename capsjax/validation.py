@@ -15,7 +15,7 @@ from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
 from capsjax.models import INITS, capsnet_geometry_problem, registered_models
 from capsjax.objectives import registered_objectives
-from capsjax.formulations import CONV_IMPLS, ROUTING_LOOPS
+from capsjax.formulations import CONV_IMPLS, PATCHES_INFERENCE, ROUTING_LOOPS
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
 
 DTYPES = ('float32', 'bfloat16', 'float16')
@@ -168,6 +168,7 @@ MODEL_RULES = {
     'routing_iterations': int_in(1, MAX_ROUTING_ITERATIONS),
     'decoder_hidden': ints_at_least(1),
     'conv_impl': one_of(CONV_IMPLS),
+    'patches_inference': one_of(PATCHES_INFERENCE),
     'routing_loop': one_of(ROUTING_LOOPS),
     'dtype': one_of(DTYPES),
     'init_scheme': one_of(INITS),
@@ -403,6 +404,7 @@ DESCRIPTIONS = {
     'model.use_decoder': 'the reconstruction decoder (and its loss)',
     'model.decoder_hidden': "the decoder's hidden widths (512, 1024)",
     'model.conv_impl': "convolutions as XLA's or im2col + matmul (same values; auto: faster on the backend)",
+    'model.patches_inference': 'the im2col conv at inference a few images at a time or the whole batch (same values)',
     'model.dtype': 'compute dtype of convolutions and predictions (routing, losses and decoder stay float32)',
     'model.init_scheme': "default initialisers, or the authors' code's (official)",
     'model.conv_channels': "the CNN's convolution channels",

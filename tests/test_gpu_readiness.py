@@ -55,6 +55,7 @@ def test_auto_formulations_come_from_the_one_table():
   for backend, entry in formulations.FASTEST.items():
     assert formulations.resolve('conv_impl', 'auto', backend) == entry['conv_impl']
     assert formulations.resolve('routing_loop', 'auto', backend) == entry['routing_loop']
+    assert formulations.resolve('patches_inference', 'auto', backend) == entry['patches_inference']
   assert formulations.resolve('conv_impl', 'auto', 'gpu') == 'patches'   # measured on an H100, 2026-11-23
   assert formulations.resolve('routing_loop', 'unrolled', 'cpu') == 'unrolled'   # explicit values stay
   assert ops.resolve_conv_impl('auto') == formulations.FASTEST[jax.default_backend()]['conv_impl']
@@ -101,6 +102,8 @@ def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
   assert any(r['members'] == 3 and r['mode'] == 'train' for r in rows)           # the vmapped seeds
   assert any(r['experiment'] == 'multimnist' and r['mode'] == 'train' for r in rows)
   assert any(r['mode'] == 'infer' and r['batch'] == report['settings']['large_batch'] for r in rows)
+  assert [r['resolved']['patches_inference'] for r in rows if r['variant'].endswith('whole-batch inference')] == [
+      'whole_batch']
   peers = {(r['variant'], r['mode']) for r in rows if r['impl'] == 'torch'}
   assert peers == {(f'{kind} fp32', mode) for kind in ('eager', 'compile') for mode in ('train', 'infer')}
   fastest_peer = max(r['images_per_s'] for r in rows if r['impl'] == 'torch' and r['mode'] == 'train')

@@ -90,8 +90,10 @@ def test_chunked_patch_convolution_covers_the_whole_batch():
   assert ops.batch_chunk_size(7, 16) == 7 and ops.batch_chunk_size(17, 16) == 1
   images = jax.random.normal(jax.random.key(6), (20, 11, 11, 2))  # two chunks of 10
   weights = jax.random.normal(jax.random.key(7), (3, 3, 2, 5))
-  np.testing.assert_allclose(ops.conv2d(images, weights, 2, 'patches'),
-                             ops.conv2d(images, weights, 2, 'xla'), rtol=1e-5, atol=1e-5)
+  reference = ops.conv2d(images, weights, 2, 'xla')
+  for patches_inference in ('chunked', 'whole_batch'):   # lax.map over chunks, or one matmul
+    np.testing.assert_allclose(ops.conv2d(images, weights, 2, 'patches', patches_inference),
+                               reference, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('kernel', [5, 4])
