@@ -20,7 +20,9 @@ FASTEST = {
         'conv_impl': 'patches',
         # 2-core x86-64 CPU, PrimaryCaps forward at batch 128 (capsjax.ops.patches_conv2d):
         # 325 ms in chunks of 16 images against 533 ms as one matmul (the whole batch's
-        # 382 MB patch matrix is memory traffic; a chunk's stays in cache).
+        # 382 MB patch matrix is memory traffic; a chunk's stays in cache). Whole model,
+        # 2026-11-23, `device_report.py --only 'capsjax patches (float32|bfloat16) rolled|
+        # whole-batch'`: inference 237.7 images/s chunked vs 162.9 whole-batch (float32).
         'patches_inference': 'chunked',
         # 2-core x86-64 CPU, paper model, batch 128, 2026-11-23, two runs of
         # `device_report.py --only 'capsjax patches float32'` (BUILD.md "Routing loop"):
