@@ -8,6 +8,8 @@
 #   bash benchmarks/lent_gpu.sh leg NAME RUN_FLAGS…   # start a training leg (setsid: outlives the call)
 #   bash benchmarks/lent_gpu.sh wait NAME [SECONDS]   # wait up to SECONDS (default 0) for it to end,
 #                                                     # then its log, results and metrics → $OUT/NAME
+#   bash benchmarks/lent_gpu.sh export NAME [FLAGS…]  # a finished leg's validation-selected model,
+#                                                     # float16, and its measured test error → $OUT/NAME
 #
 # What comes back is what lands in $OUT (the device tool's folder; /tmp/lent_gpu_out elsewhere).
 # The machine goes back 30 s after a call ends: a leg lives on only while `wait` calls follow
@@ -88,8 +90,18 @@ case "${1:-}" in
     cp "$LEGS/$name.log" "$OUT/$name/run.log"
     echo "leg $name: $state$([ -f "$LEGS/$name/results.json" ] && echo ', finished: results.json')"
     ;;
+  export)
+    name=${2:?a leg name}
+    shift 2
+    [ -d "$LEGS/$name" ] || { echo "error: no leg $name on this machine (machines start bare)" >&2; exit 2; }
+    environment
+    mkdir -p "$OUT/$name"
+    # params.npz, test_sample.npz, config.json (each < 16 MiB: they come back) and the log.
+    python3 -m capsjax.explorer.export --workdir="$LEGS/$name" --out="$OUT/$name/shipped" --evaluate "$@" \
+      2>&1 | tee "$OUT/$name/export.log"
+    ;;
   *)
-    sed -n '2,14p' "$0"
+    sed -n '2,16p' "$0"
     exit 2
     ;;
 esac

@@ -80,12 +80,29 @@ class _DropClosedLoopNoise:
     self.previous(unraisable)
 
 
+class _KeptSteps:
+  """An orbax preservation policy: the checkpoints of `steps` survive (beside the latest
+  ones, which LatestN keeps); the set changes as the run goes."""
+
+  def __init__(self):
+    self.steps: set = set()
+
+  def should_preserve(self, checkpoints, *, context) -> List[bool]:
+    del context
+    return [info.step in self.steps for info in checkpoints]
+
+
 class Checkpoints:
-  """The checkpoints of one run in workdir/checkpoints."""
+  """The checkpoints of one run in workdir/checkpoints: the latest `keep`, and those of
+  the steps named by `keep_steps` (the best validation step of each member)."""
 
   def __init__(self, workdir: str, keep: int = 3):
     self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True)
+    self._kept = _KeptSteps()
+    options = ocp.CheckpointManagerOptions(
+        create=True, cleanup_tmp_directories=True,
+        preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(
+            [ocp.checkpoint_managers.LatestN(keep), self._kept]))
     self._filter = _DropOrbaxRecords()
     logging.getLogger('absl').addFilter(self._filter)
     self._unraisable = _DropClosedLoopNoise()
@@ -102,12 +119,20 @@ class Checkpoints:
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
-  def restore(self, template: State) -> Tuple[State, Dict[str, Any]]:
-    """(latest state, its progress), or (`template`, {}) when there is no checkpoint.
-    `template` gives the structure, shapes and dtypes: arrays, or jax.ShapeDtypeStruct."""
-    step = self.manager.latest_step()
+  def all_steps(self) -> List[int]:
+    return sorted(self.manager.all_steps())
+
+  def restore(self, template: State, step: Optional[int] = None) -> Tuple[State, Dict[str, Any]]:
+    """(state, its progress) of `step` (default: the latest), or (`template`, {}) when
+    there is no checkpoint. `template` gives the structure, shapes and dtypes: arrays, or
+    jax.ShapeDtypeStruct."""
     if step is None:
-      return template, {}
+      step = self.manager.latest_step()
+      if step is None:
+        return template, {}
+    elif step not in self.manager.all_steps():
+      raise CheckpointError(f'no checkpoint of step {step} in {self.directory} '
+                            f'(there are: {", ".join(map(str, self.all_steps())) or "none"})')
     abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template)   # host arrays
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -125,6 +150,11 @@ class Checkpoints:
     return jax.tree.map(jnp.asarray, restored['state']), dict(restored['progress'] or {})
 
   # --------------------------------------------------------------------------- writing
+  def keep_steps(self, steps) -> None:
+    """The checkpoints of `steps` are kept beside the latest ones from now on (a step
+    without a checkpoint is harmless); the previous set is replaced."""
+    self._kept.steps = {int(step) for step in steps}
+
   def finished_steps(self) -> List[int]:
     """Steps whose checkpoint is complete on disk (orbax renames a step's temporary folder
     only once every item is written; a failed save leaves it as *.orbax-checkpoint-tmp)."""
@@ -196,10 +226,11 @@ class Checkpoints:
     return False
 
 
-def load_trained(workdir: str, data: Optional[Dict[str, str]] = None):
+def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Optional[int] = None):
   """(config, model, params) of the run in `workdir`, finished or not: its config.json and
-  latest checkpoint (an ensemble's params carry a leading member axis). `data` replaces
-  where the data comes from (data_dir, tfds_data_dir: this machine's, not the run's)."""
+  latest checkpoint, or that of `step` (an ensemble's params carry a leading member axis).
+  `data` replaces where the data comes from (data_dir, tfds_data_dir: this machine's, not
+  the run's)."""
   config = read_config(workdir)
   config.update(data or {})
   model = build_model(config.model)
@@ -209,7 +240,7 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None):
   with Checkpoints(workdir, config.keep_checkpoints) as checkpoints:
     if checkpoints.latest_step() is None:
       raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
-    state, _ = checkpoints.restore(template)
+    state, _ = checkpoints.restore(template, step)
   return config, model, state['params']
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from capsjax import sharding
+from capsjax import reports, sharding
 from capsjax.checkpoints import Checkpoints
 from capsjax.errors import NaNLossError
 from capsjax.runtime import StopRequests
@@ -258,6 +258,31 @@ class ReconstructionImages(Hook):
   def __call__(self, run, step, metrics):
     if run.last_eval_step == step:
       run.metrics.images(step, 'test/reconstructions', self.reconstruct(run.state['params']))
+
+
+class KeepBestCheckpoint(Hook):
+  """After each evaluation with a validation split: the checkpoint of the best validation
+  step so far (per member of an ensemble; reports.best_validation_steps, the rule of
+  results.json's `selected_by_validation`) is kept beside the latest ones, so that the
+  validation-selected model can still be exported when the run ends. `rows`: the run's
+  metrics.jsonl rows up to where this invocation starts (a resumed run)."""
+
+  def __init__(self, checkpoints: Checkpoints, rows=()):
+    self.checkpoints = checkpoints
+    self.steps = [row['step'] for row in rows if row.get('split') == 'validation']
+    self.errors = [row['error'] for row in rows if row.get('split') == 'validation']
+    self._keep()
+
+  def _keep(self) -> None:
+    if self.steps:
+      best = reports.best_validation_steps(self.steps, self.errors)
+      self.checkpoints.keep_steps(best if isinstance(best, list) else [best])
+
+  def __call__(self, run, step, metrics):
+    if run.last_eval_step == step and run.last_validation is not None:
+      self.steps.append(step)
+      self.errors.append(run.last_validation['error'])
+      self._keep()
 
 
 class EarlyStop(Hook):

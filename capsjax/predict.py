@@ -38,6 +38,7 @@ class Predictor:
     self.class_names = self.info.class_names
     self.has_decoder = config.model.name == 'capsnet' and config.model.get('use_decoder', False)
     self._scores = jax.jit(self._scores_and_reconstructions)
+    self._classes = None   # jitted on first use (classify)
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None) -> 'Predictor':
@@ -78,7 +79,7 @@ class Predictor:
 
   # --------------------------------------------------------------------------- prediction
 
-  def _scores_and_reconstructions(self, params, images_uint8):
+  def _scores_and_reconstructions(self, params, images_uint8, reconstruct: bool = True):
     import jax  # pylint: disable=g-import-not-at-top
     from capsjax.data import augment  # pylint: disable=g-import-not-at-top
     from capsjax.models import longest_capsule_mask  # pylint: disable=g-import-not-at-top
@@ -89,9 +90,23 @@ class Predictor:
       scores = jax.nn.sigmoid(logits) if self.config.loss.name == 'sigmoid_xent' else jax.nn.softmax(logits)
       return scores, None
     capsules, activations = self.model.apply(variables, inputs, method='classify')
-    if not self.has_decoder:
+    if not (self.has_decoder and reconstruct):
       return activations, None
     return activations, self.model.apply(variables, capsules, longest_capsule_mask(activations), method='decode')
+
+  def classify(self, images_uint8: np.ndarray) -> np.ndarray:
+    """The class index of each image of a uint8 batch of the run's shape (no
+    reconstructions): what a test error is counted from."""
+    import jax  # pylint: disable=g-import-not-at-top
+    if self._classes is None:
+      self._classes = jax.jit(lambda params, images: jax.numpy.argmax(
+          self._scores_and_reconstructions(params, images, reconstruct=False)[0], -1))
+    classes = []
+    for start in range(0, len(images_uint8), PREDICT_BATCH):
+      chunk = np.asarray(images_uint8[start:start + PREDICT_BATCH])   # on-demand rows are read here
+      padded = np.concatenate([chunk, np.zeros((PREDICT_BATCH - len(chunk),) + chunk.shape[1:], np.uint8)])
+      classes.append(np.asarray(self._classes(self.params, padded))[:len(chunk)])
+    return np.concatenate(classes) if classes else np.zeros((0,), np.int64)
 
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """For each image (an array, or a stacked batch of the run's shape): {'class',

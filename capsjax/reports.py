@@ -20,6 +20,16 @@ def mean_std(values: Sequence[float]) -> Tuple[float, float]:
   return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
 
 
+def best_validation_steps(steps: Sequence[int], errors: Sequence[Any]):
+  """The step of the lowest validation error (the earliest on ties): one step for a
+  single run (`errors` scalars), a list of one per member for an ensemble (`errors` lists)."""
+  order = np.argsort(np.asarray(steps), kind='stable')
+  steps = [steps[i] for i in order]
+  errors = np.asarray([errors[i] for i in order], np.float64)   # [evals] or [evals, members]
+  best = np.argmin(errors, axis=0)                              # the first minimum
+  return steps[int(best)] if errors.ndim == 1 else [steps[int(b)] for b in best]
+
+
 def select_by_validation(rows: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
   """The evaluation with the lowest validation error (the earliest on ties) and the test
   error at that same step, from metrics.jsonl rows; per member for an ensemble (lists).
@@ -29,12 +39,10 @@ def select_by_validation(rows: Sequence[Dict[str, Any]]) -> Optional[Dict[str, A
   steps = sorted(set(validation) & set(test))
   if not steps:
     return None
-  errors = np.asarray([validation[s]['error'] for s in steps], np.float64)   # [evals] or [evals, members]
-  if errors.ndim == 1:
-    step = steps[int(np.argmin(errors))]                                       # the first minimum
-    return {'step': step, 'epoch': validation[step]['epoch'],
-            'validation_error': validation[step]['error'], 'test_error': test[step]['error']}
-  chosen = [steps[int(b)] for b in np.argmin(errors, axis=0)]                  # per member
+  chosen = best_validation_steps(steps, [validation[s]['error'] for s in steps])
+  if not isinstance(chosen, list):
+    return {'step': chosen, 'epoch': validation[chosen]['epoch'],
+            'validation_error': validation[chosen]['error'], 'test_error': test[chosen]['error']}
   return {'step': chosen, 'epoch': [validation[s]['epoch'] for s in chosen],
           'validation_error': [validation[s]['error'][m] for m, s in enumerate(chosen)],
           'test_error': [test[s]['error'][m] for m, s in enumerate(chosen)]}

@@ -117,7 +117,9 @@ def _reconstructions(config, model, test: Pipeline, ensemble: bool):
 
 
 def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
-                  validate=None, reconstruct=None) -> List[hooks_lib.Hook]:
+                  validate=None, reconstruct=None, validation_rows=()) -> List[hooks_lib.Hook]:
+  """`validation_rows`: metrics.jsonl rows from before this invocation (a resumed run's
+  best validation step keeps its checkpoint)."""
   guard = hooks_lib.DivergenceGuard(checkpoints)
   progress = hooks_lib.ProgressLogger(config.log_every_steps, guard)
   # Last in the order (it saves where anyone asked to stop), and first at evaluation steps.
@@ -127,6 +129,8 @@ def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
            hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress, validate=validate,
                                before=checkpointer.save_before_evaluation,
                                should_stop=None if multi_process else (lambda: requests.raised))]
+  if validate is not None:
+    hooks.append(hooks_lib.KeepBestCheckpoint(checkpoints, validation_rows))
   if reconstruct is not None:
     hooks.append(hooks_lib.ReconstructionImages(reconstruct))
   if config.stop_at_test_accuracy and not config.ensemble:
@@ -197,7 +201,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
          + (f', {len(members)} members in one vmapped program' if members else '')
          + f'; {describe_devices()}')
     hooks = default_hooks(config, checkpoints, requests, multi_process, program.probes, program.validate,
-                          program.reconstruct)
+                          program.reconstruct, metrics_log.read() if program.validate else ())
     evaluator = next(hook for hook in hooks if isinstance(hook, hooks_lib.Evaluator))
     if first_step < run.last_step:
       _log('compiling the training step…')

@@ -25,6 +25,7 @@ from capsjax.explorer import __main__ as explorer_main
 from capsjax.explorer import backend
 from capsjax.explorer import server as server_module
 from capsjax.explorer.backend import Explorer, RequestError, mnist_preprocess, to_pixels
+from capsjax.explorer.export import MAX_SHIPPED_FILE_BYTES
 from capsjax.explorer.server import make_server
 from capsjax.models import build_model
 from experiments import multimnist as multimnist_experiment
@@ -207,8 +208,8 @@ def test_multimnist_mode_decodes_the_two_capsules_separately():
 
 def test_shipped_model_is_small_and_classifies_its_test_sample():
   sizes = {name: os.path.getsize(os.path.join(backend.ASSETS, name))
-           for name in ('params.npz', 'config.json')}
-  assert sum(sizes.values()) <= 6 << 20
+           for name in ('params.npz', 'config.json', 'test_sample.npz')}
+  assert max(sizes.values()) <= MAX_SHIPPED_FILE_BYTES
   explorer = Explorer.shipped()
   assert explorer.config.experiment == 'explorer' and len(explorer.labels) >= 500
   accuracy = np.mean(explorer.predictions[:, 0] == explorer.labels)

@@ -162,6 +162,43 @@ def test_early_stop_fires_on_a_fresh_evaluation_that_reaches_the_target(tmp_path
   assert (run.stop_reason, run.stopped_at) == ('early', 5)
 
 
+def test_keep_best_checkpoint_follows_the_best_validation_step_per_member(tmp_path):
+  kept = []
+  checkpoints = SimpleNamespace(keep_steps=lambda steps: kept.append(sorted(steps)))
+  run, _ = fake_run(tmp_path)
+  # A resumed run: its rows so far (validation and test; the earlier tie wins).
+  rows = [{'split': 'validation', 'step': 2, 'error': [0.3, 0.5]}, {'split': 'test', 'step': 2, 'error': [0.1, 0.1]},
+          {'split': 'validation', 'step': 4, 'error': [0.3, 0.4]}]
+  keep = hooks.KeepBestCheckpoint(checkpoints, rows)
+  assert kept == [[2, 4]]
+  run.last_validation, run.last_eval_step = {'error': np.array([0.2, 0.45])}, 6
+  keep(run, 5, metrics())          # not an evaluation step: nothing changes
+  assert kept == [[2, 4]]
+  keep(run, 6, metrics())
+  assert kept[-1] == [4, 6]        # member 0 improved at 6; member 1 keeps 4
+  run.last_validation, run.last_eval_step = {'error': np.array([0.2, 0.45])}, 8
+  keep(run, 8, metrics())          # ties: the earlier step stays
+  assert kept[-1] == [4, 6]
+
+
+def test_checkpoints_keep_the_named_steps_beside_the_latest(tmp_path):
+  from capsjax.checkpoints import Checkpoints   # pylint: disable=g-import-not-at-top
+  from capsjax.errors import CheckpointError    # pylint: disable=g-import-not-at-top
+  template = {'params': {'w': np.zeros(2, np.float32)}, 'step': np.zeros((), np.int32)}
+  with Checkpoints(str(tmp_path), keep=1) as checkpoints:
+    for step in range(1, 6):
+      if step == 3:
+        checkpoints.keep_steps([2])
+      checkpoints.save({'params': {'w': jnp.full(2, float(step))}, 'step': jnp.asarray(step)}, {'wall_time_s': 0.0})
+      checkpoints.wait()
+    assert checkpoints.all_steps() == [2, 5]
+    state, _ = checkpoints.restore(template, step=2)
+    np.testing.assert_array_equal(state['params']['w'], [2.0, 2.0])
+    assert int(checkpoints.restore(template)[0]['step']) == 5    # the latest by default
+    with pytest.raises(CheckpointError, match=r'no checkpoint of step 3 .*\(there are: 2, 5\)'):
+      checkpoints.restore(template, step=3)
+
+
 def test_preemption_stops_after_a_signal_or_the_service_notice(tmp_path):
   run, lines = fake_run(tmp_path)
   requests = StopRequests(install=False)

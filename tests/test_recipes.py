@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from capsjax import losses, reports, steps, train
+from capsjax.checkpoints import load_trained
 from capsjax.data.sources import Dataset
 from capsjax.data.tasks import split_validation
 from capsjax.errors import ConfigError
+from capsjax.explorer import export as export_main
+from capsjax.explorer.backend import read_exported
 from capsjax.layers import PrimaryCaps
 from capsjax.models import build_model
 from capsjax.programs import sweep
@@ -159,8 +162,9 @@ def test_seed_groups_mean_and_sample_std():
   np.testing.assert_allclose([groups[1]['mean'], groups[1]['std']], [0.0025, 0.0], atol=1e-12)
 
 
-def test_seeds_with_validation_train_as_one_program_and_report_mean_std(mnist_dir, tmp_path):
-  config = tiny_config(mnist_dir, num_steps=6, eval_every_steps=3, validation_examples=200)
+def test_seeds_with_validation_train_as_one_program_and_report_mean_std(mnist_dir, tmp_path, capsys):
+  # keep_checkpoints=1: the latest checkpoint, and each member's best validation step's
+  config = tiny_config(mnist_dir, num_steps=6, eval_every_steps=3, validation_examples=200, keep_checkpoints=1)
   config.ensemble = ml_collections.ConfigDict(dict(seeds=(0, 1)))
   workdir = str(tmp_path / 'run')
   results = train.train_and_evaluate(config, workdir)
@@ -181,6 +185,19 @@ def test_seeds_with_validation_train_as_one_program_and_report_mean_std(mnist_di
   with open(os.path.join(workdir, 'table.md')) as f:
     table = f.read()
   assert 'test error at best validation' in table and '| 0, 1 |' in table and '±' in table
+  kept = sorted(int(name) for name in os.listdir(os.path.join(workdir, 'checkpoints')) if name.isdigit())
+  assert kept == sorted(set(selected['step']) | {6})
+
+  # The validation-selected model is what export writes: the best member at its best step.
+  out = tmp_path / 'shipped'
+  assert export_main.main(['--workdir', workdir, '--out', str(out), '--num_images', '5', '--evaluate']) == 0
+  printed = capsys.readouterr().out
+  member = int(np.argmin(selected['validation_error']))
+  assert f'member {member} at its best validation step {selected["step"][member]}' in printed
+  assert 'test error of the float16 parameters as written' in printed and 'of 100 test images' in printed
+  _, _, params = load_trained(workdir, step=selected['step'][member])
+  _, exported = read_exported(str(out))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, np.float16(b[member]), rtol=1e-3), exported, params)
 
 
 def test_sweep_ranks_by_validation_when_there_is_a_split():

@@ -249,10 +249,11 @@ class Explorer:
 # ----------------------------------------------------------------------------- shipped weights
 
 def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: np.ndarray,
-           member: Optional[int] = None) -> Dict[str, Any]:
-  """Writes a trained run's config and float16 parameters (no optimiser state), with a
-  sample of test images, into `directory`: the files `Explorer.shipped` reads."""
-  config, _, params = load_trained(workdir)
+           member: Optional[int] = None, step: Optional[int] = None) -> Dict[str, Any]:
+  """Writes a trained run's config and float16 parameters (no optimiser state) of its
+  latest checkpoint or that of `step`, with a sample of test images, into `directory`:
+  the files `Explorer.shipped` reads."""
+  config, _, params = load_trained(workdir, step=step)
   params = select_member(config, params, member, workdir)
   flat = {name: np.asarray(leaf, np.float16)
           for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}

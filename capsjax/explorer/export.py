@@ -1,38 +1,104 @@
-"""Export a trained run as the explorer's shipped model.
+"""Export a trained run as the explorer's (and predict's) shipped model.
 
-  python -m capsjax.explorer.export --workdir=W [--out=capsjax/explorer/assets] [--num_images=1000]
+  python -m capsjax.explorer.export --workdir=W [--out=capsjax/explorer/assets]
+      [--step=best|latest|N] [--member=K] [--num_images=1000] [--evaluate]
 
 Writes the run's config, its parameters as float16 (no optimiser state) and the first
---num_images test images of its dataset: the files `python -m capsjax.explorer` serves
-when it is given no --workdir. BUILD.md has the command that made the shipped files.
+--num_images test images of its dataset: the files `python -m capsjax.explorer` and
+`python -m capsjax.predict` use when they are given no --workdir.
+
+Which parameters: --step=best (the default) takes the checkpoint of the best validation
+evaluation (results.json's `selected_by_validation`; the training loop keeps that
+checkpoint), and of an ensemble the member with the lowest validation error there, unless
+--member names one; a run without a validation split gives its latest checkpoint.
+--step=latest, or a step number, takes that checkpoint. --evaluate then counts the test
+error of the float16 parameters as written (read back; on the run's test split).
+BUILD.md has the command that made the shipped files.
 """
+import argparse
 import os
 import sys
+from typing import Optional, Tuple
+
+import numpy as np
 
 from capsjax import cli
-from capsjax.data.sources import load_dataset
-from capsjax.explorer.backend import ASSETS, export
-from capsjax.workdir import read_config
+from capsjax.errors import CheckpointError
 
-MAX_SHIPPED_BYTES = 6 << 20
+# What the package ships, and what one file may be to come back from a lent device.
+MAX_SHIPPED_FILE_BYTES = 16 << 20
+
+
+def step_argument(text: str) -> str:
+  if text in ('best', 'latest') or (text.isdigit() and int(text) > 0):
+    return text
+  raise argparse.ArgumentTypeError(f"{text!r}: expected best, latest or a step number")
+
+
+def choose_checkpoint(workdir: str, step: str, member: Optional[int]) -> Tuple[Optional[int], Optional[int], str]:
+  """(checkpoint step or None for the latest, ensemble member or None, why) for --step."""
+  from capsjax import reports  # pylint: disable=g-import-not-at-top
+  from capsjax.workdir import MetricsLog  # pylint: disable=g-import-not-at-top
+  if step == 'latest':
+    return None, member, 'the latest checkpoint'
+  if step != 'best':
+    return int(step), member, f'the checkpoint of step {step}'
+  selected = reports.select_by_validation(MetricsLog(workdir).read())
+  if selected is None:
+    return None, member, 'the latest checkpoint (the run has no validation split to select by)'
+  if not isinstance(selected['step'], list):
+    return selected['step'], member, (f'the best validation step {selected["step"]} (validation error '
+                                      f'{100 * selected["validation_error"]:.2f} %; test error there '
+                                      f'{100 * selected["test_error"]:.2f} %)')
+  if member is None:
+    member = int(np.argmin(selected['validation_error']))
+  if member >= len(selected['step']):
+    raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{len(selected["step"]) - 1}')
+  return selected['step'][member], member, (
+      f'member {member} at its best validation step {selected["step"][member]} (validation error '
+      f'{100 * selected["validation_error"][member]:.2f} %; test error there '
+      f'{100 * selected["test_error"][member]:.2f} %)')
 
 
 @cli.main_wrapper
 def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax.explorer.export', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
-  parser.add_argument('--out', default=ASSETS, help='output folder (default: the package assets)')
+  parser.add_argument('--out', default=None, help='output folder (default: the package assets)')
   parser.add_argument('--num_images', type=cli.int_at_least(1), default=1000)
-  parser.add_argument('--member', type=cli.int_at_least(0), default=None)
+  parser.add_argument('--member', type=cli.int_at_least(0), default=None,
+                      help='ensemble member (default: the best on validation; with --step=latest, the last)')
+  parser.add_argument('--step', type=step_argument, default='best',
+                      help='best (validation-selected, the default), latest, or a step number')
+  parser.add_argument('--evaluate', action='store_true',
+                      help='count the test error of the float16 parameters as written')
   args = parser.parse_args(argv)
+  from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
+  from capsjax.explorer.backend import ASSETS, export, read_exported  # pylint: disable=g-import-not-at-top
+  from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
+  out = args.out or ASSETS
   config = read_config(args.workdir)
-  test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir).take(args.num_images)
-  summary = export(args.workdir, args.out, test.images, test.labels, args.member)
+  step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
+  test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir)
+  sample = test.take(args.num_images)
+  summary = export(args.workdir, out, np.asarray(sample.images), np.asarray(sample.labels), member, step)
   total = sum(summary['bytes'].values())
-  print(f'{summary["num_params"]:,} parameters and {len(test)} test images: '
-        f'{total / 2**20:.2f} MiB in {os.path.abspath(args.out)}')
-  if total > MAX_SHIPPED_BYTES:
-    print(f'warning: above the {MAX_SHIPPED_BYTES >> 20} MiB the package may ship', file=sys.stderr)
+  print(f'{why}: {summary["num_params"]:,} parameters and {len(sample)} test images, '
+        f'{total / 2**20:.2f} MiB in {os.path.abspath(out)}')
+  for name, size in summary['bytes'].items():
+    if size > MAX_SHIPPED_FILE_BYTES:
+      print(f'warning: {name} is {size / 2**20:.2f} MiB, above the {MAX_SHIPPED_FILE_BYTES >> 20} MiB a shipped '
+            'file (and one file back from a lent device) may be', file=sys.stderr)
+  if args.evaluate:
+    from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
+    from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
+    shipped_config, params = read_exported(out)
+    predictor = Predictor(shipped_config, build_model(shipped_config.model), params, out)
+    if config.get('num_test_examples'):   # the run's test split, as its evaluations counted
+      test = test.take(min(config.num_test_examples, len(test)))
+    wrong = int(np.sum(predictor.classify(test.images) != np.asarray(test.labels)))
+    print(f'test error of the float16 parameters as written: {100 * wrong / len(test):.2f} % '
+          f'({wrong} of {len(test)} test images)')
   return 0
 
 
