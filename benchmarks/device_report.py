@@ -400,13 +400,14 @@ def plan(args, backend: str, settings, out_dir: str) -> list:
            train=True, infer_batches=[]),
       dict(auto, name='capsjax multimnist', variant='auto float32 auto, MultiMNIST 36×36', experiment='multimnist',
            train=True, infer_batches=[]),
+  ] + ([] if args.smoke else [   # (the smoke's larger batch: the whole-batch cell below)
       dict(auto, name='capsjax infer large batch', variant='auto float32 auto', train=False,
            infer_batches=[settings['large_batch']]),
-  ] + [   # the patches conv at inference as one matmul (the table's 'patches_inference');
-          # the smoke runs the code path once (one dtype, one batch)
+  ]) + [   # the patches conv at inference as one matmul (the table's 'patches_inference');
+           # the smoke runs the code path once (one dtype, the larger batch)
       dict(_variant_spec(args, settings, 'patches', dtype, 'auto'), name=f'capsjax patches whole-batch inference {dtype}',
            variant=f'patches {dtype} auto, whole-batch inference', patches_inference='whole_batch', train=False,
-           infer_batches=[batch] if args.smoke else [batch, settings['large_batch']])
+           infer_batches=[settings['large_batch']] if args.smoke else [batch, settings['large_batch']])
       for dtype in (('float32',) if args.smoke else ('float32', 'bfloat16'))
   ]
   device = 'cuda' if backend == 'gpu' else 'cpu'

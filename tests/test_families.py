@@ -4,7 +4,6 @@ from typing import Sequence
 
 import flax.linen as nn
 import jax
-import numpy as np
 import optax
 import pytest
 

@@ -81,7 +81,7 @@ def render_table(config, rows: List[Dict[str, Any]]) -> str:
   key = 'validation_error' if validated else 'test_error'
   seeds = rows[0]['seeds']
   lines = [f'# Hyper-parameter sweep, `{config.experiment}`', '',
-           f'Each row trains the base config with the listed overrides'
+           'Each row trains the base config with the listed overrides'
            + (f', {seeds} seeds each (mean ± sample std)' if seeds > 1 else ', one seed each') +
            f'; Δ is the change against `{reference["name"]}` (negative = better). Judge a Δ against the '
            f'spread between seeds.', '']
