@@ -145,7 +145,7 @@ def test_short_training_beats_chance(mnist_dir, tmp_path):
   config.model.conv1_channels = 32
   config.model.primary_types = 8
   config.batch_size = 32
-  config.num_steps = 150
+  config.num_steps = 120
   config.lr_decay_steps = 2000
   config.num_test_examples = 500
   config.eval_every_steps = 0
@@ -153,7 +153,8 @@ def test_short_training_beats_chance(mnist_dir, tmp_path):
   config.checkpoint_every_steps = 1000
   results = train.train_and_evaluate(config, str(tmp_path))
   # Chance for an unordered pair of different digits is 1/45 ≈ 2 %, for each digit of
-  # the pair 2/10 (measured on CPU after 150 steps: 24.6 % and 56.1 %).
+  # the pair 2/10 (measured on CPU after 150 steps: 24.6 % and 56.1 %; after 120, the
+  # suite's length since session 8: 21.6 % and 51.9 %).
   assert results['test_accuracy'] > 0.12, results
   assert results['test_digit_accuracy'] > 0.4, results
   assert json.loads((tmp_path / 'results.json').read_text())['config']['task'] == 'multimnist'
