@@ -225,10 +225,15 @@ class ExplorerServer(ThreadingHTTPServer):
     super().process_request(request, client_address)
 
   def process_request_thread(self, request, client_address):
+    # ThreadingMixIn's, with the slot given back before the connection is closed: a client
+    # that sees the close may connect again at once, and must find the slot free.
     try:
-      super().process_request_thread(request, client_address)
+      self.finish_request(request, client_address)
+    except Exception:  # pylint: disable=broad-except  (as socketserver does: reported, not raised)
+      self.handle_error(request, client_address)
     finally:
       self._slots.release()
+      self.shutdown_request(request)
 
   def handle_error(self, request, client_address):
     error = sys.exc_info()[1]
