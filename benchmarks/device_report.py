@@ -13,8 +13,9 @@ memory is its own and a crash or a hang costs that row alone:
            train and inference images/s for conv xla|patches × float32|bfloat16 × routing
            loop rolled|unrolled; the 3-seed vmapped program (mnist_seeds); inference at a
            larger batch; the patches conv's inference as one matmul over the whole batch
-           (formulations' `patches_inference`, float32 and bfloat16, both batches); MultiMNIST training (36×36). Inference = capsules, lengths and the
-           reconstruction of the longest capsule, from uint8 images already on the device.
+           (formulations' `patches_inference`, float32 and bfloat16, both batches);
+           MultiMNIST training (36×36). Inference = capsules, lengths and the reconstruction
+           of the longest capsule, from uint8 images already on the device.
   peer     ../shared/bench/torch_capsnet.py, unmodified, eager and --compile, train and
            infer: tf32 and bf16 on a GPU, fp32 on a CPU
   profile  a jax.profiler trace of the fastest training variant; its top 15 ops by device

@@ -244,14 +244,18 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
   return config, model, state['params']
 
 
+def check_member(member: int, members: int, workdir: str) -> None:
+  if not 0 <= member < members:
+    raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{members - 1}')
+
+
 def select_member(config, params, member: Optional[int], workdir: str):
   """The parameters of one member of an ensemble run (default: the last); a single run's
   own parameters, where `member` must be None."""
   if config.ensemble:
     members = jax.tree.leaves(params)[0].shape[0]
     member = members - 1 if member is None else member
-    if not 0 <= member < members:
-      raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{members - 1}')
+    check_member(member, members, workdir)
     return jax.tree.map(lambda x: x[member], params)
   if member is not None:
     raise CheckpointError(f'--member={member}: {workdir} holds a single run, not an ensemble')

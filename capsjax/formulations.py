@@ -1,7 +1,7 @@
 """Which formulation of the same math runs on which backend: one table, from measurements.
 
-A model option set to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`) resolves here, by the backend
-JAX runs on. Every entry names the measurement behind it; an entry nobody has measured
+A model option set to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`) resolves
+here, by the backend JAX runs on. Every entry names the measurement behind it; an entry nobody has measured
 says so. `python benchmarks/device_report.py` measures every formulation on a backend in
 one run: change an entry when a report says so, and name that report.
 """

@@ -102,12 +102,12 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
   """VALID 2-D convolution, NHWC; kernel [kh, kw, in, out]; no bias. `patches_inference`
   ('chunked' | 'whole_batch' | 'auto'): how the patches form runs without gradients."""
   impl = resolve_conv_impl(impl)
-  whole_batch = formulations.resolve('patches_inference', patches_inference) == 'whole_batch'
   if kernel.shape[0] != kernel.shape[1]:
     raise ValueError(f'square kernels only, got {kernel.shape[:2]}')
   if impl == 'xla':
     return jax.lax.conv_general_dilated(
         images, kernel, window_strides=(stride, stride), padding='VALID',
         dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  whole_batch = formulations.resolve('patches_inference', patches_inference) == 'whole_batch'
   chunk = images.shape[0] if whole_batch else batch_chunk_size(images.shape[0], PATCHES_CHUNK)
   return patches_conv2d(images, kernel, stride, chunk)

@@ -38,7 +38,8 @@ class Predictor:
     self.class_names = self.info.class_names
     self.has_decoder = config.model.name == 'capsnet' and config.model.get('use_decoder', False)
     self._scores = jax.jit(self._scores_and_reconstructions)
-    self._classes = None   # jitted on first use (classify)
+    self._classes = jax.jit(lambda params, images: jax.numpy.argmax(
+        self._scores_and_reconstructions(params, images, reconstruct=False)[0], -1))
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None) -> 'Predictor':
@@ -97,15 +98,8 @@ class Predictor:
   def classify(self, images_uint8: np.ndarray) -> np.ndarray:
     """The class index of each image of a uint8 batch of the run's shape (no
     reconstructions): what a test error is counted from."""
-    import jax  # pylint: disable=g-import-not-at-top
-    if self._classes is None:
-      self._classes = jax.jit(lambda params, images: jax.numpy.argmax(
-          self._scores_and_reconstructions(params, images, reconstruct=False)[0], -1))
-    classes = []
-    for start in range(0, len(images_uint8), PREDICT_BATCH):
-      chunk = np.asarray(images_uint8[start:start + PREDICT_BATCH])   # on-demand rows are read here
-      padded = np.concatenate([chunk, np.zeros((PREDICT_BATCH - len(chunk),) + chunk.shape[1:], np.uint8)])
-      classes.append(np.asarray(self._classes(self.params, padded))[:len(chunk)])
+    classes = [np.asarray(self._classes(self.params, padded))[:len(chunk)]
+               for chunk, padded in _padded_batches(images_uint8)]
     return np.concatenate(classes) if classes else np.zeros((0,), np.int64)
 
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
@@ -120,10 +114,8 @@ class Predictor:
       held = np.stack([self.convert(image, (names or [None] * len(images))[i] or f'image {i}')
                        for i, image in enumerate(images)])
     results = []
-    for start in range(0, len(held), PREDICT_BATCH):
-      chunk = held[start:start + PREDICT_BATCH]
-      padded = np.concatenate([chunk, np.zeros((PREDICT_BATCH - len(chunk),) + chunk.shape[1:], np.uint8)])
-      scores, reconstructions = self._scores(self.params, padded)   # one compiled batch shape
+    for chunk, padded in _padded_batches(held):
+      scores, reconstructions = self._scores(self.params, padded)
       scores = np.asarray(scores)[:len(chunk)]
       reconstructions = None if reconstructions is None else np.asarray(reconstructions)[:len(chunk)]
       for i, row in enumerate(scores):
@@ -132,6 +124,14 @@ class Predictor:
                         'activations': {name: float(v) for name, v in zip(self.class_names, row)},
                         'input': chunk[i], 'reconstruction': None if reconstructions is None else reconstructions[i]})
     return results
+
+
+def _padded_batches(images):
+  """(chunk, chunk zero-padded to PREDICT_BATCH) over uint8 images: one compiled batch
+  shape for any count (on-demand rows are read here, a chunk at a time)."""
+  for start in range(0, len(images), PREDICT_BATCH):
+    chunk = np.asarray(images[start:start + PREDICT_BATCH])
+    yield chunk, np.concatenate([chunk, np.zeros((PREDICT_BATCH - len(chunk),) + chunk.shape[1:], np.uint8)])
 
 
 def _png_names(paths: Sequence[str]) -> List[str]:

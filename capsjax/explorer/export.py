@@ -23,7 +23,6 @@ from typing import Optional, Tuple
 import numpy as np
 
 from capsjax import cli
-from capsjax.errors import CheckpointError
 
 # What the package ships, and what one file may be to come back from a lent device.
 MAX_SHIPPED_FILE_BYTES = 16 << 20
@@ -38,6 +37,7 @@ def step_argument(text: str) -> str:
 def choose_checkpoint(workdir: str, step: str, member: Optional[int]) -> Tuple[Optional[int], Optional[int], str]:
   """(checkpoint step or None for the latest, ensemble member or None, why) for --step."""
   from capsjax import reports  # pylint: disable=g-import-not-at-top
+  from capsjax.checkpoints import check_member  # pylint: disable=g-import-not-at-top
   from capsjax.workdir import MetricsLog  # pylint: disable=g-import-not-at-top
   if step == 'latest':
     return None, member, 'the latest checkpoint'
@@ -52,8 +52,7 @@ def choose_checkpoint(workdir: str, step: str, member: Optional[int]) -> Tuple[O
                                       f'{100 * selected["test_error"]:.2f} %)')
   if member is None:
     member = int(np.argmin(selected['validation_error']))
-  if member >= len(selected['step']):
-    raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{len(selected["step"]) - 1}')
+  check_member(member, len(selected['step']), workdir)
   return selected['step'][member], member, (
       f'member {member} at its best validation step {selected["step"][member]} (validation error '
       f'{100 * selected["validation_error"][member]:.2f} %; test error there '
