@@ -26,8 +26,8 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax.steps import init_state, make_optimizer, make_train_step  # pylint: disable=g-import-not-at-top
-from capsjax.models import build_model
+from capsjax import assemble  # pylint: disable=g-import-not-at-top
+from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
 from timing import buffer_bytes, capsnet_flops, seconds_per_call
 from capsjax.data import pipeline
 from capsjax.data.datasets import dataset_info
@@ -46,16 +46,16 @@ def matmul_peak_gflops(size: int = 4096, steps: int = 5) -> float:
 
 
 def measure_jax(config, batch: int, steps: int) -> dict:
-  model = build_model(config.model)
-  optimizer = make_optimizer(config)
-  state = init_state(config, model, optimizer)
+  model = assemble.model(config)
+  optimizer = assemble.optimizer(config)
+  state = assemble.initial_state(config, model, optimizer)
   rng = np.random.default_rng(0)
   # Random images as the dataset stores them; the pipeline crops, resizes and jitters them.
   images = rng.integers(0, 256, (batch,) + dataset_info(config.dataset).image_shape).astype(np.uint8)
   labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
   config.batch_size = batch
   data = pipeline.dataset_pipeline(config, Dataset(images, labels), training=True)
-  train_step = make_train_step(config, model, optimizer, data)
+  train_step = make_train_step(assemble.objective(config), model, optimizer, data, config.seed)
   host_batch = data.host_batch(0)
 
   memory_train = buffer_bytes(train_step, state, None, host_batch)

@@ -19,11 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from capsjax import sharding, steps
-from capsjax.ensembles import ensemble_members
+from capsjax import sharding
 from capsjax.errors import CheckpointError, CheckpointWriteError
-from capsjax.models import build_model
-from capsjax.workdir import read_config
 
 State = Dict[str, Any]
 _OS_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO, errno.ENOENT, errno.EPERM)
@@ -224,39 +221,3 @@ class Checkpoints:
   def __exit__(self, *exc):
     self.close()
     return False
-
-
-def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Optional[int] = None):
-  """(config, model, params) of the run in `workdir`, finished or not: its config.json and
-  latest checkpoint, or that of `step` (an ensemble's params carry a leading member axis).
-  `data` replaces where the data comes from (data_dir, tfds_data_dir: this machine's, not
-  the run's)."""
-  config = read_config(workdir)
-  config.update(data or {})
-  model = build_model(config.model)
-  # Shapes only: restoring needs no initial values (initialising op by op took seconds).
-  template = jax.eval_shape(lambda: steps.initial_state(config, model, steps.make_optimizer(config),
-                                                        ensemble_members(config)))
-  with Checkpoints(workdir, config.keep_checkpoints) as checkpoints:
-    if checkpoints.latest_step() is None:
-      raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
-    state, _ = checkpoints.restore(template, step)
-  return config, model, state['params']
-
-
-def check_member(member: int, members: int, workdir: str) -> None:
-  if not 0 <= member < members:
-    raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{members - 1}')
-
-
-def select_member(config, params, member: Optional[int], workdir: str):
-  """The parameters of one member of an ensemble run (default: the last); a single run's
-  own parameters, where `member` must be None."""
-  if config.ensemble:
-    members = jax.tree.leaves(params)[0].shape[0]
-    member = members - 1 if member is None else member
-    check_member(member, members, workdir)
-    return jax.tree.map(lambda x: x[member], params)
-  if member is not None:
-    raise CheckpointError(f'--member={member}: {workdir} holds a single run, not an ensemble')
-  return params

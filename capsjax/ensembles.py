@@ -7,6 +7,7 @@ an ensemble is an ensemble of one whose knobs are the config's own static values
 import jax.numpy as jnp
 
 from capsjax.errors import ConfigError
+from capsjax.objectives import OBJECTIVES
 
 
 def ensemble_members(config):
@@ -20,12 +21,12 @@ def ensemble_members(config):
   if not spec:
     return None
   seeds = tuple(spec.get('seeds') or (config.seed,))
-  is_capsnet = config.loss.name == 'capsnet'
+  knobs = OBJECTIVES[config.loss.name].knobs   # what the objective reads per member
   iterations = tuple(spec.get('routing_iterations') or ()) or (
-      (config.model.routing_iterations,) if is_capsnet else (0,))
+      (config.model.routing_iterations,) if 'routing_iterations' in knobs else (0,))
   weights = tuple(spec.get('reconstruction_weights') or ()) or (
-      (config.loss.reconstruction_weight,) if is_capsnet else (0.0,))
-  if is_capsnet and max(iterations) > config.model.routing_iterations:
+      (config.loss.reconstruction_weight,) if 'reconstruction_weight' in knobs else (0.0,))
+  if 'routing_iterations' in knobs and max(iterations) > config.model.routing_iterations:
     raise ConfigError(f'ensemble routing_iterations {iterations} exceed the model bound '
                       f'model.routing_iterations={config.model.routing_iterations}')
   return [dict(seed=int(s), routing_iterations=int(r), reconstruction_weight=float(w))

@@ -7,10 +7,14 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
-from capsjax.routing import ROUTINGS, dynamic_routing, route, routing_option_defaults, squash, vector_norm
+from capsjax.routing import ROUTINGS, route, routing_option_defaults, squash, vector_norm
 
 Array = jax.Array
 
+# Model flags of the capsule layer → the routing keyword argument each enables: a routing
+# reads those it names in its `layer_inputs` capability (validation refuses the others).
+LAYER_FEATURES = {'digit_bias': 'bias', 'learn_log_priors': 'log_priors', 'leaky_routing': 'leaky',
+                  'stop_gradient_predictions': 'stop_gradient_predictions'}
 
 Initializer = Callable[..., Array]
 
@@ -128,26 +132,26 @@ class CapsuleLayer(nn.Module):
                   if self.learn_log_priors else None)
     iterations = self.routing_iterations if routing_iterations is None else routing_iterations
     unroll = formulations.resolve('routing_loop', self.routing_loop) == 'unrolled'
-    predictions = prediction_vectors.astype(jnp.float32)
-    if self.routing == 'dynamic':
-      parents = dynamic_routing(
-          predictions, iterations, max_iterations=max_iterations,
-          stop_gradient_predictions=self.stop_gradient_predictions,
-          leaky=self.leaky_routing, log_priors=log_priors, bias=bias,
-          return_logits=return_logits, unroll=unroll)
-      return parents if return_logits else (parents, vector_norm(parents))
-    if return_logits:
-      raise ValueError(f'routing {self.routing!r} has no routing logits (the convergence probe is Procedure 1\'s)')
-    function = ROUTINGS[self.routing]
+    entry = ROUTINGS[self.routing]
+    if return_logits and not entry.returns_logits:
+      raise ValueError(f'routing {self.routing!r} has no routing logits (see ROUTINGS[name].returns_logits)')
     given = dict(self.routing_options or {})
     options = {k: given[k] for k in routing_option_defaults(self.routing) if k in given}   # its own only
-    for name, (shape, initial) in function.learned.items():
+    for name, (shape, initial) in entry.learned.items():
       options[name] = self.param(f'routing_{name}', nn.initializers.constant(initial),
                                  shape(in_caps, self.num_capsules, self.dim))
+    features = {'bias': bias, 'log_priors': log_priors, 'leaky': self.leaky_routing or None,
+                'stop_gradient_predictions': self.stop_gradient_predictions or None}
+    for feature, value in features.items():
+      if value is not None:   # validation refuses a feature the routing does not read
+        options[feature] = value
+    if return_logits:
+      options['return_logits'] = True
     # EM reads the primary capsules' lengths as input activations; the others ignore them.
     input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]
-    return route(self.routing, predictions, input_activations, iterations,
-                 max_iterations=max_iterations, unroll=unroll, **options)
+    result = route(self.routing, prediction_vectors.astype(jnp.float32), input_activations, iterations,
+                   max_iterations=max_iterations, unroll=unroll, **options)
+    return (result[0], result[2]) if return_logits else result
 
 
 class Decoder(nn.Module):

@@ -1,13 +1,14 @@
 """CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax.layers import CapsuleLayer, Conv, Decoder, PrimaryCaps
-from capsjax.routing import vector_norm
+from capsjax.layers import LAYER_FEATURES, CapsuleLayer, Conv, Decoder, PrimaryCaps
+from capsjax.registry import Registry
+from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults, vector_norm
 
 Array = jax.Array
 
@@ -46,21 +47,59 @@ def initializers(name: str):
   raise ValueError(f'model init_scheme must be one of {INITS}, got {name!r}')
 
 
-# config.model.name → the Flax module class; its fields are the config's other keys.
-MODELS: Dict[str, type] = {}
+# config.model.name → the Flax module class (its fields are the config's other keys) and
+# what callers ask of a family instead of comparing its name:
+#   objectives     the objectives (capsjax.objectives) it trains with
+#   capsules       it has `classify` (capsules, activations), `encode` and `decode`: the
+#                  explorer, the figures and segmentation read capsules
+#   has_decoder    model config → whether it reconstructs (reconstruction images, predict)
+#   routing_probe  its `encode` returns routing logits when its routing has them
+#   check          (model config, key prefix) → problems, one line each (validation)
+MODELS = Registry('model', objectives=(), capsules=False, has_decoder=lambda model: False,
+                  routing_probe=False, check=lambda model, prefix: [])
 
 
-def register_model(name: str):
-  """Class decorator: `config.model.name = name` builds this module. A model family is one
-  file: its module here (or in a module of capsjax.families) and its objective with
-  `capsjax.objectives.register_objective`."""
-  def register(cls):
-    MODELS[name] = cls
-    return cls
-  return register
+def register_model(name: str, **capabilities):
+  """Class decorator: `config.model.name = name` builds this module (see the capabilities
+  above). A model family is one file: its module and its objective
+  (`capsjax.objectives.register_objective`), imported by the config that names it."""
+  return MODELS.register(name, **capabilities)
 
 
-@register_model('capsnet')
+def _capsnet_problems(model, prefix: str) -> List[str]:
+  """The input geometry and the routing's options and features of a CapsNet config."""
+  problems = []
+  why = capsnet_geometry_problem(model)
+  if why:
+    problems.append(f'config.{prefix}input_shape={tuple(model.input_shape)!r}: {why}')
+  name = model.get('routing', 'dynamic')
+  entry = ROUTINGS[name]
+  for flag, feature in LAYER_FEATURES.items():
+    if model.get(flag) and feature not in entry.layer_inputs:
+      readers = [e.name for e in ROUTINGS.entries() if feature in e.layer_inputs]
+      problems.append(f'config.{prefix}{flag}=True: an option of routing={"|".join(readers)} only; '
+                      f'routing={name!r}')
+  own = routing_option_defaults(name)
+  every = configurable_routing_options()
+  for option, value in dict(model.get('routing_options') or {}).items():
+    # Options of other routings may stay at their defaults (the base config lists them all).
+    if option not in own and (option not in every or value != every[option]):
+      flags = [flag for flag, feature in LAYER_FEATURES.items() if feature in entry.layer_inputs]
+      problems.append(f'config.{prefix}routing_options.{option}={value!r}: routing {name!r} has '
+                      + (f'the options {", ".join(own)}' if own else 'no options'
+                         + (f' (its variants are the model flags {", ".join(flags)})' if flags else '')))
+  return problems
+
+
+def _cnn_problems(model, prefix: str) -> List[str]:
+  if len(model.conv_channels) != len(model.conv_kernels):
+    return [f'config.{prefix}conv_kernels={tuple(model.conv_kernels)!r}: allowed one kernel per '
+            f'entry of conv_channels={tuple(model.conv_channels)!r}']
+  return []
+
+
+@register_model('capsnet', objectives=('capsnet',), capsules=True, routing_probe=True,
+                has_decoder=lambda model: bool(model.get('use_decoder')), check=_capsnet_problems)
 class CapsNet(nn.Module):
   """Conv1 → PrimaryCaps → DigitCaps (routing) → Decoder.
 
@@ -155,7 +194,7 @@ class CapsNet(nn.Module):
     return outputs
 
 
-@register_model('cnn')
+@register_model('cnn', objectives=('softmax_xent', 'sigmoid_xent'), check=_cnn_problems)
 class BaselineCNN(nn.Module):
   """The paper's CNN baselines: conv (+ 2×2 max-pool) layers, fully connected layers, logits.
 
@@ -210,20 +249,11 @@ def capsnet_geometry_problem(model) -> Optional[str]:
   return None
 
 
-def registered_models() -> Dict[str, type]:
-  """Every model name: the ones above and those of capsjax.families' modules."""
-  import capsjax.families  # pylint: disable=g-import-not-at-top,unused-import  (registers on import)
-  return MODELS
-
-
 def build_model(model_config: ml_collections.ConfigDict) -> nn.Module:
   """The model named by `model_config.name`, with the remaining fields as its sizes
   (lists become tuples, a `dtype` name becomes a dtype)."""
   fields = dict(model_config)
-  name = fields.pop('name')
-  models = registered_models()
-  if name not in models:
-    raise ValueError(f'unknown model {name!r}; registered: {", ".join(sorted(models))}')
+  cls = MODELS.get(fields.pop('name'))
   for key, value in fields.items():
     if isinstance(value, list):
       fields[key] = tuple(value)
@@ -231,7 +261,7 @@ def build_model(model_config: ml_collections.ConfigDict) -> nn.Module:
       fields[key] = value.to_dict()
   if fields.get('dtype') is not None:
     fields['dtype'] = jnp.dtype(fields['dtype'])
-  return models[name](**fields)
+  return cls(**fields)
 
 
 def count_params(params) -> int:

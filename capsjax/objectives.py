@@ -1,17 +1,19 @@
-"""Objectives per model family, chosen by `config.loss.name`: the per-example loss and
+"""Objectives per model family, registered and chosen by `config.loss.name`: the per-example loss and
 the class scores that accuracy is measured on.
 
 'capsnet': margin loss (+ weight × reconstruction loss in training, the decoder input
 masked by the true label(s)); scores are the capsule lengths. 'sigmoid_xent' /
 'softmax_xent': the CNN baselines' losses on logits; scores are the logits.
 """
-from typing import Any, Callable, Dict, Optional, Tuple
+import functools
+from typing import Callable, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from capsjax import losses
+from capsjax.registry import Registry
 
 Array = jax.Array
 
@@ -23,43 +25,59 @@ def labels_to_targets(labels: jax.Array, num_classes: int) -> jax.Array:
 
 
 Objective = Callable[..., Tuple[Array, Array, Dict[str, Array]]]
-# config.loss.name → (config, model, params, batch, train, knobs) → (loss [batch], scores, parts).
-OBJECTIVES: Dict[str, Objective] = {}
+# config.loss.name → function(model, params, batch, train, knobs=None, *, num_classes,
+#   **options) → (loss [batch], class scores [batch, classes], named loss parts); its
+# options are config.loss's other keys. What callers ask of an objective:
+#   families       the model families it trains (validation pairs them)
+#   knobs          the ensemble knobs it reads (capsjax.ensembles): traced per member
+#   probabilities  class scores → the class probabilities predict shows
+#   check          (loss config, key prefix) → problems, one line each (validation)
+OBJECTIVES = Registry('objective', families=(), knobs=(), probabilities=lambda scores: scores,
+                      check=lambda loss, prefix: [])
 
 
-def register_objective(name: str):
+def register_objective(name: str, **capabilities):
   """Function decorator: `config.loss.name = name` trains with this objective."""
-  def register(function: Objective) -> Objective:
-    OBJECTIVES[name] = function
-    return function
-  return register
+  return OBJECTIVES.register(name, **capabilities)
 
 
-@register_objective('capsnet')
-def capsnet_objective(config, model, params, batch, train: bool, knobs=None):
+def make_objective(name: str, num_classes: int, **options) -> Objective:
+  """The objective `name` with its options bound: (model, params, batch, train, knobs)
+  → (loss [batch], scores [batch, classes], parts). Built once, where the config is
+  read (capsjax.train); the jitted step never sees the config."""
+  return functools.partial(OBJECTIVES.get(name), num_classes=num_classes, **options)
+
+
+def _margin_problems(loss, prefix: str):
+  if 'm_minus' in loss and loss.m_minus >= loss.m_plus:
+    return [f'config.{prefix}m_minus={loss.m_minus!r}: allowed a value below m_plus={loss.m_plus!r}']
+  return []
+
+
+@register_objective('capsnet', families=('capsnet',), knobs=('routing_iterations', 'reconstruction_weight'),
+                    check=_margin_problems)
+def capsnet_objective(model, params, batch, train: bool, knobs=None, *, num_classes: int, m_plus: float = 0.9,
+                      m_minus: float = 0.1, negative_weight: float = 0.5, reconstruction_weight: float = 0.0005,
+                      margin_reduction: str = 'sum'):
   """Margin (+ reconstruction) loss of a CapsNet.
 
   `knobs` (see `capsjax.ensembles.member_knobs`) replaces the routing iteration count and
   the reconstruction weight by traced values, so that one vmapped program trains an
-  ensemble of configurations; None uses the config's own (static) values.
+  ensemble of configurations; None uses the model's and the options' own (static) values.
   In training the decoder input is masked by the true label(s): each label's capsule
   reconstructs its own digit when the batch has `digits` (MultiMNIST), else the image
   (`reconstruction_targets` when the model sees a standardised one).
   In evaluation only the margin loss (the classification) is computed: no decoder.
   """
-  loss_config = config.loss
   images, labels = batch['images'], batch['labels']
-  num_classes = config.model.num_classes
   targets = labels_to_targets(labels, num_classes)
   variables = {'params': params}
-  margin_kwargs = dict(m_plus=loss_config.m_plus, m_minus=loss_config.m_minus,
-                       negative_weight=loss_config.negative_weight,
-                       reduction=loss_config.margin_reduction)
-  routing_kwargs, reconstruction_weight = {}, loss_config.reconstruction_weight
+  margin_kwargs = dict(m_plus=m_plus, m_minus=m_minus, negative_weight=negative_weight,
+                       reduction=margin_reduction)
+  routing_kwargs = {}
   if knobs is not None:
     # The model's own (static) count bounds the traced one; see dynamic_routing.
-    routing_kwargs = dict(routing_iterations=knobs['routing_iterations'],
-                          max_iterations=config.model.routing_iterations)
+    routing_kwargs = dict(routing_iterations=knobs['routing_iterations'], max_iterations=model.routing_iterations)
     reconstruction_weight = knobs['reconstruction_weight']
   if not train:
     _, activations = model.apply(variables, images, method='classify', **routing_kwargs)
@@ -76,39 +94,27 @@ def capsnet_objective(config, model, params, batch, train: bool, knobs=None):
   return total, outputs['activations'], parts
 
 
-def _logits(config, model, params, batch, train: bool):
+def _logits(model, params, batch, train: bool):
   rngs = {'dropout': batch['dropout_key']} if train else None
   return model.apply({'params': params}, batch['images'], train=train, rngs=rngs)['logits']
 
 
-@register_objective('sigmoid_xent')
-def sigmoid_xent_objective(config, model, params, batch, train: bool, knobs=None):
+@register_objective('sigmoid_xent', families=('cnn',), probabilities=jax.nn.sigmoid)
+def sigmoid_xent_objective(model, params, batch, train: bool, knobs=None, *, num_classes: int):
   """Independent sigmoid per class (MultiMNIST baseline: two positives)."""
   del knobs
-  logits = _logits(config, model, params, batch, train)
-  targets = labels_to_targets(batch['labels'], config.model.num_classes)
+  logits = _logits(model, params, batch, train)
+  targets = labels_to_targets(batch['labels'], num_classes)
   return optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1), logits, {}
 
 
-@register_objective('softmax_xent')
-def softmax_xent_objective(config, model, params, batch, train: bool, knobs=None):
+@register_objective('softmax_xent', families=('cnn',), probabilities=jax.nn.softmax)
+def softmax_xent_objective(model, params, batch, train: bool, knobs=None, *, num_classes: int):
   """Softmax cross-entropy (the MNIST baseline CNN)."""
   del knobs
-  logits = _logits(config, model, params, batch, train)
-  targets = labels_to_targets(batch['labels'], config.model.num_classes)
+  logits = _logits(model, params, batch, train)
+  targets = labels_to_targets(batch['labels'], num_classes)
   return optax.softmax_cross_entropy(logits, targets), logits, {}
-
-
-def objective(config, model, params, batch, train: bool, knobs: Optional[Dict[str, Any]] = None):
-  """(per-example loss [batch], class scores [batch, classes], named loss parts) for
-  config.loss.name (a registered objective; `capsjax.validation` checks the name)."""
-  return registered_objectives()[config.loss.name](config, model, params, batch, train, knobs)
-
-
-def registered_objectives() -> Dict[str, Objective]:
-  """Every objective: the ones above and those of capsjax.families' modules."""
-  import capsjax.families  # pylint: disable=g-import-not-at-top,unused-import  (registers on import)
-  return OBJECTIVES
 
 
 def top_k_correct(scores: jax.Array, labels: jax.Array):

@@ -31,27 +31,33 @@ class Predictor:
   def __init__(self, config, model, params, source: str):
     import jax  # pylint: disable=g-import-not-at-top
     from capsjax.data.sources import run_source_info  # pylint: disable=g-import-not-at-top
-    if config.task == 'multimnist':
-      raise CapsjaxError(f'{source} holds a MultiMNIST run: predict classifies one object per image')
+    from capsjax.data.tasks import TASKS  # pylint: disable=g-import-not-at-top
+    from capsjax.models import MODELS  # pylint: disable=g-import-not-at-top
+    from capsjax.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
+    if not TASKS[config.task].single_images:
+      raise CapsjaxError(f'{source} holds a {config.task} run: predict classifies one object per image')
     self.config, self.model, self.params, self.source = config, model, params, source
     self.info = run_source_info(config)
     self.class_names = self.info.class_names
-    self.has_decoder = config.model.name == 'capsnet' and config.model.get('use_decoder', False)
+    family = MODELS[config.model.name]
+    self.capsules = family.capsules
+    self.has_decoder = family.capsules and family.has_decoder(config.model)
+    self.probabilities = OBJECTIVES[config.loss.name].probabilities   # class scores → what is shown
     self._scores = jax.jit(self._scores_and_reconstructions)
     self._classes = jax.jit(lambda params, images: jax.numpy.argmax(
         self._scores_and_reconstructions(params, images, reconstruct=False)[0], -1))
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None) -> 'Predictor':
-    from capsjax.checkpoints import load_trained, select_member  # pylint: disable=g-import-not-at-top
+    from capsjax.trained import load_trained, select_member  # pylint: disable=g-import-not-at-top
     config, model, params = load_trained(workdir)
     return cls(config, model, select_member(config, params, member, workdir), workdir)
 
   @classmethod
   def shipped(cls) -> 'Predictor':
-    from capsjax.explorer.backend import ASSETS, read_exported  # pylint: disable=g-import-not-at-top
+    from capsjax.trained import SHIPPED, read_exported  # pylint: disable=g-import-not-at-top
     from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
-    config, params = read_exported(ASSETS)
+    config, params = read_exported(SHIPPED)
     return cls(config, build_model(config.model), params, 'the shipped model')
 
   # --------------------------------------------------------------------------- conversion
@@ -81,15 +87,12 @@ class Predictor:
   # --------------------------------------------------------------------------- prediction
 
   def _scores_and_reconstructions(self, params, images_uint8, reconstruct: bool = True):
-    import jax  # pylint: disable=g-import-not-at-top
     from capsjax.data import augment  # pylint: disable=g-import-not-at-top
     from capsjax.models import longest_capsule_mask  # pylint: disable=g-import-not-at-top
     inputs, _ = augment.prepare(images_uint8, self.info.preprocessing)
     variables = {'params': params}
-    if self.config.model.name != 'capsnet':
-      logits = self.model.apply(variables, inputs)['logits']
-      scores = jax.nn.sigmoid(logits) if self.config.loss.name == 'sigmoid_xent' else jax.nn.softmax(logits)
-      return scores, None
+    if not self.capsules:
+      return self.probabilities(self.model.apply(variables, inputs)['logits']), None
     capsules, activations = self.model.apply(variables, inputs, method='classify')
     if not (self.has_decoder and reconstruct):
       return activations, None

@@ -12,6 +12,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from capsjax.registry import Registry
+
 Array = jax.Array
 
 def vector_norm(vectors: Array, axis: int = -1, keepdims: bool = False) -> Array:
@@ -193,23 +195,34 @@ def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array
 #   function(prediction_vectors [batch, in, out, dim], input_activations [batch, in],
 #            num_iterations, *, max_iterations=None, unroll=False, **options)
 #     → (parents [batch, out, dim], activations [batch, out] in [0, 1])
-# and is registered with `@register_routing(name, learned=...)`. `learned` names the
-# options a model learns (shape from (in_caps, out_caps, dim), initial value); `route`
-# fills each one it is not given with its initial value, so route(name, û, a) works as it
-# stands. Activations are what the margin loss, the explorer and predict read.
+# and is registered with `@register_routing(name, ...)`, whose capabilities are:
+#   iterative        whether num_iterations means anything
+#   learned          option → (shape from (in_caps, out_caps, dim), initial value): what a
+#                    model learns; `route` fills each one it is not given with its initial value
+#   returns_logits   accepts return_logits=True and then returns a third value, the routing
+#                    logits after every iteration [iterations, batch, in, out] (the
+#                    convergence probe and figure read them)
+#   layer_inputs     which of the capsule layer's own features it reads, passed as keyword
+#                    arguments when the model enables them: 'bias' ([out, dim], added to s_j),
+#                    'log_priors' ([in, out], initial logits), 'leaky' (bool), and
+#                    'stop_gradient_predictions' (bool); see capsjax.layers.LAYER_FEATURES
+# Every other keyword argument with a default is an option a config may set
+# (config.model.routing_options). Activations are what the margin loss, the explorer and
+# predict read.
 
-ROUTINGS: Dict[str, Callable[..., Tuple[Array, Array]]] = {}
+ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, layer_inputs=())
+# The routing's own arguments: neither options nor learned.
+_OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll',
+                  'return_logits')
 
 
 def register_routing(name: str, *, iterative: bool = True,
-                     learned: Optional[Dict[str, Tuple[Callable[[int, int, int], tuple], float]]] = None):
-  def register(function):
-    function.routing_name = name
-    function.iterative = iterative              # whether num_iterations means anything
-    function.learned = dict(learned or {})      # option → (shape(in_caps, out_caps, dim), initial value)
-    ROUTINGS[name] = function
-    return function
-  return register
+                     learned: Optional[Dict[str, Tuple[Callable[[int, int, int], tuple], float]]] = None,
+                     returns_logits: bool = False, layer_inputs: Tuple[str, ...] = ()):
+  """Function decorator: `config.model.routing = name` routes with this function (see the
+  signature and capabilities above)."""
+  return ROUTINGS.register(name, iterative=iterative, learned=dict(learned or {}),
+                           returns_logits=returns_logits, layer_inputs=tuple(layer_inputs))
 
 
 def route(name: str, prediction_vectors: Array, input_activations: Optional[Array] = None,
@@ -221,36 +234,32 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   traced integer (vmap over r, with gradients). Learned options not given take their
   initial values.
   """
-  if name not in ROUTINGS:
-    raise ValueError(f'unknown routing {name!r}; registered: {", ".join(sorted(ROUTINGS))}')
-  function = ROUTINGS[name]
+  entry = ROUTINGS[name]
   chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]
   batch, in_caps, out_caps, dim = prediction_vectors.shape
   if input_activations is None:
     input_activations = jnp.ones((batch, in_caps), prediction_vectors.dtype)
-  for option, (shape, initial) in function.learned.items():
+  for option, (shape, initial) in entry.learned.items():
     if option not in options or options[option] is None:
       options[option] = jnp.full(shape(in_caps, out_caps, dim), initial, prediction_vectors.dtype)
-  return function(prediction_vectors, input_activations, num_iterations, **options)
+  return entry.value(prediction_vectors, input_activations, num_iterations, **options)
 
 
 def routing_option_defaults(name: str) -> Dict[str, Any]:
   """The options a config may set for routing `name` (keyword arguments that are neither
-  learned nor the loop's own), with their defaults."""
+  learned, nor the loop's own, nor the capsule layer's features), with their defaults."""
   import inspect  # pylint: disable=g-import-not-at-top
-  function = ROUTINGS[name]
-  own = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll')
-  return {p.name: p.default for p in inspect.signature(function).parameters.values()
-          if p.name not in own and p.name not in function.learned}
+  entry = ROUTINGS[name]
+  return {p.name: p.default for p in inspect.signature(entry.value).parameters.values()
+          if p.name not in _OWN_ARGUMENTS and p.name not in entry.learned and p.name not in entry.layer_inputs}
 
 
 def configurable_routing_options() -> Dict[str, Any]:
-  """Every option of the registered routings other than Procedure 1 (whose variants are
-  model flags), at its default: what config.model.routing_options holds."""
+  """Every option of the registered routings, at its default: what
+  config.model.routing_options holds."""
   options = {}
   for name in ROUTINGS:
-    if name != 'dynamic':
-      options.update(routing_option_defaults(name))
+    options.update(routing_option_defaults(name))
   return options
 
 
@@ -282,15 +291,17 @@ def _iterate(body, state, num_iterations, max_iterations, unroll):
   return jax.lax.fori_loop(0, length, step, state, unroll=unroll)
 
 
-@register_routing('dynamic')
+@register_routing('dynamic', returns_logits=True,
+                  layer_inputs=('bias', 'log_priors', 'leaky', 'stop_gradient_predictions'))
 def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False,
-            stop_gradient_predictions=False, leaky=False, log_priors=None, bias=None):
+            return_logits=False, stop_gradient_predictions=False, leaky=False, log_priors=None, bias=None):
   """Procedure 1 (`dynamic_routing`); input activations are ignored; activations |v_j|."""
   del input_activations
-  parents = dynamic_routing(prediction_vectors, num_iterations, max_iterations=max_iterations,
-                            stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
-                            log_priors=log_priors, bias=bias, unroll=unroll)
-  return parents, vector_norm(parents)
+  result = dynamic_routing(prediction_vectors, num_iterations, max_iterations=max_iterations,
+                           stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
+                           log_priors=log_priors, bias=bias, unroll=unroll, return_logits=return_logits)
+  parents, logits = result if return_logits else (result, None)
+  return (parents, vector_norm(parents)) + ((logits,) if return_logits else ())
 
 
 @register_routing('em', learned={'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)})

@@ -13,58 +13,62 @@ import numpy as np
 import optax
 
 from capsjax import sharding
-from capsjax.objectives import objective, top_k_correct
+from capsjax.objectives import top_k_correct
 from capsjax.routing import coupling_changes, routing_logit_changes
 
 State = Dict[str, Any]
 
 
-def total_steps(config, num_train_examples: int) -> int:
-  if config.num_steps:
-    return int(config.num_steps)
-  return int(math.ceil(config.num_epochs * (num_train_examples // config.batch_size)))
+def total_steps(num_steps: int, num_epochs: float, batch_size: int, num_train_examples: int) -> int:
+  """`num_steps` when given, else num_epochs × the steps of one epoch."""
+  if num_steps:
+    return int(num_steps)
+  return int(math.ceil(num_epochs * (num_train_examples // batch_size)))
 
 
-def learning_rate_schedule(config) -> optax.Schedule:
+def learning_rate_schedule(learning_rate: float, decay_steps: int, decay_rate: float,
+                           staircase: bool = False, minimum: float = 0.0) -> optax.Schedule:
   """learning_rate × decay_rate^(step / decay_steps) (staircase: integer exponent), never
-  below config.lr_min (the authors' code floors it at 1e-6)."""
+  below `minimum` (the authors' code floors it at 1e-6)."""
   return optax.exponential_decay(
-      init_value=config.learning_rate, transition_steps=config.lr_decay_steps,
-      decay_rate=config.lr_decay_rate, staircase=config.lr_staircase,
-      end_value=config.lr_min or None)   # with decay_rate < 1, end_value is a floor
+      init_value=learning_rate, transition_steps=decay_steps, decay_rate=decay_rate,
+      staircase=staircase, end_value=minimum or None)   # with decay_rate < 1, end_value is a floor
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
-  return optax.adam(learning_rate_schedule(config))
+def make_optimizer(schedule: optax.Schedule) -> optax.GradientTransformation:
+  return optax.adam(schedule)
 
 
-def initial_state(config, model, optimizer, members=None) -> State:
-  """The fresh state of a run, or of every member of an ensemble stacked on axis 0."""
-  if members is None:
-    return init_state(config, model, optimizer)
-  seeds = jnp.asarray([m['seed'] for m in members], jnp.int32)
-  return jax.jit(jax.vmap(lambda seed: init_state(config, model, optimizer, seed)))(seeds)
+def initial_state(model, optimizer, input_shape, seed: int, member_seeds=None) -> State:
+  """The fresh state of a run, or of every member of an ensemble (`member_seeds`) stacked
+  on axis 0."""
+  if member_seeds is None:
+    return init_state(model, optimizer, input_shape, seed)
+  seeds = jnp.asarray(member_seeds, jnp.int32)
+  return jax.jit(jax.vmap(lambda member_seed: init_state(model, optimizer, input_shape, member_seed)))(seeds)
 
 
-def init_state(config, model, optimizer, seed=None) -> State:
-  """Fresh state from `seed` (default config.seed; may be traced, for a vmapped ensemble)."""
-  dummy = jnp.zeros((1,) + tuple(config.model.input_shape), jnp.float32)
-  params = model.init(jax.random.key(config.seed if seed is None else seed), dummy)['params']
+def init_state(model, optimizer, input_shape, seed) -> State:
+  """Fresh state from `seed` (may be traced, for a vmapped ensemble)."""
+  dummy = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
+  params = model.init(jax.random.key(seed), dummy)['params']
   return {'params': params, 'opt_state': optimizer.init(params), 'step': jnp.zeros((), jnp.int32)}
 
 
-def train_step_fn(config, model, optimizer, pipeline):
-  """The un-jitted step: (state, source, host_batch, knobs) → (state, metrics)."""
+def train_step_fn(objective, model, optimizer, pipeline, seed: int):
+  """The un-jitted step: (state, source, host_batch, knobs) → (state, metrics).
+  `objective`: capsjax.objectives.make_objective's; `seed` the run's (an ensemble's
+  members carry theirs in the knobs)."""
 
   def train_step(state: State, source, host_batch, knobs=None):
-    seed = config.seed if knobs is None else knobs['seed']
-    step_key = jax.random.fold_in(jax.random.key(seed), state['step'])
+    member_seed = seed if knobs is None else knobs['seed']
+    step_key = jax.random.fold_in(jax.random.key(member_seed), state['step'])
     batch = pipeline.device_batch(source, host_batch, step_key)
     # Its own stream: the step key already drew the batch's shifts (or placements).
     batch['dropout_key'] = jax.random.fold_in(step_key, 1)
 
     def loss_fn(params):
-      per_example, scores, parts = objective(config, model, params, batch, train=True, knobs=knobs)
+      per_example, scores, parts = objective(model, params, batch, True, knobs)
       return jnp.mean(per_example), (scores, parts)
 
     (loss, (scores, parts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
@@ -84,12 +88,12 @@ def train_step_fn(config, model, optimizer, pipeline):
   return train_step
 
 
-def make_train_step(config, model, optimizer, pipeline, ensemble: bool = False, mesh=None):
+def make_train_step(objective, model, optimizer, pipeline, seed: int, ensemble: bool = False, mesh=None):
   """The jitted step; with `ensemble`, vmapped over a leading member axis of
   (state, host_batch, knobs), the data source shared. With `mesh`, state, source and
   knobs are replicated and the batch is split over the mesh's `data` axis (data
   parallelism: XLA inserts the gradient all-reduce)."""
-  step = train_step_fn(config, model, optimizer, pipeline)
+  step = train_step_fn(objective, model, optimizer, pipeline, seed)
   if ensemble:
     step = jax.vmap(step, in_axes=(0, None, 0, 0))
   shardings = {}
@@ -102,13 +106,13 @@ def make_train_step(config, model, optimizer, pipeline, ensemble: bool = False, 
   return jax.jit(step, donate_argnums=(0,), **shardings)
 
 
-def make_eval_step(config, model, pipeline, ensemble: bool = False):
+def make_eval_step(objective, model, pipeline, ensemble: bool = False):
   """Sums over one padded batch: correct examples, correct digits, loss, count; per member
   for an ensemble, plus `ensemble_correct`: the ensemble's prediction is the class with
   the largest score summed over the members (for CapsNets, the summed capsule lengths)."""
 
   def member_outputs(params, batch, knobs):
-    per_example, scores, _ = objective(config, model, params, batch, train=False, knobs=knobs)
+    per_example, scores, _ = objective(model, params, batch, False, knobs)
     return per_example, scores
 
   def eval_step(params, source, host_batch, weights, knobs=None):
@@ -168,19 +172,14 @@ def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None
   return {name: value.tolist() for name, value in metrics.items()}
 
 
-def make_routing_probe(config, model, pipeline):
-  """Mean |Δb| and |Δc| per routing iteration on the first test examples (appendix A), or None.
+def make_routing_probe(model, pipeline, iterations: int, examples: int, batch_size: int):
+  """Mean |Δb| and |Δc| per routing iteration on the first test examples (appendix A).
 
-  Runs config.routing_probe_iterations iterations (which may exceed the model's own
-  count, to see where routing settles) on the first `routing_probe_examples` images of
-  the first test batch. Single CapsNet runs of Procedure 1 only (the probe reads its
-  routing logits; the other routings have none).
+  Runs `iterations` iterations (which may exceed the model's own count, to see where
+  routing settles) on the first `examples` images of the first test batch (of
+  `batch_size`). For a single run of a model whose routing returns logits (the caller
+  asks MODELS[...].routing_probe and ROUTINGS[...].returns_logits).
   """
-  iterations = config.routing_probe_iterations
-  if not iterations or config.loss.name != 'capsnet' or config.ensemble or \
-      config.model.get('routing', 'dynamic') != 'dynamic':
-    return None
-  examples = config.routing_probe_examples
 
   @jax.jit
   def changes(params, source, host_batch):
@@ -190,7 +189,7 @@ def make_routing_probe(config, model, pipeline):
             'coupling_changes': coupling_changes(logits)}                   # [iterations]
 
   def probe(params, mesh=None, source=None):
-    host_batch, _ = next(_eval_batches(pipeline, config.eval_batch_size, mesh))
+    host_batch, _ = next(_eval_batches(pipeline, batch_size, mesh))
     source = pipeline.source if source is None else source
     return {k: v.tolist() for k, v in sharding.to_host(changes(params, source, host_batch)).items()}
 

@@ -19,14 +19,14 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import reports, sharding, steps
+from capsjax import assemble, reports, sharding, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
 from capsjax.events import EventWriter
 from capsjax.data.tasks import make_splits, resolve_data
 from capsjax.ensembles import ensemble_members, member_knobs
-from capsjax.models import build_model, count_params
+from capsjax.models import count_params
 from capsjax.runtime import StopRequests
 
 
@@ -57,12 +57,13 @@ class Program:
 
 def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
                   validation: Optional[Pipeline] = None) -> Program:
-  optimizer = steps.make_optimizer(config)
+  optimizer = assemble.optimizer(config)
+  objective = assemble.objective(config)
   members = ensemble_members(config)
   ensemble = members is not None
   knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
-  train_step = steps.make_train_step(config, model, optimizer, train, ensemble, mesh)
-  eval_step = steps.make_eval_step(config, model, test, ensemble)
+  train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh)
+  eval_step = steps.make_eval_step(objective, model, test, ensemble)
   train_source = sharding.replicate(train.source, mesh)
   test_source = sharding.replicate(test.source, mesh)
   rows = sharding.process_rows(config.batch_size)   # this process reads only these rows
@@ -83,26 +84,29 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
 
   validate = None
   if validation is not None:
-    validation_step = steps.make_eval_step(config, model, validation, ensemble)
+    validation_step = steps.make_eval_step(objective, model, validation, ensemble)
     validation_source = sharding.replicate(validation.source, mesh)
     validate = lambda params, should_stop=None: steps.evaluate(
         validation_step, params, validation, config.eval_batch_size, knobs, mesh, validation_source, should_stop)
 
   probes = []
-  routing_probe = steps.make_routing_probe(config, model, test)
+  routing_probe = assemble.routing_probe(config, model, test)
   if routing_probe is not None:
     probes.append(lambda params: routing_probe(params, mesh, test_source))
-  return Program(train_step, step_arguments, evaluate, validate, probes, steps.initial_state(config, model, optimizer, members),
-                 members, _reconstructions(config, model, test, ensemble))
+  reconstruct = None
+  if not ensemble and assemble.has_decoder(config):
+    reconstruct = _reconstructions(model, test)
+  return Program(train_step, step_arguments, evaluate, validate, probes,
+                 assemble.initial_state(config, model, optimizer), members, reconstruct)
 
 
 RECONSTRUCTED_EXAMPLES = 8
 
 
-def _reconstructions(config, model, test: Pipeline, ensemble: bool):
-  """params → the first test inputs beside their reconstructions (masked by the longest
-  capsule, as at test time): a CapsNet with a decoder, one run, one process."""
-  if ensemble or config.model.name != 'capsnet' or not config.model.get('use_decoder') or jax.process_count() > 1:
+def _reconstructions(model, test: Pipeline):
+  """params → the first test inputs beside their reconstructions (masked by the most
+  active capsule, as at test time), for a model with a decoder; None on several processes."""
+  if jax.process_count() > 1:
     return None
   host_batch, weights = next(iter(test.eval_batches(RECONSTRUCTED_EXAMPLES)))
   batch = test.device_batch(test.source, host_batch, None)
@@ -164,8 +168,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   train, test, validation = make_splits(config)
-  num_steps = steps.total_steps(config, train.num_examples)
-  model = build_model(config.model)
+  num_steps = assemble.total_steps(config, train.num_examples)
+  model = assemble.model(config)
   program = build_program(config, model, train, test, mesh, validation)
   members = program.members
   num_params = count_params(program.initial_state['params']) // (len(members) if members else 1)
@@ -193,7 +197,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
         steps_per_epoch=train.num_examples // config.batch_size, batch_size=config.batch_size,
         num_members=len(members) if members else None, metrics=metrics_log, log=_log,
         evaluate=program.evaluate, wall_time_before=progress.get('wall_time_s', 0.0),
-        learning_rate=steps.learning_rate_schedule(config))
+        learning_rate=assemble.schedule(config))
     if first_step:
       _log(f'resumed from checkpoint at step {first_step}')
     _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '

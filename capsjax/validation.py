@@ -13,10 +13,10 @@ from capsjax.data.sources import dataset_names_help, is_dataset_name
 from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
-from capsjax.models import INITS, capsnet_geometry_problem, registered_models
-from capsjax.objectives import registered_objectives
+from capsjax.models import INITS, MODELS
+from capsjax.objectives import OBJECTIVES
 from capsjax.formulations import CONV_IMPLS, PATCHES_INFERENCE, ROUTING_LOOPS
-from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
+from capsjax.routing import ROUTINGS
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 
@@ -72,6 +72,25 @@ def registered(names: Callable[[], Iterable[str]]):
   return rule, rule
 
 
+class _RegisteredTuple(_Registered):
+  """'a tuple of … names (…)': a non-empty tuple of registered names."""
+
+  def __init__(self, names: Callable[[], Iterable[str]], what: str):
+    super().__init__(names)
+    self.what = what
+
+  def __call__(self, value) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(v in tuple(self.names()) for v in value)
+
+  def __str__(self) -> str:
+    return f'a tuple of {self.what} ({", ".join(self.names())})'
+
+
+def registered_tuple(names: Callable[[], Iterable[str]], what: str):
+  rule = _RegisteredTuple(names, what)
+  return rule, rule
+
+
 def boolean():
   return (lambda v: isinstance(v, bool)), 'True or False'
 
@@ -102,7 +121,7 @@ def numbers_at_least(low: float):
 COMPARISON_MODELS = ('baseline', 'cnn')
 
 RUN_RULES = {
-    'task': registered(lambda: TASKS),
+    'task': registered(TASKS.names),
     'dataset': (is_dataset_name, dataset_names_help()),
     'image_size': int_in(0, 4096),
     'class_names': ((lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) and x for x in v)),
@@ -143,8 +162,7 @@ RUN_RULES = {
     'ensemble.seeds': ints_at_least(0),
     'ensemble.routing_iterations': ints_at_least(1),
     'ensemble.reconstruction_weights': numbers_at_least(0),
-    'routing_zoo.routings': ((lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(n in ROUTINGS for n in v)),
-                             f'a tuple of routing names ({", ".join(ROUTINGS)})'),
+    'routing_zoo.routings': registered_tuple(ROUTINGS.names, 'routing names'),
     'routing_zoo.seeds': ints_at_least(0, allow_empty=False),
     'num_processes': int_at_least(0),
     'process_id': int_at_least(-1),
@@ -152,7 +170,7 @@ RUN_RULES = {
 }
 
 MODEL_RULES = {
-    'name': registered(registered_models),
+    'name': registered(MODELS.names),
     'input_shape': ((lambda v: isinstance(v, (tuple, list)) and len(v) in (0, 3)
                      and all(_is_int(x) and x >= 1 for x in v)),
                     '(height, width, channels), each >= 1, or () for the shape of the data'),
@@ -172,7 +190,7 @@ MODEL_RULES = {
     'routing_loop': one_of(ROUTING_LOOPS),
     'dtype': one_of(DTYPES),
     'init_scheme': one_of(INITS),
-    'routing': registered(lambda: ROUTINGS),
+    'routing': registered(ROUTINGS.names),
     'routing_options': ((lambda v: hasattr(v, 'keys')), 'a dict of the routing\'s options'),
     'routing_options.inverse_temperature': number_in(0, math.inf, low_open=True),
     'routing_options.variance_epsilon': number_in(0, math.inf, low_open=True),
@@ -191,7 +209,7 @@ MODEL_RULES = {
 }
 
 LOSS_RULES = {
-    'name': registered(registered_objectives),
+    'name': registered(OBJECTIVES.names),
     'm_plus': number_in(0, 1, low_open=True),
     'm_minus': number_in(0, 1, high_open=True),
     'negative_weight': number_in(0, math.inf),
@@ -217,41 +235,13 @@ def _check_rules(config, rules, prefix: str, problems: List[str]) -> None:
       problems.append(f'config.{prefix}{key}={value!r}: allowed {allowed}')
 
 
-# Options of Procedure 1 that are model flags; the other routings have none of them.
-DYNAMIC_FLAGS = ('leaky_routing', 'learn_log_priors', 'stop_gradient_predictions', 'digit_bias')
-
-
-def _routing_problems(model, prefix: str) -> List[str]:
-  name = model.get('routing', 'dynamic')
-  problems = []
-  if name != 'dynamic':
-    for flag in DYNAMIC_FLAGS:
-      if model.get(flag):
-        problems.append(f'config.{prefix}{flag}=True: an option of routing=dynamic (Procedure 1) only; '
-                        f'routing={name!r}')
-  own = {} if name == 'dynamic' else routing_option_defaults(name)   # Procedure 1's: model flags
-  every = configurable_routing_options()
-  for option, value in dict(model.get('routing_options') or {}).items():
-    if option not in own and (option not in every or value != every[option]):
-      problems.append(f'config.{prefix}routing_options.{option}={value!r}: routing {name!r} has '
-                      + (f'the options {", ".join(own)}' if own else
-                         f'no options (its variants are the model flags {", ".join(DYNAMIC_FLAGS)})'))
-  return problems
-
-
 def _check_model(model, prefix: str, problems: List[str]) -> None:
   before = len(problems)
   _check_rules(model, MODEL_RULES, prefix, problems)
   if len(problems) > before:
-    return   # the cross-field checks below need valid fields
-  if model.get('name') == 'capsnet':
-    why = capsnet_geometry_problem(model)
-    if why:
-      problems.append(f'config.{prefix}input_shape={tuple(model.input_shape)!r}: {why}')
-    problems.extend(_routing_problems(model, prefix))
-  if model.get('name') == 'cnn' and len(model.conv_channels) != len(model.conv_kernels):
-    problems.append(f'config.{prefix}conv_kernels={tuple(model.conv_kernels)!r}: allowed one kernel per '
-                    f'entry of conv_channels={tuple(model.conv_channels)!r}')
+    return   # the family's own cross-field checks need valid fields
+  if model.get('name') in MODELS:
+    problems.extend(MODELS[model.name].check(model, prefix))
 
 
 def _check_loss(loss, model, prefix: str, problems: List[str]) -> None:
@@ -259,15 +249,14 @@ def _check_loss(loss, model, prefix: str, problems: List[str]) -> None:
   _check_rules(loss, LOSS_RULES, prefix, problems)
   if len(problems) > before:
     return
-  if loss.name == 'capsnet' and model.get('name') != 'capsnet':
-    problems.append(f'config.{prefix}name=\'capsnet\': allowed only with a CapsNet model '
-                    f'(the model is {model.get("name")!r}); use sigmoid_xent or softmax_xent')
-  if loss.name != 'capsnet' and model.get('name') == 'capsnet':
-    problems.append(f'config.{prefix}name={loss.name!r}: a CapsNet model is trained with the '
-                    "'capsnet' loss")
-  if loss.name == 'capsnet' and 'm_minus' in loss and loss.m_minus >= loss.m_plus:
-    problems.append(f'config.{prefix}m_minus={loss.m_minus!r}: allowed a value below '
-                    f'm_plus={loss.m_plus!r}')
+  if model.get('name') not in MODELS:
+    return
+  objective, family = OBJECTIVES[loss.name], MODELS[model.name]
+  if model.name not in objective.families:
+    trained_with = ' or '.join(repr(name) for name in family.objectives) or 'its own'
+    problems.append(f'config.{prefix}name={loss.name!r}: a {model.name!r} model is trained with the '
+                    f'{trained_with} loss')
+  problems.extend(objective.check(loss, prefix))
 
 
 def problems_of(config) -> List[str]:
@@ -293,7 +282,8 @@ def problems_of(config) -> List[str]:
     if not (_is_int(config.max_shift) and 0 <= config.max_shift <= limit):
       problems.append(f'config.max_shift={config.max_shift!r}: allowed an integer in [0, {limit}] '
                       f'(a quarter of the {side}-pixel image side)')
-  if config.get('num_train_examples') and config.get('task', 'classify') != 'multimnist':
+  task = config.get('task')
+  if config.get('num_train_examples') and not (task in TASKS and TASKS[task].generates_examples):
     if config.num_train_examples < config.get('batch_size', 1):
       problems.append(f'config.batch_size={config.batch_size!r}: allowed at most '
                       f'num_train_examples={config.num_train_examples}')

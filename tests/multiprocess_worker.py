@@ -17,7 +17,7 @@ import numpy as np
 
 from capsjax import runtime, sharding, train
 from capsjax.data import pipeline
-from capsjax.checkpoints import load_trained
+from capsjax.trained import load_trained
 from sharded_config import tiny_sharded_config
 
 

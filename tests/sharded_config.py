@@ -1,5 +1,5 @@
 """The tiny training shared by the data-parallel tests and their worker processes."""
-from test_train import tiny_config
+from helpers import tiny_config
 
 
 def tiny_sharded_config(data_dir):

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from capsjax import ensembles, train
-from capsjax.checkpoints import load_trained
+from capsjax.trained import load_trained
 from capsjax.programs import ablation
 from capsjax.errors import ConfigError
 from capsjax.models import build_model, count_params
 from experiments import ablation as ablation_experiment
-from test_train import tiny_config
+from helpers import tiny_config
 
 
 def member_config(config, member) -> ml_collections.ConfigDict:

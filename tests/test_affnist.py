@@ -12,7 +12,7 @@ from capsjax.data import affine
 from capsjax.data.tasks import affine_test_pipeline, make_pipelines
 from capsjax.errors import DataError
 from experiments import affnist_smoke
-from test_train import tiny_config
+from helpers import tiny_config
 
 
 def _digit():

@@ -7,20 +7,21 @@ import pytest
 
 from capsjax import train
 from capsjax import workdir as workdir_lib
+from capsjax import plots
 from capsjax.programs import figures, sweep
 from capsjax.errors import ConfigError
 from experiments import sweep_smoke
-from test_train import tiny_config
+from helpers import tiny_config
 
 
 def test_perturbation_grid_changes_one_dimension_by_0_05_steps():
   capsule = np.arange(16, dtype=np.float32) / 16
-  grid = figures.perturb(capsule)
+  grid = plots.perturb(capsule)
   assert grid.shape == (16, 11, 16)
-  np.testing.assert_allclose(figures.PERTURBATIONS, np.linspace(-0.25, 0.25, 11), atol=1e-9)
+  np.testing.assert_allclose(plots.PERTURBATIONS, np.linspace(-0.25, 0.25, 11), atol=1e-9)
   difference = grid - capsule
   for d in range(16):
-    np.testing.assert_allclose(difference[d, :, d], figures.PERTURBATIONS, atol=1e-6)
+    np.testing.assert_allclose(difference[d, :, d], plots.PERTURBATIONS, atol=1e-6)
     np.testing.assert_allclose(np.delete(difference[d], d, axis=-1), 0.0, atol=1e-7)
 
 

@@ -12,13 +12,7 @@ from capsjax.data.idx import parse_idx, read_idx, write_idx
 from capsjax.data.sources import load_dataset, load_idx_split
 from capsjax.errors import DataError
 from experiments import mnist
-
-
-def _write_split(folder, split, images, labels, compress=True):
-  prefix = 'train' if split == 'train' else 't10k'
-  suffix = '.gz' if compress else ''
-  write_idx(os.path.join(folder, f'{prefix}-images-idx3-ubyte{suffix}'), images, compress)
-  write_idx(os.path.join(folder, f'{prefix}-labels-idx1-ubyte{suffix}'), labels, compress)
+from helpers import write_idx_split
 
 
 @pytest.mark.parametrize('compress', [True, False])
@@ -26,7 +20,7 @@ def test_idx_round_trip(tmp_path, compress):
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (5, 28, 28), dtype=np.uint8)
   labels = rng.integers(0, 10, 5).astype(np.uint8)
-  _write_split(tmp_path, 'train', images, labels, compress)
+  write_idx_split(tmp_path, 'train', images, labels, compress)
   dataset = load_idx_split(str(tmp_path), 'train')
   np.testing.assert_array_equal(dataset.images[..., 0], images)
   np.testing.assert_array_equal(dataset.labels, labels)
@@ -81,7 +75,7 @@ def test_missing_folder_and_file(tmp_path):
 
 
 def test_wrong_image_size_is_rejected(tmp_path):
-  _write_split(tmp_path, 'test', np.zeros((2, 32, 32), np.uint8), np.zeros(2, np.uint8))
+  write_idx_split(tmp_path, 'test', np.zeros((2, 32, 32), np.uint8), np.zeros(2, np.uint8))
   with pytest.raises(DataError, match=r'test images have shape \(32, 32, 1\); mnist has \(28, 28, 1\)'):
     load_dataset('mnist', 'test', str(tmp_path))
 
@@ -126,7 +120,7 @@ def test_counts_beyond_the_data_are_refused_never_clamped(tmp_path, overrides, m
   from capsjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   for split, count in (('train', 200), ('test', 50)):
-    _write_split(str(tmp_path), split, rng.integers(0, 256, (count, 28, 28), dtype=np.uint8),
+    write_idx_split(str(tmp_path), split, rng.integers(0, 256, (count, 28, 28), dtype=np.uint8),
                  (np.arange(count) % 10).astype(np.uint8))
   config = mnist.get_config()
   config.data_dir, config.batch_size = str(tmp_path), 16

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from capsjax import steps, train
+from capsjax import assemble, steps, train
 from capsjax.data import augment
 from capsjax.data import sources as mnist_data
 from capsjax.data import pipeline as pipeline_lib
@@ -204,7 +204,7 @@ def test_ensemble_eval_step_sums_the_members_lengths(mnist_dir):
   test = Dataset(full.images[:64], full.labels[:64])
   pipe = pipeline_lib.dataset_pipeline(config, test, False)
   knobs = {'seed': jnp.arange(3), 'routing_iterations': jnp.full(3, 3), 'reconstruction_weight': jnp.zeros(3)}
-  eval_step = steps.make_eval_step(config, model, pipe, ensemble=True)
+  eval_step = steps.make_eval_step(assemble.objective(config), model, pipe, ensemble=True)
   (host, weights), = list(pipe.eval_batches(64))
   sums = eval_step(params, None, host, weights, knobs)
   images = jnp.asarray(host[0], jnp.float32) / 255

@@ -18,18 +18,17 @@ import ml_collections
 import numpy as np
 import pytest
 
-from capsjax import train
+from capsjax import train, trained
 from capsjax.data.sources import load_dataset
 from capsjax.data.pipeline import preprocess
 from capsjax.explorer import __main__ as explorer_main
-from capsjax.explorer import backend
 from capsjax.explorer import server as server_module
 from capsjax.explorer.backend import Explorer, RequestError, mnist_preprocess, to_pixels
 from capsjax.explorer.export import MAX_SHIPPED_FILE_BYTES
 from capsjax.explorer.server import make_server
 from capsjax.models import build_model
 from experiments import multimnist as multimnist_experiment
-from tests.test_train import tiny_config
+from helpers import tiny_config
 
 # Compares formulations / the model's own answers at float32 tolerances (see conftest).
 pytestmark = pytest.mark.float32_matmuls
@@ -207,7 +206,7 @@ def test_multimnist_mode_decodes_the_two_capsules_separately():
 # ------------------------------------------------------------------------- shipped model
 
 def test_shipped_model_is_small_and_classifies_its_test_sample():
-  sizes = {name: os.path.getsize(os.path.join(backend.ASSETS, name))
+  sizes = {name: os.path.getsize(os.path.join(trained.SHIPPED, name))
            for name in ('params.npz', 'config.json', 'test_sample.npz')}
   assert max(sizes.values()) <= MAX_SHIPPED_FILE_BYTES
   explorer = Explorer.shipped()
@@ -218,8 +217,8 @@ def test_shipped_model_is_small_and_classifies_its_test_sample():
 
 def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):
   images = np.zeros((3, 28, 28, 1), np.uint8)
-  backend.export(trained_workdir, str(tmp_path), images, np.arange(3))
-  config, params = backend.read_exported(str(tmp_path))
+  trained.export(trained_workdir, str(tmp_path), images, np.arange(3))
+  config, params = trained.read_exported(str(tmp_path))
   assert isinstance(config, ml_collections.ConfigDict) and config.model.conv1_channels == 16
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4), params,
                jax.tree.map(np.asarray, explorer.params))   # float16 storage

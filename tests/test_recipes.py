@@ -9,20 +9,20 @@ import ml_collections
 import numpy as np
 import pytest
 
-from capsjax import losses, reports, steps, train
-from capsjax.checkpoints import load_trained
+from capsjax import assemble, losses, reports, train
+from capsjax.trained import load_trained
 from capsjax.data.sources import Dataset
 from capsjax.data.tasks import split_validation
 from capsjax.errors import ConfigError
 from capsjax.explorer import export as export_main
-from capsjax.explorer.backend import read_exported
+from capsjax.trained import read_exported
 from capsjax.layers import PrimaryCaps
 from capsjax.models import build_model
 from capsjax.programs import sweep
 from capsjax.programs.sweep import parse_variant, variant_config
 from capsjax.validation import problems_of
 from experiments import mnist, mnist_official, mnist_seeds, recipes
-from tests.test_train import tiny_config
+from helpers import tiny_config
 
 LENGTHS = jnp.array([[0.95, 0.5, 0.05, 0.3]])
 TARGETS = jnp.array([[0.0, 1.0, 0.0, 0.0]])
@@ -53,12 +53,12 @@ def test_capsnet_loss_official_scaling_weighs_reconstruction_20x_more_for_10_cla
 
 def test_learning_rate_floor():
   config = mnist.get_config()
-  schedule = steps.learning_rate_schedule(config)
+  schedule = assemble.schedule(config)
   np.testing.assert_allclose(schedule(0), 1e-3, rtol=1e-6)
   np.testing.assert_allclose(schedule(2000), 0.96e-3, rtol=1e-5)          # continuous decay
   np.testing.assert_allclose(schedule(500_000), 1e-3 * 0.96 ** 250, rtol=1e-3)   # ≈ 3.7e-8: no floor
   config.lr_min = 1e-6
-  schedule = steps.learning_rate_schedule(config)
+  schedule = assemble.schedule(config)
   np.testing.assert_allclose(schedule(300_000), 1e-3 * 0.96 ** 150, rtol=1e-3)   # ≈ 2.2e-6, above it
   np.testing.assert_allclose(schedule(500_000), 1e-6, rtol=1e-6)
 

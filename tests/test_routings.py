@@ -206,7 +206,7 @@ def _tiny_capsnet(name):
 
 @pytest.mark.parametrize('name', sorted(REFERENCES))
 def test_every_routing_drives_the_capsnet_and_its_loss(name):
-  from capsjax import objectives  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble  # pylint: disable=g-import-not-at-top
   config, model, params, _, images = _tiny_capsnet(name)
   learned = {f'routing_{option}' for option in routing.ROUTINGS[name].learned}
   assert learned <= set(params['digit_caps'])
@@ -215,7 +215,7 @@ def test_every_routing_drives_the_capsnet_and_its_loss(name):
   np.testing.assert_allclose(outputs['activations'], activations, rtol=1e-6)
   assert jnp.all((activations >= 0) & (activations <= 1))
   batch = {'images': images, 'labels': jnp.arange(4)}
-  grads = jax.jit(jax.grad(lambda p: jnp.mean(objectives.objective(config, model, p, batch, train=True)[0])))(params)
+  grads = jax.jit(jax.grad(lambda p: jnp.mean(assemble.objective(config)(model, p, batch, True)[0])))(params)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
   assert any(bool(jnp.any(g != 0)) for g in jax.tree.leaves(grads['digit_caps']))
 

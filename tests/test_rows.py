@@ -7,7 +7,7 @@ from capsjax.data import pipeline, rows
 from capsjax.data.sources import Dataset, load_idx_split
 from capsjax.errors import DataError
 from experiments import mnist
-from test_data import _write_split
+from helpers import write_idx_split
 
 
 class _RecordingRows(rows.ImageRows):
@@ -53,7 +53,7 @@ def test_uncompressed_idx_is_read_by_rows_and_gzipped_whole(tmp_path):
   for compress in (False, True):
     folder = tmp_path / str(compress)
     folder.mkdir()
-    _write_split(folder, 'test', images, labels, compress)
+    write_idx_split(folder, 'test', images, labels, compress)
     on_demand = load_idx_split(str(folder), 'test', on_demand=True)
     whole = load_idx_split(str(folder), 'test')
     assert isinstance(on_demand.images, rows.ImageRows) != compress
@@ -65,7 +65,7 @@ def test_uncompressed_idx_is_read_by_rows_and_gzipped_whole(tmp_path):
 
 def test_truncated_uncompressed_idx_is_one_clear_error(tmp_path):
   images = np.zeros((4, 28, 28), np.uint8)
-  _write_split(tmp_path, 'test', images, np.zeros(4, np.uint8), compress=False)
+  write_idx_split(tmp_path, 'test', images, np.zeros(4, np.uint8), compress=False)
   path = tmp_path / 't10k-images-idx3-ubyte'
   path.write_bytes(path.read_bytes()[:-5])
   with pytest.raises(DataError, match=r'declares shape \(4, 28, 28\)'):

@@ -12,26 +12,7 @@ import pytest
 from capsjax import train
 from capsjax.errors import CheckpointError, NaNLossError
 from experiments import mnist
-
-
-def tiny_config(data_dir, **overrides):
-  """A CapsNet small enough for a few CPU seconds per run."""
-  config = mnist.get_config()
-  config.data_dir = data_dir
-  config.model.conv1_channels = 16
-  config.model.primary_types = 4
-  config.model.decoder_hidden = (32, 64)
-  config.num_train_examples = 256
-  config.num_test_examples = 100
-  config.batch_size = 32
-  config.num_steps = 6
-  config.log_every_steps = 2
-  config.eval_every_steps = 0
-  config.eval_batch_size = 100
-  config.checkpoint_every_steps = 2
-  for key, value in overrides.items():
-    setattr(config, key, value)
-  return config
+from helpers import tiny_config
 
 
 def _restore_params(workdir):

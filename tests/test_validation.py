@@ -78,7 +78,7 @@ BAD_VALUES = [
     ('model.num_classes', 1, 'config.model.num_classes=1'),
     ('model.conv1_kernel', 27, 'config.model.input_shape=(28, 28, 1): images of 28×28 are too small'),
     ('loss.name', 'bogus', "config.loss.name='bogus': allowed one of capsnet, sigmoid_xent, softmax_xent"),
-    ('loss.name', 'softmax_xent', "config.loss.name='softmax_xent': a CapsNet model is trained with the 'capsnet' loss"),
+    ('loss.name', 'softmax_xent', "config.loss.name='softmax_xent': a 'capsnet' model is trained with the 'capsnet' loss"),
     ('loss.m_minus', 0.95, 'config.loss.m_minus=0.95: allowed a value below m_plus=0.9'),
     ('loss.reconstruction_weight', -0.1, 'config.loss.reconstruction_weight=-0.1'),
 ]
@@ -106,7 +106,7 @@ def test_comparison_models_and_ensembles_are_checked():
   assert 'one kernel per entry of conv_channels' in problems_of(config)[0]
   config.loss.name = 'capsnet'
   config.model.conv_kernels = (9, 5)
-  assert "allowed only with a CapsNet model (the model is 'cnn')" in problems_of(config)[0]
+  assert "a 'cnn' model is trained with the 'softmax_xent' or 'sigmoid_xent' loss" in problems_of(config)[0]
 
 
 @pytest.mark.parametrize('override,message', [

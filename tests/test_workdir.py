@@ -10,10 +10,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from capsjax import train
-from capsjax.checkpoints import load_trained
+from capsjax.trained import load_trained
 from capsjax import workdir as workdir_lib
 from capsjax.errors import CheckpointError, ConfigError, DataError, WorkdirError
-from test_train import tiny_config
+from helpers import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

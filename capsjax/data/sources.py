@@ -35,6 +35,7 @@ from capsjax.data.datasets import DATASETS, Preprocessing, model_input_shape
 from capsjax.data.idx import is_gzipped, map_idx, read_idx
 from capsjax.data.rows import CHUNK_ROWS, ImageRows
 from capsjax.errors import ConfigError, DataError
+from capsjax.registry import Registry
 
 _IDX_NAMES = {
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
@@ -252,31 +253,45 @@ class Source:
     raise NotImplementedError
 
 
-SOURCES: Dict[str, type] = {}   # kind → Source subclass, in the order they are asked
+# kind → Source subclass. Capability `datasets`: the config.dataset names the source
+# serves by name (asked first, so a source registered outside the package is never
+# shadowed by the built-in kinds); the others are asked in registration order.
+SOURCES = Registry('source', datasets=())
 
 
-def register_source(kind: str) -> Callable[[type], type]:
+def register_source(kind: str, datasets: Tuple[str, ...] = ()) -> Callable[[type], type]:
+  """Class decorator: a Source subclass of kind `kind`; `datasets` are the
+  config.dataset names it serves (besides those its `claims` accepts)."""
   def register(cls):
-    SOURCES[kind] = cls
     cls.kind = kind
-    return cls
+    return SOURCES.register(kind, datasets=tuple(datasets))(cls)
   return register
 
 
+def _named_datasets() -> Tuple[str, ...]:
+  return tuple(name for entry in SOURCES.entries() for name in entry.datasets)
+
+
 def dataset_names_help() -> str:
-  return (f'one of {", ".join(DATASETS)}, {IMAGE_FOLDER} (the folder in data_dir) or any TFDS '
+  named = ''.join(f'{name}, ' for name in _named_datasets())
+  return (f'one of {", ".join(DATASETS)}, {named}{IMAGE_FOLDER} (the folder in data_dir) or any TFDS '
           'image-classification dataset name (kmnist, emnist/digits, …)')
 
 
 def is_dataset_name(name) -> bool:
-  return isinstance(name, str) and (name in DATASETS or name == IMAGE_FOLDER or bool(_TFDS_NAME.match(name)))
+  return isinstance(name, str) and (name in DATASETS or name == IMAGE_FOLDER or name in _named_datasets()
+                                    or bool(_TFDS_NAME.match(name)))
 
 
 def open_source(spec: DataSpec) -> Source:
-  """The source of the first registered kind that claims `spec`."""
-  for cls in SOURCES.values():
-    if cls.claims(spec):
-      return cls(spec)
+  """The source that serves spec.dataset by name, else the first registered kind that
+  claims `spec`."""
+  for entry in SOURCES.entries():
+    if spec.dataset in entry.datasets:
+      return entry.value(spec)
+  for entry in SOURCES.entries():
+    if not entry.datasets and entry.value.claims(spec):
+      return entry.value(spec)
   raise ConfigError(f'config.dataset={spec.dataset!r}: allowed {dataset_names_help()}')
 
 

@@ -6,7 +6,7 @@ evaluation batches, device batch). Each task takes its own sub-config: the few k
 names in `keys`, copied out of the run's config, never the whole config. Adding one is
 a class and a decorator; capsjax.validation reads the names from TASKS.
 """
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import ml_collections
 
@@ -14,18 +14,29 @@ from capsjax.data import affine
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, images_on_demand, multimnist_pipeline
 from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source
 from capsjax.errors import ConfigError
-from capsjax.models import capsnet_geometry_problem
+from capsjax.models import MODELS
+from capsjax.registry import Registry
 
-TASKS: Dict[str, type] = {}
+# config.task → the Task class, and what callers ask of a task:
+#   labels_per_example     labels of one example (2: MultiMNIST's pairs); predictions are
+#                          the top-k classes
+#   has_validation         a validation split can be held out of the training split
+#   input_shape_from_data  the model reads the source's images as they are, so an open
+#                          model.input_shape takes the data's
+#   generates_examples     training examples are generated from the source's (the count
+#                          of source images does not bound the batch)
+#   per_label_targets      batches carry each label's own object (`digits`): segmentation
+#   single_images          one object per image: predict applies
+TASKS = Registry('task', labels_per_example=1, has_validation=True, input_shape_from_data=False,
+                 generates_examples=False, per_label_targets=False, single_images=True)
 
 Splits = Tuple[Pipeline, Pipeline, Optional[Pipeline]]
 
 
-def register_task(name: str) -> Callable[[type], type]:
+def register_task(name: str, **capabilities) -> Callable[[type], type]:
   def register(cls):
-    TASKS[name] = cls
     cls.name = name
-    return cls
+    return TASKS.register(name, **capabilities)(cls)
   return register
 
 
@@ -43,7 +54,6 @@ def sub_config(config: ml_collections.ConfigDict, keys) -> ml_collections.Config
 class Task:
   """Pipelines from a source's splits. `keys`: the config keys the task reads."""
   keys: Tuple[str, ...] = ('batch_size', 'seed', 'num_test_examples')
-  has_validation = True   # whether a validation split can be held out of the training split
 
   def __init__(self, task_config: ml_collections.ConfigDict):
     self.config = task_config
@@ -65,7 +75,7 @@ class Task:
       raise ConfigError(f'batch_size {self.config.batch_size} exceeds the {len(train)} training examples')
 
 
-@register_task('classify')
+@register_task('classify', input_shape_from_data=True)
 class Classify(Task):
   """One label per image: the source's images as they are (its preprocessing, training
   shifts of up to max_shift px)."""
@@ -100,12 +110,12 @@ class Expanded(Task):
             make(held_out, False, seed + 1) if held_out else None)
 
 
-@register_task('multimnist')
+@register_task('multimnist', labels_per_example=2, has_validation=False, generates_examples=True,
+               per_label_targets=True, single_images=False)
 class MultiMnist(Task):
   """Two digits of different classes overlaid on the model's canvas (section 6),
   generated on device from (seed, example index)."""
   keys = Task.keys + ('multimnist',)
-  has_validation = False
 
   def pipelines(self, info, train, test, held_out):
     if self.config.num_test_examples:
@@ -119,7 +129,7 @@ class MultiMnist(Task):
 def make_task(config) -> Task:
   if config.task not in TASKS:
     raise ConfigError(f'config.task={config.task!r}: allowed one of {", ".join(TASKS)}')
-  cls = TASKS[config.task]
+  cls = TASKS.get(config.task)
   return cls(sub_config(config, cls.keys))
 
 
@@ -138,7 +148,7 @@ def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]
   if not held_out:
     return train, None
   if not TASKS[config.task].has_validation:
-    allowed = ', '.join(f"'{name}'" for name, cls in TASKS.items() if cls.has_validation)
+    allowed = ', '.join(f"'{entry.name}'" for entry in TASKS.entries() if entry.has_validation)
     raise ConfigError(f'config.validation_examples: a held-out validation split exists for the {allowed} '
                       'tasks only')
   if held_out >= len(train):
@@ -199,15 +209,15 @@ def resolve_data(config) -> ml_collections.ConfigDict:
                       f'{info.num_classes} classes')
   if model.get('num_classes') == 0:
     model.num_classes = info.num_classes
-  elif isinstance(task, Classify) and model.get('num_classes') not in (None, info.num_classes):
+  elif TASKS[task.name].input_shape_from_data and model.get('num_classes') not in (None, info.num_classes):
     raise ConfigError(f'{info.name} has {info.num_classes} classes; the model has config.model.num_classes='
                       f'{model.num_classes} (--experiment=images takes the shape and classes from the data)')
   if 'input_shape' in model and not tuple(model.input_shape):
-    if not isinstance(task, Classify):
+    if not TASKS[task.name].input_shape_from_data:
       raise ConfigError(f'config.model.input_shape=(): the {task.name} task needs the canvas size '
                         '(height, width, channels)')
     model.input_shape = tuple(info.input_shape)
-    why = capsnet_geometry_problem(model) if model.get('name') == 'capsnet' else None
-    if why:   # the data's images, too small for the CapsNet
-      raise ConfigError(f'config.model.input_shape={tuple(model.input_shape)!r}: {why}')
+    problems = MODELS[model.name].check(model, 'model.')
+    if problems:   # e.g. the data's images, too small for the CapsNet
+      raise ConfigError(problems[0])
   return config

@@ -5,7 +5,6 @@ tweaked capsules, all through the model's own `encode` / `decode`, jitted at sta
 as JSON. Input problems raise `RequestError`, which the server turns into a 400.
 """
 import io
-import json
 import os
 import threading
 from typing import Any, Dict, Optional
@@ -14,18 +13,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import traverse_util
 from PIL import Image
 
-from capsjax.checkpoints import load_trained, select_member
+from capsjax.trained import SHIPPED, load_trained, read_exported, select_member
 from capsjax.data.pipeline import preprocess
 from capsjax.data.sources import run_source_info
 from capsjax.data.tasks import make_pipelines
-from capsjax.errors import CapsjaxError, CheckpointError
-from capsjax.models import build_model, capsule_lengths
-from capsjax.programs.figures import draw_perturbations
+from capsjax.errors import CapsjaxError
+from capsjax.data.tasks import TASKS
+from capsjax.models import MODELS, build_model, capsule_lengths
+from capsjax.plots import draw_perturbations
 
-ASSETS = os.path.join(os.path.dirname(__file__), 'assets')
 SLIDER_RANGE = 0.25        # figure 4 of the paper: each dimension tweaked within ±0.25
 WIDE_SLIDER_RANGE = 1.0
 ENCODE_BATCH = 100
@@ -85,10 +83,12 @@ class Explorer:
 
   def __init__(self, config: ml_collections.ConfigDict, model, params, images: np.ndarray,
                labels: np.ndarray, source: str):
-    if config.model.name != 'capsnet' or not config.model.use_decoder:
+    family = MODELS[config.model.name]
+    if not (family.capsules and family.has_decoder(config.model)):
       raise CapsjaxError(f'{source} holds no CapsNet with a decoder: nothing to explore')
     self.config, self.model, self.params, self.source = config, model, params, source
-    self.multimnist = config.task == 'multimnist'
+    self.top_k = TASKS[config.task].labels_per_example   # labels (and predictions) per input
+    self.multimnist = self.top_k > 1
     self.num_classes = int(config.model.num_classes)
     self.dim = int(config.model.digit_dim)
     self.input_shape = tuple(int(s) for s in config.model.input_shape)
@@ -97,7 +97,6 @@ class Explorer:
                          'grey (1-channel) inputs and reconstructions only')
     self.images = np.asarray(images, np.float32)
     self.labels = np.asarray(labels)
-    self.top_k = 2 if self.multimnist else 1
     # (capsules, the routing's activations: Procedure 1's are the capsule lengths)
     self._encode = jax.jit(lambda x: model.apply({'params': params}, x, method='classify'))
     self._decode = jax.jit(lambda capsules, mask: model.apply({'params': params}, capsules, mask,
@@ -135,8 +134,8 @@ class Explorer:
   def shipped(cls) -> 'Explorer':
     """The small CapsNet that ships with the package (experiments/explorer.py), with its
     sample of MNIST test images."""
-    config, params = read_exported(ASSETS)
-    with np.load(os.path.join(ASSETS, 'test_sample.npz')) as sample:
+    config, params = read_exported(SHIPPED)
+    with np.load(os.path.join(SHIPPED, 'test_sample.npz')) as sample:
       images = np.asarray(preprocess(jnp.asarray(sample['images'])))
       labels = sample['labels']
     return cls(config, build_model(config.model), params, images, labels, 'the shipped model')
@@ -244,39 +243,3 @@ class Explorer:
     if not np.all(np.isfinite(vectors)) or np.max(np.abs(vectors)) > 100:
       raise RequestError('capsule vector entries must be finite numbers within ±100')
     return vectors.astype(np.float32), classes
-
-
-# ----------------------------------------------------------------------------- shipped weights
-
-def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: np.ndarray,
-           member: Optional[int] = None, step: Optional[int] = None) -> Dict[str, Any]:
-  """Writes a trained run's config and float16 parameters (no optimiser state) of its
-  latest checkpoint or that of `step`, with a sample of test images, into `directory`:
-  the files `Explorer.shipped` reads."""
-  config, _, params = load_trained(workdir, step=step)
-  params = select_member(config, params, member, workdir)
-  flat = {name: np.asarray(leaf, np.float16)
-          for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}
-  os.makedirs(directory, exist_ok=True)
-  np.savez_compressed(os.path.join(directory, 'params.npz'), **flat)
-  np.savez_compressed(os.path.join(directory, 'test_sample.npz'), images=test_images, labels=test_labels)
-  shipped_config = config.to_dict()
-  shipped_config.update(data_dir='', tfds_data_dir='')   # this machine's paths mean nothing elsewhere
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(shipped_config, f, indent=2, default=str)
-  return {'num_params': int(sum(v.size for v in flat.values())),
-          'bytes': {name: os.path.getsize(os.path.join(directory, name))
-                    for name in ('params.npz', 'test_sample.npz', 'config.json')}}
-
-
-def read_exported(directory: str):
-  """(config, float32 params) written by `export`."""
-  try:
-    with open(os.path.join(directory, 'config.json')) as f:
-      config = ml_collections.ConfigDict(json.load(f))
-    with np.load(os.path.join(directory, 'params.npz')) as archive:
-      flat = {name: np.asarray(archive[name], np.float32) for name in archive.files}
-  except (OSError, ValueError, KeyError) as e:
-    raise CheckpointError(f'cannot read the exported model in {directory}: {e}') from None
-  params = traverse_util.unflatten_dict({name: jnp.asarray(v) for name, v in flat.items()}, sep='/')
-  return config, params

@@ -18,7 +18,6 @@ BUILD.md has the command that made the shipped files.
 import argparse
 import os
 import sys
-from typing import Optional, Tuple
 
 import numpy as np
 
@@ -32,31 +31,6 @@ def step_argument(text: str) -> str:
   if text in ('best', 'latest') or (text.isdigit() and int(text) > 0):
     return text
   raise argparse.ArgumentTypeError(f"{text!r}: expected best, latest or a step number")
-
-
-def choose_checkpoint(workdir: str, step: str, member: Optional[int]) -> Tuple[Optional[int], Optional[int], str]:
-  """(checkpoint step or None for the latest, ensemble member or None, why) for --step."""
-  from capsjax import reports  # pylint: disable=g-import-not-at-top
-  from capsjax.checkpoints import check_member  # pylint: disable=g-import-not-at-top
-  from capsjax.workdir import MetricsLog  # pylint: disable=g-import-not-at-top
-  if step == 'latest':
-    return None, member, 'the latest checkpoint'
-  if step != 'best':
-    return int(step), member, f'the checkpoint of step {step}'
-  selected = reports.select_by_validation(MetricsLog(workdir).read())
-  if selected is None:
-    return None, member, 'the latest checkpoint (the run has no validation split to select by)'
-  if not isinstance(selected['step'], list):
-    return selected['step'], member, (f'the best validation step {selected["step"]} (validation error '
-                                      f'{100 * selected["validation_error"]:.2f} %; test error there '
-                                      f'{100 * selected["test_error"]:.2f} %)')
-  if member is None:
-    member = int(np.argmin(selected['validation_error']))
-  check_member(member, len(selected['step']), workdir)
-  return selected['step'][member], member, (
-      f'member {member} at its best validation step {selected["step"][member]} (validation error '
-      f'{100 * selected["validation_error"][member]:.2f} %; test error there '
-      f'{100 * selected["test_error"][member]:.2f} %)')
 
 
 @cli.main_wrapper
@@ -73,9 +47,9 @@ def main(argv=None):
                       help='count the test error of the float16 parameters as written')
   args = parser.parse_args(argv)
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
-  from capsjax.explorer.backend import ASSETS, export, read_exported  # pylint: disable=g-import-not-at-top
+  from capsjax.trained import SHIPPED, choose_checkpoint, export, read_exported  # pylint: disable=g-import-not-at-top
   from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
-  out = args.out or ASSETS
+  out = args.out or SHIPPED
   config = read_config(args.workdir)
   step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir)

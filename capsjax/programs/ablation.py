@@ -14,7 +14,8 @@ import ml_collections
 import numpy as np
 
 from capsjax import train
-from capsjax.programs.common import pyplot, save_figure, with_model_of
+from capsjax.plots import pyplot, save_figure
+from capsjax.programs.common import with_model_of
 from capsjax.reports import markdown_table, mean_std, seed_groups
 from capsjax.errors import ConfigError
 

@@ -15,8 +15,9 @@ import ml_collections
 import numpy as np
 
 from capsjax import steps, train
-from capsjax.checkpoints import load_trained
-from capsjax.programs.common import image_grid, with_model_of
+from capsjax.trained import load_trained
+from capsjax.plots import image_grid
+from capsjax.programs.common import with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.sources import Dataset

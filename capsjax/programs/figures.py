@@ -27,11 +27,11 @@ from capsjax.data.sources import load_dataset, run_source_info
 from capsjax.data.pipeline import preprocess
 from capsjax import cli
 from capsjax.errors import CapsjaxError
-from capsjax.programs.common import image_grid, pyplot, save_figure
-from capsjax.routing import coupling_changes, routing_logit_changes
-from capsjax.checkpoints import load_trained, select_member
-
-PERTURBATIONS = np.round(np.arange(-0.25, 0.2501, 0.05), 2)   # 11 values, 0 in the middle
+from capsjax.plots import PERTURBATIONS, decode_class, draw_perturbations, image_grid, pyplot, save_figure
+from capsjax.data.tasks import TASKS
+from capsjax.models import MODELS
+from capsjax.routing import ROUTINGS, coupling_changes, routing_logit_changes
+from capsjax.trained import load_trained, select_member
 
 
 def classify(model, params, images, batch_size=500):
@@ -41,19 +41,6 @@ def classify(model, params, images, batch_size=500):
   capsules = np.concatenate([np.asarray(c) for c, _ in outputs])
   activations = np.concatenate([np.asarray(a) for _, a in outputs])
   return capsules, np.argmax(activations, axis=-1)
-
-
-def decode_class(model, params, capsules, classes):
-  """Reconstructions [n, h, w, c] from the capsule of `classes` [n] (all others masked)."""
-  mask = jax.nn.one_hot(classes, capsules.shape[1])
-  return np.asarray(model.apply({'params': params}, jnp.asarray(capsules), mask, method='decode'))
-
-
-def perturb(capsule: np.ndarray, deltas=PERTURBATIONS) -> np.ndarray:
-  """[dim] → [dim, len(deltas), dim]: row d adds each delta to dimension d only."""
-  dim = capsule.shape[-1]
-  offsets = np.eye(dim)[:, None, :] * np.asarray(deltas)[None, :, None]   # [dim, deltas, dim]
-  return capsule[None, None, :] + offsets
 
 
 def reconstruction_columns(labels, predictions, num_correct=5, num_failures=2):
@@ -81,20 +68,6 @@ def draw_reconstructions(model, params, images, labels, capsules, predictions, p
   colors = [['black' if label == predicted else 'red' for _, label, predicted, _ in columns], ['black'] * len(columns)]
   image_grid(path, grid, titles, colors, row_labels=['input', 'output'], cell=(1.3, 1.5), fontsize=9)
   return columns
-
-
-def draw_perturbations(model, params, capsule, label, path, name=None):
-  """Figure 4 for one digit capsule [dim] of class `label`."""
-  grid = perturb(capsule)                                         # [dim, deltas, dim]
-  dim, steps = grid.shape[:2]
-  # Only the label's capsule reaches the decoder (the others are masked out).
-  full = np.zeros((dim * steps, model.num_classes, dim), np.float32)   # [dim·deltas, classes, dim]
-  full[:, label] = grid.reshape(dim * steps, dim)
-  outputs = decode_class(model, params, full, np.full(dim * steps, label)).reshape(
-      (dim, steps) + tuple(model.input_shape))
-  titles = [[f'{delta:+.2f}' for delta in PERTURBATIONS]] + [[''] * steps] * (dim - 1)
-  image_grid(path, outputs, titles, row_labels=[str(d) for d in range(dim)], cell=(0.7, 0.7), fontsize=7,
-             suptitle=f'class {name or label}: dimension (rows) × perturbation (columns)', dpi=100, tight=False)
 
 
 def final_routing_changes(model, params, images, iterations=10):
@@ -146,9 +119,10 @@ def main(argv=None):
   cli.add_data_flags(parser)
   args = parser.parse_args(argv)
   config, model, params = load_trained(args.workdir, cli.data_overrides(args))
-  if config.model.name != 'capsnet' or not config.model.use_decoder:
+  family = MODELS[config.model.name]
+  if not (family.capsules and family.has_decoder(config.model)):
     raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
-  if config.task != 'classify':
+  if not TASKS[config.task].input_shape_from_data:   # the test images as stored
     raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.programs.segmentation')
   params = select_member(config, params, args.member, args.workdir)
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir,
@@ -163,10 +137,10 @@ def main(argv=None):
     label = int(test.labels[index])
     draw_perturbations(model, params, capsules[index, label], label,
                        os.path.join(args.workdir, f'perturbations_{index}.png'), names[label])
-  # The convergence figure reads Procedure 1's routing logits; other routings have none.
-  dynamic = config.model.get('routing', 'dynamic') == 'dynamic'
-  final_changes = final_routing_changes(model, params, images[:100]) if dynamic else None
-  if dynamic:
+  # The convergence figure reads routing logits (Procedure 1's); other routings have none.
+  has_logits = ROUTINGS[config.model.routing].returns_logits
+  final_changes = final_routing_changes(model, params, images[:100]) if has_logits else None
+  if has_logits:
     draw_routing_convergence(os.path.join(args.workdir, 'metrics.jsonl'), final_changes,
                              os.path.join(args.workdir, 'routing_convergence.png'))
   summary = {'reconstruction_columns': [dict(zip(('index', 'label', 'prediction', 'reconstructed'), c))
@@ -178,7 +152,7 @@ def main(argv=None):
     json.dump(summary, f, indent=2)
   print(f'figures written to {args.workdir}: reconstructions.png, '
         f'{", ".join(f"perturbations_{i}.png" for i in perturbed)}'
-        + (', routing_convergence.png' if dynamic else ''))
+        + (', routing_convergence.png' if has_logits else ''))
   return 0
 
 

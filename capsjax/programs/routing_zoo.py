@@ -19,9 +19,9 @@ import ml_collections
 import numpy as np
 
 from capsjax import train
-from capsjax.checkpoints import load_trained, select_member
+from capsjax.trained import load_trained, select_member
 from capsjax.errors import ConfigError
-from capsjax.programs.common import pyplot, save_figure
+from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.routing import ROUTINGS
 from capsjax.workdir import MetricsLog

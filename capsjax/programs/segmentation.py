@@ -19,10 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import cli
-from capsjax.data.tasks import make_pipelines
-from capsjax.programs.common import image_grid
+from capsjax.data.tasks import TASKS, make_pipelines
+from capsjax.models import MODELS
+from capsjax.plots import image_grid
 from capsjax.errors import CapsjaxError
-from capsjax.checkpoints import load_trained
+from capsjax.trained import load_trained
 from capsjax.workdir import read_config
 
 
@@ -54,9 +55,10 @@ def main(argv=None):
   cli.add_data_flags(parser)
   args = parser.parse_args(argv)
   config = read_config(args.workdir)   # checked before the checkpoint is read
-  if config.task != 'multimnist':
+  if not TASKS[config.task].per_label_targets:
     raise CapsjaxError(f'{args.workdir} holds a {config.experiment} run, not a MultiMNIST one')
-  if config.model.name != 'capsnet' or not config.model.get('use_decoder', True):
+  family = MODELS[config.model.name]
+  if not (family.capsules and family.has_decoder(config.model)):
     raise CapsjaxError(f'{args.workdir} holds a {config.model.name} model without capsules to reconstruct; '
                        'segmentation needs a CapsNet with its decoder (e.g. --experiment=multimnist)')
   config, model, params = load_trained(args.workdir, cli.data_overrides(args))

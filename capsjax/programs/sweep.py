@@ -22,7 +22,7 @@ import numpy as np
 
 from capsjax import train, validation
 from capsjax.errors import ConfigError
-from capsjax.programs.common import pyplot, save_figure
+from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 
 

@@ -1,0 +1,113 @@
+"""A trained run, below every program that reads one (predict, the explorer, export,
+figures, segmentation, the experiment programs): load its config and a checkpoint,
+choose a member or a step, and write or read an exported (float16) model.
+"""
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from capsjax import assemble, reports
+from capsjax.checkpoints import Checkpoints
+from capsjax.errors import CheckpointError
+from capsjax.workdir import MetricsLog, read_config
+
+# The small MNIST CapsNet that ships with the package (experiments/explorer.py), exported
+# with its sample of test images: what predict and the explorer serve without --workdir.
+SHIPPED = os.path.join(os.path.dirname(__file__), 'explorer', 'assets')
+
+
+def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Optional[int] = None):
+  """(config, model, params) of the run in `workdir`, finished or not: its config.json and
+  latest checkpoint, or that of `step` (an ensemble's params carry a leading member axis).
+  `data` replaces where the data comes from (data_dir, tfds_data_dir: this machine's, not
+  the run's)."""
+  config = read_config(workdir)
+  config.update(data or {})
+  model = assemble.model(config)
+  # Shapes only: restoring needs no initial values (initialising op by op took seconds).
+  template = jax.eval_shape(lambda: assemble.initial_state(config, model, assemble.optimizer(config)))
+  with Checkpoints(workdir, config.keep_checkpoints) as checkpoints:
+    if checkpoints.latest_step() is None:
+      raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
+    state, _ = checkpoints.restore(template, step)
+  return config, model, state['params']
+
+
+def check_member(member: int, members: int, workdir: str) -> None:
+  if not 0 <= member < members:
+    raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{members - 1}')
+
+
+def select_member(config, params, member: Optional[int], workdir: str):
+  """The parameters of one member of an ensemble run (default: the last); a single run's
+  own parameters, where `member` must be None."""
+  if config.ensemble:
+    members = jax.tree.leaves(params)[0].shape[0]
+    member = members - 1 if member is None else member
+    check_member(member, members, workdir)
+    return jax.tree.map(lambda x: x[member], params)
+  if member is not None:
+    raise CheckpointError(f'--member={member}: {workdir} holds a single run, not an ensemble')
+  return params
+
+
+def choose_checkpoint(workdir: str, step: str, member: Optional[int]) -> Tuple[Optional[int], Optional[int], str]:
+  """(checkpoint step or None for the latest, ensemble member or None, why) for --step."""
+  if step == 'latest':
+    return None, member, 'the latest checkpoint'
+  if step != 'best':
+    return int(step), member, f'the checkpoint of step {step}'
+  selected = reports.select_by_validation(MetricsLog(workdir).read())
+  if selected is None:
+    return None, member, 'the latest checkpoint (the run has no validation split to select by)'
+  if not isinstance(selected['step'], list):
+    return selected['step'], member, (f'the best validation step {selected["step"]} (validation error '
+                                      f'{100 * selected["validation_error"]:.2f} %; test error there '
+                                      f'{100 * selected["test_error"]:.2f} %)')
+  if member is None:
+    member = int(np.argmin(selected['validation_error']))
+  check_member(member, len(selected['step']), workdir)
+  return selected['step'][member], member, (
+      f'member {member} at its best validation step {selected["step"][member]} (validation error '
+      f'{100 * selected["validation_error"][member]:.2f} %; test error there '
+      f'{100 * selected["test_error"][member]:.2f} %)')
+
+
+def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: np.ndarray,
+           member: Optional[int] = None, step: Optional[int] = None) -> Dict[str, Any]:
+  """Writes a trained run's config and float16 parameters (no optimiser state) of its
+  latest checkpoint or that of `step`, with a sample of test images, into `directory`:
+  the files `Explorer.shipped` reads."""
+  config, _, params = load_trained(workdir, step=step)
+  params = select_member(config, params, member, workdir)
+  flat = {name: np.asarray(leaf, np.float16)
+          for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}
+  os.makedirs(directory, exist_ok=True)
+  np.savez_compressed(os.path.join(directory, 'params.npz'), **flat)
+  np.savez_compressed(os.path.join(directory, 'test_sample.npz'), images=test_images, labels=test_labels)
+  shipped_config = config.to_dict()
+  shipped_config.update(data_dir='', tfds_data_dir='')   # this machine's paths mean nothing elsewhere
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(shipped_config, f, indent=2, default=str)
+  return {'num_params': int(sum(v.size for v in flat.values())),
+          'bytes': {name: os.path.getsize(os.path.join(directory, name))
+                    for name in ('params.npz', 'test_sample.npz', 'config.json')}}
+
+
+def read_exported(directory: str):
+  """(config, float32 params) written by `export`."""
+  try:
+    with open(os.path.join(directory, 'config.json')) as f:
+      config = ml_collections.ConfigDict(json.load(f))
+    with np.load(os.path.join(directory, 'params.npz')) as archive:
+      flat = {name: np.asarray(archive[name], np.float32) for name in archive.files}
+  except (OSError, ValueError, KeyError) as e:
+    raise CheckpointError(f'cannot read the exported model in {directory}: {e}') from None
+  params = traverse_util.unflatten_dict({name: jnp.asarray(v) for name, v in flat.items()}, sep='/')
+  return config, params

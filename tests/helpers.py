@@ -1,0 +1,33 @@
+"""Helpers shared by the test modules (no test module imports another)."""
+import os
+
+from capsjax.data.idx import write_idx
+from experiments import mnist
+
+
+def tiny_config(data_dir, **overrides):
+  """A CapsNet small enough for a few CPU seconds per run."""
+  config = mnist.get_config()
+  config.data_dir = data_dir
+  config.model.conv1_channels = 16
+  config.model.primary_types = 4
+  config.model.decoder_hidden = (32, 64)
+  config.num_train_examples = 256
+  config.num_test_examples = 100
+  config.batch_size = 32
+  config.num_steps = 6
+  config.log_every_steps = 2
+  config.eval_every_steps = 0
+  config.eval_batch_size = 100
+  config.checkpoint_every_steps = 2
+  for key, value in overrides.items():
+    setattr(config, key, value)
+  return config
+
+
+def write_idx_split(folder, split, images, labels, compress=True):
+  """MNIST's IDX file pair of `split` ('train' or 'test') in `folder`."""
+  prefix = 'train' if split == 'train' else 't10k'
+  suffix = '.gz' if compress else ''
+  write_idx(os.path.join(folder, f'{prefix}-images-idx3-ubyte{suffix}'), images, compress)
+  write_idx(os.path.join(folder, f'{prefix}-labels-idx1-ubyte{suffix}'), labels, compress)

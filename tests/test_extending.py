@@ -1,0 +1,165 @@
+"""Extending capsjax from outside the package: a routing, a model family with its
+objective, and a data source, each registered from its own file with the documented
+decorator, train through the unchanged loop and appear in validation's lists, with no
+edit to any capsjax file (capsjax.registry)."""
+import importlib.util
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from capsjax import registry, train
+from capsjax.data.sources import SOURCES
+from capsjax.errors import ConfigError
+from capsjax.models import MODELS
+from capsjax.objectives import OBJECTIVES
+from capsjax.routing import ROUTINGS, route
+from capsjax.validation import problems_of
+from helpers import tiny_config
+
+# A user's routing, as README's "Add a routing" gives it: one file, one decorator.
+USER_ROUTING = '''
+import jax.numpy as jnp
+from capsjax.routing import register_routing, squash, vector_norm
+
+
+@register_routing('uniform_mean', iterative=False)
+def uniform_mean(prediction_vectors, input_activations, num_iterations, *, max_iterations=None,
+                 unroll=False, scale=1.0):
+  """Every child couples equally to every parent: v_j = squash(scale · mean_i û_j|i)."""
+  del input_activations, num_iterations, max_iterations, unroll
+  parents = squash(scale * jnp.mean(prediction_vectors, axis=1))   # [batch, out, dim]
+  return parents, vector_norm(parents)
+'''
+
+# A user's model family and objective: a linear classifier.
+USER_FAMILY = '''
+from typing import Sequence
+import flax.linen as nn
+import jax
+import optax
+from capsjax.models import register_model
+from capsjax.objectives import register_objective
+
+
+@register_model('linear', objectives=('linear_xent',))
+class Linear(nn.Module):
+  num_classes: int = 10
+  input_shape: Sequence[int] = (28, 28, 1)
+
+  @nn.compact
+  def __call__(self, images, train: bool = False):
+    return {'logits': nn.Dense(self.num_classes)(images.reshape(images.shape[0], -1))}
+
+
+@register_objective('linear_xent', families=('linear',), probabilities=jax.nn.softmax)
+def linear_xent(model, params, batch, train, knobs=None, *, num_classes):
+  del train, knobs
+  logits = model.apply({'params': params}, batch['images'])['logits']
+  return optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch['labels'], num_classes)), logits, {}
+'''
+
+# A user's data source: DIR/train.npz and DIR/test.npz of uint8 images and labels.
+USER_SOURCE = '''
+import os
+import numpy as np
+from capsjax.data.sources import Dataset, Source, SourceInfo, register_source
+
+
+@register_source('npz_pair', datasets=('npz_digits',))
+class NpzPair(Source):
+  @classmethod
+  def claims(cls, spec):
+    return False   # served by name only
+
+  def describe(self):
+    with np.load(os.path.join(self.spec.data_dir, 'test.npz')) as data:
+      shape = tuple(data['images'].shape[1:])
+    return SourceInfo('npz_digits', shape, tuple(str(i) for i in range(10)))
+
+  def load(self, split, on_demand=False):
+    with np.load(os.path.join(self.spec.data_dir, f'{split}.npz')) as data:
+      return Dataset(data['images'], data['labels'].astype(np.int32))
+'''
+
+
+def _import_file(path, name):
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture
+def user_modules(tmp_path):
+  for name, text in (('user_routing', USER_ROUTING), ('user_family', USER_FAMILY),
+                     ('user_source', USER_SOURCE)):
+    (tmp_path / f'{name}.py').write_text(textwrap.dedent(text))
+    _import_file(tmp_path / f'{name}.py', name)
+  yield
+  ROUTINGS.unregister('uniform_mean')
+  MODELS.unregister('linear')
+  OBJECTIVES.unregister('linear_xent')
+  SOURCES.unregister('npz_pair')
+  for name in ('user_routing', 'user_family', 'user_source'):
+    sys.modules.pop(name, None)
+
+
+def test_registry_entries_carry_declared_capabilities():
+  things = registry.Registry('thing', fast=False)
+  things.register('a', object(), fast=True)
+  things.register('b', object())
+  assert things['a'].fast and not things['b'].fast and things.names() == ('a', 'b')
+  with pytest.raises(TypeError, match="unknown capabilities \\['quick'\\]"):
+    things.register('c', object(), quick=True)
+  with pytest.raises(ConfigError, match="unknown thing 'z'; registered: a, b"):
+    things.get('z')
+
+
+def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_dir, tmp_path):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  predictions = jnp.ones((2, 5, 3, 4))
+  parents, activations = route('uniform_mean', predictions, scale=0.5)
+  np.testing.assert_allclose(np.asarray(activations), 1.0 / 2.0, rtol=1e-6)   # |squash(0.5·(1,1,1,1))| = 1/2
+  assert parents.shape == (2, 3, 4)
+  config = tiny_config(mnist_dir, num_steps=4, eval_every_steps=0)
+  config.model.routing = 'nonexistent'
+  assert 'uniform_mean' in problems_of(config)[0]   # the allowed list names it
+  config.model.routing = 'uniform_mean'
+  config.model.routing_options = {'scale': 2.0}
+  assert problems_of(config) == []
+  config.model.routing_options = {'scale': 2.0, 'inverse_temperature': 3.0}   # em's, changed
+  assert "routing 'uniform_mean' has the options scale" in problems_of(config)[0]
+  config.model.routing_options = {'scale': 2.0}
+  config.model.leaky_routing = True   # Procedure 1's feature; this routing reads none
+  assert 'an option of routing=dynamic only' in problems_of(config)[0]
+  config.model.leaky_routing = False
+  results = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert results['completed'] and results['steps'] == 4 and np.isfinite(results['test_loss'])
+
+
+def test_a_family_and_a_source_from_their_own_files_train(user_modules, mnist_dir, tmp_path):
+  from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
+  data = tmp_path / 'npz'
+  data.mkdir()
+  for split, count in (('train', 512), ('test', 200)):
+    real = load_dataset('mnist', split, mnist_dir).take(count)
+    np.savez(data / f'{split}.npz', images=np.asarray(real.images), labels=np.asarray(real.labels))
+  config = tiny_config(str(data), num_steps=60, eval_every_steps=0, routing_probe_iterations=0,
+                       num_train_examples=0, num_test_examples=0)
+  config.dataset = 'npz_digits'
+  config.model = dict(name='linear', num_classes=10, input_shape=(28, 28, 1))
+  config.loss = dict(name='linear_xent')
+  assert problems_of(config) == []
+  results = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert results['num_params'] == 28 * 28 * 10 + 10
+  assert results['num_train_examples'] == 512 and results['num_test_examples'] == 200
+  assert results['test_accuracy'] > 0.6   # a linear classifier after 60 steps of 32
+
+
+def test_unknown_family_names_are_refused():
+  config = tiny_config('')
+  config.model.name = 'linear'
+  assert "config.model.name='linear': allowed one of capsnet, cnn" in problems_of(config)[0]
