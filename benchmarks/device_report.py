@@ -175,7 +175,7 @@ def _capsjax_setup(spec):
   else:
     train_data = pipeline.dataset_pipeline(config, dataset, True)
     test_data = pipeline.dataset_pipeline(config, dataset, False)
-  model = build_model(config.model)
+  model = build_model(**config.model)
   program = train.build_program(config, model, train_data, test_data, sharding.data_mesh())
   return config, model, program, test_data, dataset
 

@@ -5,14 +5,14 @@ The jitted step, the objective, the model, the pipelines and the hooks take thes
 (functions, modules, numbers), never the config, as big_vision builds `Model(**config.model)`
 at its boundary and flax's `train_step` never sees a config.
 """
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import optax
 
 from capsjax import steps
-from capsjax.ensembles import ensemble_members
+from capsjax.errors import ConfigError
 from capsjax.models import MODELS, build_model
-from capsjax.objectives import Objective, make_objective
+from capsjax.objectives import OBJECTIVES, Objective, make_objective
 from capsjax.routing import ROUTINGS
 
 
@@ -33,16 +33,39 @@ def optimizer(config) -> optax.GradientTransformation:
 
 
 def model(config):
-  return build_model(config.model)
+  return build_model(**config.model)
 
 
 def total_steps(config, num_train_examples: int) -> int:
   return steps.total_steps(config.num_steps, config.num_epochs, config.batch_size, num_train_examples)
 
 
+def members(config) -> Optional[List[Dict[str, Any]]]:
+  """The members of config.ensemble as dicts (seed, routing_iterations,
+  reconstruction_weight), or None for a single run.
+
+  config.ensemble holds tuples `seeds`, `routing_iterations`, `reconstruction_weights`;
+  the members are their product (an empty tuple = the config's own value).
+  """
+  spec = config.ensemble
+  if not spec:
+    return None
+  seeds = tuple(spec.get('seeds') or (config.seed,))
+  knobs = OBJECTIVES[config.loss.name].knobs   # what the objective reads per member
+  iterations = tuple(spec.get('routing_iterations') or ()) or (
+      (config.model.routing_iterations,) if 'routing_iterations' in knobs else (0,))
+  weights = tuple(spec.get('reconstruction_weights') or ()) or (
+      (config.loss.reconstruction_weight,) if 'reconstruction_weight' in knobs else (0.0,))
+  if 'routing_iterations' in knobs and max(iterations) > config.model.routing_iterations:
+    raise ConfigError(f'ensemble routing_iterations {iterations} exceed the model bound '
+                      f'model.routing_iterations={config.model.routing_iterations}')
+  return [dict(seed=int(s), routing_iterations=int(r), reconstruction_weight=float(w))
+          for r in iterations for w in weights for s in seeds]
+
+
 def member_seeds(config) -> Optional[List[int]]:
-  members = ensemble_members(config)
-  return None if members is None else [member['seed'] for member in members]
+  listed = members(config)
+  return None if listed is None else [member['seed'] for member in listed]
 
 
 def initial_state(config, model_module, optimizer_transform):

@@ -8,12 +8,12 @@ import signal
 import sys
 from typing import Callable, NoReturn, Optional, Sequence
 
-from capsjax.errors import CapsjaxError, CheckpointWriteError
+from capsjax.errors import CapsjaxError, CheckpointWriteError, RunStopped
 
 
-# Exit status of a run that a signal or a preemption notice stopped after saving a
-# checkpoint: EX_TEMPFAIL (sysexits.h), "try again": the same command resumes it. A run
-# that finished (or ended at --config.stop_at_step) exits 0; bad input 2; Ctrl-C before
+# Exit status of a run that stopped before its last step after saving a checkpoint (a
+# signal, a preemption notice, or --config.stop_at_step): EX_TEMPFAIL (sysexits.h), "try
+# again": the same command resumes it. A finished run exits 0; bad input 2; Ctrl-C before
 # training 130.
 EXIT_RESUMABLE = 75
 
@@ -125,7 +125,8 @@ def _interrupted(signum, frame) -> NoReturn:
 
 
 def main_wrapper(main: Callable[[Optional[Sequence[str]]], int]):
-  """Runs `main(argv)`: a CapsjaxError or an OS error is one line and exit 2, Ctrl-C exit 130.
+  """Runs `main(argv)`: a CapsjaxError or an OS error is one line and exit 2, Ctrl-C exit 130,
+  a run stopped before its end (RunStopped, any program's inner run) exit 75.
 
   Ctrl-C exits from the signal handler itself: Python's default handler raises
   KeyboardInterrupt wherever the main thread is, and inside a garbage-collection callback
@@ -141,6 +142,9 @@ def main_wrapper(main: Callable[[Optional[Sequence[str]]], int]):
       previous = None
     try:
       return main(argv) or 0
+    except RunStopped:   # the run has said where it stopped; the same command resumes it
+      sys.stdout.flush()
+      return EXIT_RESUMABLE
     except CheckpointWriteError as e:
       fail(str(e), hard=True)
     except CapsjaxError as e:

@@ -25,5 +25,15 @@ class CheckpointWriteError(CheckpointError):
   """A checkpoint could not be written (full disk, read-only or vanished folder)."""
 
 
+class RunStopped(CapsjaxError):
+  """A run stopped before its last step, after saving a checkpoint: by a signal or a
+  preemption notice ('preempted') or at config.stop_at_step ('stop_at_step'). The same
+  command (or call) resumes it. Command lines exit 75 (capsjax.cli.EXIT_RESUMABLE)."""
+
+  def __init__(self, steps: int, num_steps: int, stop_reason: str):
+    super().__init__(f'stopped at step {steps} of {num_steps} ({stop_reason}); run again to resume')
+    self.steps, self.num_steps, self.stop_reason = steps, num_steps, stop_reason
+
+
 class WorkdirError(CapsjaxError):
   """The workdir cannot be used: not a directory, not writable, locked by another run."""

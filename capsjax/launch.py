@@ -9,11 +9,16 @@ capsjax.programs.ablation|affnist|sweep`, whose default experiment is their own)
   --summary              print the model's parameter table and num_params=N, then exit
   --show_config          print every config key with its value (after overrides), then exit
   --help                 this text and the experiments; with --experiment=NAME, its config keys
+
+The experiments are config files (experiments/NAME.py, each with get_config()) in a
+folder the caller names: run.py hands its own experiments/ folder to `entry_point`; the
+programs' `python -m` entries use the installed `experiments` package's folder. The
+library never imports the experiments.
 """
-import importlib
+import ast
+import importlib.util
 import logging
 import os
-import pkgutil
 import sys
 from typing import Optional
 
@@ -21,7 +26,6 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-import experiments
 from capsjax import cli
 
 flags.DEFINE_string('experiment', None, 'Experiment name: a module in experiments/.')
@@ -30,34 +34,43 @@ flags.DEFINE_bool('summary', False, 'Print the parameter table and exit.')
 flags.DEFINE_bool('show_config', False, 'Print every config key with its value and exit.')
 FLAGS = flags.FLAGS
 
-# config.program → the function(config, workdir) that runs it.
-PROGRAMS = {
-    'train': 'capsjax.train:train_and_evaluate',
-    'ablation': 'capsjax.programs.ablation:run',
-    'affnist': 'capsjax.programs.affnist:run',
-    'sweep': 'capsjax.programs.sweep:run',
-    'routing_zoo': 'capsjax.programs.routing_zoo:run',
-}
-# python -m capsjax.programs.NAME without --experiment runs this experiment.
-PROGRAM_DEFAULT_EXPERIMENTS = {'ablation': 'ablation', 'affnist': 'affnist', 'sweep': 'recipes',
-                               'routing_zoo': 'routing_zoo'}
 HELP_ARGS = ('--help', '-h', '--helpshort', '--helpfull', '-?')
+
+_EXPERIMENTS_DIR = None   # set by entry_point
+
+
+def installed_experiments_dir() -> str:
+  """The folder of the installed `experiments` package (found, not imported)."""
+  spec = importlib.util.find_spec('experiments')
+  if spec is None or not spec.submodule_search_locations:
+    cli.fail('no experiments folder: run python run.py from the repository, or install capsjax with pip')
+  return list(spec.submodule_search_locations)[0]
 
 
 def available_experiments():
-  return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__) if not m.name.startswith('_'))
+  return sorted(name[:-3] for name in os.listdir(_EXPERIMENTS_DIR)
+                if name.endswith('.py') and not name.startswith('_'))
 
 
 def experiment_path(name: str) -> str:
-  return os.path.join(os.path.dirname(experiments.__file__), f'{name}.py')
+  return os.path.join(_EXPERIMENTS_DIR, f'{name}.py')
 
 
 def experiment_summary(name: str) -> str:
-  """The first sentence of an experiment module's docstring."""
-  doc = importlib.import_module(f'experiments.{name}').__doc__ or ''
+  """The first sentence of an experiment file's docstring (read, not run)."""
+  with open(experiment_path(name)) as f:
+    doc = ast.get_docstring(ast.parse(f.read())) or ''
   paragraph = ' '.join(doc.strip().split('\n\n')[0].split())
   sentence, dot, _ = paragraph.partition('. ')
   return sentence + ('.' if dot else '')
+
+
+def load_experiment(name: str):
+  """experiments/NAME.py's get_config(), loaded from its file as config_flags loads it."""
+  spec = importlib.util.spec_from_file_location(f'experiments.{name}', experiment_path(name))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def config_lines(config, prefix: str = ''):
@@ -79,7 +92,7 @@ def print_help(name=None) -> None:
       print(f'  {experiment.ljust(width)}  {experiment_summary(experiment)}')
     print("\n`python run.py --experiment=NAME --help` lists that experiment's config keys.")
     return
-  config = importlib.import_module(f'experiments.{name}').get_config()
+  config = load_experiment(name)
   print(f'\nExperiment {name}: {experiment_summary(name)}')
   from capsjax.validation import key_help  # pylint: disable=g-import-not-at-top
   print('\nConfig keys, defaults, what each does [allowed values] (override with --config.KEY=VALUE):')
@@ -90,10 +103,9 @@ def print_help(name=None) -> None:
 def print_summary(config) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
-  from capsjax.ensembles import ensemble_members
-  from capsjax.models import build_model
+  from capsjax import assemble
 
-  model = build_model(config.model)
+  model = assemble.model(config)
   dummy = jnp.zeros((1,) + tuple(config.model.input_shape), jnp.float32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy))['params']
   rows = [('/'.join(str(getattr(k, 'key', k)) for k in path), leaf.shape, leaf.size)
@@ -104,7 +116,7 @@ def print_summary(config) -> None:
     print(f'{name.ljust(width)}  {str(tuple(shape)):>22}  {size:>10,}')
   total = sum(size for _, _, size in rows)
   print(f'{"total".ljust(width)}  {"":>22}  {total:>10,}')
-  members = ensemble_members(config)
+  members = assemble.members(config)
   if members:   # one program trains them all; num_params stays per model
     print(f'ensemble: {len(members)} models × {total:,} = {len(members) * total:,} parameters')
   print(f'num_params={total}')
@@ -165,26 +177,37 @@ def main(argv):
     return 0
   if not FLAGS.workdir:
     cli.fail('--workdir is required to train')
-  if config.program not in PROGRAMS:
-    cli.fail(f'unknown program {config.program!r}; available: {", ".join(sorted(PROGRAMS))}')
-  module_name, function_name = PROGRAMS[config.program].split(':')
-  program = getattr(importlib.import_module(module_name), function_name)
+  programs = _programs()
+  if config.program not in programs:
+    cli.fail(f'unknown program {config.program!r}; available: {", ".join(sorted(programs))}')
+  program = programs.get(config.program)
   from capsjax.runtime import initialize_distributed  # pylint: disable=g-import-not-at-top
-  initialize_distributed(config)   # before any JAX computation
-  result = program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))
-  if isinstance(result, dict) and result.get('stop_reason') == 'preempted':
-    return cli.EXIT_RESUMABLE
+  initialize_distributed(config.get('distributed', False), config.get('coordinator_address', ''),   # before any
+                         config.get('num_processes', 0), config.get('process_id', -1),       # JAX computation
+                         config.get('distributed_timeout_s', 120))
+  program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))   # RunStopped: exit 75
   return 0
 
 
-def entry_point(program: Optional[str] = None):
-  """run.py's main; with `program`, the main of that experiment program: --experiment
-  defaults to the program's own name and must name an experiment it runs."""
+def _programs():
+  """capsjax.programs.PROGRAMS with the built-in programs registered."""
+  # pylint: disable=g-import-not-at-top
+  from capsjax.programs import PROGRAMS, ablation, affnist, routing_zoo, sweep
+  del ablation, affnist, routing_zoo, sweep   # each module registers its program
+  return PROGRAMS
+
+
+def entry_point(experiments_dir: Optional[str] = None, program: Optional[str] = None):
+  """The main of run.py (which hands its experiments/ folder) and, with `program`, of that
+  experiment program: --experiment defaults to the program's default experiment and must
+  name an experiment it runs. Without `experiments_dir`, the installed package's folder."""
+  global _EXPERIMENTS_DIR
+  _EXPERIMENTS_DIR = experiments_dir or installed_experiments_dir()
   argv = list(sys.argv)
   if program is not None:
     argv[0] = f'capsjax.programs.{program}'
     if not any(arg.startswith('--experiment') for arg in argv[1:]):
-      argv.insert(1, f'--experiment={PROGRAM_DEFAULT_EXPERIMENTS[program]}')
+      argv.insert(1, f'--experiment={_programs()[program].default_experiment}')
   cli.as_program()
   remaining = parse_flags(argv)
   if program is not None and FLAGS.config.program != program:

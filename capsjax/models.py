@@ -249,11 +249,10 @@ def capsnet_geometry_problem(model) -> Optional[str]:
   return None
 
 
-def build_model(model_config: ml_collections.ConfigDict) -> nn.Module:
-  """The model named by `model_config.name`, with the remaining fields as its sizes
-  (lists become tuples, a `dtype` name becomes a dtype)."""
-  fields = dict(model_config)
-  cls = MODELS.get(fields.pop('name'))
+def build_model(name: str, **fields) -> nn.Module:
+  """The model family `name` with `fields` (config.model's other keys: `build_model(**config.model)`)
+  as its sizes (lists become tuples, a `dtype` name becomes a dtype)."""
+  cls = MODELS.get(name)
   for key, value in fields.items():
     if isinstance(value, list):
       fields[key] = tuple(value)

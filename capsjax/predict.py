@@ -51,14 +51,14 @@ class Predictor:
   def from_workdir(cls, workdir: str, member: Optional[int] = None) -> 'Predictor':
     from capsjax.trained import load_trained, select_member  # pylint: disable=g-import-not-at-top
     config, model, params = load_trained(workdir)
-    return cls(config, model, select_member(config, params, member, workdir), workdir)
+    return cls(config, model, select_member(params, member, workdir, bool(config.ensemble)), workdir)
 
   @classmethod
   def shipped(cls) -> 'Predictor':
     from capsjax.trained import SHIPPED, read_exported  # pylint: disable=g-import-not-at-top
     from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
     config, params = read_exported(SHIPPED)
-    return cls(config, build_model(config.model), params, 'the shipped model')
+    return cls(config, build_model(**config.model), params, 'the shipped model')
 
   # --------------------------------------------------------------------------- conversion
 

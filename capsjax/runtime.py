@@ -15,27 +15,28 @@ import jax
 from capsjax.errors import ConfigError
 
 
-def initialize_distributed(config) -> None:
-  """`jax.distributed.initialize` when config.distributed is set (multi-host runs).
+def initialize_distributed(distributed: bool, coordinator_address: str = '', num_processes: int = 0,
+                           process_id: int = -1, timeout_s: int = 120) -> None:
+  """`jax.distributed.initialize` when `distributed` (config.distributed) is set.
 
   On Cloud TPU and SLURM/MPI clusters every argument is detected automatically; elsewhere
   pass config.coordinator_address ('host:port'), config.num_processes and
-  config.process_id to every process.
+  config.process_id to every process (0 / -1: detected).
   """
-  if not config.distributed:
+  if not distributed:
     return
-  timeout = int(config.get('distributed_timeout_s', 120))
+  timeout = int(timeout_s)
   kwargs = {'initialization_timeout': timeout}
-  if config.coordinator_address:
-    kwargs['coordinator_address'] = config.coordinator_address
-  if config.num_processes:
-    kwargs['num_processes'] = config.num_processes
-  if config.process_id >= 0:
-    kwargs['process_id'] = config.process_id
-  if config.coordinator_address and config.process_id > 0:
+  if coordinator_address:
+    kwargs['coordinator_address'] = coordinator_address
+  if num_processes:
+    kwargs['num_processes'] = num_processes
+  if process_id >= 0:
+    kwargs['process_id'] = process_id
+  if coordinator_address and process_id > 0:
     # JAX waits for an absent coordinator in silence and then aborts the process: find out
     # first, within the timeout, with one line.
-    wait_for_coordinator(config.coordinator_address, timeout)
+    wait_for_coordinator(coordinator_address, timeout)
   try:
     jax.distributed.initialize(**kwargs)
   except (ValueError, RuntimeError) as e:

@@ -23,11 +23,52 @@ from capsjax import assemble, reports, sharding, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
+from capsjax.errors import RunStopped
 from capsjax.events import EventWriter
 from capsjax.data.tasks import make_splits, resolve_data
-from capsjax.ensembles import ensemble_members, member_knobs
+from capsjax.ensembles import member_knobs
 from capsjax.models import count_params
 from capsjax.runtime import StopRequests
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """A finished run: what every program composes runs from (an unfinished run raises
+  capsjax.errors.RunStopped instead, so no program reads results that do not exist).
+  Errors and accuracies are floats, or per-member lists for an ensemble; `results` is
+  results.json as written (item access reads it: result['test_error'])."""
+  steps: int
+  num_params: int
+  test_error: Any
+  test_accuracy: Any
+  final_train_loss: Any
+  wall_time_s: float
+  stopped_early: bool
+  members: Optional[List[Dict[str, Any]]]
+  validation_error: Any
+  selected_by_validation: Optional[Dict[str, Any]]
+  results: Dict[str, Any]
+
+  @property
+  def completed(self) -> bool:
+    return True
+
+  @classmethod
+  def from_results(cls, results: Dict[str, Any]) -> 'RunResult':
+    return cls(steps=results['steps'], num_params=results['num_params'], test_error=results['test_error'],
+               test_accuracy=results['test_accuracy'], final_train_loss=results.get('final_train_loss'),
+               wall_time_s=results.get('wall_time_s', 0.0), stopped_early=bool(results.get('stopped_early')),
+               members=results.get('members'), validation_error=results.get('validation_error'),
+               selected_by_validation=results.get('selected_by_validation'), results=results)
+
+  def __getitem__(self, key: str) -> Any:
+    return self.results[key]
+
+  def get(self, key: str, default: Any = None) -> Any:
+    return self.results.get(key, default)
+
+  def __contains__(self, key: str) -> bool:
+    return key in self.results
 
 
 def _log(message: str) -> None:
@@ -59,7 +100,7 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
                   validation: Optional[Pipeline] = None) -> Program:
   optimizer = assemble.optimizer(config)
   objective = assemble.objective(config)
-  members = ensemble_members(config)
+  members = assemble.members(config)
   ensemble = members is not None
   knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
   train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh)
@@ -145,13 +186,13 @@ def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       stop_at_step: Optional[int] = None) -> Dict[str, Any]:
+                       stop_at_step: Optional[int] = None) -> RunResult:
   """Trains `config`'s model, evaluating periodically; resumes from workdir's checkpoint.
 
-  `stop_at_step` (or config.stop_at_step) ends this invocation early (after
-  checkpointing), as a preemption would; calling again with the same workdir continues
-  the same run. SIGTERM or Ctrl-C (or, on several processes, JAX's preemption notice)
-  does the same at the next step.
+  Returns the finished run's RunResult. `stop_at_step` (or config.stop_at_step) ends this
+  invocation early (after checkpointing), as a preemption would, by raising RunStopped;
+  calling again with the same workdir continues the same run. SIGTERM or Ctrl-C (or, on
+  several processes, JAX's preemption notice) does the same at the next step.
   """
   workdir = workdir_lib.prepare(workdir)
   config = resolve_data(config)   # the data's shape and classes where the config leaves them open
@@ -163,7 +204,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return _train(config, workdir, stop_at_step or config.stop_at_step or None, is_writer)
 
 
-def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -> Dict[str, Any]:
+def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -> RunResult:
   mesh = sharding.data_mesh()
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
@@ -186,7 +227,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     if complete and not config.get('reevaluate'):
       _log(f'{workdir} is complete ({first_step} steps): results in {os.path.join(workdir, "results.json")}; '
            '--config.reevaluate=True evaluates it again')
-      return previous
+      return RunResult.from_results(previous)
     if previous.get('stopped_early') and previous.get('steps') == first_step:
       num_steps = first_step   # a run that stopped early is finished
     metrics_log = workdir_lib.MetricsLog(workdir, is_writer, EventWriter(workdir))
@@ -231,8 +272,9 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     run.num_steps = done
   # (A stop request during the last evaluation leaves the run unevaluated: not complete.)
   if done < run.num_steps or (run.stop_reason == 'preempted' and run.last_eval_step != done):
-    _log(f'stopped at step {done} of {run.num_steps}; run again to resume')
-    return {'steps': done, 'completed': False, 'stop_reason': run.stop_reason or 'stop_at_step'}
+    stopped = RunStopped(done, run.num_steps, run.stop_reason or 'stop_at_step')
+    _log(str(stopped))
+    raise stopped
   if run.last_eval_step != done:   # resumed a finished run: evaluate the restored parameters
     evaluator.evaluate(run, done)
   results = _results(config, run, train_metrics, previous, num_params, members,
@@ -249,7 +291,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
       f.write(reports.results_table(results))
   _log(f'test {run.describe_test(run.last_eval)} after {run.num_steps} steps; '
        f'results in {os.path.join(workdir, "results.json")}')
-  return results
+  return RunResult.from_results(results)
 
 
 def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any], num_params: int,

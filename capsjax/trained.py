@@ -44,10 +44,11 @@ def check_member(member: int, members: int, workdir: str) -> None:
     raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{members - 1}')
 
 
-def select_member(config, params, member: Optional[int], workdir: str):
-  """The parameters of one member of an ensemble run (default: the last); a single run's
-  own parameters, where `member` must be None."""
-  if config.ensemble:
+def select_member(params, member: Optional[int], workdir: str, ensemble: bool):
+  """The parameters of one member of an ensemble run (`ensemble`: its params carry a
+  leading member axis; default: the last member); a single run's own parameters, where
+  `member` must be None."""
+  if ensemble:
     members = jax.tree.leaves(params)[0].shape[0]
     member = members - 1 if member is None else member
     check_member(member, members, workdir)
@@ -85,7 +86,7 @@ def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: n
   latest checkpoint or that of `step`, with a sample of test images, into `directory`:
   the files `Explorer.shipped` reads."""
   config, _, params = load_trained(workdir, step=step)
-  params = select_member(config, params, member, workdir)
+  params = select_member(params, member, workdir, bool(config.ensemble))
   flat = {name: np.asarray(leaf, np.float16)
           for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}
   os.makedirs(directory, exist_ok=True)

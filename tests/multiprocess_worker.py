@@ -18,6 +18,7 @@ import numpy as np
 from capsjax import runtime, sharding, train
 from capsjax.data import pipeline
 from capsjax.trained import load_trained
+from capsjax.errors import RunStopped
 from sharded_config import tiny_sharded_config
 
 
@@ -40,14 +41,18 @@ def main():
     config.coordinator_address = f'localhost:{args.port}'
     config.num_processes = args.num_processes
     config.process_id = args.process_id
-  runtime.initialize_distributed(config)
-  results = train.train_and_evaluate(config, args.workdir, stop_at_step=args.stop_at_step or None)
-  if results.get('completed') and args.out:
+  runtime.initialize_distributed(config.distributed, config.coordinator_address, config.num_processes,
+                                 config.process_id, config.distributed_timeout_s)
+  try:
+    steps, completed = train.train_and_evaluate(config, args.workdir, stop_at_step=args.stop_at_step or None).steps, True
+  except RunStopped as stopped:   # resumable: the test runs the same command again
+    steps, completed = stopped.steps, False
+  if completed and args.out:
     _, _, params = load_trained(args.workdir)   # collective: every process restores
     if sharding.is_main_process():
         np.savez(args.out, **{str(i): np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(params))})
   print(f'process {jax.process_index()}/{jax.process_count()} devices {jax.device_count()} '
-        f'steps {results["steps"]} completed {results["completed"]} '
+        f'steps {steps} completed {completed} '
         f'rows_on_demand {pipeline.images_on_demand(config)}', flush=True)
 
 

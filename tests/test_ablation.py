@@ -7,10 +7,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from capsjax import ensembles, train
+from capsjax import assemble, train
 from capsjax.trained import load_trained
 from capsjax.programs import ablation
-from capsjax.errors import ConfigError
+from capsjax.errors import ConfigError, RunStopped
 from capsjax.models import build_model, count_params
 from experiments import ablation as ablation_experiment
 from helpers import tiny_config
@@ -36,13 +36,13 @@ def _ensemble_config(data_dir, **ensemble):
 def test_members_are_the_product_of_the_grid(mnist_dir):
   config = _ensemble_config(mnist_dir, seeds=(0, 1, 2), routing_iterations=(1, 3),
                             reconstruction_weights=(0.0, 0.0005))
-  members = ensembles.ensemble_members(config)
+  members = assemble.members(config)
   assert len(members) == 12
   assert {(m['seed'], m['routing_iterations'], m['reconstruction_weight']) for m in members} == {
       (s, r, w) for s in (0, 1, 2) for r in (1, 3) for w in (0.0, 0.0005)}
   config.ensemble.routing_iterations = (1, 5)   # beyond the model's static bound of 3
   with pytest.raises(ConfigError, match='exceed'):
-    ensembles.ensemble_members(config)
+    assemble.members(config)
 
 
 @pytest.mark.float32_matmuls
@@ -87,7 +87,7 @@ def test_table_rows_are_mean_and_sample_std_over_seeds():
 
 
 def test_mnist_baseline_cnn_has_the_papers_parameter_count():
-  model = build_model(ablation_experiment.mnist_baseline_model())
+  model = build_model(**ablation_experiment.mnist_baseline_model())
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), np.zeros((1, 28, 28, 1), np.float32)))
   assert count_params(shapes['params']) == 35_445_522    # the paper: 35.4M
 
@@ -102,7 +102,11 @@ def test_ablation_command_writes_table_and_loss_figure(mnist_dir, tmp_path):
   config.ensemble.reconstruction_weights = (0.0005,)
   config.baseline.model.conv_channels = (4, 4, 4)
   config.baseline.model.dense = (16, 8)
-  summary = ablation.run(config, str(tmp_path))
+  config.stop_at_step = 2   # an interrupted inner run: resumable, never a KeyError
+  with pytest.raises(RunStopped, match='stopped at step 2 of 4'):
+    ablation.run(config, str(tmp_path))
+  config.stop_at_step = 0
+  summary = ablation.run(config, str(tmp_path))   # the same workdir resumes to the table
   assert [(r['routing_iterations'], r['reconstruction']) for r in summary['rows']] == [(1, True), (3, True)]
   assert len(summary['baseline_errors_percent']) == 2
   with open(tmp_path / 'table1.md') as f:

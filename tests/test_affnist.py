@@ -10,7 +10,7 @@ import scipy.io
 from capsjax import train
 from capsjax.data import affine
 from capsjax.data.tasks import affine_test_pipeline, make_pipelines
-from capsjax.errors import DataError
+from capsjax.errors import DataError, RunStopped
 from experiments import affnist_smoke
 from helpers import tiny_config
 
@@ -131,6 +131,10 @@ def test_affnist_command_reports_both_models_on_all_test_sets(mnist_dir, tmp_pat
   _write_affnist_mat(str(tmp_path / 'mat' / 'test.mat'),
                      rng.integers(0, 256, (20, 40, 40), dtype=np.uint8), rng.integers(0, 10, 20))
   config.affnist.mat_dir = str(tmp_path / 'mat')
+  config.stop_at_step = 2   # an interrupted inner run: resumable, never a KeyError
+  with pytest.raises(RunStopped, match='stopped at step 2 of 4'):
+    affnist.run(config, str(tmp_path / 'out'))
+  config.stop_at_step = 0
   summary = affnist.run(config, str(tmp_path / 'out'))
   assert set(summary['rows']) == {'capsnet', 'cnn'}
   for row in summary['rows'].values():

@@ -197,7 +197,7 @@ def test_ensemble_eval_step_sums_the_members_lengths(mnist_dir):
   config.dataset, config.model.input_shape, config.model.num_classes = 'mnist', (28, 28, 1), 10
   config.model.conv1_channels, config.model.primary_types = 8, 2
   config.ensemble = ml_collections.ConfigDict(dict(seeds=(0, 1, 2)))
-  model = build_model(config.model)
+  model = build_model(**config.model)
   params = jax.jit(jax.vmap(lambda k: model.init(k, jnp.zeros((1, 28, 28, 1)))['params']))(
       jax.random.split(jax.random.key(0), 3))
   full = mnist_data.load_idx_split(mnist_dir, 'test')

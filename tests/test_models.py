@@ -19,7 +19,7 @@ def _param_shapes(model, input_shape=(28, 28, 1)):
 
 def test_paper_parameter_counts():
   # conv1 9*9*256+256, primary 9*9*256*256+256, W 1152*10*16*8, decoder 160-512-1024-784.
-  model = build_model(mnist.get_model_config())
+  model = build_model(**mnist.get_model_config())
   assert count_params(_param_shapes(model)) == 8_215_568
   no_decoder = CapsNet(use_decoder=False)
   assert count_params(_param_shapes(no_decoder)) == 6_804_224

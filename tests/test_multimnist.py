@@ -131,8 +131,8 @@ def test_top2_evaluation_on_hand_built_lengths():
 
 
 def test_paper_parameter_counts():
-  capsnet = build_model(multimnist_config.get_config().model)
-  baseline = build_model(multimnist_baseline.get_config().model)
+  capsnet = build_model(**multimnist_config.get_config().model)
+  baseline = build_model(**multimnist_baseline.get_config().model)
   shapes = lambda m: __import__('jax').eval_shape(
       lambda: m.init(__import__('jax').random.key(0), jnp.zeros((1, 36, 36, 1))))['params']
   assert count_params(shapes(capsnet)) == 11_361_808     # paper: 11.36M

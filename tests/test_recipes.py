@@ -67,7 +67,7 @@ def _init(init_scheme):
   config = mnist.get_config().model
   config.conv1_channels, config.primary_types, config.digit_bias = 32, 4, True
   config.init_scheme = init_scheme
-  model = build_model(config)
+  model = build_model(**config)
   # Compiled: initialising the model op by op took most of this test's time.
   return jax.jit(lambda: model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1))))()['params']
 

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from capsjax import routing
+from capsjax.errors import RunStopped
 
 pytestmark = pytest.mark.float32_matmuls
 
@@ -197,7 +198,7 @@ def _tiny_capsnet_config(name):
 def _tiny_capsnet(name):
   from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
   config = _tiny_capsnet_config(name)
-  model = build_model(config.model)
+  model = build_model(**config.model)
   pixels = np.random.default_rng(0).integers(0, 256, (4, 28, 28, 1)).astype(np.uint8)
   images = jnp.asarray(pixels / 255.0, jnp.float32)
   params = jax.jit(model.init)(jax.random.key(1), images)['params']
@@ -246,7 +247,11 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   config.routing_zoo.routings = ('dynamic', 'em')
   config.model.update(conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
   config.update(num_train_examples=600, validation_examples=200, num_test_examples=200, num_steps=10,
-                eval_every_steps=5, log_every_steps=5, checkpoint_every_steps=10, eval_batch_size=100)
+                eval_every_steps=5, log_every_steps=5, checkpoint_every_steps=5, eval_batch_size=100,
+                stop_at_step=5)
+  with pytest.raises(RunStopped, match='stopped at step 5 of 10'):   # resumable, never a KeyError
+    routing_zoo.run(config, str(tmp_path))
+  config.stop_at_step = 0
   summary = routing_zoo.run(config, str(tmp_path))
   rows = {row['routing']: row for row in summary['rows']}
   assert list(rows) == ['dynamic', 'em']

@@ -121,7 +121,7 @@ def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_p
   first = _finish(processes, logs)
   stopped = [line for line in first[0].splitlines() if line.startswith('stopped at step')]
   assert stopped, first[0][-3000:]
-  step = int(stopped[0].split()[3])
+  step = int(stopped[0].split()[3])   # 'stopped at step N of M (reason); …'
   assert 10 <= step < NUM_STEPS
   assert all(f'steps {step} completed False' in text for text in first)
   assert not os.path.exists(out)

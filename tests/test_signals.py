@@ -48,7 +48,7 @@ def test_ctrl_c_saves_and_the_run_resumes(mnist_dir, tmp_path):
   assert sorted(os.listdir(workdir / 'checkpoints')) == [str(step)]
   with open(tmp_path / 'second.log', 'w') as log:
     process = _start(workdir, mnist_dir, log, f'--config.stop_at_step={step + 2}')
-    assert process.wait(timeout=300) == 0
+    assert process.wait(timeout=300) == cli.EXIT_RESUMABLE   # stopped again, resumable
   assert f'resumed from checkpoint at step {step}' in open(tmp_path / 'second.log').read()
 
 

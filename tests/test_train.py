@@ -10,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from capsjax import train
-from capsjax.errors import CheckpointError, NaNLossError
+from capsjax.errors import CheckpointError, NaNLossError, RunStopped
 from experiments import mnist
 from helpers import tiny_config
 
@@ -52,8 +52,9 @@ def test_resumed_run_equals_uninterrupted_run(mnist_dir, tmp_path):
   whole, parts = str(tmp_path / 'whole'), str(tmp_path / 'parts')
   config = tiny_config(mnist_dir, num_steps=12)  # crosses an epoch boundary (8 steps/epoch)
   train.train_and_evaluate(config, whole)
-  interrupted = train.train_and_evaluate(config, parts, stop_at_step=5)
-  assert interrupted == {'steps': 5, 'completed': False, 'stop_reason': 'stop_at_step'}
+  with pytest.raises(RunStopped) as interrupted:
+    train.train_and_evaluate(config, parts, stop_at_step=5)
+  assert (interrupted.value.steps, interrupted.value.num_steps, interrupted.value.stop_reason) == (5, 12, 'stop_at_step')
   assert _restore_params(parts)[0] == 5
   train.train_and_evaluate(config, parts)
   (step_a, params_a), (step_b, params_b) = _restore_params(whole), _restore_params(parts)
@@ -87,7 +88,8 @@ def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_p
 
 def test_divergence_stops_with_step_named_and_checkpoint_kept(mnist_dir, tmp_path):
   workdir = str(tmp_path)
-  train.train_and_evaluate(tiny_config(mnist_dir, num_steps=4), workdir, stop_at_step=2)
+  with pytest.raises(RunStopped):
+    train.train_and_evaluate(tiny_config(mnist_dir, num_steps=4), workdir, stop_at_step=2)
   diverging = tiny_config(mnist_dir, num_steps=4, learning_rate=float('inf'), allow_config_change=True)
   with pytest.raises(NaNLossError, match=r'at step 2; stopped \(last good checkpoint: step 2'):
     train.train_and_evaluate(diverging, workdir)
@@ -105,7 +107,8 @@ def test_nan_from_the_first_step(mnist_dir, tmp_path):
 
 def test_corrupt_checkpoint_is_reported_and_left_in_place(mnist_dir, tmp_path):
   config = tiny_config(mnist_dir, num_steps=4)
-  train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
+  with pytest.raises(RunStopped):
+    train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
   step_dir = tmp_path / 'checkpoints' / '2'
   for root, _, files in os.walk(step_dir):
     for name in files:

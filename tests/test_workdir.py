@@ -12,7 +12,7 @@ import pytest
 from capsjax import train
 from capsjax.trained import load_trained
 from capsjax import workdir as workdir_lib
-from capsjax.errors import CheckpointError, ConfigError, DataError, WorkdirError
+from capsjax.errors import CheckpointError, ConfigError, DataError, RunStopped, WorkdirError
 from helpers import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,8 +66,8 @@ def test_config_is_written_after_the_first_step_and_a_changed_config_is_refused(
   with pytest.raises(DataError):   # fails before its first step: binds nothing
     train.train_and_evaluate(tiny_config(str(tmp_path / 'no_data'), num_steps=4, seed=9), str(tmp_path))
   assert not (tmp_path / 'config.json').exists()
-  result = train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)   # the corrected run
-  assert result == {'steps': 2, 'completed': False, 'stop_reason': 'stop_at_step'}
+  with pytest.raises(RunStopped, match=r'stopped at step 2 of 4 \(stop_at_step\); run again to resume'):
+    train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)   # the corrected run
   assert json.loads((tmp_path / 'config.json').read_text())['batch_size'] == 32
   loaded_config, _, params = load_trained(str(tmp_path))   # an unfinished run opens
   assert loaded_config.num_steps == 4 and params
@@ -107,7 +107,8 @@ def test_finished_results_are_not_overwritten_by_another_config(mnist_dir, tmp_p
 
 def test_metrics_hold_each_step_once_and_wall_time_adds_up(mnist_dir, tmp_path):
   config = tiny_config(mnist_dir, num_steps=6, log_every_steps=1)
-  train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
+  with pytest.raises(RunStopped):
+    train.train_and_evaluate(config, str(tmp_path), stop_at_step=2)
   manager = ocp.CheckpointManager(str(tmp_path / 'checkpoints'))
   first_wall = manager.restore(2)['progress']['wall_time_s']
   manager.close()

@@ -119,7 +119,7 @@ class Explorer:
     """The latest checkpoint of the run in `workdir`, with its first `num_images` test inputs
     (`data`: data_dir / tfds_data_dir on this machine, see load_trained)."""
     config, model, params = load_trained(workdir, data)
-    params = select_member(config, params, member, workdir)
+    params = select_member(params, member, workdir, bool(config.ensemble))
     config.num_test_examples = num_images
     _, test = make_pipelines(config)
     images, labels = [], []
@@ -138,7 +138,7 @@ class Explorer:
     with np.load(os.path.join(SHIPPED, 'test_sample.npz')) as sample:
       images = np.asarray(preprocess(jnp.asarray(sample['images'])))
       labels = sample['labels']
-    return cls(config, build_model(config.model), params, images, labels, 'the shipped model')
+    return cls(config, build_model(**config.model), params, images, labels, 'the shipped model')
 
   # --------------------------------------------------------------------------- requests
 

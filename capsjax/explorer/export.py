@@ -66,7 +66,7 @@ def main(argv=None):
     from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
     from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
     shipped_config, params = read_exported(out)
-    predictor = Predictor(shipped_config, build_model(shipped_config.model), params, out)
+    predictor = Predictor(shipped_config, build_model(**shipped_config.model), params, out)
     if config.get('num_test_examples'):   # the run's test split, as its evaluations counted
       test = test.take(min(config.num_test_examples, len(test)))
     wrong = int(np.sum(predictor.classify(test.images) != np.asarray(test.labels)))

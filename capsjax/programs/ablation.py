@@ -18,6 +18,7 @@ from capsjax.plots import pyplot, save_figure
 from capsjax.programs.common import with_model_of
 from capsjax.reports import markdown_table, mean_std, seed_groups
 from capsjax.errors import ConfigError
+from capsjax.programs import register_program
 
 # The paper's Table 1, MNIST test error in % (mean ± std of 3 trials where given).
 PAPER_TABLE1 = {
@@ -99,6 +100,7 @@ def plot_training_loss(curves, path: str) -> None:
   save_figure(figure, path)
 
 
+@register_program('ablation', default_experiment='ablation')
 def run(config, workdir: str) -> Dict[str, Any]:
   if not config.ensemble:
     raise ConfigError('the ablation needs config.ensemble (seeds, routing_iterations, reconstruction_weights)')
@@ -108,16 +110,16 @@ def run(config, workdir: str) -> Dict[str, Any]:
   baseline_errors = None
   if 'baseline' in config and config.baseline.enabled:
     baseline = train.train_and_evaluate(baseline_config(config), os.path.join(workdir, 'baseline'))
-    baseline_errors = baseline['test_error']
-  members = capsnet['members']
-  rows = summarize(members, capsnet['test_error'])
+    baseline_errors = baseline.test_error
+  members = capsnet.members
+  rows = summarize(members, capsnet.test_error)
   table = render_table(config, rows, baseline_errors)
   with open(os.path.join(workdir, 'table1.md'), 'w') as f:
     f.write(table)
   summary = {'rows': rows, 'baseline_errors_percent': None if baseline_errors is None else
              [100.0 * e for e in baseline_errors], 'members': members,
-             'capsnet_num_params': capsnet['num_params'],
-             'baseline_num_params': None if baseline_errors is None else baseline['num_params']}
+             'capsnet_num_params': capsnet.num_params,
+             'baseline_num_params': None if baseline_errors is None else baseline.num_params}
   with open(os.path.join(workdir, 'table1.json'), 'w') as f:
     json.dump(summary, f, indent=2)
   plot_training_loss(training_loss_curves(capsnet_dir, members),
@@ -128,4 +130,4 @@ def run(config, workdir: str) -> Dict[str, Any]:
 
 if __name__ == '__main__':
   from capsjax import launch  # pylint: disable=g-import-not-at-top
-  launch.entry_point('ablation')
+  launch.entry_point(program='ablation')

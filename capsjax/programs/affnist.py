@@ -23,6 +23,7 @@ from capsjax.data import affine
 from capsjax.data.sources import Dataset
 from capsjax.data.pipeline import dataset_pipeline
 from capsjax.data.tasks import affine_test_pipeline
+from capsjax.programs import register_program
 
 PAPER = {'capsnet': (99.23, 79.0), 'cnn': (99.22, 66.0)}   # expanded MNIST %, affNIST %
 
@@ -43,6 +44,7 @@ def draw_examples(pipeline, path: str, rows: int = 4, columns: int = 8) -> None:
              suptitle='affine test digits (40×40)', cell=(1.1, 1.15), dpi=100)
 
 
+@register_program('affnist', default_experiment='affnist')
 def run(config, workdir: str) -> Dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
   runs = {'capsnet': config, 'cnn': with_model_of(config, 'cnn')}
@@ -58,10 +60,10 @@ def run(config, workdir: str) -> Dict[str, Any]:
     run_dir = os.path.join(workdir, name)
     trained = train.train_and_evaluate(run_config, run_dir)
     rows[name] = {
-        'num_params': trained['num_params'], 'steps': trained['steps'],
-        'stopped_early': trained['stopped_early'],
-        'reached_target': trained['test_accuracy'] >= config.stop_at_test_accuracy,
-        'expanded_test_accuracy': trained['test_accuracy'],
+        'num_params': trained.num_params, 'steps': trained.steps,
+        'stopped_early': trained.stopped_early,
+        'reached_target': trained.test_accuracy >= config.stop_at_test_accuracy,
+        'expanded_test_accuracy': trained.test_accuracy,
         'affine_test_accuracy': evaluate_on(run_config, run_dir, affine_test)['accuracy'],
     }
     if real_test is not None:
@@ -104,4 +106,4 @@ def render_table(config, summary) -> str:
 
 if __name__ == '__main__':
   from capsjax import launch  # pylint: disable=g-import-not-at-top
-  launch.entry_point('affnist')
+  launch.entry_point(program='affnist')

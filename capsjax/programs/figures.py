@@ -124,7 +124,7 @@ def main(argv=None):
     raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
   if not TASKS[config.task].input_shape_from_data:   # the test images as stored
     raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.programs.segmentation')
-  params = select_member(config, params, args.member, args.workdir)
+  params = select_member(params, args.member, args.workdir, bool(config.ensemble))
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir,
                       image_size=config.get('image_size', 0)).take(args.num)
   names = run_source_info(config).class_names

@@ -25,6 +25,7 @@ from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.routing import ROUTINGS
 from capsjax.workdir import MetricsLog
+from capsjax.programs import register_program
 
 INFERENCE_REPEATS = 3
 
@@ -51,7 +52,7 @@ def inference_images_per_s(workdir: str, batch_size: int) -> float:
   """Test-time forward passes (class activations) per second of member 0, compiled first,
   median of INFERENCE_REPEATS timed batches of `batch_size` zeros."""
   config, model, params = load_trained(workdir)
-  params = select_member(config, params, 0, workdir)
+  params = select_member(params, 0, workdir, bool(config.ensemble))
   forward = jax.jit(lambda p, x: model.apply({'params': p}, x, method='classify')[1])
   images = jnp.zeros((batch_size,) + tuple(config.model.input_shape), jnp.float32)
   forward(params, images).block_until_ready()
@@ -107,6 +108,7 @@ def plot(curves, path: str) -> None:
   save_figure(figure, path)
 
 
+@register_program('routing_zoo', default_experiment='routing_zoo')
 def run(config, workdir: str) -> Dict[str, Any]:
   names = tuple(config.routing_zoo.routings)
   unknown = [name for name in names if name not in ROUTINGS]
@@ -119,13 +121,11 @@ def run(config, workdir: str) -> Dict[str, Any]:
   rows, curves = [], {}
   for name in names:
     run_dir = os.path.join(workdir, name)
-    results = train.train_and_evaluate(routing_config(config, name), run_dir)
-    if not results.get('completed'):
-      return results   # stopped (a signal, stop_at_step): the same command resumes
+    result = train.train_and_evaluate(routing_config(config, name), run_dir)   # RunStopped: resumable
     metrics = MetricsLog(run_dir).read()
-    selected = results.get('selected_by_validation')
-    rows.append({'routing': name, 'num_params': results['num_params'],
-                 'test_error': list(np.atleast_1d(results['test_error'])),
+    selected = result.selected_by_validation
+    rows.append({'routing': name, 'num_params': result.num_params,
+                 'test_error': list(np.atleast_1d(result.test_error)),
                  'test_error_at_best_validation': list(np.atleast_1d(selected['test_error'])) if selected else None,
                  # metrics.jsonl's images/s counts one member's images
                  'train_images_per_s': training_images_per_s(metrics) * len(config.routing_zoo.seeds),
@@ -145,4 +145,4 @@ def run(config, workdir: str) -> Dict[str, Any]:
 
 if __name__ == '__main__':
   from capsjax import launch  # pylint: disable=g-import-not-at-top
-  launch.entry_point('routing_zoo')
+  launch.entry_point(program='routing_zoo')

@@ -24,6 +24,7 @@ from capsjax import train, validation
 from capsjax.errors import ConfigError
 from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
+from capsjax.programs import register_program
 
 
 def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
@@ -63,15 +64,15 @@ def variant_config(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDi
   return variant
 
 
-def summarize_run(name: str, overrides: Dict[str, Any], results: Dict[str, Any]) -> Dict[str, Any]:
-  """One sweep row from a run's results: errors as mean ± std over its seeds."""
+def summarize_run(name: str, overrides: Dict[str, Any], result: train.RunResult) -> Dict[str, Any]:
+  """One sweep row from a finished run: errors as mean ± std over its seeds."""
   listed = lambda value: value if isinstance(value, list) else [value]
-  test_error, test_std = mean_std(listed(results['test_error']))
+  test_error, test_std = mean_std(listed(result.test_error))
   row = dict(name=name, overrides=overrides, test_error=test_error, test_error_std=test_std,
-             seeds=len(listed(results['test_error'])), wall_time_s=results['wall_time_s'], steps=results['steps'],
-             final_train_loss=float(np.mean(listed(results['final_train_loss'] or float('nan')))))
-  if 'validation_error' in results:
-    row['validation_error'], row['validation_error_std'] = mean_std(listed(results['validation_error']))
+             seeds=len(listed(result.test_error)), wall_time_s=result.wall_time_s, steps=result.steps,
+             final_train_loss=float(np.mean(listed(result.final_train_loss or float('nan')))))
+  if result.validation_error is not None:
+    row['validation_error'], row['validation_error_std'] = mean_std(listed(result.validation_error))
   return row
 
 
@@ -125,6 +126,7 @@ def plot(rows, path: str) -> None:
   save_figure(figure, path)
 
 
+@register_program('sweep', default_experiment='recipes')
 def run(config, workdir: str) -> Dict[str, Any]:
   variants = [parse_variant(spec) for spec in config.sweep.variants]
   if not variants:
@@ -155,4 +157,4 @@ def run(config, workdir: str) -> Dict[str, Any]:
 
 if __name__ == '__main__':
   from capsjax import launch  # pylint: disable=g-import-not-at-top
-  launch.entry_point('sweep')
+  launch.entry_point(program='sweep')
