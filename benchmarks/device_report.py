@@ -150,8 +150,9 @@ def _capsjax_setup(spec):
   import importlib  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from capsjax import sharding, train  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble, sharding, train  # pylint: disable=g-import-not-at-top
   from capsjax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from capsjax.data.tasks import TASKS  # pylint: disable=g-import-not-at-top
   from capsjax.data.datasets import dataset_info  # pylint: disable=g-import-not-at-top
   from capsjax.data.sources import Dataset  # pylint: disable=g-import-not-at-top
   from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
@@ -169,12 +170,13 @@ def _capsjax_setup(spec):
   count = max(4 * config.batch_size, 512)
   dataset = Dataset(rng.integers(0, 256, (count,) + tuple(info.image_shape), dtype=np.uint8),
                     rng.integers(0, info.num_classes, count).astype(np.int32))
-  if config.task == 'multimnist':
-    train_data = pipeline.multimnist_pipeline(config, dataset, config.seed, 0)
-    test_data = pipeline.multimnist_pipeline(config, dataset, config.multimnist.test_seed, count)
+  if TASKS[config.task].generates_examples:   # MultiMNIST: pairs made on device
+    make = lambda seed, examples: pipeline.multimnist_pipeline(
+        dataset, seed, examples, batch_size=config.batch_size,
+        examples_per_digit=config.multimnist.examples_per_digit, num_classes=info.num_classes)
+    train_data, test_data = make(config.seed, 0), make(config.multimnist.test_seed, count)
   else:
-    train_data = pipeline.dataset_pipeline(config, dataset, True)
-    test_data = pipeline.dataset_pipeline(config, dataset, False)
+    train_data, test_data = assemble.pipeline(config, dataset, True), assemble.pipeline(config, dataset, False)
   model = build_model(**config.model)
   program = train.build_program(config, model, train_data, test_data, sharding.data_mesh())
   return config, model, program, test_data, dataset

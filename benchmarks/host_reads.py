@@ -30,6 +30,7 @@ def _peak_mib() -> float:
 
 def measure(args) -> dict:
   """One mode, in this process."""
+  from capsjax import assemble  # pylint: disable=g-import-not-at-top
   from capsjax.data import pipeline  # pylint: disable=g-import-not-at-top
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
   from experiments import mnist  # pylint: disable=g-import-not-at-top
@@ -42,7 +43,7 @@ def measure(args) -> dict:
   growth = _peak_mib() - before
   config = mnist.get_config()
   config.dataset, config.batch_size = args.dataset, args.batch
-  batches = pipeline.dataset_pipeline(config, train, True)
+  batches = assemble.pipeline(config, train, True)
   host_batch = batches.host_batch
   if args.mode == 'rows_sync' and isinstance(host_batch, pipeline.ReadAhead):
     host_batch = host_batch._host_batch   # pylint: disable=protected-access

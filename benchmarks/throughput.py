@@ -29,7 +29,6 @@ import numpy as np
 from capsjax import assemble  # pylint: disable=g-import-not-at-top
 from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
 from timing import buffer_bytes, capsnet_flops, seconds_per_call
-from capsjax.data import pipeline
 from capsjax.data.datasets import dataset_info
 from capsjax.data.sources import Dataset
 
@@ -54,7 +53,7 @@ def measure_jax(config, batch: int, steps: int) -> dict:
   images = rng.integers(0, 256, (batch,) + dataset_info(config.dataset).image_shape).astype(np.uint8)
   labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
   config.batch_size = batch
-  data = pipeline.dataset_pipeline(config, Dataset(images, labels), training=True)
+  data = assemble.pipeline(config, Dataset(images, labels), training=True)
   train_step = make_train_step(assemble.objective(config), model, optimizer, data, config.seed)
   host_batch = data.host_batch(0)
 
@@ -70,7 +69,7 @@ def measure_jax(config, batch: int, steps: int) -> dict:
 
   # Inference as a user runs it: digit capsules, lengths and the reconstruction of the
   # longest capsule (what the PyTorch peer computes too).
-  test = pipeline.dataset_pipeline(config, Dataset(images, labels), training=False)
+  test = assemble.pipeline(config, Dataset(images, labels), training=False)
   infer = jax.jit(lambda params, x: model.apply({'params': params},
                                                 test.device_batch(None, (x, labels, labels), None)['images']))
   memory_infer = buffer_bytes(infer, state['params'], images)

@@ -5,11 +5,17 @@ The jitted step, the objective, the model, the pipelines and the hooks take thes
 (functions, modules, numbers), never the config, as big_vision builds `Model(**config.model)`
 at its boundary and flax's `train_step` never sees a config.
 """
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+import ml_collections
 import optax
 
 from capsjax import steps
+from capsjax.data import affine
+from capsjax.data.datasets import DATASETS
+from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preprocessing, images_on_demand
+from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source, with_image_size
+from capsjax.data.tasks import TASKS, Splits, Task, at_most
 from capsjax.errors import ConfigError
 from capsjax.models import MODELS, build_model
 from capsjax.objectives import OBJECTIVES, Objective, make_objective
@@ -92,3 +98,133 @@ def routing_probe(config, model_module, pipeline):
   return steps.make_routing_probe(model_module, pipeline, config.routing_probe_iterations,
                                   config.routing_probe_examples, config.eval_batch_size)
 
+
+# ----------------------------------------------------------------------------- data
+
+def data_spec(config) -> DataSpec:
+  """Where the run's data comes from: the config's data keys and nothing else."""
+  return DataSpec(config.dataset, config.get('data_dir', ''), config.get('tfds_data_dir', ''),
+                  config.get('image_size', 0))
+
+
+def task_options(config, keys) -> Dict[str, Any]:
+  """The values of a task's `keys` (dotted keys under their last part; sub-configs as dicts)."""
+  values = {}
+  for key in keys:
+    node = config
+    for part in key.split('.'):
+      node = node[part]
+    values[key.split('.')[-1]] = node.to_dict() if isinstance(node, ml_collections.ConfigDict) else node
+  return values
+
+
+def source_info(config) -> SourceInfo:
+  """A trained run's SourceInfo from its config alone (no data read): the shape its images
+  were held in, its preprocessing and class names. What `capsjax.predict` converts a file
+  to, as training converted the run's images."""
+  described = DATASETS.get(config.dataset)
+  names = tuple(config.get('class_names') or ()) or (
+      described.class_names if described else tuple(str(i) for i in range(config.model.num_classes)))
+  if described is not None:
+    info = SourceInfo(config.dataset, described.image_shape, names, described.preprocessing)
+    return with_image_size(info, config.get('image_size', 0))
+  return SourceInfo(config.dataset, tuple(config.model.input_shape), names)
+
+
+def pipeline(config, dataset: Dataset, training: bool) -> Pipeline:
+  """A classification pipeline over `dataset` with the run's batch size, seed, shifts and
+  its described dataset's preprocessing (for data that comes from no source)."""
+  return dataset_pipeline(dataset, training, batch_size=config.batch_size, seed=config.seed,
+                          max_shift=config.get('max_shift', 0),
+                          preprocessing=described_preprocessing(config.get('dataset', '')))
+
+
+def task(config) -> Task:
+  if config.task not in TASKS:
+    raise ConfigError(f'config.task={config.task!r}: allowed one of {", ".join(TASKS)}')
+  cls = TASKS.get(config.task)
+  return cls(**task_options(config, cls.keys))
+
+
+def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]]:
+  """(training examples, held-out validation examples or None): the last
+  config.validation_examples images of the training split are held out, as the authors'
+  `--validate` holds out the last 10 000 (50k/10k)."""
+  held_out = config.validation_examples
+  if not held_out:
+    return train, None
+  if not TASKS[config.task].has_validation:
+    allowed = ', '.join(f"'{entry.name}'" for entry in TASKS.entries() if entry.has_validation)
+    raise ConfigError(f'config.validation_examples: a held-out validation split exists for the {allowed} '
+                      'tasks only')
+  if held_out >= len(train):
+    raise ConfigError(f'config.validation_examples={held_out}: allowed fewer than the {len(train)} '
+                      'training examples')
+  return (Dataset(train.images[:-held_out], train.labels[:-held_out]),
+          Dataset(train.images[-held_out:], train.labels[-held_out:]))
+
+
+def splits(config) -> Splits:
+  """(train, test, validation or None) pipelines of config.task on config's source. With
+  config.validation_examples, training never sees the held-out images."""
+  run_task = task(config)
+  source = open_source(data_spec(config))
+  info = source.describe()
+  run_task.check_input(info, config.model.input_shape)
+  on_demand = images_on_demand(config.get('host_images', 'auto'))
+  train, test = source.load('train', on_demand), source.load('test', on_demand)
+  train, held_out = split_validation(config, train)
+  if config.num_train_examples:
+    after = f' (after holding out {len(held_out)} for validation)' if held_out else ''
+    train = train.take(at_most('num_train_examples', config.num_train_examples, len(train),
+                               'training examples' + after))
+  return run_task.pipelines(info, train, test, held_out)
+
+
+def pipelines(config) -> Tuple[Pipeline, Pipeline]:
+  """(train, test) pipelines; see splits."""
+  train, test, _ = splits(config)
+  return train, test
+
+
+def affine_test_pipeline(config) -> Pipeline:
+  """The MNIST test digits under random affine maps (config.affnist), fixed per index."""
+  source = open_source(data_spec(config))
+  test = source.load('test', images_on_demand(config.get('host_images', 'auto')))
+  if config.num_test_examples:
+    test = test.take(config.num_test_examples)
+  ranges = dict(config.affnist.ranges)
+  transform = lambda image, key: affine.random_affine(image, key, ranges)[0]
+  return dataset_pipeline(test, False, batch_size=config.batch_size, seed=config.seed,
+                          preprocessing=source.describe().preprocessing, example_transform=transform,
+                          test_seed=config.affnist.test_seed)
+
+
+def resolve_data(config) -> ml_collections.ConfigDict:
+  """A copy of `config` with what the data says filled in: config.class_names (when
+  empty), model.num_classes (when 0) and, for 'classify', model.input_shape (when ()).
+  Values the config gives must agree with the data. Reads the source's description only
+  (headers, TFDS builder info), so a run fails here within seconds on the wrong data."""
+  run_task = task(config)
+  info = open_source(data_spec(config)).describe()
+  config = ml_collections.ConfigDict(config.to_dict())
+  model = config.model
+  if 'class_names' in config and not config.class_names:
+    config.class_names = tuple(info.class_names)
+  if 'class_names' in config and len(config.class_names) != info.num_classes:
+    raise ConfigError(f'config.class_names has {len(config.class_names)} names; {info.name} has '
+                      f'{info.num_classes} classes')
+  if model.get('num_classes') == 0:
+    model.num_classes = info.num_classes
+  elif TASKS[run_task.name].input_shape_from_data and model.get('num_classes') not in (None, info.num_classes):
+    raise ConfigError(f'{info.name} has {info.num_classes} classes; the model has config.model.num_classes='
+                      f'{model.num_classes} (--experiment=images takes the shape and classes from the data)')
+  if 'input_shape' in model and not tuple(model.input_shape):
+    if not TASKS[run_task.name].input_shape_from_data:
+      raise ConfigError(f'config.model.input_shape=(): the {run_task.name} task needs the canvas size '
+                        '(height, width, channels)')
+    model.input_shape = tuple(info.input_shape)
+    problems = MODELS[model.name].check(model, 'model.')
+    if problems:   # e.g. the data's images, too small for the CapsNet
+      raise ConfigError(problems[0])
+  return config

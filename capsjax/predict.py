@@ -26,39 +26,34 @@ PREDICT_BATCH = 64
 
 
 class Predictor:
-  """A trained CapsNet (or baseline CNN) and how its run converted images."""
+  """A trained CapsNet (or baseline CNN, capsjax.trained.TrainedModel) and how its run
+  converted images."""
 
-  def __init__(self, config, model, params, source: str):
+  def __init__(self, trained):
     import jax  # pylint: disable=g-import-not-at-top
-    from capsjax.data.sources import run_source_info  # pylint: disable=g-import-not-at-top
-    from capsjax.data.tasks import TASKS  # pylint: disable=g-import-not-at-top
-    from capsjax.models import MODELS  # pylint: disable=g-import-not-at-top
-    from capsjax.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
-    if not TASKS[config.task].single_images:
-      raise CapsjaxError(f'{source} holds a {config.task} run: predict classifies one object per image')
-    self.config, self.model, self.params, self.source = config, model, params, source
-    self.info = run_source_info(config)
+    if not trained.task.single_images:
+      raise CapsjaxError(f'{trained.source} holds a {trained.config.task} run: predict classifies one '
+                         'object per image')
+    self.trained = trained
+    self.model, self.params, self.source = trained.model, trained.params, trained.source
+    self.info = trained.info
     self.class_names = self.info.class_names
-    family = MODELS[config.model.name]
-    self.capsules = family.capsules
-    self.has_decoder = family.capsules and family.has_decoder(config.model)
-    self.probabilities = OBJECTIVES[config.loss.name].probabilities   # class scores → what is shown
+    self.capsules = trained.family.capsules
+    self.has_decoder = trained.has_decoder
+    self.probabilities = trained.objective.probabilities   # class scores → what is shown
     self._scores = jax.jit(self._scores_and_reconstructions)
     self._classes = jax.jit(lambda params, images: jax.numpy.argmax(
         self._scores_and_reconstructions(params, images, reconstruct=False)[0], -1))
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None) -> 'Predictor':
-    from capsjax.trained import load_trained, select_member  # pylint: disable=g-import-not-at-top
-    config, model, params = load_trained(workdir)
-    return cls(config, model, select_member(params, member, workdir, bool(config.ensemble)), workdir)
+    from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    return cls(TrainedModel.from_workdir(workdir, member))
 
   @classmethod
   def shipped(cls) -> 'Predictor':
-    from capsjax.trained import SHIPPED, read_exported  # pylint: disable=g-import-not-at-top
-    from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
-    config, params = read_exported(SHIPPED)
-    return cls(config, build_model(**config.model), params, 'the shipped model')
+    from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    return cls(TrainedModel.shipped())
 
   # --------------------------------------------------------------------------- conversion
 

@@ -25,7 +25,6 @@ from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
 from capsjax.errors import RunStopped
 from capsjax.events import EventWriter
-from capsjax.data.tasks import make_splits, resolve_data
 from capsjax.ensembles import member_knobs
 from capsjax.models import count_params
 from capsjax.runtime import StopRequests
@@ -195,7 +194,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   several processes, JAX's preemption notice) does the same at the next step.
   """
   workdir = workdir_lib.prepare(workdir)
-  config = resolve_data(config)   # the data's shape and classes where the config leaves them open
+  config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
   is_writer = sharding.is_main_process()
   with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
     changed = workdir_lib.bind_config(workdir, config)
@@ -208,7 +207,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   mesh = sharding.data_mesh()
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
-  train, test, validation = make_splits(config)
+  train, test, validation = assemble.splits(config)
   num_steps = assemble.total_steps(config, train.num_examples)
   model = assemble.model(config)
   program = build_program(config, model, train, test, mesh, validation)

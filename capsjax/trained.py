@@ -2,6 +2,7 @@
 figures, segmentation, the experiment programs): load its config and a checkpoint,
 choose a member or a step, and write or read an exported (float16) model.
 """
+import dataclasses
 import json
 import os
 from typing import Any, Dict, Optional, Tuple
@@ -14,12 +15,65 @@ from flax import traverse_util
 
 from capsjax import assemble, reports
 from capsjax.checkpoints import Checkpoints
+from capsjax.data.tasks import TASKS
 from capsjax.errors import CheckpointError
+from capsjax.models import MODELS
+from capsjax.objectives import OBJECTIVES
 from capsjax.workdir import MetricsLog, read_config
 
 # The small MNIST CapsNet that ships with the package (experiments/explorer.py), exported
 # with its sample of test images: what predict and the explorer serve without --workdir.
 SHIPPED = os.path.join(os.path.dirname(__file__), 'explorer', 'assets')
+
+
+@dataclasses.dataclass
+class TrainedModel:
+  """One trained model as predict and the explorer use it: the run's config (as read from
+  its workdir or export), its module, one member's parameters, where it came from, and
+  what its family, task and objective can do (their registry entries)."""
+  config: ml_collections.ConfigDict
+  model: Any
+  params: Any
+  source: str
+
+  @classmethod
+  def from_workdir(cls, workdir: str, member: Optional[int] = None, data: Optional[Dict[str, str]] = None,
+                   step: Optional[int] = None) -> 'TrainedModel':
+    """The run in `workdir` at its latest checkpoint (or `step`), member `member` of an
+    ensemble (default: the last); `data` as in load_trained."""
+    config, model, params = load_trained(workdir, data, step)
+    return cls(config, model, select_member(params, member, workdir, bool(config.ensemble)), workdir)
+
+  @classmethod
+  def exported(cls, directory: str, source: Optional[str] = None) -> 'TrainedModel':
+    """A model written by `export` (float16 parameters, read back as float32)."""
+    config, params = read_exported(directory)
+    return cls(config, assemble.model(config), params, source or directory)
+
+  @classmethod
+  def shipped(cls) -> 'TrainedModel':
+    return cls.exported(SHIPPED, 'the shipped model')
+
+  @property
+  def family(self):
+    return MODELS[self.config.model.name]
+
+  @property
+  def task(self):
+    return TASKS[self.config.task]
+
+  @property
+  def objective(self):
+    return OBJECTIVES[self.config.loss.name]
+
+  @property
+  def has_decoder(self) -> bool:
+    return self.family.capsules and self.family.has_decoder(self.config.model)
+
+  @property
+  def info(self):
+    """How the run held its images (shape, preprocessing, class names)."""
+    return assemble.source_info(self.config)
 
 
 def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Optional[int] = None):

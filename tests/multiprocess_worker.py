@@ -53,7 +53,7 @@ def main():
         np.savez(args.out, **{str(i): np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(params))})
   print(f'process {jax.process_index()}/{jax.process_count()} devices {jax.device_count()} '
         f'steps {steps} completed {completed} '
-        f'rows_on_demand {pipeline.images_on_demand(config)}', flush=True)
+        f'rows_on_demand {pipeline.images_on_demand(config.host_images)}', flush=True)
 
 
 if __name__ == '__main__':

@@ -9,7 +9,7 @@ import scipy.io
 
 from capsjax import train
 from capsjax.data import affine
-from capsjax.data.tasks import affine_test_pipeline, make_pipelines
+from capsjax import assemble
 from capsjax.errors import DataError, RunStopped
 from experiments import affnist_smoke
 from helpers import tiny_config
@@ -55,7 +55,7 @@ def test_expanded_and_affine_pipelines_are_40x40_and_fixed_per_index(mnist_dir):
   config.data_dir = mnist_dir
   config.num_train_examples = 256
   config.num_test_examples = 64
-  train_pipe, test_pipe = make_pipelines(config)
+  train_pipe, test_pipe = assemble.pipelines(config)
   host, _ = next(iter(test_pipe.eval_batches(64)))
   first = test_pipe.device_batch(None, host, None)['images']
   second = test_pipe.device_batch(None, host, None)['images']
@@ -66,7 +66,7 @@ def test_expanded_and_affine_pipelines_are_40x40_and_fixed_per_index(mnist_dir):
                              np.asarray(host[0], np.float32).sum(axis=(1, 2, 3)) / 255.0, rtol=1e-5)
   batch = train_pipe.device_batch(None, train_pipe.host_batch(0), jax.random.key(0))
   assert batch['images'].shape == (config.batch_size, 40, 40, 1)
-  affine_pipe = affine_test_pipeline(config)
+  affine_pipe = assemble.affine_test_pipeline(config)
   host, _ = next(iter(affine_pipe.eval_batches(16)))
   images = affine_pipe.device_batch(None, host, None)['images']
   assert images.shape == (16, 40, 40, 1) and float(images.max()) <= 1.0 + 1e-6

@@ -64,3 +64,21 @@ def test_summary_of_the_other_datasets_models(experiment, lines, capsys):
   config = importlib.import_module(f'experiments.{experiment}').get_config()
   launch.print_summary(config)
   assert capsys.readouterr().out.strip().splitlines()[-len(lines):] == lines
+
+
+def test_a_program_stopped_inside_a_run_exits_75_and_resumes(mnist_dir, tmp_path):
+  # The sweep's first variant stops at step 2 (as a preemption would): exit 75, one line
+  # saying where, no traceback; the same workdir then finishes every variant.
+  common = ['--experiment=sweep_smoke', f'--workdir={tmp_path}/w', f'--config.data_dir={mnist_dir}',
+            '--config.model.conv1_channels=8', '--config.model.primary_types=2',
+            '--config.model.decoder_hidden=(16,32)', '--config.num_train_examples=128',
+            '--config.num_test_examples=50', '--config.eval_batch_size=50', '--config.num_steps=3',
+            '--config.checkpoint_every_steps=1', '--config.sweep.variants=("base:","fast: learning_rate=3e-3")']
+  stopped = run(*common, '--config.stop_at_step=2')
+  assert stopped.returncode == 75, stopped.stderr[-2000:]
+  assert 'Traceback' not in stopped.stdout + stopped.stderr
+  assert 'stopped at step 2 of 3 (stop_at_step); run again to resume' in stopped.stdout
+  finished = run(*common)
+  assert finished.returncode == 0, finished.stderr[-2000:]
+  assert 'resumed from checkpoint at step 2' in finished.stdout
+  assert (tmp_path / 'w' / 'sweep.md').exists() and (tmp_path / 'w' / 'fast' / 'results.json').exists()

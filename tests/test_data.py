@@ -116,7 +116,7 @@ def test_random_shift_bounds_and_determinism():
      'config.num_test_examples=50001: the data has 50000 MultiMNIST test pairs'),
 ])
 def test_counts_beyond_the_data_are_refused_never_clamped(tmp_path, overrides, message):
-  from capsjax.data.tasks import make_splits  # pylint: disable=g-import-not-at-top
+  from capsjax.assemble import splits  # pylint: disable=g-import-not-at-top
   from capsjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   for split, count in (('train', 200), ('test', 50)):
@@ -131,4 +131,4 @@ def test_counts_beyond_the_data_are_refused_never_clamped(tmp_path, overrides, m
     config.multimnist = dict(examples_per_digit=1000, test_seed=1)
     config.max_shift = 0
   with pytest.raises(ConfigError, match=re.escape(message)):
-    make_splits(config)
+    splits(config)

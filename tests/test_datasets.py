@@ -12,8 +12,6 @@ import pytest
 from capsjax import assemble, steps, train
 from capsjax.data import augment
 from capsjax.data import sources as mnist_data
-from capsjax.data import pipeline as pipeline_lib
-from capsjax.data import tasks as tasks_lib
 from capsjax.data.datasets import Preprocessing, dataset_info
 from capsjax.data.sources import Dataset
 from capsjax.errors import DataError
@@ -115,7 +113,7 @@ def test_each_dataset_through_the_real_pipeline(name, offline_tfds):
   config = importlib.import_module(f'experiments.{name}').get_config()
   config.batch_size, config.eval_batch_size = 32, 48
   assert tuple(config.model.input_shape) == info.input_shape
-  train_pipe, test_pipe, _ = tasks_lib.make_splits(config)
+  train_pipe, test_pipe, _ = assemble.splits(config)
   host = train_pipe.host_batch(0)
   batch = train_pipe.device_batch(train_pipe.source, host, jax.random.key(0))
   again = train_pipe.device_batch(train_pipe.source, host, jax.random.key(0))
@@ -202,7 +200,7 @@ def test_ensemble_eval_step_sums_the_members_lengths(mnist_dir):
       jax.random.split(jax.random.key(0), 3))
   full = mnist_data.load_idx_split(mnist_dir, 'test')
   test = Dataset(full.images[:64], full.labels[:64])
-  pipe = pipeline_lib.dataset_pipeline(config, test, False)
+  pipe = assemble.pipeline(config, test, False)
   knobs = {'seed': jnp.arange(3), 'routing_iterations': jnp.full(3, 3), 'reconstruction_weight': jnp.zeros(3)}
   eval_step = steps.make_eval_step(assemble.objective(config), model, pipe, ensemble=True)
   (host, weights), = list(pipe.eval_batches(64))

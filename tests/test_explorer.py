@@ -190,7 +190,7 @@ def test_multimnist_mode_decodes_the_two_capsules_separately():
   params = model.init(jax.random.key(0), jnp.zeros((1, 36, 36, 1)))['params']
   images = np.random.default_rng(0).uniform(size=(4, 36, 36, 1)).astype(np.float32)
   labels = np.array([[1, 2], [3, 4], [5, 6], [7, 8]])
-  explorer = Explorer(config, model, params, images, labels, 'test')
+  explorer = Explorer(trained.TrainedModel(config, model, params, 'test'), images, labels)
   info = explorer.info()
   assert info['mode'] == 'multimnist' and not info['can_draw'] and info['image_shape'] == [36, 36]
   example = explorer.example(2)

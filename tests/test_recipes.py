@@ -12,7 +12,7 @@ import pytest
 from capsjax import assemble, losses, reports, train
 from capsjax.trained import load_trained
 from capsjax.data.sources import Dataset
-from capsjax.data.tasks import split_validation
+from capsjax.assemble import split_validation
 from capsjax.errors import ConfigError
 from capsjax.explorer import export as export_main
 from capsjax.trained import read_exported

@@ -225,14 +225,15 @@ def test_explorer_and_predict_show_the_routings_activations():
   # EM: activations that are not the capsule lengths.
   from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
   from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
+  from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
   config, model, params, pixels, images = _tiny_capsnet('em')
   _, activations = model.apply({'params': params}, images, method='classify')
-  explorer = Explorer(config, model, params, np.asarray(images), np.arange(4), 'a test model')
+  explorer = Explorer(TrainedModel(config, model, params, 'a test model'), np.asarray(images), np.arange(4))
   answer = explorer.example(2)
   # (The explorer encodes padded batches of another size: float32 rounding differs a little.)
   np.testing.assert_allclose(answer['activations'], activations[2], rtol=1e-4, atol=1e-4)
   assert not np.allclose(answer['activations'], answer['lengths'], atol=1e-3)
-  predicted = Predictor(config, model, params, 'a test model').predict(pixels)
+  predicted = Predictor(TrainedModel(config, model, params, 'a test model')).predict(pixels)
   assert [p['activations'][str(c)] for p in predicted for c in range(10)] == pytest.approx(
       np.asarray(activations).ravel().tolist(), rel=1e-4, abs=1e-6)
 

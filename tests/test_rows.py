@@ -72,18 +72,15 @@ def test_truncated_uncompressed_idx_is_one_clear_error(tmp_path):
     load_idx_split(str(tmp_path), 'test', on_demand=True)
 
 
-def _config(batch_size=32):
-  config = mnist.get_config()
-  config.batch_size = batch_size
-  config.max_shift = 0
-  return config
+def _pipeline(dataset, training, batch_size=32):
+  return pipeline.dataset_pipeline(dataset, training, batch_size=batch_size, seed=mnist.get_config().seed)
 
 
 def test_process_shares_of_training_batches_are_the_whole_batch(mnist_dir):
   test = load_idx_split(mnist_dir, 'test').take(1000)
   lazy = _RecordingRows(test.images)
-  whole = pipeline.dataset_pipeline(_config(), test, True)
-  on_demand = pipeline.dataset_pipeline(_config(), Dataset(lazy, test.labels), True)
+  whole = _pipeline(test, True)
+  on_demand = _pipeline(Dataset(lazy, test.labels), True)
   assert isinstance(on_demand.host_batch, pipeline.ReadAhead)
   shares = [slice(0, 16), slice(16, 32)]     # two processes' rows (sharding.process_rows)
   wanted = set()
@@ -101,8 +98,8 @@ def test_process_shares_of_training_batches_are_the_whole_batch(mnist_dir):
 def test_process_shares_of_evaluation_batches_are_the_whole_batch(mnist_dir):
   test = load_idx_split(mnist_dir, 'test').take(100)   # 100 = 2 batches of 48 + 4
   lazy = _RecordingRows(test.images)
-  whole = list(pipeline.dataset_pipeline(_config(), test, False).eval_batches(48))
-  first, second = (list(pipeline.dataset_pipeline(_config(), Dataset(lazy, test.labels), False)
+  whole = list(_pipeline(test, False).eval_batches(48))
+  first, second = (list(_pipeline(Dataset(lazy, test.labels), False)
                         .eval_batches(48, share)) for share in (slice(0, 24), slice(24, 48)))
   assert len(whole) == len(first) == len(second) == 3
   for (full, full_weights), (a, a_weights), (b, b_weights) in zip(whole, first, second):
@@ -130,6 +127,4 @@ def test_read_ahead_returns_what_the_function_returns_in_any_order():
 
 @pytest.mark.parametrize('mode,expected', [('auto', False), ('memory', False), ('rows', True)])
 def test_host_images_mode_on_one_process(mode, expected):
-  config = mnist.get_config()
-  config.host_images = mode
-  assert pipeline.images_on_demand(config) == expected
+  assert pipeline.images_on_demand(mode) == expected

@@ -77,29 +77,27 @@ class ReadAhead:
 
 # ----------------------------------------------------------------------------- MNIST-like
 
-def _described_preprocessing(config) -> Preprocessing:
-  # For callers that build a pipeline without a source (benchmarks, tests).
-  described = DATASETS.get(config.get('dataset', ''))
+def described_preprocessing(dataset_name: str) -> Preprocessing:
+  """The preprocessing of a described dataset (capsjax.data.datasets), else none: for
+  callers that build a pipeline without a source (benchmarks, tests)."""
+  described = DATASETS.get(dataset_name)
   return described.preprocessing if described else Preprocessing()
 
 
-def dataset_pipeline(config, dataset: Dataset, training: bool,
-                     example_transform: Optional[Callable] = None, seed: int = 0,
-                     preprocessing: Optional[Preprocessing] = None) -> Pipeline:
-  """Batches of a host dataset (uint8 on the host; converted on device). `config` needs
-  batch_size, seed and max_shift only. Without `example_transform`: `preprocessing` (the
-  source's: crops, flips, jitter, standardisation; by default the described dataset's of
-  config.dataset) and training shifts of up to config.max_shift px, from the step's key in
-  training. With it, `example_transform(image, key)` makes every image
+def dataset_pipeline(dataset: Dataset, training: bool, *, batch_size: int, seed: int = 0, max_shift: int = 0,
+                     preprocessing: Preprocessing = Preprocessing(),
+                     example_transform: Optional[Callable] = None, test_seed: int = 0) -> Pipeline:
+  """Batches of a host dataset (uint8 on the host; converted on device), in the order of
+  (`seed`, epoch). Without `example_transform`: `preprocessing` (the source's: crops,
+  flips, jitter, standardisation) and training shifts of up to `max_shift` px, from the
+  step's key in training. With it, `example_transform(image, key)` makes every image
   (expanded MNIST placement, affine test digits): in training from the step's key, in
-  evaluation from (`seed`, example index), so the test set is fixed."""
-  batch_size = config.batch_size
+  evaluation from (`test_seed`, example index), so the test set is fixed."""
   steps_per_epoch = len(dataset) // batch_size
-  preprocessing = preprocessing or _described_preprocessing(config)
 
   def host_batch(step, run_seed=None, rows=slice(None)):
     epoch, position = divmod(step, steps_per_epoch)
-    order = epoch_permutation(config.seed if run_seed is None else run_seed, epoch, len(dataset))
+    order = epoch_permutation(seed if run_seed is None else run_seed, epoch, len(dataset))
     indices = order[position * batch_size:(position + 1) * batch_size][rows]
     return dataset.images[indices], dataset.labels[indices], indices.astype(np.int32)
 
@@ -118,10 +116,10 @@ def dataset_pipeline(config, dataset: Dataset, training: bool,
     images, labels, indices = batch
     if example_transform is not None:
       images = preprocess(images)
-      keys = jax.random.split(key, len(indices)) if training else affine.example_keys(seed, indices)
+      keys = jax.random.split(key, len(indices)) if training else affine.example_keys(test_seed, indices)
       return {'images': jax.vmap(example_transform)(images, keys), 'labels': labels}
     inputs, targets = augment.prepare(images, preprocessing, key if training else None,
-                                      config.max_shift if training else 0)
+                                      max_shift if training else 0)
     out = {'images': inputs, 'labels': labels}
     if preprocessing.standardize:   # the decoder draws the image, not its standardised form
       out['reconstruction_targets'] = targets
@@ -132,18 +130,20 @@ def dataset_pipeline(config, dataset: Dataset, training: bool,
 
 # ----------------------------------------------------------------------------- MultiMNIST
 
-def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int, num_classes: int = 10) -> Pipeline:
-  """`config` needs batch_size and multimnist.examples_per_digit only."""
+def multimnist_pipeline(dataset: Dataset, seed: int, num_examples: int, *, batch_size: int,
+                        examples_per_digit: int, num_classes: int = 10) -> Pipeline:
+  """Overlaid pairs of `dataset`'s digits, generated on device from (`seed`, index): the
+  first `num_examples` (0: all len(dataset) × examples_per_digit) for evaluation."""
   # Overlays are made on device from any two training digits: the whole split is needed.
   source = multimnist.make_source(np.asarray(dataset.images), dataset.labels, num_classes)
-  total = len(dataset) * config.multimnist.examples_per_digit
+  total = len(dataset) * examples_per_digit
   num_examples = min(num_examples or total, total)
 
   def host_batch(step, run_seed=None, rows=slice(None)):
     # Training draws indices uniformly from the whole (virtual) 60M-example set; the
     # overlays themselves are always generated from the pipeline's own `seed`.
     order_seed = seed if run_seed is None else run_seed
-    return (np.random.default_rng([order_seed, step]).integers(0, total, config.batch_size)[rows],)
+    return (np.random.default_rng([order_seed, step]).integers(0, total, batch_size)[rows],)
 
   def eval_batches(eval_batch_size, rows=slice(None)):
     # Indices 0..n−1: with index mod N as the first digit, a subset of n ≤ N examples
@@ -162,8 +162,7 @@ def multimnist_pipeline(config, dataset: Dataset, seed: int, num_examples: int, 
 
 # ----------------------------------------------------------------------------- host memory
 
-def images_on_demand(config) -> bool:
+def images_on_demand(host_images: str = 'auto') -> bool:
   """config.host_images: 'memory' loads each split whole; 'rows' reads only the rows a
   process's batches use (capsjax.data.rows); 'auto' is 'rows' on several processes."""
-  mode = config.get('host_images', 'auto')
-  return mode == 'rows' or (mode == 'auto' and jax.process_count() > 1)
+  return host_images == 'rows' or (host_images == 'auto' and jax.process_count() > 1)

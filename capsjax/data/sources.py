@@ -211,11 +211,6 @@ class DataSpec:
   tfds_data_dir: str = ''
   image_size: int = 0            # > 0: every image resized to image_size × image_size
 
-  @classmethod
-  def from_config(cls, config) -> 'DataSpec':
-    return cls(config.dataset, config.get('data_dir', ''), config.get('tfds_data_dir', ''),
-               config.get('image_size', 0))
-
 
 @dataclasses.dataclass(frozen=True)
 class SourceInfo:
@@ -295,7 +290,7 @@ def open_source(spec: DataSpec) -> Source:
   raise ConfigError(f'config.dataset={spec.dataset!r}: allowed {dataset_names_help()}')
 
 
-def _with_size(info: SourceInfo, image_size: int) -> SourceInfo:
+def with_image_size(info: SourceInfo, image_size: int) -> SourceInfo:
   if not image_size:
     return info
   return dataclasses.replace(info, image_shape=(image_size, image_size, info.image_shape[2]))
@@ -419,7 +414,7 @@ class IdxFolderSource(Source):
       idx_ones = ', '.join(n for n, i in DATASETS.items() if i.idx_folder)
       raise DataError(f'{self.spec.dataset} is read through TFDS only (an IDX folder serves {idx_ones}; '
                       f'an image folder needs --config.dataset={IMAGE_FOLDER}); drop --config.data_dir')
-    return _with_size(SourceInfo(self.spec.dataset, described.image_shape, described.class_names,
+    return with_image_size(SourceInfo(self.spec.dataset, described.image_shape, described.class_names,
                                  described.preprocessing), self.spec.image_size)
 
   def load(self, split, on_demand=False):
@@ -446,7 +441,7 @@ class TfdsSource(Source):
       hint = ('--config.data_dir=DIR with the IDX files' if described.idx_folder else
               f'--config.tfds_data_dir=DIR holding a prepared {described.tfds_name}')
       info = SourceInfo(spec.dataset, described.image_shape, described.class_names, described.preprocessing)
-      return (_with_size(info, spec.image_size), described.tfds_name, described.splits, described.image_keys,
+      return (with_image_size(info, spec.image_size), described.tfds_name, described.splits, described.image_keys,
               described.label_key, described.download_url, hint)
     builder = tfds_builder(spec.dataset, spec.tfds_data_dir or None)
     features = builder.info.features
@@ -490,16 +485,3 @@ def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str =
   if split not in SPLITS:
     raise DataError(f'unknown split {split!r}')
   return open_source(DataSpec(name, data_dir, tfds_data_dir, image_size)).load(split, on_demand)
-
-
-def run_source_info(config) -> SourceInfo:
-  """A trained run's SourceInfo from its config alone (no data read): the shape its images
-  were held in, its preprocessing and class names. What `capsjax.predict` converts a file
-  to, as training converted the run's images."""
-  described = DATASETS.get(config.dataset)
-  names = tuple(config.get('class_names') or ()) or (
-      described.class_names if described else tuple(str(i) for i in range(config.model.num_classes)))
-  if described is not None:
-    info = SourceInfo(config.dataset, described.image_shape, names, described.preprocessing)
-    return _with_size(info, config.get('image_size', 0))
-  return SourceInfo(config.dataset, tuple(config.model.input_shape), names)

@@ -2,19 +2,17 @@
 
 A task turns the (train, test[, held-out validation]) splits of a source
 (capsjax.data.sources) into the loop's pipelines (capsjax.data.pipeline: host batch,
-evaluation batches, device batch). Each task takes its own sub-config: the few keys it
-names in `keys`, copied out of the run's config, never the whole config. Adding one is
-a class and a decorator; capsjax.validation reads the names from TASKS.
+evaluation batches, device batch). Each task is built with the values of the few config
+keys it names in `keys` (capsjax.assemble.task reads them), never the config. Adding one
+is a class and a decorator; capsjax.validation reads the names from TASKS.
 """
+import types
 from typing import Callable, Optional, Tuple
 
-import ml_collections
-
 from capsjax.data import affine
-from capsjax.data.pipeline import Pipeline, dataset_pipeline, images_on_demand, multimnist_pipeline
-from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source
+from capsjax.data.pipeline import Pipeline, dataset_pipeline, multimnist_pipeline
+from capsjax.data.sources import Dataset, SourceInfo
 from capsjax.errors import ConfigError
-from capsjax.models import MODELS
 from capsjax.registry import Registry
 
 # config.task → the Task class, and what callers ask of a task:
@@ -40,23 +38,13 @@ def register_task(name: str, **capabilities) -> Callable[[type], type]:
   return register
 
 
-def sub_config(config: ml_collections.ConfigDict, keys) -> ml_collections.ConfigDict:
-  """A copy of `config`'s `keys` (dotted keys are stored under their last part)."""
-  values = {}
-  for key in keys:
-    node = config
-    for part in key.split('.'):
-      node = node[part]
-    values[key.split('.')[-1]] = node.to_dict() if isinstance(node, ml_collections.ConfigDict) else node
-  return ml_collections.ConfigDict(values)
-
-
 class Task:
-  """Pipelines from a source's splits. `keys`: the config keys the task reads."""
+  """Pipelines from a source's splits. `keys`: the config keys the task reads; it is
+  built with their values (dotted keys by their last part: Task(batch_size=…, …))."""
   keys: Tuple[str, ...] = ('batch_size', 'seed', 'num_test_examples')
 
-  def __init__(self, task_config: ml_collections.ConfigDict):
-    self.config = task_config
+  def __init__(self, **options):
+    self.options = types.SimpleNamespace(**options)
 
   def check_input(self, info: SourceInfo, model_input_shape) -> None:
     """Refuses a model that cannot read what this task makes of `info`'s images."""
@@ -65,14 +53,14 @@ class Task:
     raise NotImplementedError
 
   def _test_subset(self, test: Dataset) -> Dataset:
-    count = self.config.num_test_examples
+    count = self.options.num_test_examples
     if count:
       test = test.take(at_most('num_test_examples', count, len(test), 'test examples'))
     return test
 
   def _check_batch(self, train: Dataset) -> None:
-    if len(train) < self.config.batch_size:
-      raise ConfigError(f'batch_size {self.config.batch_size} exceeds the {len(train)} training examples')
+    if len(train) < self.options.batch_size:
+      raise ConfigError(f'batch_size {self.options.batch_size} exceeds the {len(train)} training examples')
 
 
 @register_task('classify', input_shape_from_data=True)
@@ -101,9 +89,9 @@ class Expanded(Task):
 
   def pipelines(self, info, train, test, held_out):
     self._check_batch(train)
-    canvas = self.config.input_shape[0]
+    canvas = self.options.input_shape[0]
     place = lambda image, key: affine.random_place(image, key, canvas)
-    seed = self.config.expanded_test_seed
+    seed = self.options.expanded_test_seed
     make = lambda data, training, test_seed=0: dataset_pipeline(self.config, data, training, place, test_seed,
                                                                  info.preprocessing)
     return (make(train, True), make(self._test_subset(test), False, seed),
@@ -118,19 +106,12 @@ class MultiMnist(Task):
   keys = Task.keys + ('multimnist',)
 
   def pipelines(self, info, train, test, held_out):
-    if self.config.num_test_examples:
-      at_most('num_test_examples', self.config.num_test_examples,
-              len(test) * self.config.multimnist.examples_per_digit, 'MultiMNIST test pairs')
-    return (multimnist_pipeline(self.config, train, self.config.seed, 0, info.num_classes),
-            multimnist_pipeline(self.config, test, self.config.multimnist.test_seed,
-                                self.config.num_test_examples, info.num_classes), None)
-
-
-def make_task(config) -> Task:
-  if config.task not in TASKS:
-    raise ConfigError(f'config.task={config.task!r}: allowed one of {", ".join(TASKS)}')
-  cls = TASKS.get(config.task)
-  return cls(sub_config(config, cls.keys))
+    if self.options.num_test_examples:
+      at_most('num_test_examples', self.options.num_test_examples,
+              len(test) * self.options.multimnist.examples_per_digit, 'MultiMNIST test pairs')
+    return (multimnist_pipeline(self.config, train, self.options.seed, 0, info.num_classes),
+            multimnist_pipeline(self.config, test, self.options.multimnist.test_seed,
+                                self.options.num_test_examples, info.num_classes), None)
 
 
 def at_most(key: str, value: int, available: int, what: str) -> int:
@@ -138,86 +119,3 @@ def at_most(key: str, value: int, available: int, what: str) -> int:
   if value > available:
     raise ConfigError(f'config.{key}={value}: the data has {available} {what}; allowed at most that')
   return value
-
-
-def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]]:
-  """(training examples, held-out validation examples or None): the last
-  config.validation_examples images of the training split are held out, as the authors'
-  `--validate` holds out the last 10 000 (50k/10k)."""
-  held_out = config.validation_examples
-  if not held_out:
-    return train, None
-  if not TASKS[config.task].has_validation:
-    allowed = ', '.join(f"'{entry.name}'" for entry in TASKS.entries() if entry.has_validation)
-    raise ConfigError(f'config.validation_examples: a held-out validation split exists for the {allowed} '
-                      'tasks only')
-  if held_out >= len(train):
-    raise ConfigError(f'config.validation_examples={held_out}: allowed fewer than the {len(train)} '
-                      'training examples')
-  return (Dataset(train.images[:-held_out], train.labels[:-held_out]),
-          Dataset(train.images[-held_out:], train.labels[-held_out:]))
-
-
-def make_splits(config) -> Splits:
-  """(train, test, validation or None) pipelines of config.task on config's source. With
-  config.validation_examples, training never sees the held-out images."""
-  task = make_task(config)
-  source = open_source(DataSpec.from_config(config))
-  info = source.describe()
-  task.check_input(info, config.model.input_shape)
-  on_demand = images_on_demand(config)
-  train, test = source.load('train', on_demand), source.load('test', on_demand)
-  train, held_out = split_validation(config, train)
-  if config.num_train_examples:
-    after = f' (after holding out {len(held_out)} for validation)' if held_out else ''
-    train = train.take(at_most('num_train_examples', config.num_train_examples, len(train),
-                               'training examples' + after))
-  return task.pipelines(info, train, test, held_out)
-
-
-def make_pipelines(config) -> Tuple[Pipeline, Pipeline]:
-  """(train, test) pipelines; see make_splits."""
-  train, test, _ = make_splits(config)
-  return train, test
-
-
-def affine_test_pipeline(config) -> Pipeline:
-  """The MNIST test digits under random affine maps (config.affnist), fixed per index."""
-  source = open_source(DataSpec.from_config(config))
-  test = source.load('test', images_on_demand(config))
-  if config.num_test_examples:
-    test = test.take(config.num_test_examples)
-  ranges = dict(config.affnist.ranges)
-  transform = lambda image, key: affine.random_affine(image, key, ranges)[0]
-  return dataset_pipeline(config, test, False, transform, config.affnist.test_seed,
-                          source.describe().preprocessing)
-
-
-def resolve_data(config) -> ml_collections.ConfigDict:
-  """A copy of `config` with what the data says filled in: config.class_names (when
-  empty), model.num_classes (when 0) and, for 'classify', model.input_shape (when ()).
-  Values the config gives must agree with the data. Reads the source's description only
-  (headers, TFDS builder info), so a run fails here within seconds on the wrong data."""
-  task = make_task(config)
-  info = open_source(DataSpec.from_config(config)).describe()
-  config = ml_collections.ConfigDict(config.to_dict())
-  model = config.model
-  if 'class_names' in config and not config.class_names:
-    config.class_names = tuple(info.class_names)
-  if 'class_names' in config and len(config.class_names) != info.num_classes:
-    raise ConfigError(f'config.class_names has {len(config.class_names)} names; {info.name} has '
-                      f'{info.num_classes} classes')
-  if model.get('num_classes') == 0:
-    model.num_classes = info.num_classes
-  elif TASKS[task.name].input_shape_from_data and model.get('num_classes') not in (None, info.num_classes):
-    raise ConfigError(f'{info.name} has {info.num_classes} classes; the model has config.model.num_classes='
-                      f'{model.num_classes} (--experiment=images takes the shape and classes from the data)')
-  if 'input_shape' in model and not tuple(model.input_shape):
-    if not TASKS[task.name].input_shape_from_data:
-      raise ConfigError(f'config.model.input_shape=(): the {task.name} task needs the canvas size '
-                        '(height, width, channels)')
-    model.input_shape = tuple(info.input_shape)
-    problems = MODELS[model.name].check(model, 'model.')
-    if problems:   # e.g. the data's images, too small for the CapsNet
-      raise ConfigError(problems[0])
-  return config

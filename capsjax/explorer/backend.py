@@ -15,13 +15,11 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from capsjax.trained import SHIPPED, load_trained, read_exported, select_member
+from capsjax.trained import SHIPPED, TrainedModel
 from capsjax.data.pipeline import preprocess
-from capsjax.data.sources import run_source_info
-from capsjax.data.tasks import make_pipelines
+from capsjax import assemble
 from capsjax.errors import CapsjaxError
-from capsjax.data.tasks import TASKS
-from capsjax.models import MODELS, build_model, capsule_lengths
+from capsjax.models import capsule_lengths
 from capsjax.plots import draw_perturbations
 
 SLIDER_RANGE = 0.25        # figure 4 of the paper: each dimension tweaked within ±0.25
@@ -81,13 +79,12 @@ class Explorer:
   images float32 [n, h, w, 1]; labels int [n] (MNIST-like) or [n, 2] (MultiMNIST).
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, model, params, images: np.ndarray,
-               labels: np.ndarray, source: str):
-    family = MODELS[config.model.name]
-    if not (family.capsules and family.has_decoder(config.model)):
-      raise CapsjaxError(f'{source} holds no CapsNet with a decoder: nothing to explore')
-    self.config, self.model, self.params, self.source = config, model, params, source
-    self.top_k = TASKS[config.task].labels_per_example   # labels (and predictions) per input
+  def __init__(self, trained: TrainedModel, images: np.ndarray, labels: np.ndarray):
+    if not trained.has_decoder:
+      raise CapsjaxError(f'{trained.source} holds no CapsNet with a decoder: nothing to explore')
+    config, model, params, source = trained.config, trained.model, trained.params, trained.source
+    self.trained, self.config, self.model, self.params, self.source = trained, config, model, params, source
+    self.top_k = trained.task.labels_per_example   # labels (and predictions) per input
     self.multimnist = self.top_k > 1
     self.num_classes = int(config.model.num_classes)
     self.dim = int(config.model.digit_dim)
@@ -118,27 +115,26 @@ class Explorer:
                    data: Optional[dict] = None) -> 'Explorer':
     """The latest checkpoint of the run in `workdir`, with its first `num_images` test inputs
     (`data`: data_dir / tfds_data_dir on this machine, see load_trained)."""
-    config, model, params = load_trained(workdir, data)
-    params = select_member(params, member, workdir, bool(config.ensemble))
+    trained = TrainedModel.from_workdir(workdir, member, data)
+    config = ml_collections.ConfigDict(trained.config.to_dict())
     config.num_test_examples = num_images
-    _, test = make_pipelines(config)
+    _, test = assemble.pipelines(config)
     images, labels = [], []
     for host_batch, weights in test.eval_batches(min(ENCODE_BATCH, num_images)):
       batch = test.device_batch(test.source, host_batch, None)
       valid = weights > 0
       images.append(np.asarray(batch['images'])[valid])
       labels.append(np.asarray(batch['labels'])[valid])
-    return cls(config, model, params, np.concatenate(images), np.concatenate(labels), workdir)
+    return cls(trained, np.concatenate(images), np.concatenate(labels))
 
   @classmethod
   def shipped(cls) -> 'Explorer':
     """The small CapsNet that ships with the package (experiments/explorer.py), with its
     sample of MNIST test images."""
-    config, params = read_exported(SHIPPED)
     with np.load(os.path.join(SHIPPED, 'test_sample.npz')) as sample:
       images = np.asarray(preprocess(jnp.asarray(sample['images'])))
       labels = sample['labels']
-    return cls(config, build_model(**config.model), params, images, labels, 'the shipped model')
+    return cls(TrainedModel.shipped(), images, labels)
 
   # --------------------------------------------------------------------------- requests
 
@@ -149,7 +145,7 @@ class Explorer:
         'experiment': self.config.experiment,
         'num_examples': len(self.labels),
         'num_classes': self.num_classes,
-        'class_names': list(run_source_info(self.config).class_names),
+        'class_names': list(self.trained.info.class_names),
         'dim': self.dim,
         'image_shape': list(self.input_shape[:2]),
         'slider_range': SLIDER_RANGE,

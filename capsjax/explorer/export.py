@@ -47,7 +47,7 @@ def main(argv=None):
                       help='count the test error of the float16 parameters as written')
   args = parser.parse_args(argv)
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
-  from capsjax.trained import SHIPPED, choose_checkpoint, export, read_exported  # pylint: disable=g-import-not-at-top
+  from capsjax.trained import SHIPPED, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
   from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
   out = args.out or SHIPPED
   config = read_config(args.workdir)
@@ -63,10 +63,9 @@ def main(argv=None):
       print(f'warning: {name} is {size / 2**20:.2f} MiB, above the {MAX_SHIPPED_FILE_BYTES >> 20} MiB a shipped '
             'file (and one file back from a lent device) may be', file=sys.stderr)
   if args.evaluate:
-    from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
     from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
-    shipped_config, params = read_exported(out)
-    predictor = Predictor(shipped_config, build_model(**shipped_config.model), params, out)
+    from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    predictor = Predictor(TrainedModel.exported(out))
     if config.get('num_test_examples'):   # the run's test split, as its evaluations counted
       test = test.take(min(config.num_test_examples, len(test)))
     wrong = int(np.sum(predictor.classify(test.images) != np.asarray(test.labels)))

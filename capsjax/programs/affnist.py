@@ -14,24 +14,23 @@ from typing import Any, Dict
 import ml_collections
 import numpy as np
 
-from capsjax import steps, train
+from capsjax import assemble, steps, train
 from capsjax.trained import load_trained
 from capsjax.plots import image_grid
 from capsjax.programs.common import with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.sources import Dataset
-from capsjax.data.pipeline import dataset_pipeline
-from capsjax.data.tasks import affine_test_pipeline
 from capsjax.programs import register_program
 
-PAPER = {'capsnet': (99.23, 79.0), 'cnn': (99.22, 66.0)}   # expanded MNIST %, affNIST %
+# Each run (a workdir name): its label and the paper's expanded MNIST and affNIST accuracies (%).
+RUNS = {'capsnet': ('CapsNet', (99.23, 79.0)), 'cnn': ('CNN', (99.22, 66.0))}
 
 
 def evaluate_on(config, workdir: str, pipeline) -> Dict[str, Any]:
   """Accuracy of the trained run in `workdir` on another test pipeline."""
   _, model, params = load_trained(workdir)
-  eval_step = steps.make_eval_step(config, model, pipeline)
+  eval_step = steps.make_eval_step(assemble.objective(config), model, pipeline)
   return steps.evaluate(eval_step, params, pipeline, config.eval_batch_size)
 
 
@@ -50,11 +49,11 @@ def run(config, workdir: str) -> Dict[str, Any]:
   runs = {'capsnet': config, 'cnn': with_model_of(config, 'cnn')}
   affine_config = ml_collections.ConfigDict(config.to_dict())
   affine_config.num_test_examples = config.affnist.num_examples or config.num_test_examples
-  affine_test = affine_test_pipeline(affine_config)
+  affine_test = assemble.affine_test_pipeline(affine_config)
   real_test = None
   if config.affnist.mat_dir:
     images, labels = affine.load_affnist_dir(config.affnist.mat_dir)
-    real_test = dataset_pipeline(config, Dataset(images, labels), False)
+    real_test = assemble.pipeline(config, Dataset(images, labels), False)
   rows = {}
   for name, run_config in runs.items():
     run_dir = os.path.join(workdir, name)
@@ -95,8 +94,8 @@ def render_table(config, summary) -> str:
              + ([('affNIST (%)', 'r')] if real else []) + [('paper: expanded / affNIST (%)', 'r')])
   cells = []
   for name, row in summary['rows'].items():
-    paper = PAPER[name]
-    cells.append(['CapsNet' if name == 'capsnet' else 'CNN', f'{row["num_params"]:,}', row['steps'],
+    label, paper = RUNS[name]
+    cells.append([label, f'{row["num_params"]:,}', row['steps'],
                   'yes' if row['reached_target'] else 'no', f'{100 * row["expanded_test_accuracy"]:.2f}',
                   f'{100 * row["affine_test_accuracy"]:.2f}']
                  + ([f'{100 * row["affnist_test_accuracy"]:.2f}'] if real else []) + [f'{paper[0]} / {paper[1]}'])

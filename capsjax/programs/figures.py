@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax.data.sources import load_dataset, run_source_info
+from capsjax import assemble
+from capsjax.data.sources import load_dataset
 from capsjax.data.pipeline import preprocess
 from capsjax import cli
 from capsjax.errors import CapsjaxError
@@ -127,7 +128,7 @@ def main(argv=None):
   params = select_member(params, args.member, args.workdir, bool(config.ensemble))
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir,
                       image_size=config.get('image_size', 0)).take(args.num)
-  names = run_source_info(config).class_names
+  names = assemble.source_info(config).class_names
   images = np.asarray(preprocess(jnp.asarray(test.images)))
   capsules, predictions = classify(model, params, images)
   columns = draw_reconstructions(model, params, images, test.labels, capsules, predictions,

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import cli
-from capsjax.data.tasks import TASKS, make_pipelines
+from capsjax import assemble
+from capsjax.data.tasks import TASKS
 from capsjax.models import MODELS
 from capsjax.plots import image_grid
 from capsjax.errors import CapsjaxError
@@ -63,7 +64,7 @@ def main(argv=None):
                        'segmentation needs a CapsNet with its decoder (e.g. --experiment=multimnist)')
   config, model, params = load_trained(args.workdir, cli.data_overrides(args))
   config.num_test_examples = args.num
-  _, test = make_pipelines(config)
+  _, test = assemble.pipelines(config)
 
   num_classes = config.model.num_classes
   apply = jax.jit(lambda images, masks: reconstruct_pairs(model, params, images, masks))

@@ -1,0 +1,130 @@
+"""The package's design, checked by reading its source (BUILD.md "Layers and seams"):
+no code compares a registered name to a string literal, imports run downward only, the
+experiments are never imported by the library, and the config is read at the boundary."""
+import ast
+import os
+
+import pytest
+
+from capsjax import launch   # registers every built-in program
+from capsjax.data.sources import SOURCES
+from capsjax.data.tasks import TASKS
+from capsjax.models import MODELS
+from capsjax.objectives import OBJECTIVES
+from capsjax.routing import ROUTINGS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, 'capsjax')
+
+# Lowest first; a module may import its own layer and the layers below it.
+LAYERS = [
+    ('errors', 'registry', 'formulations', 'ops', 'cli', 'events', 'runtime', 'sharding'),
+    ('routing', 'losses'),
+    ('layers',),
+    ('models',),
+    ('objectives',),
+    ('data',),
+    ('ensembles', 'steps', 'hooks', 'checkpoints', 'workdir', 'reports', 'validation', 'defaults'),
+    ('assemble',),
+    ('train', 'trained', 'plots'),
+    ('predict', 'explorer', 'programs'),
+    ('launch',),
+]
+# Modules (besides capsjax.programs.*) that may take a ConfigDict `config`: the boundary.
+CONFIG_READERS = ('launch', 'validation', 'assemble', 'train', 'workdir')
+
+
+def _modules():
+  for folder, _, files in os.walk(PACKAGE):
+    for name in sorted(files):
+      if name.endswith('.py'):
+        path = os.path.join(folder, name)
+        module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
+        yield module.removesuffix('.__init__'), ast.parse(open(path).read(), path)
+
+
+def _layer(module: str) -> int:
+  part = module.split('.')[1] if module.count('.') else ''
+  for index, names in enumerate(LAYERS):
+    if part in names:
+      return index
+  raise AssertionError(f'{module}: in no layer of tests/test_design.py (add it to LAYERS and BUILD.md)')
+
+
+def _imports(tree):
+  """(imported module, line) of every import, except those of a `__main__` block (the
+  command-line entry of a module, which runs only when it is the program)."""
+  main_blocks = [node for node in tree.body if isinstance(node, ast.If) and '__main__' in ast.dump(node.test)]
+  skipped = {id(n) for block in main_blocks for n in ast.walk(block)}
+  for node in ast.walk(tree):
+    if id(node) in skipped:
+      continue
+    if isinstance(node, ast.Import):
+      yield from ((alias.name, node.lineno) for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      yield from ((f'{node.module}.{alias.name}', node.lineno) for alias in node.names)
+
+
+def test_imports_run_downward_and_never_reach_the_experiments():
+  problems = []
+  for module, tree in _modules():
+    for imported, line in _imports(tree):
+      if imported.split('.')[0] == 'experiments':
+        problems.append(f'{module}:{line} imports {imported}')
+      elif imported.startswith('capsjax.') and imported.split('.')[1] not in ('__version__',):
+        target = 'capsjax.' + imported.split('.')[1]
+        if _layer(target) > _layer(module):
+          problems.append(f'{module}:{line} imports {imported} from a higher layer')
+  assert not problems, '\n'.join(problems)
+
+
+def _registered_names():
+  names = set()
+  for registry in (MODELS, OBJECTIVES, ROUTINGS, TASKS, SOURCES, launch._programs()):  # pylint: disable=protected-access
+    names.update(registry.names())
+  return names
+
+
+def _literals(node):
+  if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    yield node.value
+  elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    for element in node.elts:
+      yield from _literals(element)
+
+
+def test_no_code_compares_a_registered_name_to_a_literal():
+  names = _registered_names()
+  assert {'capsnet', 'dynamic', 'multimnist', 'classify', 'sigmoid_xent', 'tfds', 'sweep'} <= names
+  problems = []
+  for module, tree in _modules():
+    for node in ast.walk(tree):
+      if not isinstance(node, ast.Compare):
+        continue
+      sides = [node.left] + list(node.comparators)
+      text = ast.unparse(node)
+      for literal in (value for side in sides for value in _literals(side)):
+        # 'train' is also the name of a split: only a comparison with a program counts.
+        if literal in names and (literal != 'train' or 'program' in text):
+          problems.append(f'{module}:{node.lineno}: {text}')
+  assert not problems, 'ask the registry entry\'s capabilities instead:\n' + '\n'.join(problems)
+
+
+def test_the_config_is_read_at_the_boundary_only():
+  readers = set()
+  for module, tree in _modules():
+    if module.startswith('capsjax.programs.'):
+      continue
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+          arg.arg == 'config' for arg in node.args.args + node.args.kwonlyargs):
+        readers.add(module.split('.', 1)[1])
+  assert readers <= set(CONFIG_READERS), sorted(readers - set(CONFIG_READERS))
+
+
+@pytest.mark.parametrize('module_name', ['steps', 'objectives', 'models', 'layers', 'routing', 'losses', 'hooks'])
+def test_the_jitted_path_never_reads_a_config(module_name):
+  tree = ast.parse(open(os.path.join(PACKAGE, f'{module_name}.py')).read())
+  reads = [ast.unparse(node) for node in ast.walk(tree)
+           if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and 'config' in node.value.id]
+  assert not reads, reads
