@@ -139,6 +139,11 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(with_defaults(stored, defaults.base_config().to_dict()))
 
 
+# Sections whose keys depend on another value (model.routing_options: the options of
+# model.routing): never completed from the base config's.
+OPEN_SECTIONS = ('routing_options',)
+
+
 def with_defaults(stored: Dict[str, Any], fallback: Dict[str, Any]) -> Dict[str, Any]:
   """`stored` with the keys it lacks taken from `fallback` (the base config's values): a run started before a key
   existed ran with that key's default behaviour. A section whose `name` differs (a CNN
@@ -147,6 +152,8 @@ def with_defaults(stored: Dict[str, Any], fallback: Dict[str, Any]) -> Dict[str,
   for key, default in fallback.items():
     if key not in merged:
       merged[key] = default
+    elif key in OPEN_SECTIONS:
+      continue   # whatever keys it holds are the run's (the routing zoo gives each routing its own)
     elif isinstance(default, dict) and isinstance(merged[key], dict) and \
         merged[key].get('name') == default.get('name'):
       merged[key] = with_defaults(merged[key], default)

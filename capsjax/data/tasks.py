@@ -77,7 +77,10 @@ class Classify(Task):
 
   def pipelines(self, info, train, test, held_out):
     self._check_batch(train)
-    make = lambda data, training: dataset_pipeline(self.config, data, training, preprocessing=info.preprocessing)
+    options = self.options
+    make = lambda data, training: dataset_pipeline(
+        data, training, batch_size=options.batch_size, seed=options.seed, max_shift=options.max_shift,
+        preprocessing=info.preprocessing)
     return make(train, True), make(self._test_subset(test), False), (make(held_out, False) if held_out else None)
 
 
@@ -92,8 +95,10 @@ class Expanded(Task):
     canvas = self.options.input_shape[0]
     place = lambda image, key: affine.random_place(image, key, canvas)
     seed = self.options.expanded_test_seed
-    make = lambda data, training, test_seed=0: dataset_pipeline(self.config, data, training, place, test_seed,
-                                                                 info.preprocessing)
+    options = self.options
+    make = lambda data, training, test_seed=0: dataset_pipeline(
+        data, training, batch_size=options.batch_size, seed=options.seed, max_shift=options.max_shift,
+        preprocessing=info.preprocessing, example_transform=place, test_seed=test_seed)
     return (make(train, True), make(self._test_subset(test), False, seed),
             make(held_out, False, seed + 1) if held_out else None)
 
@@ -106,12 +111,14 @@ class MultiMnist(Task):
   keys = Task.keys + ('multimnist',)
 
   def pipelines(self, info, train, test, held_out):
-    if self.options.num_test_examples:
-      at_most('num_test_examples', self.options.num_test_examples,
-              len(test) * self.options.multimnist.examples_per_digit, 'MultiMNIST test pairs')
-    return (multimnist_pipeline(self.config, train, self.options.seed, 0, info.num_classes),
-            multimnist_pipeline(self.config, test, self.options.multimnist.test_seed,
-                                self.options.num_test_examples, info.num_classes), None)
+    options, pairs = self.options, self.options.multimnist   # multimnist: {examples_per_digit, test_seed}
+    if options.num_test_examples:
+      at_most('num_test_examples', options.num_test_examples,
+              len(test) * pairs['examples_per_digit'], 'MultiMNIST test pairs')
+    make = lambda data, seed, count: multimnist_pipeline(
+        data, seed, count, batch_size=options.batch_size, examples_per_digit=pairs['examples_per_digit'],
+        num_classes=info.num_classes)
+    return make(train, options.seed, 0), make(test, pairs['test_seed'], options.num_test_examples), None
 
 
 def at_most(key: str, value: int, available: int, what: str) -> int:
