@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The lent-GPU recipe (BUILD.md, "On a lent GPU"), one subcommand per step. Run from the
+# The lent-GPU recipe (docs/gpu.md), one subcommand per step. Run from the
 # repository root; on the device machine through the device tool, with `.carry` carried.
 #
 #   bash benchmarks/lent_gpu.sh carry                 # HERE, once: fill .carry (git-ignored)

@@ -15,7 +15,7 @@ PATCHES_INFERENCE = ('auto', 'chunked', 'whole_batch')
 
 FASTEST = {
     'cpu': {
-        # 2-core x86-64 CPU, paper model, batch 128 (BUILD.md "Convolutions"): PrimaryCaps
+        # 2-core x86-64 CPU, paper model, batch 128 (BUILD.md "Formulations per backend", docs/results.md): PrimaryCaps
         # forward+backward 1.4 s as patches vs 28 s with XLA's convolution.
         'conv_impl': 'patches',
         # 2-core x86-64 CPU, PrimaryCaps forward at batch 128 (capsjax.ops.patches_conv2d):
@@ -25,7 +25,7 @@ FASTEST = {
         # whole-batch'`: inference 237.7 images/s chunked vs 162.9 whole-batch (float32).
         'patches_inference': 'chunked',
         # 2-core x86-64 CPU, paper model, batch 128, 2026-11-23, two runs of
-        # `device_report.py --only 'capsjax patches float32'` (BUILD.md "Routing loop"):
+        # `device_report.py --only 'capsjax patches float32'` (docs/results.md "GPU readiness"):
         # training 79.4 / 64.4 images/s rolled vs 80.5 / 66.3 unrolled, inference 272 / 233
         # vs 289 / 235: within the repeats' spread, so the design card's rolled loop.
         'routing_loop': 'rolled',

@@ -313,7 +313,7 @@ def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a,
   (R_ij ← R_ij a_i; μ_j, σ²_j per dimension, weighted by R; cost_j = Σ_h (β_u + log σ_jh) ·
   Σ_i R_ij; a_j = logistic(λ_t (β_a − ĉost_j))), then, except after the last, E-step
   (R_ij = a_j p_j(V_ij) / Σ_k a_k p_k(V_ij), p a diagonal Gaussian). Choices where the
-  paper leaves them open (BUILD.md): ĉost_j = (cost_j − mean_k cost_k) / (std_k cost_k + ε)
+  paper leaves them open (docs/results.md): ĉost_j = (cost_j − mean_k cost_k) / (std_k cost_k + ε)
   standardised over the parents (the raw cost grows with the number of inputs; a mean
   instead of the sum stayed at chance for 200 steps); λ_t = inverse_temperature ·
   (t + 1) / r (rising to inverse_temperature, default 1, at the last iteration: a final 4
@@ -404,7 +404,7 @@ def inverted_dot_product(prediction_vectors, input_activations, num_iterations, 
   r_ij = softmax over parents j of a_ij, s_j = Σ_i r_ij û_{j|i}, p_j = LayerNorm(s_j)
   (learned gain and bias over the pose dimensions). The first iteration, with p = 0,
   couples uniformly. Activations (the paper classifies from poses and defines none):
-  |squash(s_j)| of the last iteration, in [0, 1) as Procedure 1's (BUILD.md). Input
+  |squash(s_j)| of the last iteration, in [0, 1) as Procedure 1's (docs/results.md). Input
   activations are ignored.
   """
   del input_activations

@@ -371,7 +371,7 @@ DESCRIPTIONS = {
     'model.input_shape': 'image height, width, channels the model reads; () = those of the data',
     'model.num_classes': 'classes (digit capsules, or output units); 0 = those of the data',
     'model.routing': 'the routing algorithm (dynamic: the paper\'s Procedure 1; em, self_attention, '
-                     'inverted_dot_product: see BUILD.md)',
+                     'inverted_dot_product: see docs/results.md)',
     'model.routing_options': 'options of the routing (em: inverse_temperature, variance_epsilon); its '
                              'learned parameters are not options',
     'model.routing_options.inverse_temperature': 'em: the final inverse temperature λ (λ rises linearly to it '

@@ -6,7 +6,7 @@ held-out validation split (the last 10 000 training images), test error beside i
 
 Default length: 50 epochs per variant on 50 000 training images (19 500 steps of 128).
 At the 24.7k images/s reported for one H100, 7 variants × 3 seeds are ≈ 40 min (an
-estimate: not run yet, see BUILD.md); on a CPU, use the sweep_smoke scale.
+estimate: not run yet, see docs/results.md); on a CPU, use the sweep_smoke scale.
 """
 import ml_collections
 

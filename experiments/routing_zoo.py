@@ -3,7 +3,7 @@ vmapped program, a 5 000-image validation split; writes routing.md.
 
   python run.py --experiment=routing_zoo --workdir=W
 
-Routings (capsjax.routing.ROUTINGS, BUILD.md): dynamic (the paper's Procedure 1), em (Hinton
+Routings (capsjax.routing.ROUTINGS, docs/results.md): dynamic (the paper's Procedure 1), em (Hinton
 et al. 2018, on vector poses), self_attention (Efficient-CapsNet, 2021),
 inverted_dot_product (Tsai et al. 2020).
 """

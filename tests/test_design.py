@@ -1,4 +1,4 @@
-"""The package's design, checked by reading its source (BUILD.md "Layers and seams"):
+"""The package's design, checked by reading its source (BUILD.md "Layers"):
 no code compares a registered name to a string literal, imports run downward only, the
 experiments are never imported by the library, and the config is read at the boundary."""
 import ast

@@ -236,7 +236,7 @@ def reference_dynamic(u, a, r):
 
 
 def reference_em(u, a, r, beta_u, beta_a, inverse_temperature=1.0, eps=1e-8):
-  """EM routing (Hinton et al. 2018, Procedure 1) with capsjax's choices (BUILD.md): the
+  """EM routing (Hinton et al. 2018, Procedure 1) with capsjax's choices (docs/results.md): the
   cost standardised over the parents, λ rising linearly to inverse_temperature."""
   n_in, n_out, dim = u.shape
   R = np.full((n_in, n_out), 1.0 / n_out)
@@ -441,7 +441,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   config = routing_zoo_smoke.get_config()
   config.data_dir = mnist_dir
   assert set(config.routing_zoo.routings) == set(routing.ROUTINGS)   # the smoke has a row per algorithm
-  # Two of them here (the program's mechanics; each algorithm trains in the smoke, BUILD.md).
+  # Two of them here (the program's mechanics; each algorithm trains in the smoke, docs/results.md).
   config.routing_zoo.routings = ('dynamic', 'em')
   config.model.update(conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
   config.update(num_train_examples=600, validation_examples=200, num_test_examples=200, num_steps=10,

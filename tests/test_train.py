@@ -74,7 +74,7 @@ def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_p
   metrics = (tmp_path / 'metrics.jsonl').read_text()
   again = train.train_and_evaluate(config, str(tmp_path))
   out = capsys.readouterr().out
-  assert again == json.loads((tmp_path / 'results.json').read_text())   # the finished run's results
+  assert again.results == json.loads((tmp_path / 'results.json').read_text())   # the finished run's results
   assert again['test_accuracy'] == first['test_accuracy'] and out.splitlines() == [
       f'{tmp_path} is complete (4 steps): results in {tmp_path / "results.json"}; '
       '--config.reevaluate=True evaluates it again']

@@ -13,7 +13,7 @@ checkpoint), and of an ensemble the member with the lowest validation error ther
 --member names one; a run without a validation split gives its latest checkpoint.
 --step=latest, or a step number, takes that checkpoint. --evaluate then counts the test
 error of the float16 parameters as written (read back; on the run's test split).
-BUILD.md has the command that made the shipped files.
+docs/results.md has the command that made the shipped files.
 """
 import argparse
 import os
