@@ -6,6 +6,11 @@ steps done so far, `metrics`: the step's device metrics) and `hook.end(run)` onc
 the last step. A hook stops the run with `run.request_stop(reason)` or by raising a
 CapsjaxError. Order matters and is fixed by `train.default_hooks`: the divergence guard
 first, the checkpointer last (it saves at the step where anyone asked to stop).
+
+Hooks hold no references to each other: what one needs of another goes through the Run
+(`run.check()`: the divergence check before any output or save; `run.evaluations_left`,
+`run.last_eval_seconds`, `run.eval_seconds_total`: the evaluation schedule and its cost,
+for the ETA and the throughput window), wired by train.default_hooks.
 """
 import dataclasses
 import time
@@ -42,6 +47,12 @@ class Run:
   last_eval_step: Optional[int] = None
   last_validation: Optional[Dict[str, Any]] = None
   learning_rate: Optional[Callable[[int], float]] = None   # the schedule: step → rate
+  # Raises on divergence found so far (the DivergenceGuard's check); before output or saves.
+  check: Callable[[], None] = lambda: None
+  # Evaluations after a step up to the end of the run (the Evaluator's schedule).
+  evaluations_left: Callable[[int], int] = lambda step: 0
+  last_eval_seconds: Optional[float] = None   # how long the last evaluation took
+  eval_seconds_total: float = 0.0             # evaluation time of this invocation
 
   def request_stop(self, reason: str, step: int) -> None:
     if self.stop_reason is None:
@@ -142,33 +153,35 @@ class ProgressLogger(Hook):
   """A console line and a `train` row in metrics.jsonl every `every_steps` steps, after
   the first step (which includes compilation) and at the last step of the invocation."""
 
-  def __init__(self, every_steps: int, guard: DivergenceGuard):
+  def __init__(self, every_steps: int):
     self.every_steps = every_steps
-    self.guard = guard
     self.window_start = time.time()
     self.window_steps = 0
-    self.evaluator: Optional['Evaluator'] = None   # set by the Evaluator: the ETA includes its evaluations
+    self.window_eval_seconds = 0.0   # run.eval_seconds_total when the window started
 
   def eta(self, run, step: int, images_per_s: float) -> str:
     """Training still to do at `images_per_s`, plus the evaluations still to come at the
     last one's duration (before the first: their count)."""
     seconds = (run.num_steps - step) * run.batch_size / images_per_s
-    evaluations = self.evaluator.remaining(step, run.num_steps) if self.evaluator else 0
-    if evaluations and self.evaluator.last_seconds is None:
+    evaluations = run.evaluations_left(step)
+    if evaluations and run.last_eval_seconds is None:
       return f'{format_duration(seconds)} + {evaluations} evaluation{"s" if evaluations > 1 else ""}'
-    return format_duration(seconds + evaluations * (self.evaluator.last_seconds if evaluations else 0.0))
+    return format_duration(seconds + evaluations * (run.last_eval_seconds if evaluations else 0.0))
 
-  def restart_window(self) -> None:
+  def restart_window(self, run) -> None:
     self.window_start, self.window_steps = time.time(), 0
+    self.window_eval_seconds = run.eval_seconds_total
 
   def __call__(self, run, step, metrics):
     self.window_steps += 1
     first = step == run.first_step + 1
     if not (first or step % self.every_steps == 0 or step == run.last_step):
       return
-    self.guard.check()
+    run.check()
     host = {k: np.asarray(v).tolist() for k, v in sharding.to_host(metrics).items()}
-    elapsed = max(time.time() - self.window_start, 1e-9)
+    # Evaluation time is not training throughput.
+    evaluating = run.eval_seconds_total - self.window_eval_seconds
+    elapsed = max(time.time() - self.window_start - evaluating, 1e-9)
     images_per_s = self.window_steps * run.batch_size / elapsed   # per member for an ensemble
     if first and step % self.every_steps and step != run.last_step:
       speed = f'first step (with compilation) {elapsed:.1f}s'   # console only
@@ -178,7 +191,7 @@ class ProgressLogger(Hook):
       run.metrics.write(split='train', step=step, epoch=run.epoch(step), images_per_s=images_per_s, **rate, **host)
     run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {run.describe(host["loss"])} '
             f'| acc {np.mean(host["accuracy"]):.3f} | {speed}')
-    self.restart_window()
+    self.restart_window(run)
 
 
 class Evaluator(Hook):
@@ -187,19 +200,15 @@ class Evaluator(Hook):
   probe) add their fields to the same row. `validate` (params → metrics on the held-out
   validation split) writes a `validation` row at the same steps."""
 
-  def __init__(self, every_steps: int, probes=(), progress: Optional[ProgressLogger] = None,
+  def __init__(self, every_steps: int, probes=(),
                validate: Optional[Callable[[Any], Dict[str, Any]]] = None,
                before: Optional[Callable[[Run, int], None]] = None,
                should_stop: Optional[Callable[[], bool]] = None):
     self.every_steps = every_steps
     self.probes = list(probes)
-    self.progress = progress
     self.validate = validate
     self.before = before   # called before each evaluation: the checkpointer saves there
     self.should_stop = should_stop   # a stop request ends an evaluation between its batches
-    self.last_seconds: Optional[float] = None   # how long the last evaluation took
-    if progress is not None:
-      progress.evaluator = self
 
   def due(self, step: int, num_steps: int) -> bool:
     return bool(self.every_steps and step % self.every_steps == 0) or step == num_steps
@@ -214,7 +223,7 @@ class Evaluator(Hook):
     """Test (and validation) metrics of the current parameters, announced on the console
     (an evaluation can take minutes) and timed (`last_seconds`, for the ETA)."""
     run.log(f'step {step}: evaluating' + (' (test and validation)' if self.validate is not None else '')
-            + (f', ≈ {self.last_seconds:.0f} s' if self.last_seconds else '') + '…')
+            + (f', ≈ {run.last_eval_seconds:.0f} s' if run.last_eval_seconds else '') + '…')
     start = time.time()
     stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
     metrics = run.evaluate(run.state['params'], **stop)
@@ -223,7 +232,8 @@ class Evaluator(Hook):
     if self.validate is not None:
       run.last_validation = self.validate(run.state['params'], **stop)
     run.last_eval, run.last_eval_step = metrics, step
-    self.last_seconds = time.time() - start
+    run.last_eval_seconds = time.time() - start
+    run.eval_seconds_total += run.last_eval_seconds
     return metrics
 
   def __call__(self, run, step, metrics):
@@ -238,14 +248,13 @@ class Evaluator(Hook):
               'is saved; run again to resume)')
       run.request_stop('preempted', step)
       return
-    took = f' ({self.last_seconds:.1f} s)'
+    took = f' ({run.last_eval_seconds:.1f} s)'
     if self.validate is not None:
       run.log(f'step {step} validation: {run.describe_test(run.last_validation)}')
       run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
     run.log(f'step {step} test: {run.describe_test(results)}{took}')
-    run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds, **results)
-    if self.progress is not None:
-      self.progress.restart_window()   # evaluation time is not training throughput
+    run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=run.last_eval_seconds,
+                      **results)
 
 
 class ReconstructionImages(Hook):
@@ -322,10 +331,9 @@ class Checkpointer(Hook):
   processes must agree on the step), when the run stops and at its last step. Finds a
   failed background save at the next step."""
 
-  def __init__(self, checkpoints: Checkpoints, guard: DivergenceGuard, every_steps: int,
-               every_secs: float = 0.0, clock: Callable[[], float] = time.monotonic):
+  def __init__(self, checkpoints: Checkpoints, every_steps: int, every_secs: float = 0.0,
+               clock: Callable[[], float] = time.monotonic):
     self.checkpoints = checkpoints
-    self.guard = guard
     self.every_steps = every_steps
     self.every_secs = every_secs
     self.clock = clock
@@ -333,7 +341,7 @@ class Checkpointer(Hook):
     self.saved_step: Optional[int] = None
 
   def save(self, run: Run, step: int) -> None:
-    self.guard.check()   # never save parameters from after a non-finite step
+    run.check()   # never save parameters from after a non-finite step
     self.checkpoints.save(run.state, {'wall_time_s': run.wall_time()})
     self.last_save, self.saved_step = self.clock(), step
 

@@ -160,19 +160,21 @@ def _reconstructions(model, test: Pipeline):
   return pairs
 
 
-def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
-                  validate=None, reconstruct=None, validation_rows=()) -> List[hooks_lib.Hook]:
-  """`validation_rows`: metrics.jsonl rows from before this invocation (a resumed run's
-  best validation step keeps its checkpoint)."""
+def default_hooks(config, run: hooks_lib.Run, checkpoints, requests, multi_process: bool, probes=(),
+                  validate=None, reconstruct=None, validation_rows=()):
+  """(the hooks in order, the evaluator among them), wired through `run` (its divergence
+  check and evaluation schedule). `validation_rows`: metrics.jsonl rows from before this
+  invocation (a resumed run's best validation step keeps its checkpoint)."""
   guard = hooks_lib.DivergenceGuard(checkpoints)
-  progress = hooks_lib.ProgressLogger(config.log_every_steps, guard)
   # Last in the order (it saves where anyone asked to stop), and first at evaluation steps.
-  checkpointer = hooks_lib.Checkpointer(checkpoints, guard, config.checkpoint_every_steps,
+  checkpointer = hooks_lib.Checkpointer(checkpoints, config.checkpoint_every_steps,
                                         0.0 if multi_process else config.checkpoint_every_secs)
-  hooks = [guard, progress,
-           hooks_lib.Evaluator(config.eval_every_steps, probes, progress=progress, validate=validate,
-                               before=checkpointer.save_before_evaluation,
-                               should_stop=None if multi_process else (lambda: requests.raised))]
+  evaluator = hooks_lib.Evaluator(config.eval_every_steps, probes, validate=validate,
+                                  before=checkpointer.save_before_evaluation,
+                                  should_stop=None if multi_process else (lambda: requests.raised))
+  run.check = guard.check
+  run.evaluations_left = lambda step: evaluator.remaining(step, run.num_steps)
+  hooks = [guard, hooks_lib.ProgressLogger(config.log_every_steps), evaluator]
   if validate is not None:
     hooks.append(hooks_lib.KeepBestCheckpoint(checkpoints, validation_rows))
   if reconstruct is not None:
@@ -181,7 +183,7 @@ def default_hooks(config, checkpoints, requests, multi_process: bool, probes=(),
     hooks.append(hooks_lib.EarlyStop(config.stop_at_test_accuracy))
   hooks.append(hooks_lib.Preemption(requests, checkpoints, multi_process))
   hooks.append(checkpointer)
-  return hooks
+  return hooks, evaluator
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -244,9 +246,9 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
          f'examples, {num_steps} steps of {config.batch_size} ({run.epoch(num_steps):.2f} epochs)'
          + (f', {len(members)} members in one vmapped program' if members else '')
          + f'; {describe_devices()}')
-    hooks = default_hooks(config, checkpoints, requests, multi_process, program.probes, program.validate,
-                          program.reconstruct, metrics_log.read() if program.validate else ())
-    evaluator = next(hook for hook in hooks if isinstance(hook, hooks_lib.Evaluator))
+    hooks, evaluator = default_hooks(config, run, checkpoints, requests, multi_process, program.probes,
+                                     program.validate, program.reconstruct,
+                                     metrics_log.read() if program.validate else ())
     if first_step < run.last_step:
       _log('compiling the training step…')
 

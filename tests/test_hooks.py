@@ -90,7 +90,7 @@ def test_divergence_guard_stops_a_loss_stuck_far_above_its_start(tmp_path):
 
 def test_progress_logger_writes_every_n_steps_and_reports_the_first_at_once(tmp_path):
   run, lines = fake_run(tmp_path, last_step=7)
-  logger = hooks.ProgressLogger(3, hooks.DivergenceGuard())
+  logger = hooks.ProgressLogger(3)
   for step in range(1, 8):
     logger(run, step, metrics(loss=step))
   assert lines[0].startswith('step 1/10 epoch 0.20 | loss 1.0000') and 'first step (with compilation)' in lines[0]
@@ -102,7 +102,8 @@ def test_progress_logger_writes_every_n_steps_and_reports_the_first_at_once(tmp_
 def test_progress_logger_stops_on_divergence(tmp_path):
   run, _ = fake_run(tmp_path)
   guard = hooks.DivergenceGuard()
-  logger = hooks.ProgressLogger(2, guard)
+  run.check = guard.check   # as train.default_hooks wires it
+  logger = hooks.ProgressLogger(2)
   guard(run, 1, metrics(loss=float('nan')))
   with pytest.raises(NaNLossError, match='at step 0; stopped \\(no checkpoint was written yet\\)'):
     logger(run, 1, metrics())
@@ -132,8 +133,9 @@ def test_evaluator_runs_periodically_and_at_the_end_with_probes(tmp_path):
 def test_eta_includes_the_evaluations_still_to_come(tmp_path):
   run, lines = fake_run(tmp_path, num_steps=20, last_step=20,
                         evaluate=lambda p: time.sleep(0.6) or {'accuracy': 0.5, 'error': 0.5})
-  logger = hooks.ProgressLogger(2, hooks.DivergenceGuard())
-  evaluator = hooks.Evaluator(8, progress=logger)
+  logger = hooks.ProgressLogger(2)
+  evaluator = hooks.Evaluator(8)
+  run.evaluations_left = lambda step: evaluator.remaining(step, run.num_steps)   # as train wires it
   assert [evaluator.remaining(s, 20) for s in (0, 7, 8, 15, 16, 19, 20)] == [3, 3, 2, 2, 1, 1, 0]
   assert hooks.Evaluator(5).remaining(0, 20) == 4 and hooks.Evaluator(0).remaining(3, 20) == 1
   for step in range(1, 11):
@@ -141,7 +143,7 @@ def test_eta_includes_the_evaluations_still_to_come(tmp_path):
     evaluator(run, step, metrics())
   before = [line for line in lines if line.startswith('step 4/')][0]
   assert before.endswith('+ 3 evaluations')   # none measured yet: counted, not guessed
-  assert 'step 8: evaluating…' in lines and evaluator.last_seconds >= 0.6
+  assert 'step 8: evaluating…' in lines and run.last_eval_seconds >= 0.6 and run.eval_seconds_total >= 0.6
   after = [line for line in lines if line.startswith('step 10/')][0]
   minutes, seconds = re.search(r'ETA (\d+)m(\d+)s$', after).groups()
   # Training is instant here: the ETA is the two evaluations left, 0.6 s each at least.
@@ -235,7 +237,7 @@ def test_checkpointer_saves_by_steps_by_time_on_stop_and_at_the_end(tmp_path):
   now = [0.0]
   run, _ = fake_run(tmp_path, last_step=9)
   checkpoints = FakeCheckpoints()
-  saver = hooks.Checkpointer(checkpoints, hooks.DivergenceGuard(), every_steps=4, every_secs=60.0,
+  saver = hooks.Checkpointer(checkpoints, every_steps=4, every_secs=60.0,
                              clock=lambda: now[0])
   for step in range(1, 10):
     run.state = {'params': {}, 'step': jnp.asarray(step)}
@@ -256,7 +258,7 @@ def test_an_evaluation_that_fails_never_loses_the_steps_before_it(tmp_path):
     raise MemoryError('RESOURCE_EXHAUSTED: out of memory while evaluating')
   run, lines = fake_run(tmp_path, evaluate=evaluate)
   checkpoints = FakeCheckpoints()
-  saver = hooks.Checkpointer(checkpoints, hooks.DivergenceGuard(), every_steps=100)
+  saver = hooks.Checkpointer(checkpoints, every_steps=100)
   evaluator = hooks.Evaluator(3, before=saver.save_before_evaluation)
   for step in (1, 2):
     run.state = {'params': {}, 'step': jnp.asarray(step)}
@@ -291,7 +293,7 @@ def test_a_stop_request_ends_an_evaluation_between_its_batches(tmp_path):
       raise steps.EvaluationInterrupted()
   run, lines = fake_run(tmp_path, evaluate=evaluate)
   checkpoints = FakeCheckpoints()
-  saver = hooks.Checkpointer(checkpoints, hooks.DivergenceGuard(), every_steps=100)
+  saver = hooks.Checkpointer(checkpoints, every_steps=100)
   evaluator = hooks.Evaluator(3, before=saver.save_before_evaluation, should_stop=lambda: True)
   run.state = {'params': {}, 'step': jnp.asarray(3)}
   evaluator(run, 3, metrics())
@@ -303,8 +305,9 @@ def test_a_stop_request_ends_an_evaluation_between_its_batches(tmp_path):
 def test_checkpointer_never_saves_after_a_non_finite_step(tmp_path):
   run, _ = fake_run(tmp_path)
   guard = hooks.DivergenceGuard()
+  run.check = guard.check
   checkpoints = FakeCheckpoints()
-  saver = hooks.Checkpointer(checkpoints, guard, every_steps=2)
+  saver = hooks.Checkpointer(checkpoints, every_steps=2)
   guard(run, 1, metrics())
   guard(run, 2, metrics(loss=np.nan))
   with pytest.raises(NaNLossError):
