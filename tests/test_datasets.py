@@ -12,6 +12,7 @@ import pytest
 from capsjax import assemble, steps, train
 from capsjax.data import augment
 from capsjax.data import sources as mnist_data
+from capsjax.data.sources import tfds_builders
 from capsjax.data.datasets import Preprocessing, dataset_info
 from capsjax.data.sources import Dataset
 from capsjax.errors import DataError
@@ -97,7 +98,7 @@ def offline_tfds(monkeypatch):
   features, shapes and dtypes); the reachability probe has nothing to reach."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from tensorflow_datasets.core.data_sources import base  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(mnist_data, '_check_download_reachable', lambda *args, **kwargs: None)
+  monkeypatch.setattr(tfds_builders, '_check_download_reachable', lambda *args, **kwargs: None)
   # The mock's batched read lacks an argument (TFDS 4.9): read the records one by one.
   monkeypatch.setattr(base.BaseDataSource, '__getitems__', lambda self, keys: [self[k] for k in keys])
   with tfds.testing.mock_data(num_examples=96):

@@ -1,0 +1,191 @@
+"""Where a run's images come from: registered sources, each describing itself.
+
+A source is chosen from the config's data keys (`DataSpec`: dataset, data_dir,
+tfds_data_dir, image_size): the one that serves config.dataset by name (its `datasets`
+capability), else the first registered kind that claims them; one module each:
+- `image_folder` (config.dataset='image_folder'): config.data_dir in tfds.ImageFolder's
+  layout, DIR/train/CLASS/*.png|jpg and DIR/test/CLASS/…;
+- `idx_folder`: a folder of LeCun IDX files (config.data_dir) for the MNIST family;
+- `tfds`: the described datasets (capsjax.data.datasets) and any other TFDS
+  image-classification builder by name (`kmnist`, `emnist/digits`, …), downloaded and
+  prepared on first use.
+Each describes itself (`SourceInfo`: image shape, classes and their names,
+preprocessing) before any image is read, and loads a split as `Dataset`: uint8 images
+[n, h, w, c], either whole (numpy) or read on demand (`on_demand=True`:
+capsjax.data.rows.ImageRows over TFDS's array_record files, a memory map of an
+uncompressed IDX file, or the image files), so that a process of a multi-host run holds
+only the rows it reads. config.image_size resizes every image to N×N (capsjax.data.images,
+the same conversion `capsjax.predict` applies to a file).
+"""
+import dataclasses
+import re
+from typing import Any, Callable, Tuple
+
+import numpy as np
+
+from capsjax.data import images as image_files
+from capsjax.data.datasets import DATASETS, Preprocessing, model_input_shape
+from capsjax.data.rows import ImageRows
+from capsjax.errors import ConfigError, DataError
+from capsjax.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """images uint8 [n, h, w, c] (numpy, or ImageRows read on demand); labels int32 [n]."""
+  images: Any
+  labels: np.ndarray
+
+  def __len__(self) -> int:
+    return len(self.labels)
+
+  def take(self, count: int) -> 'Dataset':
+    return Dataset(self.images[:count], self.labels[:count])
+
+
+# ----------------------------------------------------------------------------- sources
+
+# config.dataset for an image folder (config.data_dir).
+IMAGE_FOLDER = 'image_folder'
+# What a TFDS builder's name looks like (name, optional /config and :version).
+_TFDS_NAME = re.compile(r'^[a-z][a-z0-9_]*(/[a-z0-9_.\-]+)?(:[0-9.*]+)?$')
+SPLITS = ('train', 'test')
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """Where a run's data comes from: the config's data keys and nothing else."""
+  dataset: str
+  data_dir: str = ''
+  tfds_data_dir: str = ''
+  image_size: int = 0            # > 0: every image resized to image_size × image_size
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceInfo:
+  """What a source says about itself: the images as the host holds them (after
+  config.image_size), the classes, and how training and test inputs are made from them."""
+  name: str
+  image_shape: Tuple[int, int, int]   # [height, width, channels]
+  class_names: Tuple[str, ...]
+  preprocessing: Preprocessing = Preprocessing()
+
+  @property
+  def num_classes(self) -> int:
+    return len(self.class_names)
+
+  @property
+  def input_shape(self) -> Tuple[int, int, int]:
+    return model_input_shape(self.image_shape, self.preprocessing)
+
+
+class Source:
+  """One kind of data source. `claims(spec)` says whether it reads `spec`; `describe()`
+  is cheap (no image decoded beyond headers); `load(split)` reads a split."""
+
+  def __init__(self, spec: DataSpec):
+    self.spec = spec
+
+  @classmethod
+  def claims(cls, spec: DataSpec) -> bool:
+    raise NotImplementedError
+
+  def describe(self) -> SourceInfo:
+    raise NotImplementedError
+
+  def load(self, split: str, on_demand: bool = False) -> Dataset:
+    raise NotImplementedError
+
+
+# kind → Source subclass. Capability `datasets`: the config.dataset names the source
+# serves by name (asked first, so a source registered outside the package is never
+# shadowed by the built-in kinds); the others are asked in registration order.
+SOURCES = Registry('source', datasets=())
+
+
+def register_source(kind: str, datasets: Tuple[str, ...] = ()) -> Callable[[type], type]:
+  """Class decorator: a Source subclass of kind `kind`; `datasets` are the
+  config.dataset names it serves (besides those its `claims` accepts)."""
+  def register(cls):
+    cls.kind = kind
+    return SOURCES.register(kind, datasets=tuple(datasets))(cls)
+  return register
+
+
+def _named_datasets() -> Tuple[str, ...]:
+  return tuple(name for entry in SOURCES.entries() for name in entry.datasets)
+
+
+def dataset_names_help() -> str:
+  named = ''.join(f'{name}, ' for name in _named_datasets())
+  return (f'one of {", ".join(DATASETS)}, {named}{IMAGE_FOLDER} (the folder in data_dir) or any TFDS '
+          'image-classification dataset name (kmnist, emnist/digits, …)')
+
+
+def is_dataset_name(name) -> bool:
+  return isinstance(name, str) and (name in DATASETS or name == IMAGE_FOLDER or name in _named_datasets()
+                                    or bool(_TFDS_NAME.match(name)))
+
+
+def open_source(spec: DataSpec) -> Source:
+  """The source that serves spec.dataset by name, else the first registered kind that
+  claims `spec`."""
+  for entry in SOURCES.entries():
+    if spec.dataset in entry.datasets:
+      return entry.value(spec)
+  for entry in SOURCES.entries():
+    if not entry.datasets and entry.value.claims(spec):
+      return entry.value(spec)
+  raise ConfigError(f'config.dataset={spec.dataset!r}: allowed {dataset_names_help()}')
+
+
+def with_image_size(info: SourceInfo, image_size: int) -> SourceInfo:
+  if not image_size:
+    return info
+  return dataclasses.replace(info, image_shape=(image_size, image_size, info.image_shape[2]))
+
+
+def _resized_dataset(dataset: Dataset, image_size: int) -> Dataset:
+  """`dataset` with every image resized to image_size × image_size (when read, for
+  images read on demand)."""
+  if not image_size or tuple(dataset.images.shape[1:3]) == (image_size, image_size):
+    return dataset
+  images = dataset.images
+  if isinstance(images, ImageRows):
+    channels = images.shape[-1]
+    resized = ImageRows(lambda ids, rows=images: image_files.resize_array(rows[ids], image_size),
+                        (image_size, image_size, channels), num_rows=len(images))
+    return Dataset(resized, dataset.labels)
+  return Dataset(image_files.resize_array(np.asarray(images), image_size), dataset.labels)
+
+
+def _checked(dataset: Dataset, info: SourceInfo, split: str) -> Dataset:
+  if tuple(dataset.images.shape[1:]) != info.image_shape:
+    raise DataError(f'{split} images have shape {tuple(dataset.images.shape[1:])}; {info.name} has '
+                    f'{info.image_shape}')
+  return dataset
+
+
+def describe_source(spec: DataSpec) -> SourceInfo:
+  return open_source(spec).describe()
+
+
+def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str = '',
+                 on_demand: bool = False, image_size: int = 0) -> Dataset:
+  """One split ('train' or 'test') of dataset `name` from its source (see the module
+  docstring), checked against the source's description. `on_demand`: images read when
+  indexed."""
+  if split not in SPLITS:
+    raise DataError(f'unknown split {split!r}')
+  return open_source(DataSpec(name, data_dir, tfds_data_dir, image_size)).load(split, on_demand)
+
+
+# The built-in kinds, in the order they are asked (each module registers its class).
+from capsjax.data.sources.image_folder import FolderScan, ImageFolderSource, scan_image_folder  # noqa: E402  pylint: disable=wrong-import-position
+from capsjax.data.sources.idx_folder import IdxFolderSource, load_idx_split  # noqa: E402  pylint: disable=wrong-import-position
+from capsjax.data.sources.tfds_builders import TfdsSource, load_tfds_split, tfds_builder  # noqa: E402  pylint: disable=wrong-import-position
+
+__all__ = ['Dataset', 'DataSpec', 'SourceInfo', 'Source', 'SOURCES', 'register_source', 'open_source',
+           'describe_source', 'load_dataset', 'dataset_names_help', 'is_dataset_name', 'with_image_size',
+           'IMAGE_FOLDER', 'SPLITS', 'FolderScan', 'ImageFolderSource', 'scan_image_folder', 'IdxFolderSource',
+           'load_idx_split', 'TfdsSource', 'load_tfds_split', 'tfds_builder']

@@ -1,0 +1,98 @@
+"""The `image_folder` source: config.data_dir in tfds.ImageFolder's layout."""
+import collections
+import dataclasses
+import functools
+import os
+import random
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from capsjax.data import images as image_files
+from capsjax.data.rows import ImageRows
+from capsjax.errors import ConfigError, DataError
+from capsjax.data.sources import (  # the core this kind builds on
+    IMAGE_FOLDER, SPLITS, Dataset, Source, SourceInfo, _checked, register_source)
+
+
+@register_source('image_folder')
+class ImageFolderSource(Source):
+  """config.data_dir in tfds.ImageFolder's layout: DIR/SPLIT/CLASS/IMAGE with SPLIT train and
+  test. As tfds.ImageFolder: class names are the sorted class folder names of every split,
+  .png/.jpg/.jpeg files are read (others ignored), and each split's files are put in a
+  fixed shuffled order (random.Random(split)), so that a validation split held out from
+  the end of the training split draws on every class."""
+
+  @classmethod
+  def claims(cls, spec):
+    return spec.dataset == IMAGE_FOLDER
+
+  def _root(self) -> str:
+    if not self.spec.data_dir:
+      raise ConfigError(f'config.dataset={IMAGE_FOLDER} reads the folder in --config.data_dir=DIR '
+                        '(DIR/train/CLASS/*.png and DIR/test/CLASS/*.png)')
+    return os.path.abspath(os.path.expanduser(self.spec.data_dir))
+
+  def describe(self):
+    root = self._root()
+    scan = scan_image_folder(root)
+    if self.spec.image_size:
+      height = width = self.spec.image_size
+    elif len(scan.sizes) > 1:
+      shown = ', '.join(f'{w}×{h}' for w, h in sorted(scan.sizes)[:3]) + (', …' if len(scan.sizes) > 3 else '')
+      raise DataError(f'the images in {root} have {len(scan.sizes)} sizes ({shown}): pass '
+                      '--config.image_size=N to resize them all to N×N')
+    else:
+      (width, height), = scan.sizes
+    return SourceInfo(os.path.basename(root) or root, (height, width, scan.channels), scan.class_names)
+
+  def load(self, split, on_demand=False):
+    root = self._root()
+    scan = scan_image_folder(root)
+    info = self.describe()
+    files = scan.files[split]
+    paths = [path for path, _ in files]
+    labels = np.array([scan.class_names.index(label) for _, label in files], np.int32)
+
+    def read(ids: np.ndarray) -> np.ndarray:
+      return np.stack([image_files.read_image(paths[i], info.image_shape) for i in ids])
+
+    images = ImageRows(read, info.image_shape, num_rows=len(paths))
+    return _checked(Dataset(images if on_demand else np.asarray(images), labels), info, split)
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderScan:
+  files: Dict[str, List[Tuple[str, str]]]   # split → [(path, class name)] in a fixed shuffled order
+  class_names: Tuple[str, ...]
+  sizes: frozenset                          # {(width, height)} over every image
+  channels: int                             # 1 if every image is grey, else 3
+
+
+@functools.lru_cache(maxsize=4)
+def scan_image_folder(root: str) -> FolderScan:
+  """The files, classes, sizes and colour of an image folder (headers only)."""
+  if not os.path.isdir(root):
+    raise DataError(f'data directory {root} does not exist')
+  missing = [split for split in SPLITS if not os.path.isdir(os.path.join(root, split))]
+  if missing:
+    raise DataError(f'{root} has no {" or ".join(missing)} folder: an image folder holds '
+                    'train/CLASS/*.png and test/CLASS/*.png (or .jpg)')
+  files, class_names = collections.defaultdict(list), set()
+  sizes, channels = set(), 1
+  for split in SPLITS:
+    split_dir = os.path.join(root, split)
+    for label in sorted(name for name in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, name))):
+      class_names.add(label)
+      label_dir = os.path.join(split_dir, label)
+      for name in sorted(os.listdir(label_dir)):
+        if image_files.is_image_file(name):
+          files[split].append((os.path.join(label_dir, name), label))
+    if not files[split]:
+      raise DataError(f'{split_dir} holds no .png or .jpg images in class folders (CLASS/IMAGE)')
+    random.Random(split).shuffle(files[split])   # tfds.ImageFolder's order
+    for path, _ in files[split]:
+      with image_files.open_image(path) as image:
+        sizes.add(image.size)
+        channels = max(channels, image_files.channels_of(image.mode))
+  return FolderScan(dict(files), tuple(sorted(class_names)), frozenset(sizes), channels)

@@ -1,0 +1,172 @@
+"""The `tfds` source: the described datasets and any TFDS image-classification builder,
+downloaded and prepared on first use, read from array_record files."""
+import contextlib
+import functools
+import logging
+import os
+import socket
+import urllib.parse
+from typing import Optional
+
+import numpy as np
+
+from capsjax.data.datasets import DATASETS
+from capsjax.data.rows import CHUNK_ROWS, ImageRows
+from capsjax.errors import DataError
+from capsjax.data.sources import (  # the core this kind builds on
+    _TFDS_NAME, SPLITS, Dataset, Source, SourceInfo, _checked, _resized_dataset, register_source, with_image_size)
+
+
+@contextlib.contextmanager
+def _quiet_absl():
+  logger = logging.getLogger('absl')
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def _check_download_reachable(builder, hint: str, timeout_s: float = 5.0, url: str = '') -> None:
+  """Fails fast when the builder's download host cannot be reached.
+
+  TFDS retries every URL ten times with back-off (about 200 s offline for MNIST) before
+  it reports; a DNS lookup plus one TCP connect says the same within seconds. `url`
+  (capsjax.data.datasets' download_url) stands in where the builder names none.
+  """
+  url = getattr(builder, 'URL', None) or url   # the MNIST family's download folder
+  if not url:
+    return
+  parsed = urllib.parse.urlparse(url)
+  port = parsed.port or (443 if parsed.scheme == 'https' else 80)
+  try:
+    socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+  except OSError as e:
+    raise DataError(f'TFDS cannot download {builder.name} from {parsed.hostname} '
+                    f'({type(e).__name__}: {e}); offline, pass {hint}') from None
+
+
+@functools.lru_cache(maxsize=16)
+def tfds_builder(name: str, tfds_data_dir: Optional[str] = None):
+  """TFDS's builder `name` (array_record files in `tfds_data_dir`); nothing is downloaded."""
+  _quiet_tensorflow()
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    with _quiet_absl():   # TFDS warns about an empty version folder it just looked into
+      return tfds.builder(name, data_dir=tfds_data_dir or None, file_format='array_record')
+  except Exception as e:  # TFDS raises several types for unknown names and bad folders.
+    raise DataError(f'TFDS has no dataset {name!r} ({type(e).__name__}: {str(e).splitlines()[0]})') from None
+
+
+def _quiet_tensorflow() -> None:
+  # TensorFlow (used by TFDS while preparing) prints start-up chatter; oneDNN's only
+  # effect here would be on float rounding in ops TFDS does not use for MNIST.
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
+
+
+def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
+                    offline_hint: str = '--config.data_dir=DIR with the IDX files', image_keys=('image',),
+                    label_key: str = 'label', download_url: str = '', on_demand: bool = False) -> Dataset:
+  """One split through TFDS: downloaded and prepared on first use, then read back with
+  `tfds.data_source` (array_record, random access, no TensorFlow at read time). The
+  labels are read once without decoding any image; the images are decoded into one
+  uint8 array (in chunks), or with `on_demand` only when rows are indexed.
+
+  Preparation decodes the source files through `tf.io`, so it needs TensorFlow (the
+  `tensorflow-cpu` dependency); later runs only read the prepared files.
+  """
+  _quiet_tensorflow()
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds_builder(name, tfds_data_dir or None)
+  with _quiet_absl():
+    prepared = builder.is_prepared()
+  if not prepared:
+    _check_download_reachable(builder, offline_hint, url=download_url)
+    print(f'TFDS: downloading and preparing {name} in {builder.data_dir} (first use only)', flush=True)
+    try:
+      with _quiet_absl():   # e.g. "OpenCV is not installed … defaulting to PIL"
+        builder.download_and_prepare()
+    except Exception as e:  # network, checksum and TensorFlow errors all end here.
+      first_line = str(e).splitlines()[0] if str(e) else ''
+      raise DataError(f'TFDS could not prepare {name} ({type(e).__name__}: {first_line}); '
+                      f'offline, pass {offline_hint}') from None
+  try:
+    source = builder.as_data_source(split=split)
+    # The same records with the images left encoded: the labels cost no image decoding.
+    undecoded = builder.as_data_source(split=split, decoders={key: tfds.decode.SkipDecoding()
+                                                              for key in image_keys})
+  except Exception as e:  # e.g. prepared earlier as TFRecord by another program.
+    raise DataError(f'TFDS cannot read {name}:{split} from {builder.data_dir} '
+                    f'({type(e).__name__}: {str(e).splitlines()[0]}); prepare it afresh in another '
+                    '--config.tfds_data_dir') from None
+  if not len(source):
+    raise DataError(f'TFDS {name}:{split} is empty')
+  labels = np.empty(len(source), np.int32)
+  for start in range(0, len(labels), CHUNK_ROWS):   # bounded: the encoded images are large
+    stop = min(start + CHUNK_ROWS, len(labels))
+    labels[start:stop] = [int(example[label_key]) for example in undecoded.__getitems__(range(start, stop))]
+
+  def read(ids: np.ndarray) -> np.ndarray:
+    with _quiet_absl():   # "OpenCV is not installed … defaulting to PIL", once
+      return np.stack([_stacked(example, image_keys) for example in source.__getitems__(ids.tolist())])
+
+  images = ImageRows(read, read(np.zeros(1, np.int64)).shape[1:], num_rows=len(source))
+  return Dataset(images if on_demand else np.asarray(images), labels)
+
+
+def _stacked(example, image_keys) -> np.ndarray:
+  """One example's images [h, w, c] with the features of `image_keys` stacked as channels."""
+  parts = [np.asarray(example[key], np.uint8) for key in image_keys]
+  return np.concatenate([p if p.ndim == 3 else p[..., None] for p in parts], axis=-1)
+
+
+@register_source('tfds')
+class TfdsSource(Source):
+  """A TFDS builder: one of the described datasets (capsjax.data.datasets: its splits,
+  feature keys and preprocessing), or any other image-classification builder, described
+  from its info (the image feature and the ClassLabel of its supervised keys)."""
+
+  @classmethod
+  def claims(cls, spec):
+    return spec.dataset in DATASETS or bool(_TFDS_NAME.match(spec.dataset))
+
+  def _reading(self):
+    """(SourceInfo, TFDS name, TFDS split names, image keys, label key, download url, hint)."""
+    spec = self.spec
+    described = DATASETS.get(spec.dataset)
+    if described is not None:
+      hint = ('--config.data_dir=DIR with the IDX files' if described.idx_folder else
+              f'--config.tfds_data_dir=DIR holding a prepared {described.tfds_name}')
+      info = SourceInfo(spec.dataset, described.image_shape, described.class_names, described.preprocessing)
+      return (with_image_size(info, spec.image_size), described.tfds_name, described.splits, described.image_keys,
+              described.label_key, described.download_url, hint)
+    builder = tfds_builder(spec.dataset, spec.tfds_data_dir or None)
+    features = builder.info.features
+    keys = builder.info.supervised_keys or ('image', 'label')
+    image_key, label_key = (keys[0], keys[1]) if len(keys) >= 2 and isinstance(keys[0], str) else ('image', 'label')
+    names = set(features.keys())
+    image = features[image_key] if image_key in names else None
+    label = features[label_key] if label_key in names else None
+    if image is None or label is None or not hasattr(label, 'names') or len(getattr(image, 'shape', ())) != 3:
+      raise DataError(f'TFDS {spec.dataset} is not an image-classification dataset (no image feature with a '
+                      'class label among its supervised keys)')
+    height, width, channels = image.shape
+    if spec.image_size:
+      height = width = spec.image_size
+    elif height is None or width is None:
+      raise DataError(f'TFDS {spec.dataset} has images of varying size: pass --config.image_size=N to resize '
+                      'them all to N×N')
+    info = SourceInfo(spec.dataset, (height, width, channels or 3), tuple(label.names))
+    return (info, spec.dataset, SPLITS, (image_key,), label_key, '',
+            f'--config.tfds_data_dir=DIR holding a prepared {spec.dataset}')
+
+  def describe(self):
+    return self._reading()[0]
+
+  def load(self, split, on_demand=False):
+    info, name, splits, image_keys, label_key, url, hint = self._reading()
+    dataset = load_tfds_split(name, splits[SPLITS.index(split)], self.spec.tfds_data_dir, hint, image_keys,
+                              label_key, url, on_demand)
+    return _checked(_resized_dataset(dataset, self.spec.image_size), info, split)
