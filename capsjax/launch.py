@@ -65,12 +65,28 @@ def experiment_summary(name: str) -> str:
   return sentence + ('.' if dot else '')
 
 
-def load_experiment(name: str):
-  """experiments/NAME.py's get_config(), loaded from its file as config_flags loads it."""
-  spec = importlib.util.spec_from_file_location(f'experiments.{name}', experiment_path(name))
+def load_config_file(path: str, module_name: str):
+  """A config file's get_config(), loaded from the file as config_flags loads it (its own
+  imports run: a user's routing or source registers here)."""
+  spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config()
+
+
+def load_experiment(name: str):
+  """experiments/NAME.py's get_config()."""
+  return load_config_file(experiment_path(name), f'experiments.{name}')
+
+
+def config_file_argument(argv) -> Optional[str]:
+  """The path of --config=PATH (or --config PATH) among the arguments, if any."""
+  for index, arg in enumerate(argv[1:], 1):
+    if arg.startswith('--config='):
+      return arg.split('=', 1)[1]
+    if arg == '--config' and index + 1 < len(argv):
+      return argv[index + 1]
+  return None
 
 
 def config_lines(config, prefix: str = ''):
@@ -82,8 +98,13 @@ def config_lines(config, prefix: str = ''):
       yield f'{prefix}{key} = {value!r}'
 
 
-def print_help(name=None) -> None:
+def print_help(name=None, config_path=None) -> None:
   print(__doc__.strip())
+  if name is None and config_path:
+    if not os.path.isfile(config_path):
+      cli.fail(f'--config={config_path}: no such file')
+    print_keys(load_config_file(config_path, 'capsjax_user_config'), f'Config file {config_path}')
+    return
   if name is None:
     print('\nExperiments (--experiment=NAME):')
     names = available_experiments()
@@ -92,9 +113,14 @@ def print_help(name=None) -> None:
       print(f'  {experiment.ljust(width)}  {experiment_summary(experiment)}')
     print("\n`python run.py --experiment=NAME --help` lists that experiment's config keys.")
     return
-  config = load_experiment(name)
-  print(f'\nExperiment {name}: {experiment_summary(name)}')
+  print_keys(load_experiment(name), f'Experiment {name}: {experiment_summary(name)}')
+
+
+def print_keys(config, title: str) -> None:
+  """Every key of `config` with its value, meaning and allowed values (the registries'
+  names as they are now: a routing registered by the config file is listed)."""
   from capsjax.validation import key_help  # pylint: disable=g-import-not-at-top
+  print(f'\n{title}')
   print('\nConfig keys, defaults, what each does [allowed values] (override with --config.KEY=VALUE):')
   for line in config_lines(config):
     print(f'  {line}  — {key_help(line.split(" = ")[0])}')
@@ -133,7 +159,7 @@ def parse_flags(argv):
   name = FLAGS.experiment
   if any(arg in HELP_ARGS for arg in argv[1:]):
     try:
-      print_help(name if name in available_experiments() else None)
+      print_help(name if name in available_experiments() else None, config_file_argument(argv))
       sys.stdout.flush()
     except BrokenPipeError:   # `run.py --help | head`
       os._exit(0)

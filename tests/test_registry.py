@@ -163,3 +163,26 @@ def test_unknown_family_names_are_refused():
   config = tiny_config('')
   config.model.name = 'linear'
   assert "config.model.name='linear': allowed one of capsnet, cnn" in problems_of(config)[0]
+
+
+def test_help_of_a_users_config_file_lists_the_users_routing(tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'user_routing.py').write_text(textwrap.dedent(USER_ROUTING))
+  (tmp_path / 'my_config.py').write_text(textwrap.dedent('''
+      import user_routing  # registers uniform_mean
+      from experiments import mnist_smoke
+
+      def get_config():
+        config = mnist_smoke.get_config()
+        config.model.routing = 'uniform_mean'
+        return config
+      '''))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+  result = subprocess.run([sys.executable, os.path.join(root, 'run.py'), f'--config={tmp_path}/my_config.py',
+                           '--help'], capture_output=True, text=True, timeout=120, env=env)
+  assert result.returncode == 0, result.stderr[-2000:]
+  routing_line = next(line for line in result.stdout.splitlines() if line.strip().startswith('model.routing ='))
+  assert "'uniform_mean'" in routing_line and 'uniform_mean]' in routing_line
+  assert 'model.routing_options.scale = 1.0' in result.stdout
