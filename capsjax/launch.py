@@ -19,6 +19,7 @@ import ast
 import importlib.util
 import logging
 import os
+import re
 import sys
 from typing import Optional
 
@@ -131,6 +132,8 @@ def print_summary(config) -> None:
   import jax.numpy as jnp
   from capsjax import assemble
 
+  if 'input_shape' in config.model and not tuple(config.model.input_shape) or config.model.get('num_classes') == 0:
+    config = assemble.resolve_data(config)   # a data-shaped experiment: the data's headers say the shape
   model = assemble.model(config)
   dummy = jnp.zeros((1,) + tuple(config.model.input_shape), jnp.float32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy))['params']
@@ -146,6 +149,35 @@ def print_summary(config) -> None:
   if members:   # one program trains them all; num_params stays per model
     print(f'ensemble: {len(members)} models × {total:,} = {len(members) * total:,} parameters')
   print(f'num_params={total}')
+
+
+def override_problem(message: str) -> str:
+  """absl's error for a --config.KEY=VALUE it could not parse, in the project's words:
+  `config.KEY='VALUE': allowed …`; other flag errors as absl says them (first line)."""
+  first = message.splitlines()[0]
+  parsed = re.match(r"flag --config\.([\w.]+)=(.*?): (invalid literal for|could not convert)", first)
+  if parsed:
+    from capsjax.validation import allowed  # pylint: disable=g-import-not-at-top
+    key, value = parsed.group(1), parsed.group(2)
+    what = allowed(key) or 'a value of the type of its default'
+    return f'config.{key}={value!r}: allowed {what}'
+  return first
+
+
+def unknown_key_problem(error: Exception, argv=()) -> str:
+  """ml_collections' KeyError for an unknown override as one line, with its suggestion
+  (the key as the override spells it, found among `argv`)."""
+  while error.args and isinstance(error.args[0], BaseException):   # AttributeError(KeyError(…))
+    error = error.args[0]
+  text = str(error.args[0] if error.args else error)
+  key = re.match(r"""^['"]?([^'"\n]+)""", text)
+  suggestion = re.search(r'Did you mean "([^"]+)"', text)
+  name = key.group(1) if key else text
+  spelt = [arg[len('--config.'):].split('=')[0] for arg in argv if arg.startswith('--config.')]
+  dotted = next((path for path in spelt if path.split('.')[-1] == name or f'.{name}.' in f'.{path}.'), name)
+  prefix = dotted[:dotted.index(name)] if name in dotted else ''
+  return (f'unknown config key {dotted!r}'
+          + (f" (did you mean '{prefix}{suggestion.group(1)}'?)" if suggestion else ''))
 
 
 def parse_flags(argv):
@@ -172,9 +204,9 @@ def parse_flags(argv):
                                     help_string='Experiment config file.', sys_argv=argv)
     remaining = FLAGS(argv)
   except flags.Error as e:
-    cli.fail(str(e).splitlines()[0])
+    cli.fail(override_problem(str(e)))
   except (AttributeError, KeyError) as e:
-    cli.fail(f'unknown config key in the overrides of experiment {name!r}: {e}')
+    cli.fail(unknown_key_problem(e, argv))
   if FLAGS.config is None:
     cli.fail(f'--experiment=NAME is required; available: {", ".join(available_experiments())}')
   return remaining

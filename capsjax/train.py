@@ -23,7 +23,7 @@ from capsjax import assemble, reports, sharding, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
-from capsjax.errors import RunStopped
+from capsjax.errors import CapsjaxError, RunStopped
 from capsjax.events import EventWriter
 from capsjax.ensembles import member_knobs
 from capsjax.models import count_params
@@ -195,14 +195,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   calling again with the same workdir continues the same run. SIGTERM or Ctrl-C (or, on
   several processes, JAX's preemption notice) does the same at the next step.
   """
+  created = not os.path.exists(os.path.abspath(os.path.expanduser(workdir)))
   workdir = workdir_lib.prepare(workdir)
-  config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
   is_writer = sharding.is_main_process()
-  with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
-    changed = workdir_lib.bind_config(workdir, config)
-    if changed:
-      _log(f'continuing {workdir} with a changed config: {"; ".join(changed)}')
-    return _train(config, workdir, stop_at_step or config.stop_at_step or None, is_writer)
+  try:
+    config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
+    with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
+      changed = workdir_lib.bind_config(workdir, config)
+      if changed:
+        _log(f'continuing {workdir} with a changed config: {"; ".join(changed)}')
+      return _train(config, workdir, stop_at_step or config.stop_at_step or None, is_writer)
+  except CapsjaxError:
+    if created and is_writer:   # a start that failed leaves no workdir behind
+      workdir_lib.discard_unbound(workdir)
+    raise
 
 
 def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -> RunResult:

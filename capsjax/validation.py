@@ -422,6 +422,18 @@ ALLOWED_TEXT = {
 }
 
 
+def allowed(key: str) -> str:
+  """What config.KEY allows (dotted key; comparison models share the model/loss rules), or ''."""
+  general = key.split('.', 1)[1] if key.split('.')[0] in COMPARISON_MODELS else key
+  if general.startswith('model.'):
+    rule = MODEL_RULES.get(general[len('model.'):])
+  elif general.startswith('loss.'):
+    rule = LOSS_RULES.get(general[len('loss.'):])
+  else:
+    rule = RUN_RULES.get(general)
+  return str(rule[1]) if rule else ALLOWED_TEXT.get(general, '')
+
+
 def key_help(key: str) -> str:
   """'description [allowed]' of a config key (dotted), for --help; '' when undescribed."""
   general = key.split('.', 1)[1] if key.split('.')[0] in COMPARISON_MODELS else key

@@ -60,6 +60,21 @@ def prepare(path: str) -> str:
   return path
 
 
+def discard_unbound(path: str) -> None:
+  """Removes a workdir that no run has bound (no config.json): what a failed start left
+  there (the lock, empty folders). Anything else in it stays."""
+  if os.path.exists(os.path.join(path, CONFIG_FILE)):
+    return
+  for folder, subfolders, files in os.walk(path, topdown=False):
+    for name in files:
+      if name == LOCK_FILE and folder == path:
+        os.remove(os.path.join(folder, name))
+    try:
+      os.rmdir(folder)   # only when empty
+    except OSError:
+      pass
+
+
 class Lock:
   """An exclusive lock on workdir/.lock for the life of a run (released by the kernel if
   the process dies, so a killed run never leaves a stale lock)."""
@@ -134,9 +149,17 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     else:
       with open(results) as f:
         stored = json.load(f)['config']
-  except (OSError, ValueError, KeyError) as e:
+  except (OSError, ValueError, KeyError, TypeError) as e:
     raise WorkdirError(f'cannot read the config in {workdir}: {e}') from None
+  _check_stored(stored, path)
   return ml_collections.ConfigDict(with_defaults(stored, defaults.base_config().to_dict()))
+
+
+def _check_stored(stored, path: str) -> None:
+  if not isinstance(stored, dict) or not all(isinstance(value, dict) for key, value in stored.items()
+                                             if key in ('model', 'loss')):
+    raise WorkdirError(f'{path} is not a capsjax config (a JSON object of config keys); move it away to '
+                       'start afresh')
 
 
 # Sections whose keys depend on another value (model.routing_options: the options of
@@ -178,6 +201,7 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict) -> List[str]:
         saved = json.load(f)
     except (OSError, ValueError) as e:
       raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
+    _check_stored(saved, path)
     # Keys added to capsjax since the run started count as their defaults, not as changes.
     differences = config_differences(with_defaults(saved, defaults.base_config().to_dict()), config)
     if differences and not config.allow_config_change:

@@ -120,7 +120,12 @@ def test_bad_images_are_one_line_each(digit_folder, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
   assert '--config.image_size=N with N >= 17' in too_small.stderr
-  assert not os.path.exists(tmp_path / 'w' / 'config.json')
+  assert not os.path.exists(tmp_path / 'w')   # a failed start leaves no workdir
+  # The parameter table of a data-shaped experiment takes the data's shape and classes.
+  summary = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={digit_folder}', '--config.image_size=28',
+                 '--summary', timeout=120)
+  assert summary.returncode == 0 and summary.stdout.strip().splitlines()[-1].startswith('num_params='), summary.stderr
+  assert any(line.startswith('digit_caps/weights') and ', 10, ' in line for line in summary.stdout.splitlines())
 
 
 def test_folder_source_describes_itself_and_reads_rows_on_demand(digit_folder, tmp_path):

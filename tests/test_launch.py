@@ -31,8 +31,13 @@ def test_summary_follows_config_overrides():
 
 @pytest.mark.parametrize('args,message', [
     (['--experiment=nope', '--workdir=/tmp/x'], "unknown experiment 'nope'"),
-    (['--experiment=mnist', '--config.no_such_key=1', '--summary'], 'unknown config key'),
-    (['--experiment=mnist', '--config.batch_size=abc', '--summary'], 'config.batch_size'),
+    (['--experiment=mnist', '--config.no_such_key=1', '--summary'], "error: unknown config key 'no_such_key'"),
+    (['--experiment=mnist', '--config.learning_rte=1', '--summary'],
+     "error: unknown config key 'learning_rte' (did you mean 'learning_rate'?)"),
+    (['--experiment=mnist', '--config.model.rouitng=em', '--summary'],
+     "error: unknown config key 'model.rouitng' (did you mean 'model.routing'?)"),
+    (['--experiment=mnist', '--config.batch_size=abc', '--summary'],
+     "error: config.batch_size='abc': allowed an integer >= 1"),
     (['--workdir=/tmp/x'], '--experiment=NAME is required'),
     (['--experiment=ablation', '--workdir=/tmp/x', '--config.program=nope'], "unknown program 'nope'"),
     (['--experiment=sweep_smoke', '--workdir=/tmp/x', '--config.sweep.variants=("a: learning_rat=1",)'],
@@ -45,13 +50,13 @@ def test_bad_arguments_give_one_line(args, message):
   assert message in result.stderr and 'Traceback' not in result.stderr
 
 
-def test_missing_data_dir_gives_one_line(tmp_path):
-  result = run('--experiment=mnist_smoke', f'--workdir={tmp_path}/w',
-               f'--config.data_dir={tmp_path}/missing')
-  assert result.returncode != 0
-  assert result.stderr.strip().splitlines()[-1].startswith('error: data directory')
-  assert 'Traceback' not in result.stderr
-  assert not os.path.exists(tmp_path / 'w' / 'results.json')
+def test_missing_data_dir_gives_one_line_and_leaves_no_workdir(tmp_path):
+  (tmp_path / 'a_file').write_text('')
+  for data_dir, problem in (('missing', 'does not exist'), ('a_file', 'is a file, not a directory')):
+    result = run('--experiment=mnist_smoke', f'--workdir={tmp_path}/w', f'--config.data_dir={tmp_path}/{data_dir}')
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f'error: data directory {tmp_path}/{data_dir} {problem}']
+    assert not os.path.exists(tmp_path / 'w')   # a failed start removes the workdir it created
 
 
 @pytest.mark.parametrize('experiment,lines', [

@@ -198,3 +198,13 @@ def test_read_only_workdir_fails_at_once(mnist_dir, tmp_path):
         f'error: workdir {mount}/w is not usable: Read-only file system']
   finally:
     subprocess.run(['umount', '-l', str(mount)], check=False)
+
+
+def test_a_config_json_that_is_not_a_config_is_one_error(tmp_path):
+  from experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
+  for text in ('[1, 2]', '{"model": 3}'):
+    (tmp_path / 'config.json').write_text(text)
+    for read in (lambda: workdir_lib.read_config(str(tmp_path)),
+                 lambda: workdir_lib.bind_config(str(tmp_path), mnist_smoke.get_config())):
+      with pytest.raises(WorkdirError, match='config.json is not a capsjax config'):
+        read()

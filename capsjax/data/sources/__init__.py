@@ -18,6 +18,7 @@ only the rows it reads. config.image_size resizes every image to N×N (capsjax.d
 the same conversion `capsjax.predict` applies to a file).
 """
 import dataclasses
+import os
 import re
 from typing import Any, Callable, Tuple
 
@@ -114,6 +115,15 @@ def register_source(kind: str, datasets: Tuple[str, ...] = ()) -> Callable[[type
 
 def _named_datasets() -> Tuple[str, ...]:
   return tuple(name for entry in SOURCES.entries() for name in entry.datasets)
+
+
+def check_directory(path: str, what: str = 'data directory') -> None:
+  """DataError naming what is wrong with a folder the config names (missing, or a file)."""
+  if os.path.isdir(path):
+    return
+  if os.path.exists(path):
+    raise DataError(f'{what} {path} is a file, not a directory')
+  raise DataError(f'{what} {path} does not exist')
 
 
 def dataset_names_help() -> str:

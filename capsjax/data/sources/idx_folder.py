@@ -8,7 +8,7 @@ from capsjax.data.idx import is_gzipped, map_idx, read_idx
 from capsjax.data.rows import ImageRows
 from capsjax.errors import DataError
 from capsjax.data.sources import (  # the core this kind builds on
-    IMAGE_FOLDER, Dataset, Source, SourceInfo, _checked, _resized_dataset, register_source, with_image_size)
+    IMAGE_FOLDER, Dataset, check_directory, Source, SourceInfo, _checked, _resized_dataset, register_source, with_image_size)
 
 _IDX_NAMES = {
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
@@ -28,8 +28,7 @@ def _find_idx_file(data_dir: str, stem: str) -> str:
 def load_idx_split(data_dir: str, split: str, num_classes: int = 10, on_demand: bool = False) -> Dataset:
   """One split from LeCun-format IDX files in `data_dir`. With `on_demand`, an uncompressed
   image file is memory-mapped and read by rows (ImageRows); a gzipped one is read whole."""
-  if not os.path.isdir(data_dir):
-    raise DataError(f'data directory {data_dir} does not exist')
+  check_directory(data_dir)
   image_stem, label_stem = _IDX_NAMES[split]
   image_path = _find_idx_file(data_dir, image_stem)
   label_path = _find_idx_file(data_dir, label_stem)

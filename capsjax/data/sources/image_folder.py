@@ -12,7 +12,7 @@ from capsjax.data import images as image_files
 from capsjax.data.rows import ImageRows
 from capsjax.errors import ConfigError, DataError
 from capsjax.data.sources import (  # the core this kind builds on
-    IMAGE_FOLDER, SPLITS, Dataset, Source, SourceInfo, _checked, register_source)
+    IMAGE_FOLDER, SPLITS, Dataset, check_directory, Source, SourceInfo, _checked, register_source)
 
 
 @register_source('image_folder')
@@ -72,8 +72,7 @@ class FolderScan:
 @functools.lru_cache(maxsize=4)
 def scan_image_folder(root: str) -> FolderScan:
   """The files, classes, sizes and colour of an image folder (headers only)."""
-  if not os.path.isdir(root):
-    raise DataError(f'data directory {root} does not exist')
+  check_directory(root)
   missing = [split for split in SPLITS if not os.path.isdir(os.path.join(root, split))]
   if missing:
     raise DataError(f'{root} has no {" or ".join(missing)} folder: an image folder holds '
