@@ -239,10 +239,11 @@ def main(argv):
   if config.program not in programs:
     cli.fail(f'unknown program {config.program!r}; available: {", ".join(sorted(programs))}')
   program = programs.get(config.program)
-  from capsjax.runtime import initialize_distributed  # pylint: disable=g-import-not-at-top
+  from capsjax.runtime import check_backend, initialize_distributed  # pylint: disable=g-import-not-at-top
   initialize_distributed(config.get('distributed', False), config.get('coordinator_address', ''),   # before any
                          config.get('num_processes', 0), config.get('process_id', -1),       # JAX computation
                          config.get('distributed_timeout_s', 120))
+  check_backend()
   program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))   # RunStopped: exit 75
   return 0
 

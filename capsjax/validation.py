@@ -6,6 +6,7 @@ does not have are skipped, so one table serves every experiment, and comparison 
 (`baseline.model`, `cnn.model`) are checked with the same model rules.
 """
 import math
+import re
 from typing import Any, Callable, Iterable, List, Tuple
 
 from capsjax.data.rows import HOST_IMAGES
@@ -164,6 +165,8 @@ RUN_RULES = {
     'ensemble.reconstruction_weights': numbers_at_least(0),
     'routing_zoo.routings': registered_tuple(ROUTINGS.names, 'routing names'),
     'routing_zoo.seeds': ints_at_least(0, allow_empty=False),
+    'coordinator_address': ((lambda v: isinstance(v, str) and (not v or re.fullmatch(r'\S+:\d{1,5}', v) is not None)),
+                            'HOST:PORT, or empty (detected)'),
     'num_processes': int_at_least(0),
     'process_id': int_at_least(-1),
     'distributed_timeout_s': int_in(1, 3600),
@@ -287,6 +290,13 @@ def problems_of(config) -> List[str]:
     if config.num_train_examples < config.get('batch_size', 1):
       problems.append(f'config.batch_size={config.batch_size!r}: allowed at most '
                       f'num_train_examples={config.num_train_examples}')
+  given = [f'{key}={config.get(key)!r}' for key, unset in (('coordinator_address', ''), ('num_processes', 0),
+                                                             ('process_id', -1)) if config.get(key, unset) != unset]
+  if given and 'distributed' in config and not config.distributed:
+    problems.append(f'config.{given[0]}: used only with --config.distributed=True (a multi-host run)')
+  if config.get('num_processes') and config.get('process_id', -1) >= config.num_processes:
+    problems.append(f'config.process_id={config.process_id}: allowed below num_processes={config.num_processes} '
+                    '(processes are numbered from 0)')
   found, iterations = _get(config, 'ensemble.routing_iterations')
   if found and iterations and config.model.get('routing_iterations') is not None:
     if max(iterations) > config.model.routing_iterations:

@@ -206,3 +206,20 @@ def test_another_tfds_builder_downloads_prepares_and_trains(mnist_dir, tmp_path)
   assert results['num_train_examples'] == 1000 and results['num_test_examples'] == 300
   assert results['config']['model']['input_shape'] == [32, 32, 3] and results['class_names'] == list('0123456789')
   assert results['steps'] == 3 and np.isfinite(results['test_error'])
+
+
+def test_files_that_would_blow_up_or_block_are_refused_in_one_line(tmp_path):
+  import struct  # pylint: disable=g-import-not-at-top
+  import zlib  # pylint: disable=g-import-not-at-top
+  from capsjax.data.images import open_image  # pylint: disable=g-import-not-at-top
+  from capsjax.errors import DataError  # pylint: disable=g-import-not-at-top
+
+  def chunk(kind, data):
+    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data) & 0xffffffff)
+  header = struct.pack('>IIBBBBB', 100000, 100000, 8, 0, 0, 0, 0)   # claims 10⁵ × 10⁵ grey pixels
+  (tmp_path / 'bomb.png').write_bytes(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IEND', b''))
+  with pytest.raises(DataError, match=r'bomb.png: too large to decode safely \(Image size \(10000000000 pixels\)'):
+    open_image(str(tmp_path / 'bomb.png'))
+  os.mkfifo(tmp_path / 'pipe.png')   # reading it would wait for a writer forever
+  with pytest.raises(DataError, match='pipe.png: not a regular file'):
+    open_image(str(tmp_path / 'pipe.png'))

@@ -160,6 +160,14 @@ def test_process_rows_split_a_batch_evenly():
       '--config.distributed_timeout_s=2'],
      'error: the coordinator 127.0.0.1:{port} did not answer within 2 s (Connection refused): start process 0 '
      'first, or check --config.coordinator_address'),
+    # Process 0 alone: JAX would wait, then abort with a C++ stack; the watchdog ends it first.
+    (['--config.coordinator_address=127.0.0.1:{port}', '--config.num_processes=2', '--config.process_id=0',
+      '--config.distributed_timeout_s=2'],
+     'error: the 2 processes of the run did not all join 127.0.0.1:{port} within config.distributed_timeout_s=2 s; '
+     'start every process with the same command (its own --config.process_id)'),
+    (['--config.coordinator_address=no-such-host.invalid:1234', '--config.num_processes=2', '--config.process_id=0'],
+     "error: config.coordinator_address='no-such-host.invalid:1234': the host 'no-such-host.invalid' does not "
+     'resolve (Name or service not known)'),
 ])
 def test_distributed_start_up_problems_are_one_line_within_the_timeout(flags, message, mnist_dir, tmp_path):
   port = _free_port()   # nothing listens there

@@ -135,3 +135,28 @@ def test_summary_validates_too():
                            '--config.model.digit_dim=0'], capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.strip() == 'error: config.model.digit_dim=0: allowed an integer >= 1'
+
+
+@pytest.mark.parametrize('overrides,message', [
+    (dict(distributed=True, coordinator_address='127.0.0.1'),
+     "config.coordinator_address='127.0.0.1': allowed HOST:PORT, or empty (detected)"),
+    (dict(num_processes=2), 'config.num_processes=2: used only with --config.distributed=True'),
+    (dict(distributed=True, num_processes=2, process_id=5),
+     'config.process_id=5: allowed below num_processes=2 (processes are numbered from 0)'),
+])
+def test_multi_host_mistakes_are_named_before_jax_starts(overrides, message):
+  config = mnist.get_config()
+  config.update(overrides)
+  assert message in problems_of(config)[0]
+
+
+def test_a_backend_jax_cannot_start_is_one_line(monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  from capsjax import runtime  # pylint: disable=g-import-not-at-top
+
+  def no_backend():
+    raise AssertionError()   # what jax.devices() raises for JAX_PLATFORMS=cuda without a GPU
+  monkeypatch.setattr(jax, 'devices', no_backend)
+  monkeypatch.setenv('JAX_PLATFORMS', 'cuda')
+  with pytest.raises(ConfigError, match="JAX cannot start the backend JAX_PLATFORMS='cuda' asks for"):
+    runtime.check_backend()

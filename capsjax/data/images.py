@@ -6,6 +6,9 @@ Colour: a run's images are grey (1 channel) when every training image is grey, e
 (3 channels; alpha dropped, palettes expanded). Size: resized with Pillow's bilinear
 filter (antialiased when shrinking) to the run's [height, width] when it differs.
 """
+import os
+import stat
+import warnings
 from typing import Tuple
 
 import numpy as np
@@ -30,9 +33,24 @@ def channels_of(mode: str) -> int:
 
 def open_image(path: str) -> Image.Image:
   """The image at `path`, header read (pixels decoded on first use); one DataError line if
-  it is missing or not an image."""
+  it is missing, not a regular file (a named pipe would block the read), not an image, or
+  larger than Pillow decodes safely (a header claiming 10⁵ × 10⁵ pixels)."""
   try:
-    return Image.open(path)
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    raise DataError(f'{path}: no such file') from None
+  except OSError as e:
+    raise DataError(f'{path}: cannot read ({e.strerror or e})') from None
+  if stat.S_ISDIR(mode):
+    raise DataError(f'{path}: a directory, not an image file')
+  if not stat.S_ISREG(mode):
+    raise DataError(f'{path}: not a regular file (a pipe, socket or device), not an image file')
+  try:
+    with warnings.catch_warnings():   # large photos (above 89 MP) warn; twice that is refused below
+      warnings.simplefilter('ignore', Image.DecompressionBombWarning)
+      return Image.open(path)
+  except Image.DecompressionBombError as e:
+    raise DataError(f'{path}: too large to decode safely ({str(e).split(", could")[0]})') from None
   except FileNotFoundError:
     raise DataError(f'{path}: no such file') from None
   except IsADirectoryError:
