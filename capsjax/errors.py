@@ -27,7 +27,8 @@ class CheckpointWriteError(CheckpointError):
 
 class RunStopped(CapsjaxError):
   """A run stopped before its last step, after saving a checkpoint: by a signal or a
-  preemption notice ('preempted') or at config.stop_at_step ('stop_at_step'). The same
+  preemption notice ('preempted'), by Ctrl-C ('interrupted') or at config.stop_at_step
+  ('stop_at_step'). The same
   command (or call) resumes it. Command lines exit 75 (capsjax.cli.EXIT_RESUMABLE)."""
 
   def __init__(self, steps: int, num_steps: int, stop_reason: str):

@@ -26,6 +26,15 @@ from capsjax.steps import EvaluationInterrupted
 from capsjax.workdir import MetricsLog
 
 
+# Why a run stopped early because someone asked: Ctrl-C ('interrupted'), or SIGTERM / a
+# preemption notice ('preempted'). Both save and are resumed by the same command.
+SIGNAL_STOPS = ('interrupted', 'preempted')
+
+
+def stop_reason(signal_name: Optional[str]) -> str:
+  return 'interrupted' if signal_name == 'SIGINT' else 'preempted'
+
+
 @dataclasses.dataclass
 class Run:
   """What the hooks see of a run. `state` is the current (device) training state."""
@@ -52,7 +61,10 @@ class Run:
   # Evaluations after a step up to the end of the run (the Evaluator's schedule).
   evaluations_left: Callable[[int], int] = lambda step: 0
   last_eval_seconds: Optional[float] = None   # how long the last evaluation took
+  eval_examples: int = 0                      # examples one evaluation reads (test + validation)
   eval_seconds_total: float = 0.0             # evaluation time of this invocation
+  # The stop reason of a request that arrives during an evaluation (stop_reason of its signal).
+  stop_requested_as: Callable[[], str] = lambda: 'preempted'
 
   def request_stop(self, reason: str, step: int) -> None:
     if self.stop_reason is None:
@@ -161,12 +173,11 @@ class ProgressLogger(Hook):
 
   def eta(self, run, step: int, images_per_s: float) -> str:
     """Training still to do at `images_per_s`, plus the evaluations still to come at the
-    last one's duration (before the first: their count)."""
+    last one's duration; before the first, each at the time training takes for as many
+    images (`run.eval_examples`: an upper estimate, a forward pass costs less)."""
     seconds = (run.num_steps - step) * run.batch_size / images_per_s
-    evaluations = run.evaluations_left(step)
-    if evaluations and run.last_eval_seconds is None:
-      return f'{format_duration(seconds)} + {evaluations} evaluation{"s" if evaluations > 1 else ""}'
-    return format_duration(seconds + evaluations * (run.last_eval_seconds if evaluations else 0.0))
+    each = run.last_eval_seconds if run.last_eval_seconds is not None else run.eval_examples / images_per_s
+    return format_duration(seconds + run.evaluations_left(step) * each)
 
   def restart_window(self, run) -> None:
     self.window_start, self.window_steps = time.time(), 0
@@ -246,7 +257,7 @@ class Evaluator(Hook):
     except EvaluationInterrupted:
       run.log(f'stop requested during the evaluation at step {step}: ended it (the checkpoint of step {step} '
               'is saved; run again to resume)')
-      run.request_stop('preempted', step)
+      run.request_stop(run.stop_requested_as(), step)
       return
     took = f' ({run.last_eval_seconds:.1f} s)'
     if self.validate is not None:
@@ -323,7 +334,7 @@ class Preemption(Hook):
       return
     if self.checkpoints.reached_preemption(step) if self.multi_process else self.requests.raised:
       run.log(f'{self.requests.signal_name or "preemption notice"} at step {step}: saving a checkpoint and stopping')
-      run.request_stop('preempted', step)
+      run.request_stop(stop_reason(self.requests.signal_name), step)
 
 
 class Checkpointer(Hook):
@@ -357,8 +368,8 @@ class Checkpointer(Hook):
            or (self.every_secs and self.clock() - self.last_save >= self.every_secs))
     if due and self.saved_step != step:
       self.save(run, step)
-    if run.stop_reason == 'preempted' and run.stopped_at == step:
-      run.log(f'preempted at step {step}: checkpoint saved')
+    if run.stop_reason in SIGNAL_STOPS and run.stopped_at == step:
+      run.log(f'{run.stop_reason} at step {step}: checkpoint saved')
 
   def end(self, run):
     self.checkpoints.wait()

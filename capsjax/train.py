@@ -173,6 +173,7 @@ def default_hooks(config, run: hooks_lib.Run, checkpoints, requests, multi_proce
                                   before=checkpointer.save_before_evaluation,
                                   should_stop=None if multi_process else (lambda: requests.raised))
   run.check = guard.check
+  run.stop_requested_as = lambda: hooks_lib.stop_reason(requests.signal_name)
   run.evaluations_left = lambda step: evaluator.remaining(step, run.num_steps)
   hooks = [guard, hooks_lib.ProgressLogger(config.log_every_steps), evaluator]
   if validate is not None:
@@ -245,7 +246,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
         steps_per_epoch=train.num_examples // config.batch_size, batch_size=config.batch_size,
         num_members=len(members) if members else None, metrics=metrics_log, log=_log,
         evaluate=program.evaluate, wall_time_before=progress.get('wall_time_s', 0.0),
-        learning_rate=assemble.schedule(config))
+        learning_rate=assemble.schedule(config),
+        eval_examples=test.num_examples + (validation.num_examples if validation is not None else 0))
     if first_step:
       _log(f'resumed from checkpoint at step {first_step}')
     _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
@@ -278,7 +280,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   if run.stop_reason == 'early':
     run.num_steps = done
   # (A stop request during the last evaluation leaves the run unevaluated: not complete.)
-  if done < run.num_steps or (run.stop_reason == 'preempted' and run.last_eval_step != done):
+  if done < run.num_steps or (run.stop_reason in hooks_lib.SIGNAL_STOPS and run.last_eval_step != done):
     stopped = RunStopped(done, run.num_steps, run.stop_reason or 'stop_at_step')
     _log(str(stopped))
     raise stopped

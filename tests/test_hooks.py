@@ -142,12 +142,23 @@ def test_eta_includes_the_evaluations_still_to_come(tmp_path):
     logger(run, step, metrics())
     evaluator(run, step, metrics())
   before = [line for line in lines if line.startswith('step 4/')][0]
-  assert before.endswith('+ 3 evaluations')   # none measured yet: counted, not guessed
+  assert re.search(r'ETA \d+m\d+s$', before)   # one duration, evaluations included
   assert 'step 8: evaluating…' in lines and run.last_eval_seconds >= 0.6 and run.eval_seconds_total >= 0.6
   after = [line for line in lines if line.startswith('step 10/')][0]
   minutes, seconds = re.search(r'ETA (\d+)m(\d+)s$', after).groups()
   # Training is instant here: the ETA is the two evaluations left, 0.6 s each at least.
   assert 60 * int(minutes) + int(seconds) >= 1
+
+
+def test_eta_before_the_first_evaluation_estimates_it_from_the_training_speed(tmp_path):
+  run, _ = fake_run(tmp_path, num_steps=20, last_step=20)   # batch 4
+  run.evaluations_left = lambda step: 3
+  run.eval_examples = 1000
+  logger = hooks.ProgressLogger(2)
+  # 16 steps × 4 images at 100 images/s = 0.64 s, and 3 evaluations of 1000 images at 100/s.
+  assert logger.eta(run, 4, images_per_s=100.0) == '0m30s'
+  run.last_eval_seconds = 2.0   # measured: 0.64 + 3 × 2 s
+  assert logger.eta(run, 4, images_per_s=100.0) == '0m06s'
 
 
 def test_early_stop_fires_on_a_fresh_evaluation_that_reaches_the_target(tmp_path):
@@ -209,8 +220,12 @@ def test_preemption_stops_after_a_signal_or_the_service_notice(tmp_path):
   assert run.stop_reason is None
   requests.raised, requests.signal_name = True, 'SIGINT'
   preemption(run, 3, metrics())
-  assert (run.stop_reason, run.stopped_at) == ('preempted', 3)
+  assert (run.stop_reason, run.stopped_at) == ('interrupted', 3)   # Ctrl-C is no preemption
   assert lines == ['SIGINT at step 3: saving a checkpoint and stopping']
+  run, _ = fake_run(tmp_path)
+  requests.signal_name = 'SIGTERM'
+  preemption(run, 3, metrics())
+  assert run.stop_reason == 'preempted'
   run, _ = fake_run(tmp_path)
   service = hooks.Preemption(StopRequests(install=False), FakeCheckpoints(preempt_at=6), multi_process=True)
   for step in range(1, 10):

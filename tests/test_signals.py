@@ -41,7 +41,7 @@ def test_ctrl_c_saves_and_the_run_resumes(mnist_dir, tmp_path):
   text = open(tmp_path / 'first.log').read()
   assert 'Traceback' not in text
   assert 'saving a checkpoint after this step' in text
-  saved = [line for line in text.splitlines() if line.startswith('preempted at step')]
+  saved = [line for line in text.splitlines() if line.startswith('interrupted at step')]   # Ctrl-C, not preemption
   assert saved, text[-2000:]
   step = int(saved[0].split()[3].rstrip(':'))
   assert 3 <= step < 2000 and took < 30
