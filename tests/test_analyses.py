@@ -9,7 +9,7 @@ from capsjax import train
 from capsjax import workdir as workdir_lib
 from capsjax import plots
 from capsjax.programs import figures, sweep
-from capsjax.errors import ConfigError
+from capsjax.errors import ConfigError, RunStopped
 from experiments import sweep_smoke
 from helpers import tiny_config
 
@@ -81,7 +81,11 @@ def test_sweep_command_trains_every_variant_and_ranks_them(mnist_dir, tmp_path):
   config = tiny_config(mnist_dir, num_steps=4)
   config.sweep = sweep_smoke.get_config().sweep
   config.sweep.variants = ('base:', 'fast: learning_rate=3e-3')
-  summary = sweep.run(config, str(tmp_path))
+  config.stop_at_step = 2   # an interrupted variant: resumable, never a KeyError
+  with pytest.raises(RunStopped, match='stopped at step 2 of 4'):
+    sweep.run(config, str(tmp_path))
+  config.stop_at_step = 0
+  summary = sweep.run(config, str(tmp_path))   # the same workdir resumes to the table
   assert [row['name'] for row in summary['rows']] == ['base', 'fast']
   with open(tmp_path / 'sweep.md') as f:
     table = f.read()

@@ -71,9 +71,9 @@ def test_summary_of_the_other_datasets_models(experiment, lines, capsys):
   assert capsys.readouterr().out.strip().splitlines()[-len(lines):] == lines
 
 
-def test_a_program_stopped_inside_a_run_exits_75_and_resumes(mnist_dir, tmp_path):
+def test_a_program_stopped_inside_a_run_exits_75(mnist_dir, tmp_path):
   # The sweep's first variant stops at step 2 (as a preemption would): exit 75, one line
-  # saying where, no traceback; the same workdir then finishes every variant.
+  # saying where, no traceback.
   common = ['--experiment=sweep_smoke', f'--workdir={tmp_path}/w', f'--config.data_dir={mnist_dir}',
             '--config.model.conv1_channels=8', '--config.model.primary_types=2',
             '--config.model.decoder_hidden=(16,32)', '--config.num_train_examples=128',
@@ -81,9 +81,6 @@ def test_a_program_stopped_inside_a_run_exits_75_and_resumes(mnist_dir, tmp_path
             '--config.checkpoint_every_steps=1', '--config.sweep.variants=("base:","fast: learning_rate=3e-3")']
   stopped = run(*common, '--config.stop_at_step=2')
   assert stopped.returncode == 75, stopped.stderr[-2000:]
-  assert 'Traceback' not in stopped.stdout + stopped.stderr
+  assert 'Traceback' not in stopped.stdout + stopped.stderr and not stopped.stderr.strip()
   assert 'stopped at step 2 of 3 (stop_at_step); run again to resume' in stopped.stdout
-  finished = run(*common)
-  assert finished.returncode == 0, finished.stderr[-2000:]
-  assert 'resumed from checkpoint at step 2' in finished.stdout
-  assert (tmp_path / 'w' / 'sweep.md').exists() and (tmp_path / 'w' / 'fast' / 'results.json').exists()
+  # (Resuming the same workdir to the finished table: tests/test_analyses.py, in process.)
