@@ -8,13 +8,15 @@ Without --workdir: the small MNIST CapsNet that ships with capsjax. A file of an
 colour is converted as training converted the run's images (capsjax.data.images: grey or
 RGB, resized to the run's size), then preprocessed as the run's test images. --json
 prints one JSON object per line: {"file", "class", "class_index", "activations"}.
---reconstruct=DIR writes DIR/NAME.png: the input | the decoder's reconstruction from the
+--reconstruct=DIR writes DIR/NAME.png (at least 112 px tall, whole-pixel blocks; NAME
+with the folders that tell same-named files apart): the input | the decoder's reconstruction from the
 predicted class's capsule.
 
 From Python, `Predictor.from_workdir(W).predict(images)` does the same for arrays.
 """
 import json
 import os
+import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -132,15 +134,37 @@ def _padded_batches(images):
     yield chunk, np.concatenate([chunk, np.zeros((PREDICT_BATCH - len(chunk),) + chunk.shape[1:], np.uint8)])
 
 
+# Reconstruction PNGs are scaled up (nearest neighbour, whole pixels) to at least this height.
+MIN_PNG_HEIGHT = 112
+
+
 def _png_names(paths: Sequence[str]) -> List[str]:
-  """A distinct NAME.png per file (a.png, a-1.png for two files named a)."""
-  names, seen = [], {}
-  for path in paths:
-    stem = os.path.splitext(os.path.basename(path))[0] or 'image'
-    count = seen.get(stem, 0)
-    seen[stem] = count + 1
-    names.append(f'{stem}.png' if not count else f'{stem}-{count}.png')
-  return names
+  """A distinct NAME.png per file that says which input it is: the file's name, with as
+  many of its folders as tell apart files of the same name (a/x.png, b/x.png →
+  a_x.png, b_x.png); the same file given twice gets -2."""
+  parts = [[p for p in os.path.normpath(os.path.abspath(path)).split(os.sep) if p] for path in paths]
+  stems = [os.path.splitext(p[-1])[0] or 'image' for p in parts]
+  key = lambda i, depth: tuple(parts[i][len(parts[i]) - 1 - depth:-1]) + (stems[i],)   # depth folders + stem
+  names = []
+  for index, components in enumerate(parts):
+    depth = 0
+    while depth < len(components) - 1 and any(
+        key(other, depth) == key(index, depth) for other in range(len(parts)) if parts[other] != components):
+      depth += 1
+    names.append('_'.join(key(index, depth)))
+  seen: Dict[str, int] = {}
+  unique = []
+  for name in names:
+    seen[name] = seen.get(name, 0) + 1
+    unique.append(f'{name}.png' if seen[name] == 1 else f'{name}-{seen[name]}.png')
+  return unique
+
+
+def enlarged(pixels: np.ndarray, min_height: int = MIN_PNG_HEIGHT) -> np.ndarray:
+  """uint8 [h, w(, c)] scaled up by a whole factor (nearest neighbour: every pixel a block)
+  to at least `min_height` rows."""
+  factor = max(1, -(-min_height // pixels.shape[0]))
+  return np.repeat(np.repeat(pixels, factor, axis=0), factor, axis=1)
 
 
 @cli.main_wrapper
@@ -177,8 +201,12 @@ def main(argv=None):
       print(f'{path}: {result["class"]}  (' + ', '.join(f'{name:>{width}} {value:.3f}' for name, value in ranked)
             + ')', flush=True)
     if args.reconstruct:
-      pair = side_by_side(result['input'], result['reconstruction'])
-      Image.fromarray(pair[..., 0] if pair.shape[-1] == 1 else pair).save(os.path.join(args.reconstruct, png))
+      pair = enlarged(side_by_side(result['input'], result['reconstruction']))
+      written = os.path.join(args.reconstruct, png)
+      Image.fromarray(pair[..., 0] if pair.shape[-1] == 1 else pair).save(written)
+      # (On stderr with --json: stdout stays one JSON object per line.)
+      print(f'wrote {written}: {path} | its reconstruction, {pair.shape[1]}×{pair.shape[0]} px',
+            file=sys.stderr if args.json else sys.stdout, flush=True)
   return 0
 
 

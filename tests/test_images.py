@@ -93,7 +93,17 @@ def test_predict_names_the_classes_of_files(trained, digit_folder, tmp_path):
   assert all(set(row['activations']) == {str(d) for d in range(10)} for row in rows)
   assert all(0 <= value <= 1 for row in rows for value in row['activations'].values())
   pair = np.asarray(Image.open(tmp_path / 'rec' / 'big_rgb.png'))
-  assert pair.shape == (28, 58)   # grey input | reconstruction
+  assert pair.shape == (112, 232)   # grey input | reconstruction, 28 × 58 scaled ×4 (nearest)
+  np.testing.assert_array_equal(pair[::4, ::4], pair[3::4, 3::4])   # whole-pixel blocks
+  wrote = predicted.stderr.strip().splitlines()[-11:]   # one line per file (stderr: stdout is JSON)
+  assert wrote[-1] == f'wrote {tmp_path}/rec/big_rgb.png: {rgb} | its reconstruction, 232×112 px'
+  assert len(set(line.split(':')[0] for line in wrote)) == 11   # a distinct PNG per input
+
+
+def test_reconstruction_names_tell_the_inputs_apart():
+  from capsjax.predict import _png_names  # pylint: disable=g-import-not-at-top
+  assert _png_names(['a/x.png', 'b/x.png', 'c/y.png', 'a/x.png', '/p/q/a/z.jpg', '/p/r/a/z.jpg']) == [
+      'a_x.png', 'b_x.png', 'y.png', 'a_x-2.png', 'q_a_z.png', 'r_a_z.png']
 
 
 def test_predict_function_agrees_with_files(trained, digit_folder):
