@@ -353,7 +353,8 @@ class Checkpointer(Hook):
 
   def save(self, run: Run, step: int) -> None:
     run.check()   # never save parameters from after a non-finite step
-    self.checkpoints.save(run.state, {'wall_time_s': run.wall_time()})
+    # num_steps: what a trained model is "step N of" when predict or the explorer load it.
+    self.checkpoints.save(run.state, {'wall_time_s': run.wall_time(), 'num_steps': run.num_steps})
     self.last_save, self.saved_step = self.clock(), step
 
   def save_before_evaluation(self, run: Run, step: int) -> None:

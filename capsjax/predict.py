@@ -186,6 +186,7 @@ def main(argv=None):
   if args.workdir is None and args.member is not None:
     cli.fail('capsjax.predict: --member needs --workdir (the shipped model is a single run)')
   predictor = Predictor.shipped() if args.workdir is None else Predictor.from_workdir(args.workdir, args.member)
+  print(f'model: {predictor.trained.describe()}', file=sys.stderr, flush=True)   # stdout: the predictions
   if args.reconstruct and not predictor.has_decoder:
     cli.fail(f'capsjax.predict: --reconstruct: {predictor.source} has no decoder')
   results = predictor.predict(predictor.read_files(args.files))

@@ -35,14 +35,30 @@ class TrainedModel:
   model: Any
   params: Any
   source: str
+  step: Optional[int] = None        # the checkpoint's step (None: an export)
+  num_steps: Optional[int] = None   # the run's length, where known
+  finished: Optional[bool] = None   # whether training reached its end (or stopped early, done)
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None, data: Optional[Dict[str, str]] = None,
                    step: Optional[int] = None) -> 'TrainedModel':
     """The run in `workdir` at its latest checkpoint (or `step`), member `member` of an
     ensemble (default: the last); `data` as in load_trained."""
-    config, model, params = load_trained(workdir, data, step)
-    return cls(config, model, select_member(params, member, workdir, bool(config.ensemble)), workdir)
+    config, model, state, progress = _restore(workdir, data, step)
+    at = int(np.asarray(state['step']).reshape(-1)[0])
+    finished_at = _finished_steps(workdir)
+    num_steps = finished_at or progress.get('num_steps') or config.get('num_steps') or None
+    params = select_member(state['params'], member, workdir, bool(config.ensemble))
+    return cls(config, model, params, workdir, at, num_steps, finished_at is not None and at == finished_at)
+
+  def describe(self) -> str:
+    """Which model this is, for the console and the explorer's page: the checkpoint's step,
+    of how many, and whether the run finished."""
+    if self.step is None:
+      return f'{self.source} (exported from {self.config.get("experiment", "a run")})'
+    of = f' of {self.num_steps:,}' if self.num_steps else ''
+    state = 'finished' if self.finished else 'training not finished: this is an intermediate checkpoint'
+    return f'{self.source} at step {self.step:,}{of} ({state})'
 
   @classmethod
   def exported(cls, directory: str, source: Optional[str] = None) -> 'TrainedModel':
@@ -81,6 +97,12 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
   latest checkpoint, or that of `step` (an ensemble's params carry a leading member axis).
   `data` replaces where the data comes from (data_dir, tfds_data_dir: this machine's, not
   the run's)."""
+  config, model, state, _ = _restore(workdir, data, step)
+  return config, model, state['params']
+
+
+def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
+  """(config, model, state, progress) of a checkpoint of the run in `workdir`."""
   config = read_config(workdir)
   config.update(data or {})
   model = assemble.model(config)
@@ -89,8 +111,18 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
   with Checkpoints(workdir, config.keep_checkpoints) as checkpoints:
     if checkpoints.latest_step() is None:
       raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
-    state, _ = checkpoints.restore(template, step)
-  return config, model, state['params']
+    state, progress = checkpoints.restore(template, step)
+  return config, model, state, progress
+
+
+def _finished_steps(workdir: str) -> Optional[int]:
+  """The step count of the run's results.json when it finished, else None."""
+  try:
+    with open(os.path.join(workdir, 'results.json')) as f:
+      results = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return results.get('steps') if isinstance(results, dict) and results.get('completed') else None
 
 
 def check_member(member: int, members: int, workdir: str) -> None:

@@ -137,6 +137,7 @@ def test_info_lists_misclassified_inputs(explorer, url):
   status, info = call(url, '/api/info')
   assert status == 200 and info['mode'] == 'mnist' and info['can_draw']
   assert info['num_examples'] == 50 and len(info['labels']) == 50
+  assert info['model'] == f'{explorer.source} at step 4 of 4 (finished)'   # which checkpoint this is
   wrong = [i for i in range(50) if explorer.predictions[i, 0] != explorer.labels[i]]
   assert info['misclassified'] == wrong
 
@@ -355,8 +356,9 @@ def test_command_serves_then_stops_on_ctrl_c():
   process = subprocess.Popen([sys.executable, '-u', '-m', 'capsjax.explorer', '--port', '0'],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
-    lines = [process.stdout.readline() for _ in range(2)]
-    url = lines[1].split('http://')[1].split('/')[0]
+    lines = [process.stdout.readline() for _ in range(3)]
+    assert lines[1] == 'model: the shipped model (exported from explorer)\n'   # which model it serves
+    url = lines[2].split('http://')[1].split('/')[0]
     status, info = call(f'http://{url}', '/api/info')
     assert status == 200 and info['experiment'] == 'explorer'
     process.send_signal(signal.SIGINT)

@@ -116,6 +116,10 @@ def test_predict_function_agrees_with_files(trained, digit_folder):
   from_array = predictor.predict([np.asarray(Image.open(path)) / 255.0])[0]   # floats in [0, 1], [h, w]
   assert from_file['class'] == from_array['class']
   assert from_file['activations'] == pytest.approx(from_array['activations'], abs=2e-2)
+  # The explorer starts on such a run: every test input there is (fewer than its default 1 000).
+  from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
+  explorer = Explorer.from_workdir(str(workdir))
+  assert len(explorer.labels) == 1797 - TRAIN_DIGITS and explorer.info()['class_names'] == [str(d) for d in range(10)]
 
 
 def test_bad_images_are_one_line_each(digit_folder, tmp_path):

@@ -10,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from capsjax import train
-from capsjax.trained import load_trained
+from capsjax.trained import TrainedModel, load_trained
 from capsjax import workdir as workdir_lib
 from capsjax.errors import CheckpointError, ConfigError, DataError, RunStopped, WorkdirError
 from helpers import tiny_config
@@ -71,6 +71,8 @@ def test_config_is_written_after_the_first_step_and_a_changed_config_is_refused(
   assert json.loads((tmp_path / 'config.json').read_text())['batch_size'] == 32
   loaded_config, _, params = load_trained(str(tmp_path))   # an unfinished run opens
   assert loaded_config.num_steps == 4 and params
+  assert TrainedModel.from_workdir(str(tmp_path)).describe() == (   # and says it is unfinished
+      f'{tmp_path} at step 2 of 4 (training not finished: this is an intermediate checkpoint)')
 
   changed = tiny_config(mnist_dir, num_steps=4, learning_rate=0.5, seed=3)
   with pytest.raises(ConfigError, match=r"another config \(learning_rate: 0.001 → 0.5; seed: 0 → 3\)"):

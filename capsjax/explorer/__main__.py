@@ -57,6 +57,7 @@ def main(argv=None):
     explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images, cli.data_overrides(args))
   serve_explorer(server, explorer)
   host, port = server.server_address[:2]
+  print(f'model: {explorer.trained.describe()}', flush=True)
   print(f'capsule explorer for {explorer.source} ({explorer.config.experiment}, '
         f'{len(explorer.labels)} test inputs): http://{host}:{port}/  (Ctrl-C stops it)', flush=True)
   signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C stops serving, quietly

@@ -117,15 +117,18 @@ class Explorer:
     (`data`: data_dir / tfds_data_dir on this machine, see load_trained)."""
     trained = TrainedModel.from_workdir(workdir, member, data)
     config = ml_collections.ConfigDict(trained.config.to_dict())
-    config.num_test_examples = num_images
+    config.num_test_examples = 0   # the whole test split, of which the first num_images are read
     _, test = assemble.pipelines(config)
-    images, labels = [], []
+    images, labels, count = [], [], 0
     for host_batch, weights in test.eval_batches(min(ENCODE_BATCH, num_images)):
       batch = test.device_batch(test.source, host_batch, None)
       valid = weights > 0
       images.append(np.asarray(batch['images'])[valid])
       labels.append(np.asarray(batch['labels'])[valid])
-    return cls(trained, np.concatenate(images), np.concatenate(labels))
+      count += int(valid.sum())
+      if count >= num_images:   # as many inputs as there are, up to num_images
+        break
+    return cls(trained, np.concatenate(images)[:num_images], np.concatenate(labels)[:num_images])
 
   @classmethod
   def shipped(cls) -> 'Explorer':
@@ -142,6 +145,7 @@ class Explorer:
     return {
         'mode': 'multimnist' if self.multimnist else 'mnist',
         'source': self.source,
+        'model': self.trained.describe(),
         'experiment': self.config.experiment,
         'num_examples': len(self.labels),
         'num_classes': self.num_classes,

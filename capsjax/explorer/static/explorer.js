@@ -361,7 +361,7 @@ async function start() {
   }
   const info = state.info;
   document.body.classList.add(`mode-${info.mode}`);
-  $('source').textContent = `${info.experiment} · ${info.source} · ${info.num_examples} test inputs`;
+  $('source').textContent = `${info.experiment} · ${info.model} · ${info.num_examples} test inputs`;
   $('wide-value').textContent = info.wide_slider_range;
   const [h, w] = info.image_shape;
   $('input-canvas').width = w;
