@@ -23,6 +23,8 @@ from capsjax import sharding
 from capsjax.errors import CheckpointError, CheckpointWriteError
 
 State = Dict[str, Any]
+# Where checkpoints that cannot be read are moved (beside workdir/checkpoints), never deleted.
+DAMAGED_DIR = 'damaged_checkpoints'
 _OS_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO, errno.ENOENT, errno.EPERM)
 
 
@@ -135,9 +137,11 @@ class Checkpoints:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
     except Exception as e:  # orbax raises many types for unreadable / mismatched files.
-      raise CheckpointError(
+      error = CheckpointError(
           f'cannot restore checkpoint step {step} in {self.directory} ({_reason(e)}); '
-          'it was left in place: move it away to start afresh') from None
+          'it was left in place: move it away to start afresh')
+      error.reason = _reason(e)   # for restore_newest_intact's warning
+      raise error from None
     mismatch = _first_shape_mismatch(restored['state'], template)
     if mismatch:
       name, saved, expected = mismatch
@@ -145,6 +149,44 @@ class Checkpoints:
           f'checkpoint step {step} in {self.directory} holds {name} of shape {saved}; this config\'s model '
           f'has {expected}: a change of parameter shapes cannot continue this run (use another --workdir)')
     return jax.tree.map(jnp.asarray, restored['state']), dict(restored['progress'] or {})
+
+  def restore_newest_intact(self, template: State, warn) -> Tuple[State, Dict[str, Any]]:
+    """`restore(template)` of the newest checkpoint that can be read. A newer one that
+    cannot (truncated, corrupted) is set aside as DAMAGED_DIR/STEP beside the checkpoints,
+    never deleted, with one `warn` line naming it; with none intact, the newest one's
+    CheckpointError (all left in place). A checkpoint whose shapes do not fit the config
+    is no damage: that error stands at once."""
+    steps = self.all_steps()
+    if not steps:
+      return template, {}
+    failures = []
+    for step in reversed(steps):
+      try:
+        restored = self.restore(template, step)
+      except CheckpointError as e:
+        if 'this config\'s model' in str(e):
+          raise
+        failures.append((step, e))
+        continue
+      for damaged, error in failures:
+        self._set_aside(damaged)
+        warn(f'warning: checkpoint step {damaged} cannot be read ({getattr(error, "reason", error)}); '
+             f'moved to {os.path.join(self.damaged_directory, str(damaged))}, resuming from step {step}')
+      if failures:
+        self.manager.reload()   # the set-aside steps are gone from its list
+      return restored
+    raise failures[0][1]
+
+  @property
+  def damaged_directory(self) -> str:
+    return os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)
+
+  def _set_aside(self, step: int) -> None:
+    os.makedirs(self.damaged_directory, exist_ok=True)
+    target = os.path.join(self.damaged_directory, str(step))
+    if os.path.exists(target):   # set aside before: keep both
+      target += f'.{len(os.listdir(self.damaged_directory))}'
+    os.replace(os.path.join(self.directory, str(step)), target)
 
   # --------------------------------------------------------------------------- writing
   def keep_steps(self, steps) -> None:

@@ -226,7 +226,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
 
   with ckpt.Checkpoints(workdir, config.keep_checkpoints) as checkpoints, \
        StopRequests(install=not multi_process) as requests:
-    state, progress = checkpoints.restore(program.initial_state)
+    state, progress = checkpoints.restore_newest_intact(program.initial_state, _log)
     state = sharding.replicate(sharding.to_host(state), mesh)
     first_step = ckpt.step_of(state)
     previous = _read_results(workdir)

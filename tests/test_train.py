@@ -133,3 +133,23 @@ def test_corrupt_checkpoint_is_reported_and_left_in_place(mnist_dir, tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('error: cannot restore checkpoint step 2'), result.stderr[-3000:]
+
+
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_an_intact_one(mnist_dir, tmp_path,
+                                                                                        capsys):
+  config = tiny_config(mnist_dir, num_steps=6)
+  with pytest.raises(RunStopped):
+    train.train_and_evaluate(config, str(tmp_path), stop_at_step=4)   # checkpoints 2 and 4
+  files = [os.path.join(root, name) for root, _, names in os.walk(tmp_path / 'checkpoints' / '4') for name in names]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, 'r+b') as f:   # truncated, as a full disk or a killed copy leaves it
+    f.truncate(os.path.getsize(largest) // 2)
+  capsys.readouterr()
+  results = train.train_and_evaluate(config, str(tmp_path))
+  out = capsys.readouterr().out
+  warnings = [line for line in out.splitlines() if line.startswith('warning:')]
+  assert len(warnings) == 1 and 'checkpoint step 4 cannot be read' in warnings[0], out[-2000:]
+  assert warnings[0].endswith(f'moved to {tmp_path}/damaged_checkpoints/4, resuming from step 2')
+  assert 'resumed from checkpoint at step 2' in out and results.steps == 6
+  assert os.path.isdir(tmp_path / 'damaged_checkpoints' / '4')   # set aside, never deleted
+  assert _restore_params(str(tmp_path))[0] == 6
