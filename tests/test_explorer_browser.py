@@ -2,6 +2,7 @@
 reconstruction to the server-side decode of the perturbed vector, a drawn stroke gets a
 prediction, and switching the class capsule decodes that capsule. Never skipped: CI
 installs Chromium (.ci/run)."""
+import os
 import threading
 
 import numpy as np
@@ -15,7 +16,9 @@ from capsjax.explorer import browser
 @pytest.fixture(scope='module')
 def page(tmp_path_factory):
   if browser.missing():
-    pytest.fail(browser.missing())
+    if os.environ.get('CI') == 'true':   # .ci/run installs the browser: never skipped there
+      pytest.fail(browser.missing())
+    pytest.skip(f'{browser.missing()}; a system package, skipped outside CI')
   explorer = Explorer.shipped()
   server = make_server(explorer, '127.0.0.1', 0)
   threading.Thread(target=server.serve_forever, daemon=True).start()
