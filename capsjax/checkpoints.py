@@ -28,6 +28,15 @@ DAMAGED_DIR = 'damaged_checkpoints'
 _OS_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO, errno.ENOENT, errno.EPERM)
 
 
+def newest_step_on_disk(directory: str) -> Optional[int]:
+  """The largest step folder in a checkpoint directory, read from its listing (no orbax)."""
+  try:
+    steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
+  except OSError:
+    return None
+  return max(steps) if steps else None
+
+
 def step_of(state: State) -> int:
   """The step count of a state (an ensemble's members all share it)."""
   return int(np.asarray(sharding.to_host(state['step'])).reshape(-1)[0])

@@ -10,6 +10,7 @@ data-parallel on one `data` mesh (see capsjax.sharding); only process 0 writes f
 import contextlib
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -199,6 +200,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   created = not os.path.exists(os.path.abspath(os.path.expanduser(workdir)))
   workdir = workdir_lib.prepare(workdir)
   is_writer = sharding.is_main_process()
+  finished = _finished(workdir, config)
+  if finished is not None:   # answered from its files: no data read, nothing compiled
+    _log(f'{workdir} is complete ({finished["steps"]} steps): results in {os.path.join(workdir, "results.json")}; '
+         '--config.reevaluate=True evaluates it again')
+    return RunResult.from_results(finished)
   try:
     config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
@@ -337,6 +343,30 @@ def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any]
                                 for g in reports.seed_groups(members, run.last_eval['error'])] if members else None,
       'config': config.to_dict(),
   }
+
+
+def _finished(workdir: str, config) -> Optional[Dict[str, Any]]:
+  """results.json of a finished run of this same config in `workdir` whose newest
+  checkpoint is its last step, or None (then the full set-up decides). Keys the data fills
+  in (an open model.input_shape / num_classes, class_names) are not compared."""
+  previous = _read_results(workdir)
+  if not previous.get('completed') or config.get('reevaluate') or jax.process_count() > 1:
+    return None
+  steps = ckpt.newest_step_on_disk(os.path.join(workdir, 'checkpoints'))
+  saved = workdir_lib.read_config(workdir).to_dict() if steps == previous.get('steps') else None
+  if saved is None:
+    return None
+  open_keys = {key for key, is_open in (('model.input_shape', not tuple(config.model.get('input_shape', (1,)))),
+                                         ('model.num_classes', config.model.get('num_classes') == 0),
+                                         ('class_names', not tuple(config.get('class_names', ('',)))))
+               if is_open}
+  differences = [line for line in workdir_lib.config_differences(saved, config) if line.split(':')[0] not in open_keys]
+  if differences:
+    return None
+  if not config.num_steps and 'num_train_examples' not in previous:
+    return None
+  length = config.num_steps or math.ceil(config.num_epochs * (previous['num_train_examples'] // config.batch_size))
+  return previous if previous['steps'] >= length or previous.get('stopped_early') else None
 
 
 def describe_devices() -> str:

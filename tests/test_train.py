@@ -79,6 +79,10 @@ def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_p
       f'{tmp_path} is complete (4 steps): results in {tmp_path / "results.json"}; '
       '--config.reevaluate=True evaluates it again']
   assert (tmp_path / 'metrics.jsonl').read_text() == metrics   # nothing evaluated or written
+  # Answered from its files: no data is read (the data folder, a runtime key, is gone here).
+  elsewhere = tiny_config(str(tmp_path / 'no_data_here'), num_steps=4)
+  assert train.train_and_evaluate(elsewhere, str(tmp_path))['test_accuracy'] == first['test_accuracy']
+  assert capsys.readouterr().out.startswith(f'{tmp_path} is complete (4 steps)')
   config.reevaluate = True   # a runtime key: the workdir's config still matches
   assert train.train_and_evaluate(config, str(tmp_path))['test_accuracy'] == first['test_accuracy']
   assert 'step 4: evaluating' in capsys.readouterr().out
