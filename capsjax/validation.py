@@ -432,13 +432,20 @@ ALLOWED_TEXT = {
 }
 
 
+def _general(key: str) -> str:
+  """A dotted key without a comparison model's prefix (baseline.model.x → model.x)."""
+  return key.split('.', 1)[1] if key.split('.')[0] in COMPARISON_MODELS else key
+
+
 def allowed(key: str) -> str:
   """What config.KEY allows (dotted key; comparison models share the model/loss rules), or ''."""
-  general = key.split('.', 1)[1] if key.split('.')[0] in COMPARISON_MODELS else key
+  general = _general(key)
   if general.startswith('model.'):
     rule = MODEL_RULES.get(general[len('model.'):])
   elif general.startswith('loss.'):
     rule = LOSS_RULES.get(general[len('loss.'):])
+  elif general == 'enabled':   # baseline.enabled, cnn.enabled
+    rule = RUN_RULES.get(f'{key.split(".")[0]}.enabled')
   else:
     rule = RUN_RULES.get(general)
   return str(rule[1]) if rule else ALLOWED_TEXT.get(general, '')
@@ -446,15 +453,5 @@ def allowed(key: str) -> str:
 
 def key_help(key: str) -> str:
   """'description [allowed]' of a config key (dotted), for --help; '' when undescribed."""
-  general = key.split('.', 1)[1] if key.split('.')[0] in COMPARISON_MODELS else key
-  if general.startswith('model.'):
-    rule = MODEL_RULES.get(general[len('model.'):])
-  elif general.startswith('loss.'):
-    rule = LOSS_RULES.get(general[len('loss.'):])
-  else:
-    rule = RUN_RULES.get(general)
-  if rule is None and general == 'enabled':
-    rule = RUN_RULES[f'{key.split(".")[0]}.enabled']
-  allowed = str(rule[1]) if rule else ALLOWED_TEXT.get(general, '')
-  description = DESCRIPTIONS.get(general, '')
-  return f'{description} [{allowed}]' if description and allowed else description
+  description, allowed_values = DESCRIPTIONS.get(_general(key), ''), allowed(key)
+  return f'{description} [{allowed_values}]' if description and allowed_values else description
