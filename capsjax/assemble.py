@@ -84,16 +84,11 @@ def has_decoder(config) -> bool:
   return MODELS[config.model.name].has_decoder(config.model)
 
 
-def wants_routing_probe(config) -> bool:
-  """A single run of a family and routing that expose routing logits, with probe iterations."""
-  family = MODELS[config.model.name]
-  return bool(config.get('routing_probe_iterations')) and not config.get('ensemble') and \
-      family.routing_probe and ROUTINGS[config.model.routing].returns_logits
-
-
 def routing_probe(config, model_module, pipeline):
-  """capsjax.steps.make_routing_probe for this run, or None where it does not apply."""
-  if not wants_routing_probe(config):
+  """capsjax.steps.make_routing_probe for this run, or None where it does not apply: only a
+  single run of a family and routing that expose routing logits, with probe iterations."""
+  if not (config.get('routing_probe_iterations') and not config.get('ensemble')
+          and MODELS[config.model.name].routing_probe and ROUTINGS[config.model.routing].returns_logits):
     return None
   return steps.make_routing_probe(model_module, pipeline, config.routing_probe_iterations,
                                   config.routing_probe_examples, config.eval_batch_size)

@@ -9,8 +9,6 @@ data-parallel on one `data` mesh (see capsjax.sharding); only process 0 writes f
 """
 import contextlib
 import dataclasses
-import json
-import math
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -49,10 +47,6 @@ class RunResult:
   selected_by_validation: Optional[Dict[str, Any]]
   results: Dict[str, Any]
 
-  @property
-  def completed(self) -> bool:
-    return True
-
   @classmethod
   def from_results(cls, results: Dict[str, Any]) -> 'RunResult':
     return cls(steps=results['steps'], num_params=results['num_params'], test_error=results['test_error'],
@@ -63,12 +57,6 @@ class RunResult:
 
   def __getitem__(self, key: str) -> Any:
     return self.results[key]
-
-  def get(self, key: str, default: Any = None) -> Any:
-    return self.results.get(key, default)
-
-  def __contains__(self, key: str) -> bool:
-    return key in self.results
 
 
 def _log(message: str) -> None:
@@ -202,9 +190,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   is_writer = sharding.is_main_process()
   finished = _finished(workdir, config)
   if finished is not None:   # answered from its files: no data read, nothing compiled
-    _log(f'{workdir} is complete ({finished["steps"]} steps): results in {os.path.join(workdir, "results.json")}; '
-         '--config.reevaluate=True evaluates it again')
-    return RunResult.from_results(finished)
+    return _complete(workdir, finished)
   try:
     config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
@@ -235,13 +221,11 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     state, progress = checkpoints.restore_newest_intact(program.initial_state, _log)
     state = sharding.replicate(sharding.to_host(state), mesh)
     first_step = ckpt.step_of(state)
-    previous = _read_results(workdir)
+    previous = workdir_lib.read_results(workdir)
     complete = previous.get('completed') and previous.get('steps') == first_step and (
         first_step >= num_steps or previous.get('stopped_early'))
     if complete and not config.get('reevaluate'):
-      _log(f'{workdir} is complete ({first_step} steps): results in {os.path.join(workdir, "results.json")}; '
-           '--config.reevaluate=True evaluates it again')
-      return RunResult.from_results(previous)
+      return _complete(workdir, previous)
     if previous.get('stopped_early') and previous.get('steps') == first_step:
       num_steps = first_step   # a run that stopped early is finished
     metrics_log = workdir_lib.MetricsLog(workdir, is_writer, EventWriter(workdir))
@@ -345,11 +329,17 @@ def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any]
   }
 
 
+def _complete(workdir: str, results: Dict[str, Any]) -> RunResult:
+  _log(f'{workdir} is complete ({results["steps"]} steps): results in {os.path.join(workdir, "results.json")}; '
+       '--config.reevaluate=True evaluates it again')
+  return RunResult.from_results(results)
+
+
 def _finished(workdir: str, config) -> Optional[Dict[str, Any]]:
   """results.json of a finished run of this same config in `workdir` whose newest
   checkpoint is its last step, or None (then the full set-up decides). Keys the data fills
   in (an open model.input_shape / num_classes, class_names) are not compared."""
-  previous = _read_results(workdir)
+  previous = workdir_lib.read_results(workdir)
   if not previous.get('completed') or config.get('reevaluate') or jax.process_count() > 1:
     return None
   steps = ckpt.newest_step_on_disk(os.path.join(workdir, 'checkpoints'))
@@ -365,7 +355,7 @@ def _finished(workdir: str, config) -> Optional[Dict[str, Any]]:
     return None
   if not config.num_steps and 'num_train_examples' not in previous:
     return None
-  length = config.num_steps or math.ceil(config.num_epochs * (previous['num_train_examples'] // config.batch_size))
+  length = assemble.total_steps(config, previous.get('num_train_examples', 0))
   return previous if previous['steps'] >= length or previous.get('stopped_early') else None
 
 
@@ -374,12 +364,3 @@ def describe_devices() -> str:
   processes = jax.process_count()
   return (f'{jax.device_count()} × {jax.devices()[0].device_kind} ({jax.default_backend()})'
           + (f' over {processes} processes' if processes > 1 else ''))
-
-
-def _read_results(workdir: str) -> Dict[str, Any]:
-  path = os.path.join(workdir, 'results.json')
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return {}

@@ -19,7 +19,7 @@ from capsjax.data.tasks import TASKS
 from capsjax.errors import CheckpointError
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
-from capsjax.workdir import MetricsLog, read_config
+from capsjax.workdir import MetricsLog, read_config, read_results
 
 # The small MNIST CapsNet that ships with the package (experiments/explorer.py), exported
 # with its sample of test images: what predict and the explorer serve without --workdir.
@@ -46,7 +46,8 @@ class TrainedModel:
     ensemble (default: the last); `data` as in load_trained."""
     config, model, state, progress = _restore(workdir, data, step)
     at = int(np.asarray(state['step']).reshape(-1)[0])
-    finished_at = _finished_steps(workdir)
+    results = read_results(workdir)
+    finished_at = results.get('steps') if results.get('completed') else None
     num_steps = finished_at or progress.get('num_steps') or config.get('num_steps') or None
     params = select_member(state['params'], member, workdir, bool(config.ensemble))
     return cls(config, model, params, workdir, at, num_steps, finished_at is not None and at == finished_at)
@@ -113,16 +114,6 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
       raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
     state, progress = checkpoints.restore(template, step)
   return config, model, state, progress
-
-
-def _finished_steps(workdir: str) -> Optional[int]:
-  """The step count of the run's results.json when it finished, else None."""
-  try:
-    with open(os.path.join(workdir, 'results.json')) as f:
-      results = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return results.get('steps') if isinstance(results, dict) and results.get('completed') else None
 
 
 def check_member(member: int, members: int, workdir: str) -> None:

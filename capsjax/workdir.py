@@ -183,6 +183,16 @@ def with_defaults(stored: Dict[str, Any], fallback: Dict[str, Any]) -> Dict[str,
   return merged
 
 
+def read_results(workdir: str) -> Dict[str, Any]:
+  """The run's results.json, or {} where there is none (or it cannot be read)."""
+  try:
+    with open(os.path.join(workdir, 'results.json')) as f:
+      results = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return results if isinstance(results, dict) else {}
+
+
 def write_json(path: str, value) -> None:
   temporary = path + '.tmp'
   with open(temporary, 'w') as f:
