@@ -96,6 +96,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.allow_config_change = False
   # Running a finished workdir again says so and exits at once; True evaluates it again.
   config.reevaluate = False
+  # The run's peak memory is estimated before compiling (capsjax.memory) and shown in the
+  # header; a run that cannot fit is refused with one line. False: try anyway.
+  config.check_memory = True
   # The function that runs the experiment (see run.py): 'train', or a program of
   # capsjax.programs that calls the training loop itself.
   config.program = 'train'

@@ -135,7 +135,7 @@ def make_eval_step(objective, model, pipeline, ensemble: bool = False):
   return jax.jit(eval_step)   # shardings follow the (global) arguments
 
 
-def _eval_batches(pipeline, batch_size: int, mesh):
+def eval_batches(pipeline, batch_size: int, mesh):
   """The evaluation batches; with `mesh`, global arrays of which this process read only
   its rows."""
   if mesh is None:
@@ -156,7 +156,7 @@ def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None
   is split over the data axis (`source`: the pipeline's source, replicated)."""
   source = pipeline.source if source is None else source
   totals = None
-  for host_batch, weights in _eval_batches(pipeline, batch_size, mesh):
+  for host_batch, weights in eval_batches(pipeline, batch_size, mesh):
     if should_stop is not None and should_stop():   # between batches: acted on within a batch's time
       raise EvaluationInterrupted()
     sums = eval_step(params, source, host_batch, weights, knobs)
@@ -189,7 +189,7 @@ def make_routing_probe(model, pipeline, iterations: int, examples: int, batch_si
             'coupling_changes': coupling_changes(logits)}                   # [iterations]
 
   def probe(params, mesh=None, source=None):
-    host_batch, _ = next(_eval_batches(pipeline, batch_size, mesh))
+    host_batch, _ = next(eval_batches(pipeline, batch_size, mesh))
     source = pipeline.source if source is None else source
     return {k: v.tolist() for k, v in sharding.to_host(changes(params, source, host_batch)).items()}
 

@@ -9,8 +9,9 @@ data-parallel on one `data` mesh (see capsjax.sharding); only process 0 writes f
 """
 import contextlib
 import dataclasses
+import functools
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import ml_collections
@@ -18,7 +19,7 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import assemble, reports, sharding, steps
+from capsjax import assemble, memory, reports, sharding, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
@@ -74,10 +75,21 @@ class Program:
   evaluate: Callable[[Any], Dict[str, Any]]  # params → test metrics
   validate: Optional[Callable[[Any], Dict[str, Any]]]   # params → validation metrics
   probes: List[Callable[[Any], Dict[str, Any]]]
-  initial_state: Any
+  make_state: Callable[[], Any]        # the fresh state (allocated when first asked for)
   members: Optional[List[Dict[str, Any]]]
   # params → uint8 [n, h, 2w + 2, c]: test inputs | reconstructions (TensorBoard), or None
   reconstruct: Optional[Callable[[Any], np.ndarray]] = None
+  # abstract state → {what: (estimated peak bytes per device, the setting that lowers it)}
+  # (capsjax.memory): traced, nothing allocated
+  memory_estimates: Optional[Callable[[Any], Dict[str, Tuple[int, str]]]] = None
+
+  @functools.cached_property
+  def abstract_state(self):
+    return jax.eval_shape(self.make_state)
+
+  @functools.cached_property
+  def initial_state(self):
+    return self.make_state()
 
   def train_step(self, state, step: int):
     """(state, step) → (state, metrics); the state is donated."""
@@ -125,8 +137,23 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   reconstruct = None
   if not ensemble and assemble.has_decoder(config):
     reconstruct = _reconstructions(model, test)
+
+  def memory_estimates(abstract_state):
+    """Peak bytes per device of a training step and of an evaluation batch, from their
+    traces: the batch-dependent part is split over the mesh's devices."""
+    state_bytes = sum(memory.array_bytes(leaf) for leaf in jax.tree.leaves(abstract_state))
+    per_device = lambda total: state_bytes + (total - state_bytes) // mesh.size
+    host_batch, weights = next(steps.eval_batches(test, config.eval_batch_size, mesh))
+    eval_args = (abstract_state['params'], test_source, host_batch, weights, knobs)
+    return {f'training at batch_size={config.batch_size}': (
+                per_device(memory.traced_peak_bytes(train_step, *step_arguments(abstract_state, 0))),
+                'lower config.batch_size or the model\'s size'),
+            f'evaluation at eval_batch_size={config.eval_batch_size}': (
+                per_device(memory.traced_peak_bytes(eval_step, *eval_args)), 'lower config.eval_batch_size')}
+
   return Program(train_step, step_arguments, evaluate, validate, probes,
-                 assemble.initial_state(config, model, optimizer), members, reconstruct)
+                 lambda: assemble.initial_state(config, model, optimizer), members, reconstruct,
+                 memory_estimates)
 
 
 RECONSTRUCTED_EXAMPLES = 8
@@ -213,7 +240,11 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   model = assemble.model(config)
   program = build_program(config, model, train, test, mesh, validation)
   members = program.members
-  num_params = count_params(program.initial_state['params']) // (len(members) if members else 1)
+  num_params = count_params(program.abstract_state['params']) // (len(members) if members else 1)
+  memory_estimates = program.memory_estimates(program.abstract_state)
+  available = memory.available_bytes()
+  if config.get('check_memory', True):   # before the state is allocated or a step compiled
+    memory.check_fits(memory_estimates, available)
   multi_process = jax.process_count() > 1
 
   with ckpt.Checkpoints(workdir, config.keep_checkpoints) as checkpoints, \
@@ -243,7 +274,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
          f'examples, {num_steps} steps of {config.batch_size} ({run.epoch(num_steps):.2f} epochs)'
          + (f', {len(members)} members in one vmapped program' if members else '')
-         + f'; {describe_devices()}')
+         + f'; {describe_devices()}; {memory.describe(memory_estimates, available)}')
     hooks, evaluator = default_hooks(config, run, checkpoints, requests, multi_process, program.probes,
                                      program.validate, program.reconstruct,
                                      metrics_log.read() if program.validate else ())

@@ -32,7 +32,7 @@ RUNTIME_KEYS = frozenset({
     'data_dir', 'tfds_data_dir', 'host_images', 'log_every_steps', 'eval_every_steps', 'eval_batch_size',
     'checkpoint_every_steps', 'checkpoint_every_secs', 'keep_checkpoints', 'stop_at_step',
     'distributed', 'coordinator_address', 'num_processes', 'process_id', 'distributed_timeout_s',
-    'allow_config_change', 'reevaluate', 'routing_probe_examples', 'routing_probe_iterations',
+    'allow_config_change', 'reevaluate', 'check_memory', 'routing_probe_examples', 'routing_probe_iterations',
     # Names only: a run started before class names were recorded has none.
     'class_names',
 })

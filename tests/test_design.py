@@ -18,7 +18,7 @@ PACKAGE = os.path.join(ROOT, 'capsjax')
 
 # Lowest first; a module may import its own layer and the layers below it.
 LAYERS = [
-    ('errors', 'registry', 'formulations', 'ops', 'cli', 'events', 'runtime', 'sharding'),
+    ('errors', 'registry', 'formulations', 'ops', 'cli', 'events', 'runtime', 'sharding', 'memory'),
     ('routing', 'losses'),
     ('layers',),
     ('models',),

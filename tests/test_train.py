@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from capsjax import train
+from capsjax import memory, train
 from capsjax.errors import CheckpointError, NaNLossError, RunStopped
 from experiments import mnist
 from helpers import tiny_config
@@ -67,10 +67,14 @@ def test_resumed_run_equals_uninterrupted_run(mnist_dir, tmp_path):
   assert results_a['devices'] == {'count': jax.device_count(), 'kind': jax.devices()[0].device_kind, 'processes': 1}
 
 
-def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_path, capsys):
-  config = tiny_config(mnist_dir, num_steps=4)
+def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_path, capsys, monkeypatch):
+  # No memory to speak of, but --config.check_memory=False: the run is tried anyway.
+  monkeypatch.setattr(memory, 'available_bytes', lambda device=None: 1)
+  config = tiny_config(mnist_dir, num_steps=4, check_memory=False)
   first = train.train_and_evaluate(config, str(tmp_path))
-  assert f'; {jax.device_count()} × {jax.devices()[0].device_kind}' in capsys.readouterr().out   # the header
+  header = capsys.readouterr().out
+  assert f'; {jax.device_count()} × {jax.devices()[0].device_kind}' in header
+  assert '; peak memory ≈ 0.' in header and ' GB estimated (0.00 GB available)' in header
   metrics = (tmp_path / 'metrics.jsonl').read_text()
   again = train.train_and_evaluate(config, str(tmp_path))
   out = capsys.readouterr().out
@@ -86,6 +90,7 @@ def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_p
   config.reevaluate = True   # a runtime key: the workdir's config still matches
   assert train.train_and_evaluate(config, str(tmp_path))['test_accuracy'] == first['test_accuracy']
   assert 'step 4: evaluating' in capsys.readouterr().out
+  monkeypatch.undo()
   longer = tiny_config(mnist_dir, num_steps=6, allow_config_change=True)   # more steps: not complete
   assert train.train_and_evaluate(longer, str(tmp_path))['steps'] == 6
 

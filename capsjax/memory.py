@@ -1,0 +1,165 @@
+"""A run's peak memory, estimated before anything is compiled or allocated.
+
+The estimate walks the jaxpr of a jitted step in program order: its arguments stay live
+throughout, every equation's outputs are allocated where they are produced and freed after
+their last use (an output of the shape and dtype of an input read for the last time takes
+that input's buffer, as XLA's buffer assignment does), and an equation that holds a sub-program (a loop body, a nested jit, a
+custom gradient) adds that sub-program's own peak above its inputs. XLA fuses element-wise
+chains and reuses buffers, so the true peak is usually lower; the walk never misses a
+large tensor (û of the whole evaluation batch, a 10 000-class weight), which is what a run
+that cannot fit is made of. Tracing costs what the first step's trace costs anyway (about
+a second for the paper's model) and allocates nothing.
+"""
+
+import os
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+from capsjax.errors import ConfigError
+
+
+def array_bytes(aval) -> int:
+  """Bytes of an array or abstract value (0 for anything without a shape and dtype)."""
+  shape = getattr(aval, 'shape', None)
+  dtype = getattr(aval, 'dtype', None)
+  if shape is None or dtype is None:
+    return 0
+  try:
+    itemsize = np.dtype(dtype).itemsize
+  except TypeError:   # PRNG keys and other extended dtypes: a few words per element
+    itemsize = 8
+  return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
+def _sub_jaxprs(params: Dict[str, Any]) -> Iterable[Any]:
+  for value in params.values():
+    for item in (value if isinstance(value, (tuple, list)) else (value,)):
+      if isinstance(item, jex_core.ClosedJaxpr):
+        yield item.jaxpr
+      elif isinstance(item, jex_core.Jaxpr):
+        yield item
+
+
+def _is_var(atom) -> bool:
+  return isinstance(atom, jex_core.Var) and not isinstance(atom, jex_core.Literal)
+
+
+def _same_buffer(a, b) -> bool:
+  return getattr(a, 'shape', None) == getattr(b, 'shape', None) and getattr(a, 'dtype', 0) == getattr(b, 'dtype', 1)
+
+
+def jaxpr_peak_bytes(jaxpr) -> int:
+  """The largest sum of live buffers while `jaxpr` runs in program order (its inputs and
+  constants included)."""
+  last_use = {}
+  for index, eqn in enumerate(jaxpr.eqns):
+    for atom in eqn.invars:
+      if _is_var(atom):
+        last_use[atom] = index
+  for atom in jaxpr.outvars:
+    if _is_var(atom):
+      last_use[atom] = len(jaxpr.eqns)    # outputs stay live to the end
+  arguments = list(jaxpr.invars) + list(jaxpr.constvars)
+  live = sum(array_bytes(var.aval) for var in arguments)
+  for var in arguments:                   # arguments are the caller's: never freed here
+    last_use[var] = len(jaxpr.eqns)
+  peak = live
+  for index, eqn in enumerate(jaxpr.eqns):
+    inner = 0
+    for sub in _sub_jaxprs(eqn.params):   # its own peak above the inputs it shares with us
+      inner = max(inner, jaxpr_peak_bytes(sub) - sum(array_bytes(var.aval) for var in sub.invars))
+    dying = [atom for atom in set(a for a in eqn.invars if _is_var(a)) if last_use.get(atom) == index]
+    produced = 0
+    for var in eqn.outvars:   # an output the size of an input read for the last time reuses it
+      reused = next((atom for atom in dying if _same_buffer(atom.aval, var.aval)), None)
+      if reused is not None:
+        dying.remove(reused)
+        live -= array_bytes(reused.aval)
+      produced += array_bytes(var.aval)
+    peak = max(peak, live + max(inner, produced))
+    live += produced
+    for atom in dying:
+      live -= array_bytes(atom.aval)
+    for var in eqn.outvars:               # outputs nobody reads
+      if var not in last_use:
+        live -= array_bytes(var.aval)
+  return peak
+
+
+def traced_peak_bytes(jitted, *args) -> int:
+  """The estimate for one call of the jitted function `jitted` on `args` (arrays or
+  jax.ShapeDtypeStruct: nothing is allocated)."""
+  return jaxpr_peak_bytes(jitted.trace(*args).jaxpr.jaxpr)
+
+
+def _cgroup_limit() -> Optional[int]:
+  """The container's memory limit left (cgroup v2, then v1), or None."""
+  for limit_file, usage_file in (('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory.current'),
+                                 ('/sys/fs/cgroup/memory/memory.limit_in_bytes',
+                                  '/sys/fs/cgroup/memory/memory.usage_in_bytes')):
+    try:
+      with open(limit_file) as f:
+        text = f.read().strip()
+      if text == 'max' or int(text) >= 1 << 60:
+        return None
+      with open(usage_file) as f:
+        return int(text) - int(f.read().strip())
+    except (OSError, ValueError):
+      continue
+  return None
+
+
+def available_bytes(device=None) -> Optional[int]:
+  """Memory a run may still take on `device` (default the first): an accelerator's
+  free memory from its allocator's statistics; on the CPU, the host's available memory
+  (MemAvailable, capped by a container's limit). None where nothing says."""
+  device = device or jax.local_devices()[0]
+  if device.platform != 'cpu':
+    stats = device.memory_stats() or {}
+    if 'bytes_limit' in stats:
+      return int(stats['bytes_limit']) - int(stats.get('bytes_in_use', 0))
+    return None
+  available = None
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          available = int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  limit = _cgroup_limit()
+  if limit is not None:
+    available = limit if available is None else min(available, limit)
+  if available is None and hasattr(os, 'sysconf'):
+    try:
+      available = os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+    except (ValueError, OSError):
+      pass
+  return available
+
+
+def gigabytes(num_bytes: int) -> str:
+  return f'{num_bytes / 1e9:.2f} GB' if num_bytes < 1e11 else f'{num_bytes / 1e9:.0f} GB'
+
+
+def check_fits(estimates: Dict[str, Tuple[int, str]], available: Optional[int]) -> None:
+  """One ConfigError line naming each of `estimates` (what → (bytes per device, the setting
+  that lowers it)) that is more than `available`."""
+  if available is None:
+    return
+  too_large = [(what, needed, advice) for what, (needed, advice) in estimates.items() if needed > available]
+  if too_large:
+    needs = ' and '.join(f'{what} needs about {gigabytes(needed)}' for what, needed, _ in too_large)
+    advice = '; '.join(dict.fromkeys(advice for _, _, advice in too_large))
+    raise ConfigError(f'{needs} (estimated before compiling), more than the {gigabytes(available)} of memory '
+                      f'available: {advice} (or --config.check_memory=False to try anyway)')
+
+
+def describe(estimates: Dict[str, Tuple[int, str]], available: Optional[int]) -> str:
+  """The header's words: 'peak memory ≈ 1.05 GB estimated (19.80 GB available)'."""
+  needed = max(value[0] for value in estimates.values())
+  return f'peak memory ≈ {gigabytes(needed)} estimated' + (
+      f' ({gigabytes(available)} available)' if available is not None else '')
