@@ -8,6 +8,8 @@ import signal
 import sys
 from typing import Callable, NoReturn, Optional, Sequence
 
+import tqdm
+
 from capsjax.errors import CapsjaxError, CheckpointWriteError, RunStopped
 
 
@@ -31,6 +33,19 @@ def run_program(main: Callable[[], int]) -> NoReturn:
   """The `__main__` of a command line: `sys.exit(main())` as a program."""
   as_program()
   sys.exit(main())
+
+
+def say(what: str) -> None:
+  """A line saying what a program is doing now (at once: before the work, not after)."""
+  print(what, flush=True)
+
+
+def progress(iterable=None, *, what: str, total: Optional[int] = None, unit: str = 'it', disable: bool = False):
+  """tqdm's bar on stderr for work of more than a few seconds: `what`, the count, the rate
+  and the ETA. On a terminal it redraws in place; in a log (no terminal) it writes a
+  line at most every 10 s, and the final count."""
+  return tqdm.tqdm(iterable, desc=what, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                   mininterval=0.2 if sys.stderr.isatty() else 10.0, smoothing=0.1, disable=disable)
 
 
 def fail(message: str, status: int = 2, hard: bool = False) -> NoReturn:

@@ -95,11 +95,14 @@ class Predictor:
       return activations, None
     return activations, self.model.apply(variables, capsules, longest_capsule_mask(activations), method='decode')
 
-  def classify(self, images_uint8: np.ndarray) -> np.ndarray:
+  def classify(self, images_uint8: np.ndarray, what: Optional[str] = None) -> np.ndarray:
     """The class index of each image of a uint8 batch of the run's shape (no
-    reconstructions): what a test error is counted from."""
-    classes = [np.asarray(self._classes(self.params, padded))[:len(chunk)]
-               for chunk, padded in _padded_batches(images_uint8)]
+    reconstructions): what a test error is counted from. `what`: a progress bar of that name."""
+    classes = []
+    with cli.progress(what=what or '', total=len(images_uint8), unit='images', disable=what is None) as bar:
+      for chunk, padded in _padded_batches(images_uint8):
+        classes.append(np.asarray(self._classes(self.params, padded))[:len(chunk)])
+        bar.update(len(chunk))
     return np.concatenate(classes) if classes else np.zeros((0,), np.int64)
 
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:

@@ -235,6 +235,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   mesh = sharding.data_mesh()
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
+  _log(f'{config.experiment}: reading the data ({config.dataset}) and tracing the model…')
   train, test, validation = assemble.splits(config)
   num_steps = assemble.total_steps(config, train.num_examples)
   model = assemble.model(config)

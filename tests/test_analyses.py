@@ -33,7 +33,7 @@ def test_reconstruction_columns_show_each_failure_from_label_and_prediction():
   assert columns[3:] == [(3, 3, 8, 3), (3, 3, 8, 8), (5, 7, 1, 7), (5, 7, 1, 1)]
 
 
-def test_figures_command_on_a_trained_run(mnist_dir, tmp_path):
+def test_figures_command_on_a_trained_run(mnist_dir, tmp_path, capsys):
   config = tiny_config(mnist_dir, num_steps=4)
   config.eval_every_steps = 2                # the routing probe runs at every evaluation
   workdir = str(tmp_path / 'run')
@@ -46,7 +46,12 @@ def test_figures_command_on_a_trained_run(mnist_dir, tmp_path):
   stored = json.loads(open(os.path.join(workdir, 'config.json')).read())
   stored['data_dir'] = str(tmp_path / 'moved')
   workdir_lib.write_json(os.path.join(workdir, 'config.json'), stored)
+  capsys.readouterr()
   assert figures.main(['--workdir', workdir, '--digits', '2', '--num', '200', f'--config.data_dir={mnist_dir}']) == 0
+  said = capsys.readouterr()   # what it does, first; then bars with counts (stderr)
+  assert said.out.splitlines()[:2] == [f'figures of {workdir}: loading the trained model…',
+                                       f'model: {workdir} at step 4 of 4 (finished); reading 200 test images…']
+  assert 'classifying: 100%' in said.err and '200/200' in said.err and 'drawing figures: 100%' in said.err
   assert json.loads(open(os.path.join(workdir, 'config.json')).read())['data_dir'] == str(tmp_path / 'moved')
   for name in ('reconstructions.png', 'routing_convergence.png', 'figures.json'):
     assert os.path.getsize(os.path.join(workdir, name)) > 1000

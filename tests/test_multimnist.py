@@ -139,7 +139,7 @@ def test_paper_parameter_counts():
   assert count_params(shapes(baseline)) == 24_563_978    # paper: 24.56M
 
 
-def test_short_training_beats_chance(mnist_dir, tmp_path):
+def test_short_training_beats_chance(mnist_dir, tmp_path, capsys):
   config = multimnist_config.get_config()
   config.data_dir = mnist_dir
   config.model.conv1_channels = 32
@@ -159,7 +159,11 @@ def test_short_training_beats_chance(mnist_dir, tmp_path):
   assert results['test_digit_accuracy'] > 0.4, results
   assert json.loads((tmp_path / 'results.json').read_text())['config']['task'] == 'multimnist'
   # Figure 5 and the segmentation IoU from the trained run.
+  capsys.readouterr()
   segmentation.main(['--workdir', str(tmp_path), '--num', '100', '--rows', '4'])
+  said = capsys.readouterr()   # what it does first, then a bar with the count
+  assert said.out.startswith(f'segmentation of {tmp_path}: loading the trained model…\nmodel: {tmp_path} at step')
+  assert 'reconstructing: 100%' in said.err and '100/100' in said.err
   report = json.loads((tmp_path / 'segmentation.json').read_text())
   assert report['num_examples'] == 100 and 0.0 < report['mean_iou'] < 1.0
   assert (tmp_path / 'multimnist_reconstructions.png').read_bytes()[:4] == b'\x89PNG'

@@ -9,6 +9,8 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
+from capsjax import cli
+
 # config.host_images: 'memory' (each split whole), 'rows' (on demand), 'auto' (rows on
 # several processes).
 HOST_IMAGES = ('auto', 'memory', 'rows')
@@ -68,7 +70,14 @@ class ImageRows:
 
   def __array__(self, dtype=None, copy=None):
     del copy  # always a new array
-    images = np.empty(self.shape, np.uint8)
-    for start in range(0, len(self), CHUNK_ROWS):
-      images[start:start + CHUNK_ROWS] = self[np.arange(start, min(start + CHUNK_ROWS, len(self)))]
+    images = self.read_all()
     return images if dtype is None else images.astype(dtype)
+
+  def read_all(self, what: Optional[str] = None) -> np.ndarray:
+    """Every row, in chunks of CHUNK_ROWS; `what`: a progress bar of that name."""
+    images = np.empty(self.shape, np.uint8)
+    with cli.progress(what=what or '', total=len(self), unit='images', disable=what is None) as bar:
+      for start in range(0, len(self), CHUNK_ROWS):
+        images[start:start + CHUNK_ROWS] = self[np.arange(start, min(start + CHUNK_ROWS, len(self)))]
+        bar.update(min(CHUNK_ROWS, len(self) - start))
+    return images

@@ -46,18 +46,18 @@ def main(argv=None):
   if server.allowed_hosts is None:
     print(f'warning: listening on {args.host}, beyond this machine: anyone who can reach it can use the '
           'explorer', file=sys.stderr, flush=True)
-  print('loading the model and encoding the test inputs…', flush=True)
+  cli.say(f'loading {"the model in " + args.workdir if args.workdir else "the shipped model"}…')
   if args.workdir is None:
     if args.member is not None:
       cli.fail('capsjax.explorer: --member needs --workdir (the shipped model is a single run)')
     if cli.data_overrides(args):
       cli.fail('capsjax.explorer: --data_dir / --tfds_data_dir need --workdir (the shipped model has its images)')
-    explorer = Explorer.shipped()
+    explorer = Explorer.shipped(show_progress=True)
   else:
-    explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images, cli.data_overrides(args))
+    explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images, cli.data_overrides(args),
+                                     show_progress=True)
   serve_explorer(server, explorer)
   host, port = server.server_address[:2]
-  print(f'model: {explorer.trained.describe()}', flush=True)
   print(f'capsule explorer for {explorer.source} ({explorer.config.experiment}, '
         f'{len(explorer.labels)} test inputs): http://{host}:{port}/  (Ctrl-C stops it)', flush=True)
   signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C stops serving, quietly

@@ -17,7 +17,7 @@ from PIL import Image
 
 from capsjax.trained import SHIPPED, TrainedModel
 from capsjax.data.pipeline import preprocess
-from capsjax import assemble
+from capsjax import assemble, cli
 from capsjax.errors import CapsjaxError
 from capsjax.models import capsule_lengths
 from capsjax.plots import draw_perturbations
@@ -79,7 +79,7 @@ class Explorer:
   images float32 [n, h, w, 1]; labels int [n] (MNIST-like) or [n, 2] (MultiMNIST).
   """
 
-  def __init__(self, trained: TrainedModel, images: np.ndarray, labels: np.ndarray):
+  def __init__(self, trained: TrainedModel, images: np.ndarray, labels: np.ndarray, show_progress: bool = False):
     if not trained.has_decoder:
       raise CapsjaxError(f'{trained.source} holds no CapsNet with a decoder: nothing to explore')
     config, model, params, source = trained.config, trained.model, trained.params, trained.source
@@ -99,10 +99,12 @@ class Explorer:
     self._decode = jax.jit(lambda capsules, mask: model.apply({'params': params}, capsules, mask,
                                                               method='decode'))
     self._figure_lock = threading.Lock()   # matplotlib is not thread-safe
-    self.capsules, self.activations = self._encode_all(self.images)     # [n, classes, dim], [n, classes]
+    self.capsules, self.activations = self._encode_all(self.images, show_progress)   # [n, classes, dim], [n, classes]
     self.predictions = self._most_active(self.activations)                # [n, k]
     self.misclassified = [i for i, (label, predicted) in enumerate(zip(self.labels, self.predictions))
                           if set(np.atleast_1d(label).tolist()) != set(predicted.tolist())]
+    if show_progress:
+      cli.say('compiling the decoder for the page…')
     for k in range(1, self.top_k + 1):   # compile every decode shape the page asks for now
       self.decode(np.zeros((k, self.dim), np.float32), list(range(k)))
     if self.can_draw:   # and a drawing's encoding: its first one took 4.4 s when compiled on demand
@@ -112,10 +114,13 @@ class Explorer:
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None, num_images: int = 1000,
-                   data: Optional[dict] = None) -> 'Explorer':
+                   data: Optional[dict] = None, show_progress: bool = False) -> 'Explorer':
     """The latest checkpoint of the run in `workdir`, with its first `num_images` test inputs
-    (`data`: data_dir / tfds_data_dir on this machine, see load_trained)."""
+    (`data`: data_dir / tfds_data_dir on this machine, see load_trained); `show_progress`:
+    say each stage on the console, with a bar for the encoding."""
     trained = TrainedModel.from_workdir(workdir, member, data)
+    if show_progress:
+      cli.say(f'model: {trained.describe()}; reading up to {num_images} test inputs…')
     config = ml_collections.ConfigDict(trained.config.to_dict())
     config.num_test_examples = 0   # the whole test split, of which the first num_images are read
     _, test = assemble.pipelines(config)
@@ -128,16 +133,19 @@ class Explorer:
       count += int(valid.sum())
       if count >= num_images:   # as many inputs as there are, up to num_images
         break
-    return cls(trained, np.concatenate(images)[:num_images], np.concatenate(labels)[:num_images])
+    return cls(trained, np.concatenate(images)[:num_images], np.concatenate(labels)[:num_images], show_progress)
 
   @classmethod
-  def shipped(cls) -> 'Explorer':
+  def shipped(cls, show_progress: bool = False) -> 'Explorer':
     """The small CapsNet that ships with the package (experiments/explorer.py), with its
     sample of MNIST test images."""
     with np.load(os.path.join(SHIPPED, 'test_sample.npz')) as sample:
       images = np.asarray(preprocess(jnp.asarray(sample['images'])))
       labels = sample['labels']
-    return cls(TrainedModel.shipped(), images, labels)
+    trained = TrainedModel.shipped()
+    if show_progress:
+      cli.say(f'model: {trained.describe()}')
+    return cls(trained, images, labels, show_progress)
 
   # --------------------------------------------------------------------------- requests
 
@@ -200,17 +208,21 @@ class Explorer:
 
   # --------------------------------------------------------------------------- helpers
 
-  def _encode_all(self, images: np.ndarray):
+  def _encode_all(self, images: np.ndarray, show_progress: bool = False):
     """(digit capsules [n, classes, dim], activations [n, classes]) in fixed-size batches
     (one compilation)."""
     batch = min(ENCODE_BATCH, len(images))
     capsules, activations = [], []
+    bar = cli.progress(what='encoding the test inputs', total=len(images), unit='images',
+                       disable=not show_progress)
     for start in range(0, len(images), batch):
       chunk = images[start:start + batch]
       padded = np.concatenate([chunk, np.zeros((batch - len(chunk),) + chunk.shape[1:], chunk.dtype)])
       encoded, active = self._encode(jnp.asarray(padded))
       capsules.append(np.asarray(encoded)[:len(chunk)])
       activations.append(np.asarray(active)[:len(chunk)])
+      bar.update(len(chunk))
+    bar.close()
     return np.concatenate(capsules), np.concatenate(activations)
 
   def _most_active(self, activations: np.ndarray) -> np.ndarray:

@@ -52,6 +52,7 @@ def main(argv=None):
   out = args.out or SHIPPED
   config = read_config(args.workdir)
   step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
+  cli.say(f'exporting {args.workdir}: {why}; reading the test images…')
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir)
   sample = test.take(args.num_images)
   summary = export(args.workdir, out, np.asarray(sample.images), np.asarray(sample.labels), member, step)
@@ -68,7 +69,8 @@ def main(argv=None):
     predictor = Predictor(TrainedModel.exported(out))
     if config.get('num_test_examples'):   # the run's test split, as its evaluations counted
       test = test.take(min(config.num_test_examples, len(test)))
-    wrong = int(np.sum(predictor.classify(test.images) != np.asarray(test.labels)))
+    wrong = int(np.sum(predictor.classify(test.images, 'evaluating the float16 parameters')
+                       != np.asarray(test.labels)))
     print(f'test error of the float16 parameters as written: {100 * wrong / len(test):.2f} % '
           f'({wrong} of {len(test)} test images)')
   return 0

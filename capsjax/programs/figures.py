@@ -32,13 +32,19 @@ from capsjax.plots import PERTURBATIONS, decode_class, draw_perturbations, image
 from capsjax.data.tasks import TASKS
 from capsjax.models import MODELS
 from capsjax.routing import ROUTINGS, coupling_changes, routing_logit_changes
-from capsjax.trained import load_trained, select_member
+from capsjax.trained import TrainedModel
+from capsjax.workdir import read_config
 
 
-def classify(model, params, images, batch_size=500):
+def classify(model, params, images, batch_size=500, show_progress=False):
   """Digit capsules [n, classes, dim] and predictions [n] (the most active capsule)."""
   apply = jax.jit(lambda p, x: model.apply({'params': p}, x, method='classify'))
-  outputs = [apply(params, images[i:i + batch_size]) for i in range(0, len(images), batch_size)]
+  bar = cli.progress(what='classifying', total=len(images), unit='images', disable=not show_progress)
+  outputs = []
+  for start in range(0, len(images), batch_size):
+    outputs.append(jax.block_until_ready(apply(params, images[start:start + batch_size])))
+    bar.update(len(outputs[-1][0]))
+  bar.close()
   capsules = np.concatenate([np.asarray(c) for c, _ in outputs])
   activations = np.concatenate([np.asarray(a) for _, a in outputs])
   return capsules, np.argmax(activations, axis=-1)
@@ -119,31 +125,39 @@ def main(argv=None):
   parser.add_argument('--num', type=cli.int_at_least(1), default=2000, help='test images searched for examples')
   cli.add_data_flags(parser)
   args = parser.parse_args(argv)
-  config, model, params = load_trained(args.workdir, cli.data_overrides(args))
+  cli.say(f'figures of {args.workdir}: loading the trained model…')
+  config = read_config(args.workdir)   # checked before the checkpoint is read
   family = MODELS[config.model.name]
   if not (family.capsules and family.has_decoder(config.model)):
     raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
   if not TASKS[config.task].input_shape_from_data:   # the test images as stored
     raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.programs.segmentation')
-  params = select_member(params, args.member, args.workdir, bool(config.ensemble))
+  trained = TrainedModel.from_workdir(args.workdir, args.member, cli.data_overrides(args))
+  config, model, params = trained.config, trained.model, trained.params
+  cli.say(f'model: {trained.describe()}; reading {args.num} test images…')
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir,
                       image_size=config.get('image_size', 0)).take(args.num)
   names = assemble.source_info(config).class_names
   images = np.asarray(preprocess(jnp.asarray(test.images)))
-  capsules, predictions = classify(model, params, images)
+  capsules, predictions = classify(model, params, images, show_progress=True)
+  figures = cli.progress(what='drawing figures', total=1 + args.digits + 1, unit='figures')
   columns = draw_reconstructions(model, params, images, test.labels, capsules, predictions,
                                  os.path.join(args.workdir, 'reconstructions.png'), names)
+  figures.update()
   perturbed = [int(i) for i in np.flatnonzero(test.labels == predictions)[:args.digits]]
   for index in perturbed:
     label = int(test.labels[index])
     draw_perturbations(model, params, capsules[index, label], label,
                        os.path.join(args.workdir, f'perturbations_{index}.png'), names[label])
+    figures.update()
   # The convergence figure reads routing logits (Procedure 1's); other routings have none.
   has_logits = ROUTINGS[config.model.routing].returns_logits
   final_changes = final_routing_changes(model, params, images[:100]) if has_logits else None
   if has_logits:
     draw_routing_convergence(os.path.join(args.workdir, 'metrics.jsonl'), final_changes,
                              os.path.join(args.workdir, 'routing_convergence.png'))
+  figures.update(figures.total - figures.n)
+  figures.close()
   summary = {'reconstruction_columns': [dict(zip(('index', 'label', 'prediction', 'reconstructed'), c))
                                         for c in columns],
              'perturbed_indices': perturbed, 'perturbations': PERTURBATIONS.tolist(),

@@ -24,7 +24,7 @@ from capsjax.data.tasks import TASKS
 from capsjax.models import MODELS
 from capsjax.plots import image_grid
 from capsjax.errors import CapsjaxError
-from capsjax.trained import load_trained
+from capsjax.trained import TrainedModel
 from capsjax.workdir import read_config
 
 
@@ -55,6 +55,7 @@ def main(argv=None):
   parser.add_argument('--threshold', type=cli.number_between(0.0, 1.0), default=0.1)
   cli.add_data_flags(parser)
   args = parser.parse_args(argv)
+  cli.say(f'segmentation of {args.workdir}: loading the trained model…')
   config = read_config(args.workdir)   # checked before the checkpoint is read
   if not TASKS[config.task].per_label_targets:
     raise CapsjaxError(f'{args.workdir} holds a {config.experiment} run, not a MultiMNIST one')
@@ -62,9 +63,12 @@ def main(argv=None):
   if not (family.capsules and family.has_decoder(config.model)):
     raise CapsjaxError(f'{args.workdir} holds a {config.model.name} model without capsules to reconstruct; '
                        'segmentation needs a CapsNet with its decoder (e.g. --experiment=multimnist)')
-  config, model, params = load_trained(args.workdir, cli.data_overrides(args))
+  trained = TrainedModel.from_workdir(args.workdir, data=cli.data_overrides(args))
+  config, model, params = trained.config, trained.model, trained.params
+  cli.say(f'model: {trained.describe()}; generating {args.num} test pairs…')
   config.num_test_examples = args.num
   _, test = assemble.pipelines(config)
+  bar = cli.progress(what='reconstructing', total=test.num_examples, unit='pairs')
 
   num_classes = config.model.num_classes
   apply = jax.jit(lambda images, masks: reconstruct_pairs(model, params, images, masks))
@@ -84,6 +88,8 @@ def main(argv=None):
     ious_correct.append(iou[correct])
     if len(examples) < args.rows:
       examples.extend(zip(np.asarray(batch['images'])[valid, ..., 0], labels, predicted))
+    bar.update(int(valid.sum()))
+  bar.close()
   ious, ious_correct = np.concatenate(ious), np.concatenate(ious_correct)
   report = {'num_examples': int(len(ious)), 'threshold': args.threshold,
             'mean_iou': float(ious.mean()), 'mean_iou_when_pair_correct': float(ious_correct.mean()),

@@ -8,6 +8,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from capsjax import cli
 from capsjax.data import images as image_files
 from capsjax.data.rows import ImageRows
 from capsjax.errors import ConfigError, DataError
@@ -58,7 +59,13 @@ class ImageFolderSource(Source):
       return np.stack([image_files.read_image(paths[i], info.image_shape) for i in ids])
 
     images = ImageRows(read, info.image_shape, num_rows=len(paths))
-    return _checked(Dataset(images if on_demand else np.asarray(images), labels), info, split)
+    if not on_demand:
+      images = images.read_all(f'decoding {os.path.join(root, split)}' if len(paths) >= PROGRESS_FROM else None)
+    return _checked(Dataset(images, labels), info, split)
+
+
+# Folders of fewer images read in about a second: no progress bar.
+PROGRESS_FROM = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +97,8 @@ def scan_image_folder(root: str) -> FolderScan:
     if not files[split]:
       raise DataError(f'{split_dir} holds no .png or .jpg images in class folders (CLASS/IMAGE)')
     random.Random(split).shuffle(files[split])   # tfds.ImageFolder's order
-    for path, _ in files[split]:
+    for path, _ in cli.progress(files[split], what=f'scanning {split_dir}', unit='images',
+                                disable=len(files[split]) < PROGRESS_FROM):
       with image_files.open_image(path) as image:
         sizes.add(image.size)
         channels = max(channels, image_files.channels_of(image.mode))
