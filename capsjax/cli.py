@@ -40,12 +40,17 @@ def say(what: str) -> None:
   print(what, flush=True)
 
 
+# A bar appears once its work has taken this long: quick work stays quiet.
+PROGRESS_DELAY_S = 2.0
+
+
 def progress(iterable=None, *, what: str, total: Optional[int] = None, unit: str = 'it', disable: bool = False):
-  """tqdm's bar on stderr for work of more than a few seconds: `what`, the count, the rate
-  and the ETA. On a terminal it redraws in place; in a log (no terminal) it writes a
-  line at most every 10 s, and the final count."""
+  """tqdm's bar on stderr for work that takes more than PROGRESS_DELAY_S: `what`, the count,
+  the rate and the ETA. On a terminal it redraws in place; in a log (no terminal) it
+  writes a line at most every 10 s, and the final count."""
   return tqdm.tqdm(iterable, desc=what, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True,
-                   mininterval=0.2 if sys.stderr.isatty() else 10.0, smoothing=0.1, disable=disable)
+                   mininterval=0.2 if sys.stderr.isatty() else 10.0, smoothing=0.1, disable=disable,
+                   delay=PROGRESS_DELAY_S)
 
 
 def fail(message: str, status: int = 2, hard: bool = False) -> NoReturn:

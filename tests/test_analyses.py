@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from capsjax import train
+from capsjax import cli, train
 from capsjax import workdir as workdir_lib
 from capsjax import plots
 from capsjax.programs import figures, sweep
@@ -33,7 +33,7 @@ def test_reconstruction_columns_show_each_failure_from_label_and_prediction():
   assert columns[3:] == [(3, 3, 8, 3), (3, 3, 8, 8), (5, 7, 1, 7), (5, 7, 1, 1)]
 
 
-def test_figures_command_on_a_trained_run(mnist_dir, tmp_path, capsys):
+def test_figures_command_on_a_trained_run(mnist_dir, tmp_path, capsys, monkeypatch):
   config = tiny_config(mnist_dir, num_steps=4)
   config.eval_every_steps = 2                # the routing probe runs at every evaluation
   workdir = str(tmp_path / 'run')
@@ -47,6 +47,7 @@ def test_figures_command_on_a_trained_run(mnist_dir, tmp_path, capsys):
   stored['data_dir'] = str(tmp_path / 'moved')
   workdir_lib.write_json(os.path.join(workdir, 'config.json'), stored)
   capsys.readouterr()
+  monkeypatch.setattr(cli, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
   assert figures.main(['--workdir', workdir, '--digits', '2', '--num', '200', f'--config.data_dir={mnist_dir}']) == 0
   said = capsys.readouterr()   # what it does, first; then bars with counts (stderr)
   assert said.out.splitlines()[:2] == [f'figures of {workdir}: loading the trained model…',

@@ -45,7 +45,7 @@ def test_page_shows_the_first_test_image_and_its_prediction(page):
   shown = np.asarray(browser.canvas_pixels(driver, 'input-canvas'))
   np.testing.assert_array_equal(shown, to_pixels(explorer.images[0, ..., 0]).ravel())
   assert driver.find_element('id', 'prediction').text == str(explorer.predictions[0, 0])
-  assert len(driver.find_elements('css selector', '#bars .bar-column')) == 10
+  assert len(driver.find_elements('css selector', '#bars .bar-row')) == 10
   assert len(driver.find_elements('css selector', '.dim-slider')) == 16
 
 
@@ -102,3 +102,51 @@ def test_a_drawn_stroke_gets_a_prediction(page, tmp_path):
   driver.execute_script('window.scrollTo(0, 0)')
   assert driver.save_screenshot(str(tmp_path / 'explorer.png'))
   assert (tmp_path / 'explorer.png').stat().st_size > 20000
+
+
+def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page):
+  """100 classes of 30-character names (a photo collection, not digits): every class has a
+  row with its whole name and a bar, the class lists name them, the words are neutral."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble  # pylint: disable=g-import-not-at-top
+  from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+  from experiments import explorer as explorer_experiment  # pylint: disable=g-import-not-at-top
+  driver, _ = page
+  config = explorer_experiment.get_config()
+  config.dataset = 'my_photos'
+  config.model.num_classes = 100
+  config.model.conv1_channels, config.model.primary_types, config.model.decoder_hidden = 16, 2, (32, 64)
+  config.class_names = tuple(f'{i:03d} a rather long class name xy'[:30] for i in range(100))
+  model = assemble.model(config)
+  params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 1), np.float32))['params']
+  rng = np.random.default_rng(0)
+  many = Explorer(TrainedModel(config, model, params, 'a 100-class run'),
+                  rng.random((8, 28, 28, 1), np.float32), rng.integers(0, 100, 8))
+  server = make_server(many, '127.0.0.1', 0)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    driver.get(f'http://127.0.0.1:{server.server_address[1]}/')
+    browser.wait_for(driver, "document.body.dataset.ready === 'true'")
+    rows = driver.execute_script('''
+      return [...document.querySelectorAll('#bars .bar-name')].map((name) => {
+        const bar = name.parentElement.querySelector('.bar');
+        return [name.textContent, name.scrollWidth <= name.clientWidth + 1, name.getBoundingClientRect().width,
+                bar.getBoundingClientRect().width, bar.getBoundingClientRect().height];
+      });''')
+    assert [row[0] for row in rows] == list(config.class_names)
+    assert all(whole and name_width > 100 and bar_height > 0 for _, whole, name_width, _, bar_height in rows)
+    predicted = int(many.predictions[0, 0])
+    assert rows[predicted][3] >= 2   # the predicted class has a visible bar
+    in_view = driver.execute_script('''
+      const list = document.getElementById('bars').getBoundingClientRect();
+      const row = document.querySelectorAll('#bars .bar-name')[arguments[0]].getBoundingClientRect();
+      return row.top >= list.top && row.bottom <= list.bottom;''', predicted)
+    assert in_view
+    for select in ('class-select', 'class-choice-0'):
+      options = driver.execute_script(f"return [...document.getElementById('{select}').options].map(o => o.text)")
+      assert options == list(config.class_names)
+    text = driver.find_element('tag name', 'body').text
+    assert 'digit' not in text.lower() and 'how the input is drawn' in text
+  finally:
+    server.shutdown()
+    server.server_close()

@@ -139,7 +139,7 @@ def test_paper_parameter_counts():
   assert count_params(shapes(baseline)) == 24_563_978    # paper: 24.56M
 
 
-def test_short_training_beats_chance(mnist_dir, tmp_path, capsys):
+def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   config = multimnist_config.get_config()
   config.data_dir = mnist_dir
   config.model.conv1_channels = 32
@@ -160,6 +160,7 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys):
   assert json.loads((tmp_path / 'results.json').read_text())['config']['task'] == 'multimnist'
   # Figure 5 and the segmentation IoU from the trained run.
   capsys.readouterr()
+  monkeypatch.setattr(cli, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
   segmentation.main(['--workdir', str(tmp_path), '--num', '100', '--rows', '4'])
   said = capsys.readouterr()   # what it does first, then a bar with the count
   assert said.out.startswith(f'segmentation of {tmp_path}: loading the trained model…\nmodel: {tmp_path} at step')

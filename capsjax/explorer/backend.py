@@ -158,6 +158,8 @@ class Explorer:
         'num_examples': len(self.labels),
         'num_classes': self.num_classes,
         'class_names': list(self.trained.info.class_names),
+        # Digits (the page's wording): the classes are the ten digits, or a MultiMNIST run.
+        'digits': self.multimnist or list(self.trained.info.class_names) == [str(d) for d in range(10)],
         'dim': self.dim,
         'image_shape': list(self.input_shape[:2]),
         'slider_range': SLIDER_RANGE,

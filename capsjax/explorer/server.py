@@ -6,6 +6,13 @@ dependencies (see BUILD.md). HTTP/1.1 keep-alive keeps a slider's requests on on
 connection. Every failure is an answer (4xx for bad requests, 500 with a message for a
 bug), never a crashed server.
 
+Many clients at once: up to MAX_CONNECTIONS connections are served together; more wait in
+the listen backlog and are served in turn (a burst queues; nothing is refused). A slow
+client cannot hold a connection: its request line and headers must arrive within
+HEAD_DEADLINE_S of their first byte however slowly they trickle (a deadline, not a timeout
+that each line restarts), its body within BODY_DEADLINE_S, and a kept-alive connection
+may stay idle IDLE_TIMEOUT_S. Clients that leave mid-answer are not reported.
+
   GET  /                    the page
   GET  /static/NAME         its script and style sheet
   GET  /api/info            mode, sizes, labels, misclassified indices
@@ -19,8 +26,10 @@ import binascii
 import json
 import mimetypes
 import os
+import socket
 import sys
 import threading
+import time
 import traceback
 import urllib.parse
 from http import HTTPStatus
@@ -33,9 +42,11 @@ from capsjax.explorer.backend import Explorer, RequestError
 STATIC = os.path.join(os.path.dirname(__file__), 'static')
 MAX_BODY_BYTES = 4 << 20   # a 1024×1024 drawing is 1 MiB of grey bytes (1.4 MiB as base64)
 MAX_DRAWING_SIDE = 1024
-MAX_WORKERS = 32           # connections served at once; more get 503 at once
-LISTEN_BACKLOG = 128       # connections waiting to be accepted (the default 5 reset bursts)
-READ_TIMEOUT_S = 30        # a connection that sends nothing for this long is closed
+MAX_CONNECTIONS = 256     # connections served at once (a thread each); more wait to be accepted
+LISTEN_BACKLOG = 1024      # connections waiting to be accepted (the default 5 reset bursts)
+IDLE_TIMEOUT_S = 30        # a connection that sends nothing for this long is closed
+HEAD_DEADLINE_S = 10       # request line and headers, from their first byte
+BODY_DEADLINE_S = 30       # a POST body (at most MAX_BODY_BYTES)
 LOOPBACK = ('127.0.0.1', 'localhost', '::1')
 
 
@@ -64,7 +75,30 @@ def make_handler(explorer: Explorer):
     # for the browser's delayed ACK (~40 ms) on a kept-alive connection.
     disable_nagle_algorithm = True
     server_version = 'capsjax-explorer'
-    timeout = READ_TIMEOUT_S   # a request line that never ends does not hold a thread forever
+
+    def setup(self):
+      self.timeout = IDLE_TIMEOUT_S   # reads and writes (a client that stops reading) wait this long
+      super().setup()
+
+    def handle_one_request(self):
+      try:   # wait for the next request's first byte (buffered, or from the socket)
+        if not self.rfile.peek(1):
+          self.close_connection = True   # the client closed the connection
+          return
+      except (TimeoutError, ConnectionError):
+        self.close_connection = True     # idle too long, or gone
+        return
+      self.server.set_deadline(self.connection, HEAD_DEADLINE_S)
+      try:
+        super().handle_one_request()
+      finally:
+        self.server.clear_deadline(self.connection)
+
+    def parse_request(self):
+      try:   # reads the request line's rest and the headers, under the head's deadline
+        return super().parse_request()
+      finally:
+        self.server.clear_deadline(self.connection)   # the answer is not under it
 
     def log_message(self, format, *args):   # pylint: disable=redefined-builtin
       pass   # a slider makes dozens of requests a second; errors are answered, not logged
@@ -95,8 +129,16 @@ def make_handler(explorer: Explorer):
       if not 0 < length <= MAX_BODY_BYTES:
         self.close_connection = True   # the unread body must not become the next request
         raise RequestError(f'the body must be 1 to {MAX_BODY_BYTES} bytes, got {length}')
+      self.server.set_deadline(self.connection, BODY_DEADLINE_S)
       try:
-        return json.loads(self.rfile.read(length))
+        data = self.rfile.read(length)
+      finally:
+        self.server.clear_deadline(self.connection)
+      if len(data) < length:
+        self.close_connection = True
+        raise ConnectionAbortedError('the body ended early')   # the client left: nothing to answer
+      try:
+        return json.loads(data)
       except (ValueError, UnicodeDecodeError, RecursionError):
         raise RequestError('the body is not valid JSON (or nests too deep)') from None
 
@@ -120,6 +162,8 @@ def make_handler(explorer: Explorer):
     def _answer(self, route) -> None:
       try:
         route()
+      except (ConnectionError, TimeoutError):
+        raise   # the client left (or stopped reading) mid-answer: nothing to answer, nothing to report
       except RequestError as e:
         self._error(HTTPStatus.BAD_REQUEST, str(e))
       except (OverflowError, RecursionError) as e:   # a 400-digit number, a structure nested too deep
@@ -199,29 +243,54 @@ def _query_int(query, name: str) -> int:
 
 
 class ExplorerServer(ThreadingHTTPServer):
-  """ThreadingHTTPServer with a deeper listen backlog, at most MAX_WORKERS connections
-  served at once (503 beyond), quiet about clients that go away, and the Host names it
-  answers (None: any, when listening beyond loopback)."""
+  """ThreadingHTTPServer with a deep listen backlog, at most MAX_CONNECTIONS connections
+  served at once (the others wait their turn), deadlines for slow clients (a reaper
+  thread closes a connection whose request head or body is late), quiet about clients
+  that go away, and the Host names it answers (None: any, when listening beyond loopback)."""
   daemon_threads = True
   request_queue_size = LISTEN_BACKLOG
 
   def __init__(self, address, handler):
     super().__init__(address, handler)
-    self._slots = threading.BoundedSemaphore(MAX_WORKERS)
+    self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    self._deadlines = {}   # connection → time.monotonic() by which its head or body must be in
+    self._deadlines_lock = threading.Lock()
+    self._closing = threading.Event()
+    threading.Thread(target=self._reap_late_clients, daemon=True, name='explorer-deadlines').start()
     host, port = address[0], self.server_address[1]
     self.allowed_hosts = ({f'127.0.0.1:{port}', f'localhost:{port}', f'[::1]:{port}'}
                           if host in LOOPBACK else None)
 
+  # ----------------------------------------------------------------- slow clients
+
+  def set_deadline(self, connection, seconds: float) -> None:
+    with self._deadlines_lock:
+      self._deadlines[connection] = time.monotonic() + seconds
+
+  def clear_deadline(self, connection) -> None:
+    with self._deadlines_lock:
+      self._deadlines.pop(connection, None)
+
+  def _reap_late_clients(self) -> None:
+    while not self._closing.wait(0.25):
+      now = time.monotonic()
+      with self._deadlines_lock:
+        late = [connection for connection, deadline in self._deadlines.items() if deadline < now]
+        for connection in late:
+          del self._deadlines[connection]
+          try:   # the handler's blocked read returns: its thread ends the connection
+            connection.shutdown(socket.SHUT_RDWR)
+          except OSError:
+            pass
+
+  # ----------------------------------------------------------------- connections
+
   def process_request(self, request, client_address):
-    if not self._slots.acquire(blocking=False):
-      body = b'{"error":"busy: too many connections, try again"}'
-      try:
-        request.sendall(b'HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n'
-                        b'Content-Length: %d\r\nConnection: close\r\n\r\n%s' % (len(body), body))
-      except OSError:
-        pass
-      self.shutdown_request(request)
-      return
+    # A free thread, or wait for one: meanwhile new connections queue in the backlog.
+    while not self._slots.acquire(timeout=0.25):
+      if self._closing.is_set():
+        self.shutdown_request(request)
+        return
     super().process_request(request, client_address)
 
   def process_request_thread(self, request, client_address):
@@ -232,6 +301,7 @@ class ExplorerServer(ThreadingHTTPServer):
     except Exception:  # pylint: disable=broad-except  (as socketserver does: reported, not raised)
       self.handle_error(request, client_address)
     finally:
+      self.clear_deadline(request)
       self._slots.release()
       self.shutdown_request(request)
 
@@ -240,6 +310,14 @@ class ExplorerServer(ThreadingHTTPServer):
     if isinstance(error, (ConnectionError, TimeoutError)):
       return   # the client went away or went silent: nothing to answer, nothing to report
     print(f'explorer: {type(error).__name__}: {error}', file=sys.stderr, flush=True)
+
+  def shutdown(self):
+    self._closing.set()
+    super().shutdown()
+
+  def server_close(self):
+    self._closing.set()
+    super().server_close()
 
 
 def make_server(explorer: Explorer, host: str = '127.0.0.1', port: int = 8000) -> ExplorerServer:

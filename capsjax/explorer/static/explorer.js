@@ -21,6 +21,7 @@ window.explorerState = state;   // read by the browser test
 const $ = (id) => document.getElementById(id);
 const COLORS = ['#e53935', '#43a047'];
 const SEGMENTATION_THRESHOLD = 0.1 * 255;   // as capsjax.programs.segmentation
+const MAX_CLASS_BUTTONS = 12;               // more classes: a list of names instead of buttons
 
 
 // A class's name from the run (its data's class names), or its index.
@@ -89,26 +90,38 @@ function renderBars() {
   const {activations: lengths, prediction} = state.example;
   const labels = state.example.label === undefined ? [] : [].concat(state.example.label);
   const chosen = state.panels.map((panel) => panel.cls);
+  let predictedRow = null;
   lengths.forEach((length, cls) => {
-    const column = document.createElement('div');
-    column.className = 'bar-column';
-    column.dataset.class = cls;
-    column.title = `class ${className(cls)}: activation ${length.toFixed(3)}`;
-    const bar = document.createElement('div');
-    bar.className = 'bar' + (prediction.includes(cls) ? ' predicted' : '');
-    bar.style.height = `${Math.max(1, length * 100)}%`;
-    const value = document.createElement('div');
-    value.className = 'bar-value';
-    value.textContent = length.toFixed(2);
+    const row = document.createElement('div');
+    row.className = 'bar-row';
+    row.dataset.class = cls;
+    row.title = `class ${className(cls)}: activation ${length.toFixed(3)}`;
     const name = document.createElement('div');
     name.className = 'bar-name' + (labels.includes(cls) ? ' label' : '');
     name.textContent = className(cls);
     const slot = chosen.indexOf(cls);
     if (slot >= 0) name.style.borderColor = state.info.mode === 'multimnist' ? COLORS[slot] : '#1e88e5';
-    column.append(value, bar, name);
-    column.addEventListener('click', () => switchClass(0, cls));
-    bars.append(column);
+    const track = document.createElement('div');
+    track.className = 'bar-track';
+    const bar = document.createElement('div');
+    bar.className = 'bar' + (prediction.includes(cls) ? ' predicted' : '');
+    bar.style.width = `${Math.min(100, Math.max(0, length * 100))}%`;
+    track.append(bar);
+    const value = document.createElement('div');
+    value.className = 'bar-value';
+    value.textContent = length.toFixed(2);
+    for (const cell of [name, track, value]) {
+      cell.addEventListener('click', () => switchClass(0, cls));
+      cell.dataset.class = cls;
+      row.append(cell);
+    }
+    if (prediction[0] === cls) predictedRow = name;
+    bars.append(row);
   });
+  // The predicted class in view (a long list scrolls), without moving the page.
+  if (predictedRow && bars.scrollHeight > bars.clientHeight) {
+    bars.scrollTop = predictedRow.offsetTop - bars.offsetTop - bars.clientHeight / 2;
+  }
 }
 
 // ------------------------------------------------------------------------- sliders
@@ -137,12 +150,21 @@ function buildPanels() {
       <div class="sliders" id="sliders-${p}"></div>`;
     container.append(box);
     const buttons = box.querySelector(`#class-buttons-${p}`);
-    for (let cls = 0; cls < state.info.num_classes; cls++) {
-      const button = document.createElement('button');
-      button.textContent = className(cls);
-      button.dataset.class = cls;
-      button.addEventListener('click', () => switchClass(p, cls));
-      buttons.append(button);
+    if (state.info.num_classes <= MAX_CLASS_BUTTONS) {
+      for (let cls = 0; cls < state.info.num_classes; cls++) {
+        const button = document.createElement('button');
+        button.textContent = className(cls);
+        button.dataset.class = cls;
+        button.addEventListener('click', () => switchClass(p, cls));
+        buttons.append(button);
+      }
+    } else {   // many classes: one list of names
+      const choice = document.createElement('select');
+      choice.className = 'class-choice';
+      choice.id = `class-choice-${p}`;
+      for (let cls = 0; cls < state.info.num_classes; cls++) choice.add(new Option(className(cls), cls));
+      choice.addEventListener('change', () => switchClass(p, Number(choice.value)));
+      buttons.append(choice);
     }
     const sliders = box.querySelector(`#sliders-${p}`);
     for (let d = 0; d < state.info.dim; d++) {
@@ -165,6 +187,8 @@ function syncPanels() {
     document.querySelectorAll(`#class-buttons-${p} button`).forEach((button) => {
       button.classList.toggle('active', Number(button.dataset.class) === panel.cls);
     });
+    const choice = $(`class-choice-${p}`);
+    if (choice) choice.value = panel.cls;
     panel.vector.forEach((value, d) => {
       const slider = $(`slider-${p}-${d}`);
       slider.min = (panel.encoded[d] - range).toFixed(4);
@@ -367,7 +391,14 @@ async function start() {
   $('input-canvas').width = w;
   $('input-canvas').height = h;
   $('index-input').max = info.num_examples - 1;
-  for (let cls = 0; cls < info.num_classes; cls++) $('class-select').add(new Option(cls, cls));
+  for (let cls = 0; cls < info.num_classes; cls++) $('class-select').add(new Option(className(cls), cls));
+  $('capsule-dim').textContent = info.dim;
+  document.querySelector('.facts').classList.toggle('long-names', info.class_names.some((n) => n.length > 4));
+  // Digits only where the run's classes are the ten digits; otherwise neutral words.
+  if (!info.digits) {
+    document.querySelectorAll('.thing').forEach((span) => { span.textContent = 'input'; });
+    $('draw-what').textContent = 'one';
+  }
   $('misclassified-count').textContent = `${info.misclassified.length} of ${info.num_examples}`;
   $('next-misclassified').disabled = !info.misclassified.length;
   $('multi-views').classList.toggle('hidden', info.mode !== 'multimnist');
