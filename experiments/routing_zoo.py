@@ -22,5 +22,9 @@ def get_config():
       seeds=(0, 1, 2),
       # Per routing, its options (model.routing_options); none changed from their defaults.
       options=ml_collections.ConfigDict({}),
+      # Speed, measured after training in interleaved rounds (every routing once per round):
+      # the median and range per routing, so that the machine's load cannot reorder them.
+      speed_rounds=5,
+      speed_steps=5,   # training steps per timed sample
   ))
   return config

@@ -447,6 +447,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   config.update(num_train_examples=600, validation_examples=200, num_test_examples=200, num_steps=10,
                 eval_every_steps=5, log_every_steps=5, checkpoint_every_steps=5, eval_batch_size=100,
                 stop_at_step=5)
+  config.routing_zoo.update(speed_rounds=2, speed_steps=1)
   with pytest.raises(RunStopped, match='stopped at step 5 of 10'):   # resumable, never a KeyError
     routing_zoo.run(config, str(tmp_path))
   config.stop_at_step = 0
@@ -457,6 +458,26 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
     assert len(row['test_error']) == 2 and len(row['test_error_at_best_validation']) == 2   # two seeds
     assert row['train_images_per_s'] > 0 and row['infer_images_per_s'] > 0 and row['num_params'] > 0
   table = (tmp_path / 'routing.md').read_text()
-  assert all(f'| {name} |' in table for name in rows)
+  assert all(table.count(f'| {name} |') == 2 for name in rows)   # the accuracy and the speed tables
+  assert '2 interleaved rounds' in table and all(
+      row['train_speed']['min'] <= row['train_speed']['median'] <= row['train_speed']['max'] for row in rows.values())
   assert (tmp_path / 'routing_test_error.png').stat().st_size > 0
   assert summary['curves']['em']['steps'] == [5, 10]
+
+
+def test_interleaved_rounds_share_a_burst_of_load_between_the_routings():
+  """A burst of load during four samples: measured one routing after the other it falls on
+  one of them and reorders them; in rotated rounds each gets some, the medians keep the
+  order and the range shows the burst."""
+  from capsjax.programs import routing_zoo  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def sampler(name, speed):
+    def sample():
+      calls.append(name)
+      return speed / (5.0 if 6 <= len(calls) <= 9 else 1.0)   # the 6th to 9th samples are slowed
+    return sample
+  measured = routing_zoo.interleaved({'slower': sampler('slower', 100.0), 'faster': sampler('faster', 110.0)}, 5)
+  assert calls == ['slower', 'faster', 'faster', 'slower', 'slower', 'faster', 'faster', 'slower', 'slower', 'faster']
+  assert measured['faster']['median'] == 110.0 and measured['slower']['median'] == 100.0
+  assert measured['faster']['min'] == 22.0 and measured['faster']['max'] == 110.0

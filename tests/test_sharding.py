@@ -37,11 +37,33 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _start(workdir, data_dir, process_id=0, num_processes=1, port=0, devices=1, out='', log=None):
+def _slurm_port():
+  """A free port in the range JAX derives from SLURM_JOB_ID (61440 + job id % 4096)."""
+  for port in range(61440 + os.getpid() % 3000, 65536):
+    with socket.socket() as s:
+      try:
+        s.bind(('localhost', port))
+      except OSError:
+        continue
+      return port
+  raise AssertionError('no free port in 61440-65535')
+
+
+def _slurm_env(process_id, num_processes, port):
+  """What `srun --ntasks=N` sets for task `process_id` on this one node (the variables
+  jax.distributed.initialize reads to find the coordinator, the count and the id)."""
+  return {'SLURM_JOB_ID': str(port - 61440), 'SLURM_STEP_NODELIST': 'localhost', 'SLURM_STEP_NUM_NODES': '1',
+          'SLURM_NTASKS': str(num_processes), 'SLURM_PROCID': str(process_id), 'SLURM_LOCALID': str(process_id)}
+
+
+def _start(workdir, data_dir, process_id=0, num_processes=1, port=0, devices=1, out='', log=None, slurm=False):
+  """A worker process; `slurm`: launched as srun would (config.distributed=True and nothing
+  else: JAX reads the job from the environment), else with the explicit flags."""
   command = [sys.executable, WORKER, f'--process_id={process_id}', f'--num_processes={num_processes}',
              f'--port={port}', f'--workdir={workdir}', f'--data_dir={data_dir}',
-             f'--num_steps={NUM_STEPS}', f'--out={out}']
-  return subprocess.Popen(command, env=_env(devices), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+             f'--num_steps={NUM_STEPS}', f'--out={out}'] + (['--launcher=slurm'] if slurm else [])
+  env = dict(_env(devices), **(_slurm_env(process_id, num_processes, port) if slurm else {}))
+  return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _finish(processes, logs, timeout=240):
@@ -105,9 +127,11 @@ def test_eight_simulated_devices_train_like_one(one_device_params, mnist_files, 
   _assert_same_params(params, one_device_params)
 
 
-def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_params, mnist_files, tmp_path):
+def test_two_processes_preempted_then_resumed_under_slurm_train_like_one_device(one_device_params, mnist_files,
+                                                                                 tmp_path):
   # SIGTERM both processes mid-run: JAX's preemption service makes them agree on a step,
-  # the run checkpoints there and exits cleanly; the same command then resumes it.
+  # the run checkpoints there and exits cleanly; the job then resumes it, launched the
+  # second time as Slurm launches (no coordinator flags).
   port = _free_port()
   workdir, out = str(tmp_path / 'two'), str(tmp_path / 'two.npz')
   logs = [open(tmp_path / f'first_{i}.log', 'w') for i in range(2)]
@@ -126,10 +150,13 @@ def test_two_processes_preempted_then_resumed_train_like_one_device(one_device_p
   assert all(f'steps {step} completed False' in text for text in first)
   assert not os.path.exists(out)
 
+  # Resumed as a Slurm job step would start it (srun --ntasks=2 python run.py ...
+  # --config.distributed=True): coordinator, count and ids from the environment.
   logs = [open(tmp_path / f'second_{i}.log', 'w') for i in range(2)]
-  port = _free_port()
-  processes = [_start(workdir, mnist_files, i, 2, port, 1, out, logs[i]) for i in range(2)]
+  port = _slurm_port()
+  processes = [_start(workdir, mnist_files, i, 2, port, 1, out, logs[i], slurm=True) for i in range(2)]
   second = _finish(processes, logs)
+  assert all(f'process {i}/2 devices 2' in text for i, text in enumerate(second))
   assert f'resumed from checkpoint at step {step}' in second[0]
   assert all(f'steps {NUM_STEPS} completed True rows_on_demand True' in text for text in second)
   # Only process 0 writes the metrics and results.

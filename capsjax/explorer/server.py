@@ -251,11 +251,11 @@ class ExplorerServer(ThreadingHTTPServer):
   request_queue_size = LISTEN_BACKLOG
 
   def __init__(self, address, handler):
+    self._closing = threading.Event()   # before binding: a failed bind calls server_close
     super().__init__(address, handler)
     self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
     self._deadlines = {}   # connection → time.monotonic() by which its head or body must be in
     self._deadlines_lock = threading.Lock()
-    self._closing = threading.Event()
     threading.Thread(target=self._reap_late_clients, daemon=True, name='explorer-deadlines').start()
     host, port = address[0], self.server_address[1]
     self.allowed_hosts = ({f'127.0.0.1:{port}', f'localhost:{port}', f'[::1]:{port}'}

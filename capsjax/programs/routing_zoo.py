@@ -5,20 +5,21 @@ model with `model.routing=NAME` (and that routing's options from
 config.routing_zoo.options) over config.routing_zoo.seeds as one vmapped program, in
 workdir/NAME, with a held-out validation split (config.validation_examples). It then
 writes routing.md and routing.json (per routing: parameters, test error at the end and at
-the best validation evaluation, mean ± std over the seeds, training and inference
-images/s) and routing_test_error.png (test error over steps, mean over the seeds).
+the best validation evaluation, mean ± std over the seeds; and, measured after every
+routing has trained, training and inference images/s in interleaved rounds: median and
+range) and routing_test_error.png (test error over steps, mean over the seeds).
 """
 import json
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from capsjax import train
+from capsjax import assemble, sharding, train
 from capsjax.trained import load_trained, select_member
 from capsjax.errors import ConfigError
 from capsjax.plots import pyplot, save_figure
@@ -26,9 +27,6 @@ from capsjax.reports import markdown_table, mean_std
 from capsjax.routing import ROUTINGS
 from capsjax.workdir import MetricsLog
 from capsjax.programs import register_program
-
-INFERENCE_REPEATS = 3
-
 
 def routing_config(config, name: str) -> ml_collections.ConfigDict:
   """config's run with routing `name` (its options) over the zoo's seeds."""
@@ -42,26 +40,59 @@ def routing_config(config, name: str) -> ml_collections.ConfigDict:
   return member
 
 
-def training_images_per_s(rows) -> float:
-  """Median training throughput of the logged windows (metrics.jsonl's: per member)."""
-  speeds = [row['images_per_s'] for row in rows if row.get('split') == 'train']
-  return float(np.median(speeds)) if speeds else float('nan')
+def training_timer(config, name: str, steps: int) -> Callable[[], float]:
+  """A timed sample of routing `name`'s training program (its members vmapped, as trained;
+  compiled here): `steps` steps from a fresh state → images/s over every member."""
+  member = routing_config(config, name)
+  train_split, test_split, _ = assemble.splits(member)
+  model = assemble.model(member)
+  program = train.build_program(member, model, train_split, test_split, sharding.data_mesh())
+  carried = {'state': program.initial_state, 'step': 0}
+
+  def run(count):
+    for _ in range(count):
+      carried['state'], _ = program.train_step(carried['state'], carried['step'])
+      carried['step'] += 1
+    jax.block_until_ready(carried['state'])
+
+  run(1)   # compiled
+  images = steps * member.batch_size * len(config.routing_zoo.seeds)
+
+  def sample():
+    start = time.perf_counter()
+    run(steps)
+    return images / (time.perf_counter() - start)
+  return sample
 
 
-def inference_images_per_s(workdir: str, batch_size: int) -> float:
-  """Test-time forward passes (class activations) per second of member 0, compiled first,
-  median of INFERENCE_REPEATS timed batches of `batch_size` zeros."""
+def inference_timer(workdir: str, batch_size: int) -> Callable[[], float]:
+  """A timed sample of test-time forward passes (class activations) of the trained member
+  0 on a batch of `batch_size` zeros (compiled here) → images/s."""
   config, model, params = load_trained(workdir)
   params = select_member(params, 0, workdir, bool(config.ensemble))
   forward = jax.jit(lambda p, x: model.apply({'params': p}, x, method='classify')[1])
   images = jnp.zeros((batch_size,) + tuple(config.model.input_shape), jnp.float32)
   forward(params, images).block_until_ready()
-  times = []
-  for _ in range(INFERENCE_REPEATS):
+
+  def sample():
     start = time.perf_counter()
     forward(params, images).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return batch_size / float(np.median(times))
+    return batch_size / (time.perf_counter() - start)
+  return sample
+
+
+def interleaved(samplers: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, Dict[str, float]]:
+  """Each sampler called once per round, in turn, the order rotated every round: a change
+  of the machine's load falls on every name alike. {name: {median, min, max}} of its
+  samples."""
+  names = list(samplers)
+  samples = {name: [] for name in names}
+  for round_index in range(rounds):
+    shift = round_index % len(names)
+    for name in names[shift:] + names[:shift]:
+      samples[name].append(samplers[name]())
+  return {name: {'median': float(np.median(values)), 'min': float(np.min(values)), 'max': float(np.max(values))}
+          for name, values in samples.items()}
 
 
 def error_curve(rows):
@@ -75,8 +106,13 @@ def _percent(values) -> str:
   return f'{mean:.2f} ± {std:.2f}' if len(values) > 1 else f'{mean:.2f}'
 
 
+def _speed(measured: Dict[str, float]) -> str:
+  return f'{measured["median"]:.0f} ({measured["min"]:.0f}–{measured["max"]:.0f})'
+
+
 def render(config, rows) -> str:
   seeds = ', '.join(map(str, config.routing_zoo.seeds))
+  zoo = config.routing_zoo
   lines = [f'# Routing algorithms on the same CapsNet, `{config.experiment}`', '',
            f'Seeds {seeds} (one vmapped program per routing, the same data order); '
            f'{config.num_steps or config.num_epochs} {"steps" if config.num_steps else "epochs"} of batch '
@@ -84,15 +120,21 @@ def render(config, rows) -> str:
            f'{config.validation_examples} held out for validation; test on '
            f'{config.num_test_examples or "all"} test images; {config.model.routing_iterations} routing '
            'iterations where a routing iterates. Test error in %, mean ± sample std over the seeds; '
-           '"at best validation": each seed\'s test error at its lowest validation error. '
-           f'Images/s on {jax.devices()[0].device_kind} ({jax.default_backend()}): training counts every '
-           'member\'s images; inference is one model at the evaluation batch size.', '']
+           '"at best validation": each seed\'s test error at its lowest validation error.', '']
   table = [(row['routing'], f'{row["num_params"]:,}', _percent(row['test_error']),
-            _percent(row['test_error_at_best_validation']) if row['test_error_at_best_validation'] else '-',
-            f'{row["train_images_per_s"]:.0f}', f'{row["infer_images_per_s"]:.0f}') for row in rows]
+            _percent(row['test_error_at_best_validation']) if row['test_error_at_best_validation'] else '-')
+           for row in rows]
   lines += markdown_table([('routing', 'l'), ('parameters', 'r'), ('test error (%)', 'r'),
-                           ('at best validation (%)', 'r'), ('train images/s', 'r'), ('infer images/s', 'r')],
-                          table)
+                           ('at best validation (%)', 'r')], table)
+  lines += ['', '## Speed', '',
+            f'Measured after every routing had trained, on {jax.devices()[0].device_kind} '
+            f'({jax.default_backend()}), {time.strftime("%Y-%m-%d")}: {zoo.speed_rounds} interleaved rounds '
+            '(each routing once per round, the order rotated), so that the machine\'s load falls on every '
+            'routing alike; median (min–max) of the rounds. Training: '
+            f'{zoo.speed_steps} steps of {config.batch_size} × {len(config.routing_zoo.seeds)} members per '
+            f'sample; inference: one model, a batch of {config.eval_batch_size}.', '']
+  lines += markdown_table([('routing', 'l'), ('train images/s', 'r'), ('infer images/s', 'r')],
+                          [(row['routing'], _speed(row['train_speed']), _speed(row['infer_speed'])) for row in rows])
   return '\n'.join(lines) + '\n'
 
 
@@ -126,11 +168,16 @@ def run(config, workdir: str) -> Dict[str, Any]:
     selected = result.selected_by_validation
     rows.append({'routing': name, 'num_params': result.num_params,
                  'test_error': list(np.atleast_1d(result.test_error)),
-                 'test_error_at_best_validation': list(np.atleast_1d(selected['test_error'])) if selected else None,
-                 # metrics.jsonl's images/s counts one member's images
-                 'train_images_per_s': training_images_per_s(metrics) * len(config.routing_zoo.seeds),
-                 'infer_images_per_s': inference_images_per_s(run_dir, config.eval_batch_size)})
+                 'test_error_at_best_validation': list(np.atleast_1d(selected['test_error'])) if selected else None})
     curves[name] = error_curve(metrics)
+  zoo = config.routing_zoo
+  training = interleaved({name: training_timer(config, name, zoo.speed_steps) for name in names}, zoo.speed_rounds)
+  inference = interleaved({name: inference_timer(os.path.join(workdir, name), config.eval_batch_size)
+                           for name in names}, zoo.speed_rounds)
+  for row in rows:
+    row.update(train_speed=training[row['routing']], infer_speed=inference[row['routing']],
+               train_images_per_s=training[row['routing']]['median'],
+               infer_images_per_s=inference[row['routing']]['median'])
   table = render(config, rows)
   with open(os.path.join(workdir, 'routing.md'), 'w') as f:
     f.write(table)
