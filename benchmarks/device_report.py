@@ -16,7 +16,7 @@ memory is its own and a crash or a hang costs that row alone:
            (formulations' `patches_inference`, float32 and bfloat16, both batches);
            MultiMNIST training (36×36). Inference = capsules, lengths and the reconstruction
            of the longest capsule, from uint8 images already on the device.
-  peer     ../shared/bench/torch_capsnet.py, unmodified, eager and --compile, train and
+  peer     benchmarks/torch_capsnet.py (the paper's CapsNet in PyTorch), eager and --compile, train and
            infer: tf32 and bf16 on a GPU, fp32 on a CPU
   profile  a jax.profiler trace of the fastest training variant; its top 15 ops by device
            time (ms per step, share); the trace is kept (profile_trace.json.gz: open it in
@@ -51,7 +51,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, '..', 'shared', 'bench', 'torch_capsnet.py')
+DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, 'benchmarks', 'torch_capsnet.py')
 CELL_MARK = 'DEVICE_REPORT_CELL '
 PEER_MEMORY_MARK = 'DEVICE_REPORT_PEER_PEAK '
 

@@ -41,7 +41,6 @@ case "${1:-}" in
   carry)
     mkdir -p "$CARRY/mnist" "$CARRY/whl"
     cp ../shared/data/mnist/*-ubyte* "$CARRY/mnist/"
-    cp ../shared/bench/torch_capsnet.py "$CARRY/"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$CARRY/whl" "${WHEELS[@]}"
@@ -51,7 +50,7 @@ case "${1:-}" in
   report)
     shift
     environment
-    python3 benchmarks/device_report.py --out "$OUT/report" --torch_script "$CARRY/torch_capsnet.py" "$@" \
+    python3 benchmarks/device_report.py --out "$OUT/report" "$@" \
       2>&1 | tee "$OUT/report.log"
     ;;
   suite)

@@ -32,7 +32,7 @@ from timing import buffer_bytes, capsnet_flops, seconds_per_call
 from capsjax.data.datasets import dataset_info
 from capsjax.data.sources import Dataset
 
-DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, '..', 'shared', 'bench', 'torch_capsnet.py')
+DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, 'benchmarks', 'torch_capsnet.py')
 
 
 # ----------------------------------------------------------------------------- timing
