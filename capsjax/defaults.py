@@ -41,6 +41,10 @@ def capsnet_config() -> ml_collections.ConfigDict:
       # --config.model.routing_options.KEY=V finds its key; a routing reads only its own.
       routing='dynamic',
       routing_options=ml_collections.ConfigDict(configurable_routing_options()),
+      # Class-capsule transforms: 'per_capsule' (the paper) or 'per_type' (one W per primary
+      # type and class, shared over positions, with coordinate addition: its parameters do
+      # not grow with the image; Procedure 1 then routes without materialising û).
+      transforms='per_capsule',
   ))
 
 

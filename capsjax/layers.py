@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
-from capsjax.routing import ROUTINGS, route, routing_option_defaults, squash, vector_norm
+from capsjax.routing import (ROUTINGS, coordinate_offsets, route, routing_option_defaults, shared_votes, squash,
+                             vector_norm)
 
 Array = jax.Array
 
@@ -94,10 +95,15 @@ class PrimaryCaps(nn.Module):
 class CapsuleLayer(nn.Module):
   """Fully connected capsule layer with routing by agreement (DigitCaps).
 
-  Every input capsule i has its own W_ij for every output capsule j:
-  û_{j|i} = W_ij u_i, then `dynamic_routing`. [batch, in_caps, in_dim] →
-  [batch, out_caps, out_dim]. `routing_loop` 'rolled' or 'unrolled' (same values; 'auto':
-  the backend's faster one, capsjax.formulations).
+  `transforms='per_capsule'` (the paper): every input capsule i has its own W_ij for every
+  output capsule j, û_{j|i} = W_ij u_i, then the routing. `'per_type'`: one W_tj per
+  primary capsule type t (the capsules of `grid` positions × `types` types, ordered
+  (row, column, type)) shared over positions, with coordinate addition,
+  û_{j|(p,t)} = W_tj u_(p,t) + o_p (capsjax.routing.coordinate_offsets): its parameters
+  do not grow with the image, and a routing with a `shared` form (Procedure 1) routes
+  without materialising û. [batch, in_caps, in_dim] → [batch, out_caps, out_dim].
+  `routing_loop` 'rolled' or 'unrolled' (same values; 'auto': the backend's faster one,
+  capsjax.formulations).
   """
   num_capsules: int = 10
   dim: int = 16
@@ -114,18 +120,30 @@ class CapsuleLayer(nn.Module):
   # learns (EM's β, self-attention's log priors, …) are parameters `routing_NAME`.
   routing: str = 'dynamic'
   routing_options: Optional[Dict[str, Any]] = None
+  transforms: str = 'per_capsule'   # or 'per_type' (shared over positions; needs `types`)
+  types: int = 0                    # primary capsule types per position (for 'per_type')
 
   @nn.compact
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
-               return_logits: bool = False):
+               return_logits: bool = False, grid: Optional[Sequence[int]] = None):
     """(parents [batch, out, dim], activations [batch, out]); with `return_logits`
-    (Procedure 1 only: the routing-convergence probe) (parents, logits per iteration)."""
-    _, in_caps, in_dim = capsules.shape
-    weights = self.param('weights', self.weights_init,
-                         (in_caps, self.num_capsules, self.dim, in_dim))
+    (Procedure 1 only: the routing-convergence probe) (parents, logits per iteration).
+    `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
+    batch, in_caps, in_dim = capsules.shape
     dtype = self.dtype or capsules.dtype
-    # û_{j|i} = W_ij u_i                                   # [batch, in_caps, out_caps, out_dim]
-    prediction_vectors = jnp.einsum('ijdk,bik->bijd', weights.astype(dtype), capsules.astype(dtype))
+    shared = None
+    if self.transforms == 'per_type':
+      weights = self.param('weights', self.weights_init, (self.types, self.num_capsules, self.dim, in_dim))
+      rows, columns = grid
+      grouped = capsules.reshape(batch, rows * columns, self.types, in_dim)       # [batch, pos, types, in_dim]
+      offsets = coordinate_offsets(rows, columns, self.dim)                        # [pos, dim]
+      shared = (grouped.astype(jnp.float32), weights.astype(jnp.float32), offsets)
+      prediction_vectors = None   # materialised below only where the routing needs û
+    else:
+      weights = self.param('weights', self.weights_init,
+                           (in_caps, self.num_capsules, self.dim, in_dim))
+      # û_{j|i} = W_ij u_i                                 # [batch, in_caps, out_caps, out_dim]
+      prediction_vectors = jnp.einsum('ijdk,bik->bijd', weights.astype(dtype), capsules.astype(dtype))
     # The bias joins s_j in every routing iteration (see dynamic_routing), as in the authors' code.
     bias = self.param('bias', self.bias_init, (self.num_capsules, self.dim)) if self.use_bias else None
     log_priors = (self.param('log_priors', nn.initializers.zeros, (in_caps, self.num_capsules))
@@ -147,6 +165,11 @@ class CapsuleLayer(nn.Module):
         options[feature] = value
     if return_logits:
       options['return_logits'] = True
+    if shared is not None:
+      # Without û where the routing has a shared form and needs nothing per input capsule.
+      if entry.shared is not None and set(options) <= {'bias'}:
+        return entry.shared(*shared, iterations, max_iterations=max_iterations, unroll=unroll, **options)
+      prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
     # EM reads the primary capsules' lengths as input activations; the others ignore them.
     input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]
     result = route(self.routing, prediction_vectors.astype(jnp.float32), input_activations, iterations,

@@ -135,6 +135,9 @@ class CapsNet(nn.Module):
   primary_scale_by_types: bool = False
   routing: str = 'dynamic'                        # capsjax.routing.ROUTINGS
   routing_options: Optional[Dict[str, Any]] = None
+  # Class-capsule transforms: 'per_capsule' (the paper: W_ij for every primary capsule) or
+  # 'per_type' (W_tj shared over positions, with coordinate addition; see CapsuleLayer).
+  transforms: str = 'per_capsule'
 
   def setup(self):
     inits = initializers(self.init_scheme)
@@ -151,7 +154,7 @@ class CapsNet(nn.Module):
         learn_log_priors=self.learn_log_priors, leaky_routing=self.leaky_routing,
         stop_gradient_predictions=self.stop_gradient_predictions, routing_loop=self.routing_loop,
         dtype=self.dtype, weights_init=inits['digit'], bias_init=inits['bias'], routing=self.routing,
-        routing_options=dict(self.routing_options or {}))
+        routing_options=dict(self.routing_options or {}), transforms=self.transforms, types=self.primary_types)
     if self.use_decoder:
       self.decoder = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape),
                              kernel_init=inits['decoder'], bias_init=inits['bias'])
@@ -174,7 +177,8 @@ class CapsNet(nn.Module):
                        f'got {list(images.shape)}')
     features = nn.relu(self.conv1(images))
     primary = self.primary_caps(features)
-    return self.digit_caps(primary, routing_iterations, max_iterations, return_logits)
+    grid = tuple((side - self.primary_kernel) // self.primary_stride + 1 for side in features.shape[1:3])
+    return self.digit_caps(primary, routing_iterations, max_iterations, return_logits, grid)
 
   def decode(self, capsules: Array, mask: Array) -> Array:
     return self.decoder(mask_capsules(capsules, mask))

@@ -190,6 +190,69 @@ def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array
   return jnp.mean(jnp.abs(couplings[1:] - couplings[:-1]), axis=(1, 2, 3))
 
 
+# ============================================================================= shared transforms
+# Class-capsule transforms shared over positions (Hinton, Sabour & Frosst, "Matrix capsules
+# with EM routing", ICLR 2018): primary capsule i = (position p, type t) votes
+# û_{j|i} = W_tj u_i + o_p, where o_p puts p's scaled (row, column) in the first two vote
+# coordinates ("coordinate addition"). The parameters no longer grow with the image.
+
+
+def coordinate_offsets(height: int, width: int, dim: int) -> Array:
+  """o_p [height·width, dim]: the centre of grid cell p, (row + ½)/height and
+  (column + ½)/width, in coordinates 0 and 1; zeros elsewhere. Row-major, as capsules are
+  ordered (row, column, type)."""
+  rows, columns = jnp.meshgrid((jnp.arange(height) + 0.5) / height, (jnp.arange(width) + 0.5) / width,
+                               indexing='ij')
+  offsets = jnp.zeros((height * width, dim), jnp.float32)
+  return offsets.at[:, 0].set(rows.ravel()).at[:, 1].set(columns.ravel())
+
+
+def shared_votes(capsules: Array, transforms: Array, offsets: Array) -> Array:
+  """û materialised: capsules [batch, positions, types, in_dim], transforms [types, out,
+  dim, in_dim], offsets [positions, dim] → [batch, positions·types, out, dim] (capsule
+  order (position, type), as PrimaryCaps')."""
+  batch, positions, types, _ = capsules.shape
+  # û_{j|(p,t)} = W_tj u_(p,t) + o_p                 # [batch, positions, types, out, dim]
+  votes = jnp.einsum('tjdk,bptk->bptjd', transforms, capsules) + offsets[None, :, None, None, :]
+  return votes.reshape(batch, positions * types, transforms.shape[1], transforms.shape[2])
+
+
+def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, num_iterations, *,
+                           max_iterations=None, unroll: bool = False, bias: Optional[Array] = None) -> Array:
+  """Procedure 1 on shared-transform votes without materialising û: the same values as
+  `dynamic_routing(shared_votes(capsules, transforms, offsets), …)`.
+
+  Both sums of Procedure 1 contract in the input pose space:
+    s_j = Σ_i c_ij û_{j|i} = Σ_t W_tj (Σ_p c_(p,t)j u_(p,t)) + Σ_(p,t) c_(p,t)j o_p
+    û_{j|i}·v_j = u_(p,t)·(W_tjᵀ v_j) + o_p·v_j
+  so the largest tensor is the logits [batch, positions, types, out], not û's
+  [batch, positions·types, out, dim]. Returns parents [batch, out, dim].
+  """
+  chex.assert_rank(capsules, 4)   # [batch, positions, types, in_dim]
+  batch, positions, types, _ = capsules.shape
+  out_caps, out_dim = transforms.shape[1], transforms.shape[2]
+  dtype = capsules.dtype
+  offsets = offsets.astype(dtype)
+
+  def body(t, carry):
+    _, logits = carry
+    coupling = jax.nn.softmax(logits, axis=-1)                                 # [batch, pos, types, out]
+    pooled = jnp.einsum('bptj,bptk->btjk', coupling, capsules)                 # [batch, types, out, in_dim]
+    total_input = (jnp.einsum('tjdk,btjk->bjd', transforms, pooled)            # [batch, out, dim]
+                   + jnp.einsum('bptj,pd->bjd', coupling, offsets))
+    if bias is not None:
+      total_input = total_input + bias
+    parents = squash(total_input)                                              # [batch, out, dim]
+    pulled_back = jnp.einsum('tjdk,bjd->btjk', transforms, parents)            # [batch, types, out, in_dim]
+    agreement = (jnp.einsum('bptk,btjk->bptj', capsules, pulled_back)          # [batch, pos, types, out]
+                 + jnp.einsum('pd,bjd->bpj', offsets, parents)[:, :, None, :])
+    return parents, logits + agreement
+
+  state = (jnp.zeros((batch, out_caps, out_dim), dtype), jnp.zeros((batch, positions, types, out_caps), dtype))
+  parents, _ = _iterate(body, state, num_iterations, max_iterations, unroll)
+  return parents
+
+
 # ============================================================================= the registry
 # Every routing algorithm has one signature:
 #   function(prediction_vectors [batch, in, out, dim], input_activations [batch, in],
@@ -206,11 +269,17 @@ def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array
 #                    arguments when the model enables them: 'bias' ([out, dim], added to s_j),
 #                    'log_priors' ([in, out], initial logits), 'leaky' (bool), and
 #                    'stop_gradient_predictions' (bool); see capsjax.layers.LAYER_FEATURES
+#   shared           for class-capsule transforms shared over positions (one W per primary
+#                    type and class, û_{j|i} = W_{t(i)j} u_i + the position offset of i): the
+#                    same routing written without û, `shared(capsules [batch, positions,
+#                    types, in_dim], transforms [types, out, dim, in_dim], offsets
+#                    [positions, dim], num_iterations, *, max_iterations, unroll, **options)`
+#                    → as the routing; None: the layer materialises û (see shared_votes)
 # Every other keyword argument with a default is an option a config may set
 # (config.model.routing_options). Activations are what the margin loss, the explorer and
 # predict read.
 
-ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, layer_inputs=())
+ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, layer_inputs=(), shared=None)
 # The routing's own arguments: neither options nor learned.
 _OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll',
                   'return_logits')
@@ -218,11 +287,12 @@ _OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'num_iterations', '
 
 def register_routing(name: str, *, iterative: bool = True,
                      learned: Optional[Dict[str, Tuple[Callable[[int, int, int], tuple], float]]] = None,
-                     returns_logits: bool = False, layer_inputs: Tuple[str, ...] = ()):
+                     returns_logits: bool = False, layer_inputs: Tuple[str, ...] = (),
+                     shared: Optional[Callable[..., Any]] = None):
   """Function decorator: `config.model.routing = name` routes with this function (see the
   signature and capabilities above)."""
   return ROUTINGS.register(name, iterative=iterative, learned=dict(learned or {}),
-                           returns_logits=returns_logits, layer_inputs=tuple(layer_inputs))
+                           returns_logits=returns_logits, layer_inputs=tuple(layer_inputs), shared=shared)
 
 
 def route(name: str, prediction_vectors: Array, input_activations: Optional[Array] = None,
@@ -291,8 +361,17 @@ def _iterate(body, state, num_iterations, max_iterations, unroll):
   return jax.lax.fori_loop(0, length, step, state, unroll=unroll)
 
 
+def _dynamic_shared(capsules, transforms, offsets, num_iterations, *, max_iterations=None, unroll=False,
+                    bias=None):
+  """`dynamic` on shared-transform votes without û (the layer features other than the bias
+  need û or per-capsule logits: validation refuses them with shared transforms)."""
+  parents = shared_dynamic_routing(capsules, transforms, offsets, num_iterations, max_iterations=max_iterations,
+                                   unroll=unroll, bias=bias)
+  return parents, vector_norm(parents)
+
+
 @register_routing('dynamic', returns_logits=True,
-                  layer_inputs=('bias', 'log_priors', 'leaky', 'stop_gradient_predictions'))
+                  layer_inputs=('bias', 'log_priors', 'leaky', 'stop_gradient_predictions'), shared=_dynamic_shared)
 def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False,
             return_logits=False, stop_gradient_predictions=False, leaky=False, log_priors=None, bias=None):
   """Procedure 1 (`dynamic_routing`); input activations are ignored; activations |v_j|."""

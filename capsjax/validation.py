@@ -194,6 +194,7 @@ MODEL_RULES = {
     'conv_impl': one_of(CONV_IMPLS),
     'patches_inference': one_of(PATCHES_INFERENCE),
     'routing_loop': one_of(ROUTING_LOOPS),
+    'transforms': one_of(('per_capsule', 'per_type')),
     'dtype': one_of(DTYPES),
     'init_scheme': one_of(INITS),
     'routing': registered(ROUTINGS.names),
@@ -404,6 +405,8 @@ DESCRIPTIONS = {
     'model.digit_bias': "a bias added to s_j in every routing iteration (the authors' code)",
     'model.routing_iterations': 'routing-by-agreement iterations (3)',
     'model.routing_loop': 'the routing loop rolled or unrolled (same values; auto: faster on the backend)',
+    'model.transforms': 'class-capsule transforms: per_capsule (the paper) or per_type (shared over positions, '
+                        'with coordinate addition; parameters independent of the image size)',
     'model.learn_log_priors': 'learned initial routing logits',
     'model.leaky_routing': "a 'none-of-the-above' parent in routing",
     'model.stop_gradient_predictions': 'gradients reach the predictions through the last routing iteration only',

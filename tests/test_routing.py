@@ -481,3 +481,72 @@ def test_interleaved_rounds_share_a_burst_of_load_between_the_routings():
   assert calls == ['slower', 'faster', 'faster', 'slower', 'slower', 'faster', 'faster', 'slower', 'slower', 'faster']
   assert measured['faster']['median'] == 110.0 and measured['slower']['median'] == 100.0
   assert measured['faster']['min'] == 22.0 and measured['faster']['max'] == 110.0
+
+
+def test_shared_transform_routing_equals_procedure_1_on_the_materialised_votes():
+  """û_{j|(p,t)} = W_tj u_(p,t) + o_p: Procedure 1 written without û gives what
+  dynamic_routing gives on û itself, in value and in gradient (float64)."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(7)
+    batch, height, width, types, in_dim, out_caps, out_dim = 2, 3, 2, 3, 4, 5, 6
+    capsules = jnp.asarray(rng.normal(size=(batch, height * width, types, in_dim)) * 0.5)
+    transforms = jnp.asarray(rng.normal(size=(types, out_caps, out_dim, in_dim)) * 0.5)
+    bias = jnp.asarray(rng.normal(size=(out_caps, out_dim)) * 0.1)
+    offsets = routing.coordinate_offsets(height, width, out_dim).astype(jnp.float64)
+    assert offsets[3, :2].tolist() == [(1 + 0.5) / 3, (1 + 0.5) / 2] and not offsets[:, 2:].any()
+    weights = jnp.asarray(rng.normal(size=(batch, out_caps, out_dim)))
+
+    def materialised(capsules, transforms, bias):
+      votes = routing.shared_votes(capsules, transforms, offsets)     # [batch, pos·types, out, dim]
+      return jnp.sum(weights * routing.dynamic_routing(votes, 3, bias=bias))
+
+    def factored(capsules, transforms, bias):
+      return jnp.sum(weights * routing.shared_dynamic_routing(capsules, transforms, offsets, 3, bias=bias))
+
+    value, grads = jax.value_and_grad(materialised, argnums=(0, 1, 2))(capsules, transforms, bias)
+    factored_value, factored_grads = jax.value_and_grad(factored, argnums=(0, 1, 2))(capsules, transforms, bias)
+    np.testing.assert_allclose(factored_value, value, rtol=1e-12)
+    for ours, reference in zip(factored_grads, grads):
+      np.testing.assert_allclose(ours, reference, rtol=1e-10, atol=1e-12)
+    # The votes themselves: W_tj u_(p,t) + o_p, capsule (p, t) at row p·types + t.
+    votes = routing.shared_votes(capsules, transforms, offsets)
+    np.testing.assert_allclose(votes[1, 4 * types + 2, 3],
+                               transforms[2, 3] @ capsules[1, 4, 2] + offsets[4], rtol=1e-12)
+
+
+def test_shared_transforms_in_the_capsnet_route_without_votes_and_do_not_grow_with_the_image():
+  from capsjax import assemble, memory  # pylint: disable=g-import-not-at-top
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  shapes = {}
+  for size in (28, 64):
+    config = mnist.get_config()
+    config.model.update(transforms='per_type', conv1_channels=16, primary_types=4, decoder_hidden=(16, 32),
+                        input_shape=(size, size, 1))
+    model = assemble.model(config)
+    shapes[size] = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 1)))['params']
+  assert shapes[28]['digit_caps']['weights'].shape == shapes[64]['digit_caps']['weights'].shape == (4, 10, 16, 8)
+  # The factored routing (classify) and the materialised votes (the probe's path,
+  # return_logits) give the same capsules (at 36 px: a 10×10 grid of primary capsules).
+  config.model.input_shape = (36, 36, 1)
+  model = assemble.model(config)
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 36, 36, 1)))['params']
+  images = jnp.asarray(np.random.default_rng(0).random((2, 36, 36, 1)), jnp.float32)
+  with jax.default_matmul_precision('float32'):
+    capsules, _ = jax.jit(lambda p, x: model.apply({'params': p}, x, method='classify'))(params, images)
+    materialised, _ = jax.jit(lambda p, x: model.apply({'params': p}, x, None, None, True, method='encode'))(
+        params, images)
+  np.testing.assert_allclose(capsules, materialised, rtol=1e-4, atol=1e-6)
+
+  # Peak memory of the routing with gradients at 64 px (576 positions × 32 types, the
+  # paper's sizes otherwise): the factored form holds no û.
+  batch, positions, types = 8, 24 * 24, 32
+  args = (jax.ShapeDtypeStruct((batch, positions, types, 8), jnp.float32),
+          jax.ShapeDtypeStruct((types, 10, 16, 8), jnp.float32))
+  offsets = routing.coordinate_offsets(24, 24, 16)
+  factored = jax.jit(jax.grad(lambda u, w: jnp.sum(routing.shared_dynamic_routing(u, w, offsets, 3)), (0, 1)))
+  votes = jax.jit(jax.grad(lambda u, w: jnp.sum(routing.dynamic_routing(routing.shared_votes(u, w, offsets), 3)),
+                           (0, 1)))
+  vote_bytes = batch * positions * types * 10 * 16 * 4
+  with_votes = memory.traced_peak_bytes(votes, *args)
+  assert with_votes > 2 * vote_bytes   # û and its companions (measured 421 MB; û is 94 MB)
+  assert memory.traced_peak_bytes(factored, *args) < with_votes / 4   # measured 67 MB
