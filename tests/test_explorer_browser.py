@@ -116,12 +116,13 @@ def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page):
   config.dataset = 'my_photos'
   config.model.num_classes = 100
   config.model.conv1_channels, config.model.primary_types, config.model.decoder_hidden = 16, 2, (32, 64)
+  config.model.input_shape = (20, 20, 1)   # photos, not drawable: one compiled encoding fewer
   config.class_names = tuple(f'{i:03d} a rather long class name xy'[:30] for i in range(100))
   model = assemble.model(config)
-  params = model.init(jax.random.key(0), np.zeros((1, 28, 28, 1), np.float32))['params']
+  params = jax.jit(model.init)(jax.random.key(0), np.zeros((1, 20, 20, 1), np.float32))['params']
   rng = np.random.default_rng(0)
   many = Explorer(TrainedModel(config, model, params, 'a 100-class run'),
-                  rng.random((8, 28, 28, 1), np.float32), rng.integers(0, 100, 8))
+                  rng.random((8, 20, 20, 1), np.float32), rng.integers(0, 100, 8))
   server = make_server(many, '127.0.0.1', 0)
   threading.Thread(target=server.serve_forever, daemon=True).start()
   try:

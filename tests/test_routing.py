@@ -442,7 +442,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   config.data_dir = mnist_dir
   assert set(config.routing_zoo.routings) == set(routing.ROUTINGS)   # the smoke has a row per algorithm
   # Two of them here (the program's mechanics; each algorithm trains in the smoke, docs/results.md).
-  config.routing_zoo.routings = ('dynamic', 'em')
+  config.routing_zoo.routings = ('dynamic', 'self_attention')
   config.model.update(conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
   config.update(num_train_examples=600, validation_examples=200, num_test_examples=200, num_steps=10,
                 eval_every_steps=5, log_every_steps=5, checkpoint_every_steps=5, eval_batch_size=100,
@@ -453,7 +453,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   config.stop_at_step = 0
   summary = routing_zoo.run(config, str(tmp_path))
   rows = {row['routing']: row for row in summary['rows']}
-  assert list(rows) == ['dynamic', 'em']
+  assert list(rows) == ['dynamic', 'self_attention']
   for row in rows.values():
     assert len(row['test_error']) == 2 and len(row['test_error_at_best_validation']) == 2   # two seeds
     assert row['train_images_per_s'] > 0 and row['infer_images_per_s'] > 0 and row['num_params'] > 0
@@ -462,7 +462,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   assert '2 interleaved rounds' in table and all(
       row['train_speed']['min'] <= row['train_speed']['median'] <= row['train_speed']['max'] for row in rows.values())
   assert (tmp_path / 'routing_test_error.png').stat().st_size > 0
-  assert summary['curves']['em']['steps'] == [5, 10]
+  assert summary['curves']['self_attention']['steps'] == [5, 10]
 
 
 def test_interleaved_rounds_share_a_burst_of_load_between_the_routings():
