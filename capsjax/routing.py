@@ -193,15 +193,17 @@ def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array
 # ============================================================================= shared transforms
 # Class-capsule transforms shared over positions (Hinton, Sabour & Frosst, "Matrix capsules
 # with EM routing", ICLR 2018): primary capsule i = (position p, type t) votes
-# û_{j|i} = W_tj u_i + o_p, where o_p puts p's scaled (row, column) in the first two vote
-# coordinates ("coordinate addition"). The parameters no longer grow with the image.
+# û_{j|i} = W_tj u_i + o_p, where o_p puts p's scaled (row, column), centred, in the first
+# two vote coordinates ("coordinate addition"). The parameters no longer grow with the image.
 
 
 def coordinate_offsets(height: int, width: int, dim: int) -> Array:
-  """o_p [height·width, dim]: the centre of grid cell p, (row + ½)/height and
-  (column + ½)/width, in coordinates 0 and 1; zeros elsewhere. Row-major, as capsules are
-  ordered (row, column, type)."""
-  rows, columns = jnp.meshgrid((jnp.arange(height) + 0.5) / height, (jnp.arange(width) + 0.5) / width,
+  """o_p [height·width, dim]: the centre of grid cell p relative to the grid's centre,
+  (row + ½)/height − ½ and (column + ½)/width − ½, in coordinates 0 and 1; zeros
+  elsewhere. Row-major, as capsules are ordered (row, column, type). Centred because
+  Procedure 1 sums the votes (EM averages them): uncentred, Σ_i c_ij o_p would add about
+  in_caps/(2·classes) to every class's first two coordinates and saturate every length."""
+  rows, columns = jnp.meshgrid((jnp.arange(height) + 0.5) / height - 0.5, (jnp.arange(width) + 0.5) / width - 0.5,
                                indexing='ij')
   offsets = jnp.zeros((height * width, dim), jnp.float32)
   return offsets.at[:, 0].set(rows.ravel()).at[:, 1].set(columns.ravel())

@@ -493,7 +493,7 @@ def test_shared_transform_routing_equals_procedure_1_on_the_materialised_votes()
     transforms = jnp.asarray(rng.normal(size=(types, out_caps, out_dim, in_dim)) * 0.5)
     bias = jnp.asarray(rng.normal(size=(out_caps, out_dim)) * 0.1)
     offsets = routing.coordinate_offsets(height, width, out_dim).astype(jnp.float64)
-    assert offsets[3, :2].tolist() == [(1 + 0.5) / 3, (1 + 0.5) / 2] and not offsets[:, 2:].any()
+    assert offsets[3, :2].tolist() == [(1 + 0.5) / 3 - 0.5, (1 + 0.5) / 2 - 0.5] and not offsets[:, 2:].any()
     weights = jnp.asarray(rng.normal(size=(batch, out_caps, out_dim)))
 
     def materialised(capsules, transforms, bias):
