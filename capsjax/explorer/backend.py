@@ -215,16 +215,15 @@ class Explorer:
     (one compilation)."""
     batch = min(ENCODE_BATCH, len(images))
     capsules, activations = [], []
-    bar = cli.progress(what='encoding the test inputs', total=len(images), unit='images',
-                       disable=not show_progress)
-    for start in range(0, len(images), batch):
-      chunk = images[start:start + batch]
-      padded = np.concatenate([chunk, np.zeros((batch - len(chunk),) + chunk.shape[1:], chunk.dtype)])
-      encoded, active = self._encode(jnp.asarray(padded))
-      capsules.append(np.asarray(encoded)[:len(chunk)])
-      activations.append(np.asarray(active)[:len(chunk)])
-      bar.update(len(chunk))
-    bar.close()
+    with cli.progress(what='encoding the test inputs', total=len(images), unit='images',
+                      disable=not show_progress) as bar:
+      for start in range(0, len(images), batch):
+        chunk = images[start:start + batch]
+        padded = np.concatenate([chunk, np.zeros((batch - len(chunk),) + chunk.shape[1:], chunk.dtype)])
+        encoded, active = self._encode(jnp.asarray(padded))
+        capsules.append(np.asarray(encoded)[:len(chunk)])
+        activations.append(np.asarray(active)[:len(chunk)])
+        bar.update(len(chunk))
     return np.concatenate(capsules), np.concatenate(activations)
 
   def _most_active(self, activations: np.ndarray) -> np.ndarray:

@@ -60,12 +60,8 @@ class ImageFolderSource(Source):
 
     images = ImageRows(read, info.image_shape, num_rows=len(paths))
     if not on_demand:
-      images = images.read_all(f'decoding {os.path.join(root, split)}' if len(paths) >= PROGRESS_FROM else None)
+      images = images.read_all(f'decoding {os.path.join(root, split)}')
     return _checked(Dataset(images, labels), info, split)
-
-
-# Folders of fewer images read in about a second: no progress bar.
-PROGRESS_FROM = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +93,7 @@ def scan_image_folder(root: str) -> FolderScan:
     if not files[split]:
       raise DataError(f'{split_dir} holds no .png or .jpg images in class folders (CLASS/IMAGE)')
     random.Random(split).shuffle(files[split])   # tfds.ImageFolder's order
-    for path, _ in cli.progress(files[split], what=f'scanning {split_dir}', unit='images',
-                                disable=len(files[split]) < PROGRESS_FROM):
+    for path, _ in cli.progress(files[split], what=f'scanning {split_dir}', unit='images'):
       with image_files.open_image(path) as image:
         sizes.add(image.size)
         channels = max(channels, image_files.channels_of(image.mode))
