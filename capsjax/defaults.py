@@ -45,6 +45,13 @@ def capsnet_config() -> ml_collections.ConfigDict:
       # type and class, shared over positions, with coordinate addition: its parameters do
       # not grow with the image; Procedure 1 then routes without materialising û).
       transforms='per_capsule',
+      # 'none' (the paper) or 'strided': 3×3 stride-2 convolutions of stem_channels before
+      # conv1, halving the image until it is at most 40 px.
+      stem='none', stem_channels=32,
+      # 'dense' (the paper's decoder_hidden widths) or 'deconv' (transposed convolutions:
+      # its size does not grow with the image). transforms, stem and decoder may be
+      # 'auto': chosen for the data's size and the memory (capsjax.sizing; `images` does).
+      decoder='dense',
   ))
 
 

@@ -20,11 +20,20 @@ LAYER_FEATURES = {'digit_bias': 'bias', 'learn_log_priors': 'log_priors', 'leaky
 Initializer = Callable[..., Array]
 
 
+def same_padding(side: int, kernel_size: int, stride: int):
+  """(low, high) zero padding of one side so that a convolution gives ⌈side / stride⌉
+  outputs (TensorFlow's SAME: the extra pixel, if any, goes after)."""
+  outputs = -(-side // stride)
+  total = max((outputs - 1) * stride + kernel_size - side, 0)
+  return total // 2, total - total // 2
+
+
 class Conv(nn.Module):
   """Convolution with a [kh, kw, in, out] kernel; `impl` and `patches_inference` pick the
   formulation (ops.conv2d).
 
-  padding 'VALID' (CapsNet) or 'SAME' (the CNN baselines: zero padding, stride 1 keeps the size).
+  padding 'VALID' (CapsNet) or 'SAME' (zero padding: the output is ⌈size / stride⌉, the
+  CNN baselines at stride 1 and the strided stem at stride 2).
   `output_scale` multiplies the convolution before the bias is added.
   """
   features: int
@@ -46,10 +55,8 @@ class Conv(nn.Module):
                         (self.kernel_size, self.kernel_size, in_features, self.features))
     dtype = self.dtype or images.dtype
     if self.padding == 'SAME':
-      if self.stride != 1:
-        raise ValueError('SAME padding is implemented for stride 1 only')
-      low, high = (self.kernel_size - 1) // 2, self.kernel_size // 2
-      images = jnp.pad(images, ((0, 0), (low, high), (low, high), (0, 0)))
+      pads = [same_padding(side, self.kernel_size, self.stride) for side in images.shape[1:3]]
+      images = jnp.pad(images, ((0, 0), pads[0], pads[1], (0, 0)))
     elif self.padding != 'VALID':
       raise ValueError(f"padding must be 'VALID' or 'SAME', got {self.padding!r}")
     outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, self.impl,
@@ -99,7 +106,7 @@ class CapsuleLayer(nn.Module):
   output capsule j, û_{j|i} = W_ij u_i, then the routing. `'per_type'`: one W_tj per
   primary capsule type t (the capsules of `grid` positions × `types` types, ordered
   (row, column, type)) shared over positions, with coordinate addition,
-  û_{j|(p,t)} = W_tj u_(p,t) + o_p (capsjax.routing.coordinate_offsets): its parameters
+  û_{j|(p,t)} = (W_tj u_(p,t) + o_p) / √positions (capsjax.routing.coordinate_offsets): its parameters
   do not grow with the image, and a routing with a `shared` form (Procedure 1) routes
   without materialising û. [batch, in_caps, in_dim] → [batch, out_caps, out_dim].
   `routing_loop` 'rolled' or 'unrolled' (same values; 'auto': the backend's faster one,
@@ -136,8 +143,14 @@ class CapsuleLayer(nn.Module):
       weights = self.param('weights', self.weights_init, (self.types, self.num_capsules, self.dim, in_dim))
       rows, columns = grid
       grouped = capsules.reshape(batch, rows * columns, self.types, in_dim)       # [batch, pos, types, in_dim]
-      offsets = coordinate_offsets(rows, columns, self.dim)                        # [pos, dim]
-      shared = (grouped.astype(jnp.float32), weights.astype(jnp.float32), offsets)
+      # Votes scaled by 1/√positions: one W_tj sums coherently over the positions, and the
+      # offsets add up under routing; unscaled, every length starts near 1 (0.96 for 2
+      # classes at 128 px) and the margin loss has no gradient to learn from. Scaled, the
+      # initial lengths are the paper layer's (≈ 0.002 for 10 classes). A fixed
+      # reparametrisation of W and o: the routing sees ordinary votes.
+      scale = (rows * columns) ** -0.5
+      offsets = scale * coordinate_offsets(rows, columns, self.dim)                # [pos, dim]
+      shared = (grouped.astype(jnp.float32), scale * weights.astype(jnp.float32), offsets)
       prediction_vectors = None   # materialised below only where the routing needs û
     else:
       weights = self.param('weights', self.weights_init,
@@ -193,3 +206,91 @@ class Decoder(nn.Module):
       hidden = nn.relu(dense(width)(hidden))
     pixels = nn.sigmoid(dense(math.prod(self.output_shape))(hidden))
     return pixels.reshape((batch,) + tuple(self.output_shape))
+
+
+# The strided stem's convolutions: 3×3, stride 2, SAME, ReLU, each halving the image.
+STEM_KERNEL = 3
+# 'strided' halves the image until its larger side is at most this: the paper's two 9×9
+# convolutions then see an image the size of MNIST's (28) to MultiMNIST's (36) and more.
+STEM_TARGET_SIDE = 40
+
+
+def stem_stages(height: int, width: int) -> int:
+  """How many halvings bring max(height, width) to at most STEM_TARGET_SIDE."""
+  stages, side = 0, max(height, width)
+  while side > STEM_TARGET_SIDE:
+    side, stages = -(-side // 2), stages + 1
+  return stages
+
+
+def halved(side: int, times: int) -> int:
+  """`side` after `times` SAME stride-2 steps: ⌈side / 2^times⌉."""
+  for _ in range(times):
+    side = -(-side // 2)
+  return side
+
+
+class StridedStem(nn.Module):
+  """`stages` 3×3 stride-2 convolutions (SAME, ReLU) of `channels` each: a large image
+  brought to a small grid before the CapsNet's conv1, so that compute and memory per
+  image stay near the paper model's. [batch, h, w, c] → [batch, ⌈h/2^s⌉, ⌈w/2^s⌉, channels]."""
+  stages: int
+  channels: int = 32
+  impl: str = 'auto'
+  patches_inference: str = 'auto'
+  dtype: Optional[jnp.dtype] = None
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, images: Array) -> Array:
+    features = images
+    for stage in range(self.stages):
+      features = nn.relu(Conv(self.channels, STEM_KERNEL, 2, padding='SAME', impl=self.impl,
+                              patches_inference=self.patches_inference, dtype=self.dtype,
+                              kernel_init=self.kernel_init, bias_init=self.bias_init,
+                              name=f'conv{stage}')(features))
+    return features
+
+
+# The transposed-convolution decoder starts from a grid of at most this side, doubling it
+# per stage, with these channels (the last stage gives the image's channels).
+DECONV_START_SIDE = 8
+DECONV_CHANNELS = (64, 32, 16)
+
+
+def deconv_stages(height: int, width: int) -> int:
+  """How many doublings reach max(height, width) from a side of at most DECONV_START_SIDE."""
+  stages, side = 0, max(height, width)
+  while side > DECONV_START_SIDE:
+    side, stages = -(-side // 2), stages + 1
+  return stages
+
+
+class DeconvDecoder(nn.Module):
+  """A decoder whose size does not grow with the image: masked capsules → Dense → a
+  [⌈h/2^s⌉, ⌈w/2^s⌉, 64] grid → s transposed 3×3 stride-2 convolutions (ReLU, channels
+  halving to 16; the last gives the image's channels, sigmoid) → cropped to [h, w, c].
+  As DeepCaps (Rajasegaran et al., CVPR 2019) decodes; at 28×28 it has
+  0.5M parameters where the paper's dense decoder has 1.4M, at 128×128×3 0.7M vs 50M."""
+  output_shape: Sequence[int] = (28, 28, 1)
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, masked_capsules: Array) -> Array:
+    height, width, channels = self.output_shape
+    stages = max(deconv_stages(height, width), 1)
+    start_h, start_w = (halved(side, stages) for side in (height, width))
+    batch = masked_capsules.shape[0]
+    hidden = masked_capsules.reshape(batch, -1)                                  # [batch, out_caps * out_dim]
+    hidden = nn.relu(nn.Dense(start_h * start_w * DECONV_CHANNELS[0], kernel_init=self.kernel_init,
+                              bias_init=self.bias_init)(hidden))
+    grid = hidden.reshape(batch, start_h, start_w, DECONV_CHANNELS[0])          # [batch, h0, w0, 64]
+    for stage in range(stages):
+      last = stage == stages - 1
+      width_out = channels if last else DECONV_CHANNELS[min(stage + 1, len(DECONV_CHANNELS) - 1)]
+      grid = nn.ConvTranspose(width_out, (3, 3), strides=(2, 2), padding='SAME', kernel_init=self.kernel_init,
+                              bias_init=self.bias_init, name=f'deconv{stage}')(grid)
+      grid = grid if last else nn.relu(grid)
+    return nn.sigmoid(grid[:, :height, :width, :])                               # [batch, h, w, c]

@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax.layers import LAYER_FEATURES, CapsuleLayer, Conv, Decoder, PrimaryCaps
+from capsjax.layers import (LAYER_FEATURES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps, StridedStem,
+                            halved, stem_stages)
 from capsjax.registry import Registry
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults, vector_norm
 
@@ -138,9 +139,23 @@ class CapsNet(nn.Module):
   # Class-capsule transforms: 'per_capsule' (the paper: W_ij for every primary capsule) or
   # 'per_type' (W_tj shared over positions, with coordinate addition; see CapsuleLayer).
   transforms: str = 'per_capsule'
+  # 'none' (the paper: conv1 sees the image) or 'strided': 3×3 stride-2 convolutions of
+  # `stem_channels` before conv1, as many as bring the image to at most 40 px (layers.StridedStem).
+  stem: str = 'none'
+  stem_channels: int = 32
+  # 'dense' (the paper's 512-1024-pixels) or 'deconv' (layers.DeconvDecoder: its size does
+  # not grow with the image).
+  decoder: str = 'dense'
 
   def setup(self):
+    for key, value in (('transforms', self.transforms), ('stem', self.stem), ('decoder', self.decoder)):
+      if value == 'auto':   # capsjax.sizing chooses, once the data's shape is known
+        raise ValueError(f"CapsNet {key}='auto' must be resolved first (capsjax.sizing.choose_model)")
     inits = initializers(self.init_scheme)
+    if self.stem == 'strided':
+      self.strided_stem = StridedStem(stem_stages(*self.input_shape[:2]), self.stem_channels, impl=self.conv_impl,
+                                      patches_inference=self.patches_inference, dtype=self.dtype,
+                                      kernel_init=inits['conv1'], bias_init=inits['bias'])
     self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, impl=self.conv_impl,
                       patches_inference=self.patches_inference, dtype=self.dtype,
                       kernel_init=inits['conv1'], bias_init=inits['bias'])
@@ -155,9 +170,12 @@ class CapsNet(nn.Module):
         stop_gradient_predictions=self.stop_gradient_predictions, routing_loop=self.routing_loop,
         dtype=self.dtype, weights_init=inits['digit'], bias_init=inits['bias'], routing=self.routing,
         routing_options=dict(self.routing_options or {}), transforms=self.transforms, types=self.primary_types)
-    if self.use_decoder:
-      self.decoder = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape),
-                             kernel_init=inits['decoder'], bias_init=inits['bias'])
+    if self.use_decoder and self.decoder == 'deconv':
+      self.reconstruction = DeconvDecoder(tuple(self.input_shape), kernel_init=inits['decoder'],
+                                          bias_init=inits['bias'], name='decoder')
+    elif self.use_decoder:
+      self.reconstruction = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape),
+                                    kernel_init=inits['decoder'], bias_init=inits['bias'], name='decoder')
 
   def classify(self, images: Array, routing_iterations=None, max_iterations=None):
     """Images [batch, h, w, c] → (digit capsules [batch, classes, dim], the routing's
@@ -175,13 +193,15 @@ class CapsNet(nn.Module):
     if tuple(images.shape[1:]) != expected:
       raise ValueError(f'CapsNet expects images of shape [batch, {", ".join(map(str, expected))}], '
                        f'got {list(images.shape)}')
+    if self.stem == 'strided':
+      images = self.strided_stem(images)
     features = nn.relu(self.conv1(images))
     primary = self.primary_caps(features)
     grid = tuple((side - self.primary_kernel) // self.primary_stride + 1 for side in features.shape[1:3])
     return self.digit_caps(primary, routing_iterations, max_iterations, return_logits, grid)
 
   def decode(self, capsules: Array, mask: Array) -> Array:
-    return self.decoder(mask_capsules(capsules, mask))
+    return self.reconstruction(mask_capsules(capsules, mask))
 
   def __call__(self, images: Array, mask: Optional[Array] = None, routing_iterations=None,
                max_iterations=None):
@@ -240,8 +260,9 @@ def capsnet_geometry_problem(model) -> Optional[str]:
   if not model.input_shape:
     return None   # the shape of the data, checked once the data has said it
   height, width = model.input_shape[:2]
+  stages = stem_stages(height, width) if model.get('stem') == 'strided' else 0
   sizes = []
-  for side in (height, width):
+  for side in (halved(height, stages), halved(width, stages)):
     conv1 = side - model.conv1_kernel + 1
     primary = (conv1 - model.primary_kernel) // model.primary_stride + 1 if conv1 >= model.primary_kernel else 0
     sizes.append((conv1, primary))

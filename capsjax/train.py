@@ -19,7 +19,7 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import assemble, memory, reports, sharding, steps
+from capsjax import assemble, memory, reports, sharding, sizing, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
@@ -220,6 +220,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return _complete(workdir, finished)
   try:
     config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
+    recorded = (workdir_lib.read_config(workdir).to_dict()
+                if os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)) else None)
+    config, chosen = sizing.choose_model(sizing.keep_recorded(config, recorded))
+    if chosen:
+      _log(chosen)
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
       changed = workdir_lib.bind_config(workdir, config)
       if changed:
@@ -381,7 +386,7 @@ def _finished(workdir: str, config) -> Optional[Dict[str, Any]]:
   open_keys = {key for key, is_open in (('model.input_shape', not tuple(config.model.get('input_shape', (1,)))),
                                          ('model.num_classes', config.model.get('num_classes') == 0),
                                          ('class_names', not tuple(config.get('class_names', ('',)))))
-               if is_open}
+               if is_open} | {f'model.{key}' for key in sizing.open_keys(config.model)}
   differences = [line for line in workdir_lib.config_differences(saved, config) if line.split(':')[0] not in open_keys]
   if differences:
     return None

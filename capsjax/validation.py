@@ -194,7 +194,10 @@ MODEL_RULES = {
     'conv_impl': one_of(CONV_IMPLS),
     'patches_inference': one_of(PATCHES_INFERENCE),
     'routing_loop': one_of(ROUTING_LOOPS),
-    'transforms': one_of(('per_capsule', 'per_type')),
+    'transforms': one_of(('auto', 'per_capsule', 'per_type')),
+    'stem': one_of(('auto', 'none', 'strided')),
+    'stem_channels': int_at_least(1),
+    'decoder': one_of(('auto', 'dense', 'deconv')),
     'dtype': one_of(DTYPES),
     'init_scheme': one_of(INITS),
     'routing': registered(ROUTINGS.names),
@@ -406,7 +409,13 @@ DESCRIPTIONS = {
     'model.routing_iterations': 'routing-by-agreement iterations (3)',
     'model.routing_loop': 'the routing loop rolled or unrolled (same values; auto: faster on the backend)',
     'model.transforms': 'class-capsule transforms: per_capsule (the paper) or per_type (shared over positions, '
-                        'with coordinate addition; parameters independent of the image size)',
+                        'with coordinate addition; parameters independent of the image size); auto: by the '
+                        'image size and memory (capsjax.sizing)',
+    'model.stem': 'none (the paper) or strided: 3×3 stride-2 convolutions before conv1 halving the image to '
+                  'at most 40 px; auto: by the image size',
+    'model.stem_channels': "the strided stem's channels (32)",
+    'model.decoder': "dense (the paper's 512-1024-pixels) or deconv (transposed convolutions, size independent "
+                     'of the image); auto: by the image size',
     'model.learn_log_priors': 'learned initial routing logits',
     'model.leaky_routing': "a 'none-of-the-above' parent in routing",
     'model.stop_gradient_predictions': 'gradients reach the predictions through the last routing iteration only',

@@ -7,6 +7,11 @@ data.
 
 DIR holds train/CLASS/*.png|jpg and test/CLASS/… (tfds.ImageFolder's layout). Grey or RGB
 comes from the images; images of mixed sizes need --config.image_size=N.
+
+The model's stem, class-capsule transforms and decoder are chosen for the images' size
+and the machine's memory (capsjax.sizing; the header says which and why): the paper's
+at MNIST-like sizes; above 40 px a strided stem, transforms shared over positions and a
+transposed-convolution decoder. --config.model.{stem,transforms,decoder}=… overrides.
 """
 from capsjax import defaults
 
@@ -17,4 +22,5 @@ def get_config():
   config.dataset = 'image_folder'
   config.model.input_shape = ()   # the data's (after image_size)
   config.model.num_classes = 0    # the data's
+  config.model.transforms = config.model.stem = config.model.decoder = 'auto'   # capsjax.sizing
   return config

@@ -189,13 +189,14 @@ class Explorer:
     return not self.multimnist and self.input_shape == (MNIST_SIZE, MNIST_SIZE, 1)
 
   def decode(self, vectors, classes) -> np.ndarray:
-    """Reconstructions float32 [k, h, w] from capsule `vectors` [k, dim] of `classes` [k]:
+    """Reconstructions float32 [k, h, w] (grey) or [k, h, w, 3] from capsule `vectors` [k, dim] of `classes` [k]:
     each decoded on its own, every other capsule masked out (the model's `decode`)."""
     vectors, classes = self._check_vectors(vectors, classes)
     capsules = np.zeros((len(classes), self.num_classes, self.dim), np.float32)  # [k, classes, dim]
     capsules[np.arange(len(classes)), classes] = vectors
     mask = jax.nn.one_hot(jnp.asarray(classes), self.num_classes)                # [k, classes]
-    return np.asarray(self._decode(jnp.asarray(capsules), mask))[..., 0]
+    pixels = np.asarray(self._decode(jnp.asarray(capsules), mask))              # [k, h, w, c]
+    return pixels[..., 0] if pixels.shape[-1] == 1 else pixels
 
   def reconstruct(self, vectors, classes) -> Dict[str, Any]:
     return {'pixels': [image.ravel().tolist() for image in to_pixels(self.decode(vectors, classes))]}
@@ -233,7 +234,8 @@ class Explorer:
   def _describe(self, image: np.ndarray, capsules: np.ndarray, activations: np.ndarray,
                 prediction: np.ndarray) -> Dict[str, Any]:
     return {
-        'image': to_pixels(image[..., 0]).ravel().tolist(),
+        # Row-major values: h·w grey, or h·w·3 interleaved RGB (the page tells them by length).
+        'image': to_pixels(image[..., 0] if image.shape[-1] == 1 else image).ravel().tolist(),
         'lengths': np.asarray(capsule_lengths(jnp.asarray(capsules))).tolist(),
         'activations': np.asarray(activations).tolist(),   # the bars: the routing's activations
         'capsules': capsules.tolist(),

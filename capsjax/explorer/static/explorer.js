@@ -49,11 +49,13 @@ async function api(path, body) {
 
 // ------------------------------------------------------------------------- drawing images
 
-function drawGrey(canvas, pixels) {
+// Row-major values from the server: one per pixel (grey) or three (interleaved RGB).
+function drawImage(canvas, pixels) {
   const context = canvas.getContext('2d');
   const image = context.createImageData(canvas.width, canvas.height);
-  for (let i = 0; i < pixels.length; i++) {
-    image.data[4 * i] = image.data[4 * i + 1] = image.data[4 * i + 2] = pixels[i];
+  const channels = pixels.length / (canvas.width * canvas.height);
+  for (let i = 0; i < canvas.width * canvas.height; i++) {
+    for (let c = 0; c < 3; c++) image.data[4 * i + c] = pixels[channels * i + (channels === 3 ? c : 0)];
     image.data[4 * i + 3] = 255;
   }
   context.putImageData(image, 0, 0);
@@ -242,7 +244,7 @@ async function decodeNow() {
   const classes = state.panels.map((panel) => panel.cls);
   try {
     const answer = await (await api('/api/decode', {vectors, classes})).json();
-    answer.pixels.forEach((pixels, p) => drawGrey($(`recon-canvas-${p}`), pixels));
+    answer.pixels.forEach((pixels, p) => drawImage($(`recon-canvas-${p}`), pixels));
     if (state.info.mode === 'multimnist') {
       drawRGB($('overlay-canvas'), answer.pixels[0], answer.pixels[1]);
       drawRGB($('segmentation-canvas'), ...segmentation(answer.pixels[0], answer.pixels[1]));
@@ -268,7 +270,7 @@ async function decodeNow() {
 
 function setExample(example, name) {
   state.example = example;
-  drawGrey($('input-canvas'), example.image);
+  drawImage($('input-canvas'), example.image);
   const labels = example.label === undefined ? null : [].concat(example.label);
   $('label').textContent = labels === null ? 'drawn' : labels.map(className).join(', ');
   $('prediction').textContent = example.prediction.map(className).join(', ');

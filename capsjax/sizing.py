@@ -1,0 +1,135 @@
+"""Choosing a CapsNet for the data's image size and the machine's memory.
+
+A model config may leave `transforms`, `stem` and `decoder` at 'auto' (the `images`
+experiment does): once the data has said its shape, `choose_model` fills them in, each
+with the paper's choice where the image is paper-sized and the scalable one where the
+paper's would grow with the image:
+
+  stem        'none' while the larger side is at most 40 px, else 'strided'
+              (layers.StridedStem: halvings to at most 40 px before conv1)
+  transforms  'per_capsule' on a paper-sized image (no stem, at most 4× the paper's 1152
+              primary capsules), else 'per_type' (one W per primary type, shared over positions)
+  decoder     'dense' while an image has at most 4× MNIST's 784 values, else 'deconv'
+
+and then, if a training step at the run's batch size would not fit the memory available
+(capsjax.memory's estimate of the traced step, nothing allocated), the scalable choice
+for each key still 'auto', in that order, until it fits. Explicit values are never changed.
+The chosen values are what the run records in its workdir: a resumed run keeps them.
+"""
+from typing import Dict, List, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from capsjax import memory
+from capsjax.layers import STEM_TARGET_SIDE, halved, stem_stages
+
+AUTO = 'auto'
+# key → (the paper's value, the scalable value), in the order memory pressure escalates.
+CHOICES = {'transforms': ('per_capsule', 'per_type'), 'stem': ('none', 'strided'), 'decoder': ('dense', 'deconv')}
+PAPER_PRIMARY_CAPSULES = 1152   # 6 × 6 × 32 on MNIST
+PAPER_PIXELS = 28 * 28
+
+
+def open_keys(model) -> List[str]:
+  """The model keys left to choose ('auto')."""
+  return [key for key in CHOICES if model.get(key) == AUTO]
+
+
+def primary_capsules(model, stem: str) -> int:
+  """How many primary capsules the CapsNet `model` has on its input with `stem`."""
+  height, width = model.input_shape[:2]
+  stages = stem_stages(height, width) if stem == 'strided' else 0
+  count = model.primary_types
+  for side in (halved(height, stages), halved(width, stages)):
+    count *= max((side - model.conv1_kernel + 1 - model.primary_kernel) // model.primary_stride + 1, 0)
+  return count
+
+
+def by_size(model) -> Dict[str, Tuple[str, str]]:
+  """key → (value, why) for the open keys of `model` from its input shape alone."""
+  height, width, channels = model.input_shape
+  chosen = {}
+  if model.get('stem') == AUTO:
+    large = max(height, width) > STEM_TARGET_SIDE
+    chosen['stem'] = (('strided', f'{height}×{width} halved {stem_stages(height, width)}× to at most '
+                       f'{STEM_TARGET_SIDE} px') if large else ('none', f'{height}×{width} is paper-sized'))
+  stem = chosen.get('stem', (model.get('stem', 'none'),))[0]
+  if model.get('transforms') == AUTO:
+    count = primary_capsules(model, stem)
+    if stem == 'strided' or count > 4 * PAPER_PRIMARY_CAPSULES:
+      chosen['transforms'] = ('per_type', f'{count:,} primary capsules on a larger-than-paper image: '
+                              f'{model.primary_types * model.num_classes * model.digit_dim * model.primary_dim:,} '
+                              'class-capsule parameters at any size')
+    else:
+      chosen['transforms'] = ('per_capsule', f'{count:,} primary capsules')
+  if model.get('decoder') == AUTO:
+    pixels = height * width * channels
+    large = pixels > 4 * PAPER_PIXELS
+    chosen['decoder'] = (('deconv', f'{pixels:,} values per image') if large
+                         else ('dense', f'{pixels:,} values per image'))
+  return chosen
+
+
+def training_peak_bytes(model_config, batch_size: int) -> int:
+  """Estimated peak bytes of one training step of `model_config` (a resolved CapsNet
+  config) at `batch_size`: the traced forward and backward pass (capsjax.memory) plus
+  the optimizer's two Adam moments and the updated parameters. Nothing is allocated."""
+  from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
+  model = build_model(**model_config)
+  shape = tuple(model_config.input_shape)
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1,) + shape)))['params']
+  images = jax.ShapeDtypeStruct((batch_size,) + shape, jnp.float32)
+  masks = jax.ShapeDtypeStruct((batch_size, model_config.num_classes), jnp.float32)
+
+  def loss(params, images, masks):
+    outputs = model.apply({'params': params}, images, masks if model_config.get('use_decoder') else None)
+    return sum(jnp.sum(value) for value in jax.tree.leaves(outputs))
+
+  param_bytes = sum(memory.array_bytes(leaf) for leaf in jax.tree.leaves(params))
+  return memory.traced_peak_bytes(jax.jit(jax.grad(loss)), params, images, masks) + 3 * param_bytes
+
+
+def choose_model(config, available: Optional[int] = None) -> Tuple[ml_collections.ConfigDict, Optional[str]]:
+  """(a copy of `config` with its model's 'auto' keys chosen, one line saying what was
+  chosen and why — None when nothing was open). `available`: bytes (default: this
+  machine's, capsjax.memory.available_bytes)."""
+  open_now = open_keys(config.model)
+  if not open_now:
+    return config, None
+  config = ml_collections.ConfigDict(config.to_dict())
+  model = config.model
+  chosen = by_size(model)
+  for key, (value, _) in chosen.items():
+    model[key] = value
+  available = memory.available_bytes() if available is None else available
+  estimate = training_peak_bytes(model, config.batch_size)
+  escalated = []
+  for key in open_now:   # memory pressure: the scalable value of each open key in turn
+    if estimate <= available:
+      break
+    scalable = CHOICES[key][1]
+    if model[key] != scalable:
+      model[key] = scalable
+      escalated.append(key)
+      chosen[key] = (scalable, 'to fit memory')
+      estimate = training_peak_bytes(model, config.batch_size)
+  parts = [f'{key}={value} ({why})' for key, (value, why) in chosen.items()]
+  line = (f'model chosen for {"×".join(map(str, model.input_shape))} images: {"; ".join(parts)}; '
+          f'training ≈ {estimate / 1e9:.2f} GB at batch_size={config.batch_size} '
+          f'({available / 1e9:.1f} GB available); --config.model.KEY=VALUE overrides a choice')
+  return config, line
+
+
+def keep_recorded(config, recorded) -> ml_collections.ConfigDict:
+  """`config` with its open keys taken from the config a workdir recorded (`recorded`, or
+  None): a resumed run keeps what its first invocation chose, on any machine."""
+  if recorded is None or not open_keys(config.model):
+    return config
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key in open_keys(config.model):
+    value = recorded.get('model', {}).get(key)
+    if value not in (None, AUTO):
+      config.model[key] = value
+  return config
