@@ -13,6 +13,7 @@ reconstructions, loss and gradients). It is what a PyTorch user would run instea
   python benchmarks/torch_capsnet.py --batch 128 --steps 5 --infer  # inference images/s
   python benchmarks/torch_capsnet.py --device cuda --compile         # on a GPU, torch.compile'd
   python benchmarks/torch_capsnet.py --device cuda --precision bf16  # bf16 autocast (tf32 is the GPU default)
+  python benchmarks/torch_capsnet.py --input_shape 64,64,3          # the paper's layers on larger images
 
 Prints one line: `torch_capsnet mode=train batch=128 ... images_per_s=42.8`. Needs torch
 (the test extra pins the 2.13.0 CPU build); any CUDA build for --device cuda.
@@ -107,6 +108,7 @@ def main():
   parser.add_argument('--batch', type=int, default=128)
   parser.add_argument('--steps', type=int, default=5)
   parser.add_argument('--infer', action='store_true')
+  parser.add_argument('--input_shape', default='28,28,1', help='H,W,C of the images (the paper: 28,28,1)')
   parser.add_argument('--threads', type=int, default=0)
   parser.add_argument('--device', default='cpu')
   parser.add_argument('--compile', action='store_true', help='torch.compile the model')
@@ -122,10 +124,11 @@ def main():
   torch.backends.cuda.matmul.allow_tf32 = precision != 'fp32'
   torch.backends.cudnn.allow_tf32 = precision != 'fp32'
   autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == 'bf16')
-  model = CapsNet().to(device)
+  input_shape = tuple(int(side) for side in args.input_shape.split(','))
+  model = CapsNet(input_shape).to(device)
   optimizer = torch.optim.Adam(model.parameters(), 1e-3)
   forward = torch.compile(model) if args.compile else model
-  images = torch.rand(args.batch, 28, 28, 1, device=device)
+  images = torch.rand(args.batch, *input_shape, device=device)
   targets = F.one_hot(torch.randint(0, 10, (args.batch,), device=device), 10).float()
   sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
 

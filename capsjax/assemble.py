@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import ml_collections
 import optax
 
-from capsjax import steps
+from capsjax import memory, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preprocessing, images_on_demand
@@ -223,3 +223,17 @@ def resolve_data(config) -> ml_collections.ConfigDict:
     if problems:   # e.g. the data's images, too small for the CapsNet
       raise ConfigError(problems[0])
   return config
+
+
+def choose_model(config, recorded=None, available: Optional[int] = None) -> Tuple[ml_collections.ConfigDict, Optional[str]]:
+  """(a copy of `config` whose model's 'auto' keys (stem, transforms, decoder) are chosen
+  for its input shape and batch size within `available` bytes (default: this machine's),
+  one line saying what and why, or None where nothing was open). `recorded`: the config
+  dict a workdir recorded; a resumed run keeps its choices (capsjax.sizing)."""
+  if not sizing.open_keys(config.model):
+    return config, None
+  model = sizing.keep_recorded(config.model, (recorded or {}).get('model'))
+  model, line = sizing.choose(model, config.batch_size, memory.available_bytes() if available is None else available)
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model = model
+  return config, line

@@ -45,6 +45,9 @@ def capsnet_config() -> ml_collections.ConfigDict:
       # type and class, shared over positions, with coordinate addition: its parameters do
       # not grow with the image; Procedure 1 then routes without materialising û).
       transforms='per_capsule',
+      # per_type: 'factored' (Procedure 1 without û) or 'materialised' (û built first):
+      # the same values, measured against each other in benchmarks/image_sizes.py.
+      votes='factored',
       # 'none' (the paper) or 'strided': 3×3 stride-2 convolutions of stem_channels before
       # conv1, halving the image until it is at most 40 px.
       stem='none', stem_channels=32,

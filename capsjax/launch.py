@@ -134,8 +134,7 @@ def print_summary(config) -> None:
 
   if 'input_shape' in config.model and not tuple(config.model.input_shape) or config.model.get('num_classes') == 0:
     config = assemble.resolve_data(config)   # a data-shaped experiment: the data's headers say the shape
-  from capsjax import sizing  # pylint: disable=g-import-not-at-top
-  config, chosen = sizing.choose_model(config)
+  config, chosen = assemble.choose_model(config)
   if chosen:
     print(chosen)
   model = assemble.model(config)

@@ -129,6 +129,9 @@ class CapsuleLayer(nn.Module):
   routing_options: Optional[Dict[str, Any]] = None
   transforms: str = 'per_capsule'   # or 'per_type' (shared over positions; needs `types`)
   types: int = 0                    # primary capsule types per position (for 'per_type')
+  # 'per_type' only, the same math either way: 'factored' routes without û where the routing
+  # has a shared form; 'materialised' builds û first (what the benchmark compares against).
+  votes: str = 'factored'
 
   @nn.compact
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
@@ -180,7 +183,7 @@ class CapsuleLayer(nn.Module):
       options['return_logits'] = True
     if shared is not None:
       # Without û where the routing has a shared form and needs nothing per input capsule.
-      if entry.shared is not None and set(options) <= {'bias'}:
+      if self.votes == 'factored' and entry.shared is not None and set(options) <= {'bias'}:
         return entry.shared(*shared, iterations, max_iterations=max_iterations, unroll=unroll, **options)
       prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
     # EM reads the primary capsules' lengths as input activations; the others ignore them.

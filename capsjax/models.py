@@ -139,6 +139,7 @@ class CapsNet(nn.Module):
   # Class-capsule transforms: 'per_capsule' (the paper: W_ij for every primary capsule) or
   # 'per_type' (W_tj shared over positions, with coordinate addition; see CapsuleLayer).
   transforms: str = 'per_capsule'
+  votes: str = 'factored'   # per_type: 'factored' (no û where the routing allows) or 'materialised'
   # 'none' (the paper: conv1 sees the image) or 'strided': 3×3 stride-2 convolutions of
   # `stem_channels` before conv1, as many as bring the image to at most 40 px (layers.StridedStem).
   stem: str = 'none'
@@ -169,7 +170,8 @@ class CapsNet(nn.Module):
         learn_log_priors=self.learn_log_priors, leaky_routing=self.leaky_routing,
         stop_gradient_predictions=self.stop_gradient_predictions, routing_loop=self.routing_loop,
         dtype=self.dtype, weights_init=inits['digit'], bias_init=inits['bias'], routing=self.routing,
-        routing_options=dict(self.routing_options or {}), transforms=self.transforms, types=self.primary_types)
+        routing_options=dict(self.routing_options or {}), transforms=self.transforms, types=self.primary_types,
+        votes=self.votes)
     if self.use_decoder and self.decoder == 'deconv':
       self.reconstruction = DeconvDecoder(tuple(self.input_shape), kernel_init=inits['decoder'],
                                           bias_init=inits['bias'], name='decoder')

@@ -14,7 +14,8 @@ paper's would grow with the image:
 and then, if a training step at the run's batch size would not fit the memory available
 (capsjax.memory's estimate of the traced step, nothing allocated), the scalable choice
 for each key still 'auto', in that order, until it fits. Explicit values are never changed.
-The chosen values are what the run records in its workdir: a resumed run keeps them.
+The chosen values are what the run records in its workdir: a resumed run keeps them
+(assemble.choose_model is this on a run's config).
 """
 from typing import Dict, List, Optional, Tuple
 
@@ -72,64 +73,61 @@ def by_size(model) -> Dict[str, Tuple[str, str]]:
   return chosen
 
 
-def training_peak_bytes(model_config, batch_size: int) -> int:
-  """Estimated peak bytes of one training step of `model_config` (a resolved CapsNet
-  config) at `batch_size`: the traced forward and backward pass (capsjax.memory) plus
-  the optimizer's two Adam moments and the updated parameters. Nothing is allocated."""
+def training_peak_bytes(model, batch_size: int) -> int:
+  """Estimated peak bytes of one training step of the CapsNet `model` (a resolved model
+  config) at `batch_size`: the traced forward and backward pass (capsjax.memory) plus the
+  optimizer's two Adam moments and the updated parameters. Nothing is allocated."""
   from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
-  model = build_model(**model_config)
-  shape = tuple(model_config.input_shape)
-  params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1,) + shape)))['params']
+  module = build_model(**model)
+  shape = tuple(model.input_shape)
+  params = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1,) + shape)))['params']
   images = jax.ShapeDtypeStruct((batch_size,) + shape, jnp.float32)
-  masks = jax.ShapeDtypeStruct((batch_size, model_config.num_classes), jnp.float32)
+  masks = jax.ShapeDtypeStruct((batch_size, model.num_classes), jnp.float32)
+  decodes = bool(model.get('use_decoder'))
 
   def loss(params, images, masks):
-    outputs = model.apply({'params': params}, images, masks if model_config.get('use_decoder') else None)
+    outputs = module.apply({'params': params}, images, masks if decodes else None)
     return sum(jnp.sum(value) for value in jax.tree.leaves(outputs))
 
   param_bytes = sum(memory.array_bytes(leaf) for leaf in jax.tree.leaves(params))
   return memory.traced_peak_bytes(jax.jit(jax.grad(loss)), params, images, masks) + 3 * param_bytes
 
 
-def choose_model(config, available: Optional[int] = None) -> Tuple[ml_collections.ConfigDict, Optional[str]]:
-  """(a copy of `config` with its model's 'auto' keys chosen, one line saying what was
-  chosen and why — None when nothing was open). `available`: bytes (default: this
-  machine's, capsjax.memory.available_bytes)."""
-  open_now = open_keys(config.model)
+def choose(model, batch_size: int, available: int) -> Tuple[ml_collections.ConfigDict, Optional[str]]:
+  """(a copy of the model config `model` with its 'auto' keys chosen, one line saying what
+  was chosen and why — None when nothing was open), for training at `batch_size` within
+  `available` bytes."""
+  open_now = open_keys(model)
   if not open_now:
-    return config, None
-  config = ml_collections.ConfigDict(config.to_dict())
-  model = config.model
+    return model, None
+  model = ml_collections.ConfigDict(model.to_dict())
   chosen = by_size(model)
   for key, (value, _) in chosen.items():
     model[key] = value
-  available = memory.available_bytes() if available is None else available
-  estimate = training_peak_bytes(model, config.batch_size)
-  escalated = []
+  estimate = training_peak_bytes(model, batch_size)
   for key in open_now:   # memory pressure: the scalable value of each open key in turn
     if estimate <= available:
       break
     scalable = CHOICES[key][1]
     if model[key] != scalable:
       model[key] = scalable
-      escalated.append(key)
       chosen[key] = (scalable, 'to fit memory')
-      estimate = training_peak_bytes(model, config.batch_size)
+      estimate = training_peak_bytes(model, batch_size)
   parts = [f'{key}={value} ({why})' for key, (value, why) in chosen.items()]
   line = (f'model chosen for {"×".join(map(str, model.input_shape))} images: {"; ".join(parts)}; '
-          f'training ≈ {estimate / 1e9:.2f} GB at batch_size={config.batch_size} '
+          f'training ≈ {estimate / 1e9:.2f} GB at batch_size={batch_size} '
           f'({available / 1e9:.1f} GB available); --config.model.KEY=VALUE overrides a choice')
-  return config, line
+  return model, line
 
 
-def keep_recorded(config, recorded) -> ml_collections.ConfigDict:
-  """`config` with its open keys taken from the config a workdir recorded (`recorded`, or
-  None): a resumed run keeps what its first invocation chose, on any machine."""
-  if recorded is None or not open_keys(config.model):
-    return config
-  config = ml_collections.ConfigDict(config.to_dict())
-  for key in open_keys(config.model):
-    value = recorded.get('model', {}).get(key)
-    if value not in (None, AUTO):
-      config.model[key] = value
-  return config
+def keep_recorded(model, recorded_model: Optional[Dict]) -> ml_collections.ConfigDict:
+  """The model config `model` with its open keys taken from `recorded_model` (the model
+  config a workdir recorded, as a dict, or None): a resumed run keeps what its first
+  invocation chose, on any machine."""
+  if not recorded_model or not open_keys(model):
+    return model
+  model = ml_collections.ConfigDict(model.to_dict())
+  for key in open_keys(model):
+    if recorded_model.get(key) not in (None, AUTO):
+      model[key] = recorded_model[key]
+  return model

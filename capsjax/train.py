@@ -222,7 +222,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
     recorded = (workdir_lib.read_config(workdir).to_dict()
                 if os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)) else None)
-    config, chosen = sizing.choose_model(sizing.keep_recorded(config, recorded))
+    config, chosen = assemble.choose_model(config, recorded)
     if chosen:
       _log(chosen)
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():

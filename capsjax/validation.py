@@ -196,6 +196,7 @@ MODEL_RULES = {
     'routing_loop': one_of(ROUTING_LOOPS),
     'transforms': one_of(('auto', 'per_capsule', 'per_type')),
     'stem': one_of(('auto', 'none', 'strided')),
+    'votes': one_of(('factored', 'materialised')),
     'stem_channels': int_at_least(1),
     'decoder': one_of(('auto', 'dense', 'deconv')),
     'dtype': one_of(DTYPES),
@@ -414,6 +415,8 @@ DESCRIPTIONS = {
     'model.stem': 'none (the paper) or strided: 3×3 stride-2 convolutions before conv1 halving the image to '
                   'at most 40 px; auto: by the image size',
     'model.stem_channels': "the strided stem's channels (32)",
+    'model.votes': 'per_type transforms: routing without û (factored) or with û built first (materialised); '
+                   'same values',
     'model.decoder': "dense (the paper's 512-1024-pixels) or deconv (transposed convolutions, size independent "
                      'of the image); auto: by the image size',
     'model.learn_log_priors': 'learned initial routing logits',

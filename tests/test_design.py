@@ -21,7 +21,7 @@ LAYERS = [
     ('errors', 'registry', 'formulations', 'ops', 'cli', 'events', 'runtime', 'sharding', 'memory'),
     ('routing', 'losses'),
     ('layers',),
-    ('models',),
+    ('models', 'sizing'),
     ('objectives',),
     ('data',),
     ('ensembles', 'steps', 'hooks', 'checkpoints', 'workdir', 'reports', 'validation', 'defaults'),

@@ -7,7 +7,6 @@ import pathlib
 import subprocess
 import sys
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from capsjax import defaults, sizing
+from capsjax import assemble, defaults, sizing
 from capsjax.layers import Conv, DeconvDecoder, StridedStem, same_padding, stem_stages
 from capsjax.models import CapsNet, count_params
 
@@ -86,28 +85,28 @@ AUTO = dict(transforms='auto', stem='auto', decoder='auto')
 
 def test_the_paper_model_is_chosen_at_paper_sizes():
   paper = defaults.capsnet_config()
-  chosen, line = sizing.choose_model(_model((28, 28, 1), **AUTO), available=64 << 30)
+  chosen, line = assemble.choose_model(_model((28, 28, 1), **AUTO), available=64 << 30)
   assert chosen.model.to_dict() == paper.to_dict()
   assert 'stem=none' in line and 'transforms=per_capsule' in line and 'decoder=dense' in line
-  assert sizing.choose_model(_model((28, 28, 1)))[1] is None   # nothing open: nothing chosen, nothing said
+  assert assemble.choose_model(_model((28, 28, 1)))[1] is None   # nothing open: nothing chosen, nothing said
 
 
 def test_large_images_get_the_scalable_model_and_explicit_keys_win():
-  chosen, line = sizing.choose_model(_model((128, 128, 3), **AUTO), available=64 << 30)
+  chosen, line = assemble.choose_model(_model((128, 128, 3), **AUTO), available=64 << 30)
   assert (chosen.model.stem, chosen.model.transforms, chosen.model.decoder) == ('strided', 'per_type', 'deconv')
   assert 'halved 2×' in line and '--config.model.KEY=VALUE' in line
   explicit = dict(AUTO, decoder='dense', transforms='per_capsule')
-  chosen, _ = sizing.choose_model(_model((128, 128, 3), **explicit), available=64 << 30)
+  chosen, _ = assemble.choose_model(_model((128, 128, 3), **explicit), available=64 << 30)
   assert (chosen.model.stem, chosen.model.transforms, chosen.model.decoder) == ('strided', 'per_capsule', 'dense')
 
 
 def test_memory_pressure_escalates_the_open_keys_in_turn():
   config = _model((28, 28, 1), **AUTO)
-  paper_bytes = sizing.training_peak_bytes(sizing.choose_model(config, available=64 << 30)[0].model, 128)
-  chosen, line = sizing.choose_model(config, available=paper_bytes - 1)
+  paper_bytes = sizing.training_peak_bytes(assemble.choose_model(config, available=64 << 30)[0].model, 128)
+  chosen, line = assemble.choose_model(config, available=paper_bytes - 1)
   assert chosen.model.transforms == 'per_type' and 'to fit memory' in line
   assert chosen.model.stem == 'none'   # per-type transforms alone fit
-  tiny, _ = sizing.choose_model(config, available=1)   # nothing fits: every key scalable, the run's check refuses
+  tiny, _ = assemble.choose_model(config, available=1)   # nothing fits: every key scalable, the run's check refuses
   assert (tiny.model.stem, tiny.model.transforms, tiny.model.decoder) == ('strided', 'per_type', 'deconv')
 
 
@@ -115,7 +114,7 @@ def test_a_resumed_run_keeps_what_it_chose():
   config = _model((128, 128, 3), **AUTO)
   recorded = ml_collections.ConfigDict(config.to_dict())
   recorded.model.update(stem='none', transforms='per_type', decoder='dense')
-  kept, line = sizing.choose_model(sizing.keep_recorded(config, recorded.to_dict()), available=64 << 30)
+  kept, line = assemble.choose_model(config, recorded.to_dict(), available=64 << 30)
   assert line is None and (kept.model.stem, kept.model.decoder) == ('none', 'dense')
 
 

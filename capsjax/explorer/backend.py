@@ -89,9 +89,8 @@ class Explorer:
     self.num_classes = int(config.model.num_classes)
     self.dim = int(config.model.digit_dim)
     self.input_shape = tuple(int(s) for s in config.model.input_shape)
-    if self.input_shape[-1] != 1:
-      raise CapsjaxError(f'{source} reads {self.input_shape[-1]}-channel images; the explorer draws '
-                         'grey (1-channel) inputs and reconstructions only')
+    if self.input_shape[-1] not in (1, 3):
+      raise CapsjaxError(f'{source} reads {self.input_shape[-1]}-channel images; the explorer draws grey or RGB')
     self.images = np.asarray(images, np.float32)
     self.labels = np.asarray(labels)
     # (capsules, the routing's activations: Procedure 1's are the capsule lengths)
