@@ -88,7 +88,7 @@ def model_row(size: int, channels: int, variant: str, batch: int, steps: int) ->
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
   import optax
-  from benchmarks.timing import compiled_buffer_bytes
+  from benchmarks.timing import compiled_buffer_bytes, seconds_per_call, seconds_per_step
   from capsjax import assemble, defaults
   from capsjax.losses import capsnet_loss
   from capsjax.models import build_model, count_params
@@ -122,19 +122,9 @@ def model_row(size: int, channels: int, variant: str, batch: int, steps: int) ->
   row = {'size': size, 'channels': channels, 'variant': variant, 'params': count_params(params),
          'model': {k: config.model[k] for k in ('stem', 'transforms', 'decoder')},
          'xla_train_bytes': compiled_buffer_bytes(compiled)}
-  state, loss = compiled(state, images, targets)
-  jax.block_until_ready(loss)
-  start = time.perf_counter()
-  for _ in range(steps):
-    state, loss = compiled(state, images, targets)
-  jax.block_until_ready(loss)
-  row['train_images_per_s'] = batch * steps / (time.perf_counter() - start)
-  jax.block_until_ready(infer(state[0], images))
-  start = time.perf_counter()
-  for _ in range(steps):
-    out = infer(state[0], images)
-  jax.block_until_ready(out)
-  row['infer_images_per_s'] = batch * steps / (time.perf_counter() - start)
+  train_seconds, state = seconds_per_step(compiled, state, (images, targets), steps)
+  row['train_images_per_s'] = batch / train_seconds
+  row['infer_images_per_s'] = batch / seconds_per_call(infer, (state[0], images), steps)
   return row
 
 

@@ -18,7 +18,6 @@ import re
 import resource
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from capsjax import assemble  # pylint: disable=g-import-not-at-top
 from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
-from timing import buffer_bytes, capsnet_flops, seconds_per_call
+from timing import buffer_bytes, capsnet_flops, seconds_per_call, seconds_per_step
 from capsjax.data.datasets import dataset_info
 from capsjax.data.sources import Dataset
 
@@ -59,13 +58,7 @@ def measure_jax(config, batch: int, steps: int) -> dict:
 
   memory_train = buffer_bytes(train_step, state, None, host_batch)
   # The train step donates its state, so it is threaded through the timed calls.
-  state, _ = train_step(state, None, host_batch)
-  jax.block_until_ready(state)
-  start = time.perf_counter()
-  for _ in range(steps):
-    state, metrics = train_step(state, None, host_batch)
-  jax.block_until_ready(metrics)
-  train_seconds = (time.perf_counter() - start) / steps
+  train_seconds, state = seconds_per_step(train_step, state, (None, host_batch), steps)
 
   # Inference as a user runs it: digit capsules, lengths and the reconstruction of the
   # longest capsule (what the PyTorch peer computes too).

@@ -15,6 +15,18 @@ def seconds_per_call(fn, args, steps: int) -> float:
   return (time.perf_counter() - start) / steps
 
 
+def seconds_per_step(step, state, args, steps: int):
+  """(seconds per call of `state, out = step(state, *args)`, the last state) after one
+  warm-up call: the state is threaded through, as a step that donates it needs."""
+  state, out = step(state, *args)
+  jax.block_until_ready(out)
+  start = time.perf_counter()
+  for _ in range(steps):
+    state, out = step(state, *args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - start) / steps, state
+
+
 def capsnet_flops(model_config) -> dict:
   """Multiply-adds × 2 per image, from the layer shapes (elementwise ops not counted)."""
   height, width, channels = model_config.input_shape
