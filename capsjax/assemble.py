@@ -7,6 +7,7 @@ at its boundary and flax's `train_step` never sees a config.
 """
 from typing import Any, Dict, List, Optional, Tuple
 
+import jax
 import ml_collections
 import optax
 
@@ -232,8 +233,12 @@ def choose_model(config, recorded=None, available: Optional[int] = None) -> Tupl
   dict a workdir recorded; a resumed run keeps its choices (capsjax.sizing)."""
   if not sizing.open_keys(config.model):
     return config, None
+  if available is None:
+    # Every process of a multi-host run must build the same model: there the choice is
+    # by size alone (processes may see different free memory).
+    available = memory.available_bytes() if jax.process_count() == 1 else float('inf')
   model = sizing.keep_recorded(config.model, (recorded or {}).get('model'))
-  model, line = sizing.choose(model, config.batch_size, memory.available_bytes() if available is None else available)
+  model, line = sizing.choose(model, config.batch_size, available)
   config = ml_collections.ConfigDict(config.to_dict())
   config.model = model
   return config, line

@@ -114,9 +114,11 @@ def choose(model, batch_size: int, available: int) -> Tuple[ml_collections.Confi
       chosen[key] = (scalable, 'to fit memory')
       estimate = training_peak_bytes(model, batch_size)
   parts = [f'{key}={value} ({why})' for key, (value, why) in chosen.items()]
+  against = (f'{available / 1e9:.1f} GB available' if available != float('inf')
+             else 'chosen by size: several processes')
   line = (f'model chosen for {"×".join(map(str, model.input_shape))} images: {"; ".join(parts)}; '
-          f'training ≈ {estimate / 1e9:.2f} GB at batch_size={batch_size} '
-          f'({available / 1e9:.1f} GB available); --config.model.KEY=VALUE overrides a choice')
+          f'training ≈ {estimate / 1e9:.2f} GB at batch_size={batch_size} ({against}); '
+          '--config.model.KEY=VALUE overrides a choice')
   return model, line
 
 

@@ -110,6 +110,13 @@ def test_memory_pressure_escalates_the_open_keys_in_turn():
   assert (tiny.model.stem, tiny.model.transforms, tiny.model.decoder) == ('strided', 'per_type', 'deconv')
 
 
+def test_several_processes_choose_by_size_alone(monkeypatch):
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(assemble.memory, 'available_bytes', lambda: 1)   # would force every scalable key
+  chosen, line = assemble.choose_model(_model((28, 28, 1), **AUTO))
+  assert chosen.model.transforms == 'per_capsule' and 'chosen by size: several processes' in line
+
+
 def test_a_resumed_run_keeps_what_it_chose():
   config = _model((128, 128, 3), **AUTO)
   recorded = ml_collections.ConfigDict(config.to_dict())
