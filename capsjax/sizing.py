@@ -1,7 +1,7 @@
 """Choosing a CapsNet for the data's image size and the machine's memory.
 
 A model config may leave `transforms`, `stem` and `decoder` at 'auto' (the `images`
-experiment does): once the data has said its shape, `choose_model` fills them in, each
+experiment does): once the data has said its shape, `choose` fills them in, each
 with the paper's choice where the image is paper-sized and the scalable one where the
 paper's would grow with the image:
 
@@ -13,7 +13,7 @@ paper's would grow with the image:
 
 and then, if a training step at the run's batch size would not fit the memory available
 (capsjax.memory's estimate of the traced step, nothing allocated), the scalable choice
-for each key still 'auto', in that order, until it fits. Explicit values are never changed.
+for each key still 'auto', in the order transforms, stem, decoder, until it fits. Explicit values are never changed.
 The chosen values are what the run records in its workdir: a resumed run keeps them
 (assemble.choose_model is this on a run's config).
 """
