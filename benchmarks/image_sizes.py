@@ -40,45 +40,37 @@ VARIANTS = {
 
 
 def layer_row(size: int, batch: int, steps: int) -> dict:
-  """Table 1's row at `size` px (grey: the layer does not see the channels)."""
+  """Table 1's row at `size` px (grey: the layer does not see the channels): the model's
+  own CapsuleLayer in its three forms, on random squashed primary capsules."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
   from benchmarks.timing import buffer_bytes, seconds_per_call
-  from capsjax import sizing
   from capsjax.defaults import capsnet_config
-  from capsjax.routing import (coordinate_offsets, dynamic_routing, shared_dynamic_routing, shared_votes, squash,
-                               vector_norm)
+  from capsjax.layers import CapsuleLayer
+  from capsjax.models import count_params, primary_grid
+  from capsjax.routing import squash
   model = capsnet_config()
   model.input_shape = (size, size, 1)
-  in_caps = sizing.primary_capsules(model, 'none')
-  types, classes, dim, in_dim = model.primary_types, model.num_classes, model.digit_dim, model.primary_dim
-  positions = in_caps // types
-  side = int(round(positions ** 0.5))
-  key = jax.random.key(0)
-  capsules = squash(jax.random.normal(key, (batch, positions, types, in_dim)))      # [batch, pos, types, in_dim]
-  shared_w = 0.01 * jax.random.normal(jax.random.fold_in(key, 1), (types, classes, dim, in_dim))
-  offsets = coordinate_offsets(side, side, dim) / side                              # [pos, dim], as CapsuleLayer scales
-  loss = lambda capsules: jnp.sum(vector_norm(capsules[0] if isinstance(capsules, tuple) else capsules))
-
-  def per_capsule(w, u):
-    votes = jnp.einsum('ijdk,bik->bijd', w, u.reshape(batch, in_caps, in_dim))     # [batch, in_caps, out, dim]
-    return loss(dynamic_routing(votes, 3))
-
-  forms = {
-      'paper (per-capsule W, û)': (per_capsule, 'per_capsule_w'),
-      'per-type W, û materialised': (lambda w, u: loss(dynamic_routing(shared_votes(u, w / side, offsets), 3)), 'w'),
-      'per-type W, factored': (lambda w, u: loss(shared_dynamic_routing(u, w / side, offsets, 3)), 'w'),
-  }
+  grid = primary_grid(model)
+  in_caps = grid[0] * grid[1] * model.primary_types
+  capsules = squash(jax.random.normal(jax.random.key(0), (batch, in_caps, model.primary_dim)))   # [batch, in, dim]
+  forms = {'paper (per-capsule W, û)': dict(transforms='per_capsule'),
+           'per-type W, û materialised': dict(transforms='per_type', votes='materialised'),
+           'per-type W, factored': dict(transforms='per_type', votes='factored')}
   row = {'size': size, 'primary_capsules': in_caps}
-  for name, (fn, weights) in forms.items():
-    w = (0.01 * jax.random.normal(key, (in_caps, classes, dim, in_dim)) if weights == 'per_capsule_w' else shared_w)
-    step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))
-    row[name] = {'xla_bytes': buffer_bytes(step, w, capsules),
-                 'ms_per_batch': 1e3 * seconds_per_call(step, (w, capsules), steps),
-                 'params': int(w.size)}
-    del w
-  materialised = jax.jit(lambda w, u: dynamic_routing(shared_votes(u, w / side, offsets), 3)[0])(shared_w, capsules)
-  factored = jax.jit(lambda w, u: shared_dynamic_routing(u, w / side, offsets, 3)[0])(shared_w, capsules)
+  outputs = {}
+  for name, form in forms.items():
+    layer = CapsuleLayer(model.num_classes, model.digit_dim, types=model.primary_types, **form)
+    apply = lambda params, u, layer=layer: layer.apply({'params': params}, u, grid=grid)
+    params = layer.init(jax.random.key(1), capsules[:1], grid=grid)['params']
+    step = jax.jit(jax.value_and_grad(lambda params, u, apply=apply: jnp.sum(apply(params, u)[1]), argnums=(0, 1)))
+    row[name] = {'xla_bytes': buffer_bytes(step, params, capsules),
+                 'ms_per_batch': 1e3 * seconds_per_call(step, (params, capsules), steps),
+                 'params': count_params(params)}
+    if form['transforms'] == 'per_type':   # the same initial W (same key and shape): equal outputs expected
+      outputs[name] = jax.jit(apply)(params, capsules)[0]
+    del params
+  materialised, factored = outputs.values()
   row['max_difference'] = float(jnp.max(jnp.abs(materialised - factored)))
   return row
 

@@ -218,11 +218,11 @@ STEM_KERNEL = 3
 STEM_TARGET_SIDE = 40
 
 
-def stem_stages(height: int, width: int) -> int:
-  """How many halvings bring max(height, width) to at most STEM_TARGET_SIDE."""
-  stages, side = 0, max(height, width)
-  while side > STEM_TARGET_SIDE:
-    side, stages = -(-side // 2), stages + 1
+def halvings_to(side: int, target: int) -> int:
+  """How many SAME stride-2 halvings bring `side` to at most `target`."""
+  stages = 0
+  while halved(side, stages) > target:
+    stages += 1
   return stages
 
 
@@ -231,6 +231,11 @@ def halved(side: int, times: int) -> int:
   for _ in range(times):
     side = -(-side // 2)
   return side
+
+
+def stem_stages(height: int, width: int) -> int:
+  """The strided stem's halvings for an image: max(height, width) to at most STEM_TARGET_SIDE."""
+  return halvings_to(max(height, width), STEM_TARGET_SIDE)
 
 
 class StridedStem(nn.Module):
@@ -262,14 +267,6 @@ DECONV_START_SIDE = 8
 DECONV_CHANNELS = (64, 32, 16)
 
 
-def deconv_stages(height: int, width: int) -> int:
-  """How many doublings reach max(height, width) from a side of at most DECONV_START_SIDE."""
-  stages, side = 0, max(height, width)
-  while side > DECONV_START_SIDE:
-    side, stages = -(-side // 2), stages + 1
-  return stages
-
-
 class DeconvDecoder(nn.Module):
   """A decoder whose size does not grow with the image: masked capsules → Dense → a
   [⌈h/2^s⌉, ⌈w/2^s⌉, 64] grid → s transposed 3×3 stride-2 convolutions (ReLU, channels
@@ -283,7 +280,7 @@ class DeconvDecoder(nn.Module):
   @nn.compact
   def __call__(self, masked_capsules: Array) -> Array:
     height, width, channels = self.output_shape
-    stages = max(deconv_stages(height, width), 1)
+    stages = max(halvings_to(max(height, width), DECONV_START_SIDE), 1)
     start_h, start_w = (halved(side, stages) for side in (height, width))
     batch = masked_capsules.shape[0]
     hidden = masked_capsules.reshape(batch, -1)                                  # [batch, out_caps * out_dim]

@@ -1,5 +1,5 @@
 """CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -151,7 +151,7 @@ class CapsNet(nn.Module):
   def setup(self):
     for key, value in (('transforms', self.transforms), ('stem', self.stem), ('decoder', self.decoder)):
       if value == 'auto':   # capsjax.sizing chooses, once the data's shape is known
-        raise ValueError(f"CapsNet {key}='auto' must be resolved first (capsjax.sizing.choose_model)")
+        raise ValueError(f"CapsNet {key}='auto' must be resolved first (capsjax.assemble.choose_model)")
     inits = initializers(self.init_scheme)
     if self.stem == 'strided':
       self.strided_stem = StridedStem(stem_stages(*self.input_shape[:2]), self.stem_channels, impl=self.conv_impl,
@@ -256,19 +256,26 @@ class BaselineCNN(nn.Module):
     return {'logits': nn.Dense(self.num_classes)(features)}
 
 
+def primary_grid(model, stem: Optional[str] = None) -> Tuple[int, int]:
+  """(rows, columns) of the primary capsules of the CapsNet config `model` on its input
+  (0 where a side is too small), with `stem` (default: the model's own)."""
+  height, width = model.input_shape[:2]
+  stem = model.get('stem', 'none') if stem is None else stem
+  stages = stem_stages(height, width) if stem == 'strided' else 0
+  grid = []
+  for side in (halved(height, stages), halved(width, stages)):
+    conv1 = side - model.conv1_kernel + 1
+    grid.append((conv1 - model.primary_kernel) // model.primary_stride + 1 if conv1 >= model.primary_kernel else 0)
+  return grid[0], grid[1]
+
+
 def capsnet_geometry_problem(model) -> Optional[str]:
   """Why the CapsNet's two valid convolutions do not fit its input (a model config),
   or None: each side needs at least conv1_kernel + primary_kernel − 1 pixels."""
   if not model.input_shape:
     return None   # the shape of the data, checked once the data has said it
-  height, width = model.input_shape[:2]
-  stages = stem_stages(height, width) if model.get('stem') == 'strided' else 0
-  sizes = []
-  for side in (halved(height, stages), halved(width, stages)):
-    conv1 = side - model.conv1_kernel + 1
-    primary = (conv1 - model.primary_kernel) // model.primary_stride + 1 if conv1 >= model.primary_kernel else 0
-    sizes.append((conv1, primary))
-  if min(s[1] for s in sizes) < 1:
+  if min(primary_grid(model)) < 1:
+    height, width = model.input_shape[:2]
     least = model.conv1_kernel + model.primary_kernel - 1
     return (f'images of {height}×{width} are too small for the CapsNet\'s {model.conv1_kernel}×'
             f'{model.conv1_kernel} and {model.primary_kernel}×{model.primary_kernel} convolutions (at least '

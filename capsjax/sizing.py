@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax import memory
-from capsjax.layers import STEM_TARGET_SIDE, halved, stem_stages
+from capsjax.layers import STEM_TARGET_SIDE, stem_stages
+from capsjax.models import build_model, primary_grid
 
 AUTO = 'auto'
 # key → (the paper's value, the scalable value), in the order memory pressure escalates.
@@ -40,12 +41,8 @@ def open_keys(model) -> List[str]:
 
 def primary_capsules(model, stem: str) -> int:
   """How many primary capsules the CapsNet `model` has on its input with `stem`."""
-  height, width = model.input_shape[:2]
-  stages = stem_stages(height, width) if stem == 'strided' else 0
-  count = model.primary_types
-  for side in (halved(height, stages), halved(width, stages)):
-    count *= max((side - model.conv1_kernel + 1 - model.primary_kernel) // model.primary_stride + 1, 0)
-  return count
+  rows, columns = primary_grid(model, stem)
+  return rows * columns * model.primary_types
 
 
 def by_size(model) -> Dict[str, Tuple[str, str]]:
@@ -67,9 +64,7 @@ def by_size(model) -> Dict[str, Tuple[str, str]]:
       chosen['transforms'] = ('per_capsule', f'{count:,} primary capsules')
   if model.get('decoder') == AUTO:
     pixels = height * width * channels
-    large = pixels > 4 * PAPER_PIXELS
-    chosen['decoder'] = (('deconv', f'{pixels:,} values per image') if large
-                         else ('dense', f'{pixels:,} values per image'))
+    chosen['decoder'] = ('deconv' if pixels > 4 * PAPER_PIXELS else 'dense', f'{pixels:,} values per image')
   return chosen
 
 
@@ -77,7 +72,6 @@ def training_peak_bytes(model, batch_size: int) -> int:
   """Estimated peak bytes of one training step of the CapsNet `model` (a resolved model
   config) at `batch_size`: the traced forward and backward pass (capsjax.memory) plus the
   optimizer's two Adam moments and the updated parameters. Nothing is allocated."""
-  from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
   module = build_model(**model)
   shape = tuple(model.input_shape)
   params = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1,) + shape)))['params']
