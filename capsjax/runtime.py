@@ -3,7 +3,8 @@
 `initialize_distributed` starts `jax.distributed` for multi-host runs. `StopRequests`
 turns SIGTERM (how schedulers and Cloud TPU announce a preemption) and SIGINT (Ctrl-C)
 into a flag that the training loop reads after every step: it saves a checkpoint and
-exits cleanly. A second Ctrl-C stops at once without saving.
+exits cleanly. A second Ctrl-C stops at once without saving, and so does a Ctrl-C before
+the loop has compiled its first step (nothing is trained yet that a checkpoint would keep).
 """
 import os
 import signal
@@ -123,7 +124,11 @@ def wait_for_coordinator(address: str, timeout_s: float) -> None:
 class StopRequests:
   """A context in which SIGTERM and SIGINT set `raised` (and `signal_name`) instead of
   killing the process. With `install=False` (several processes, where JAX's preemption
-  service owns SIGTERM) nothing is installed and `raised` stays False."""
+  service owns SIGTERM) nothing is installed and `raised` stays False.
+
+  Until `arm()` (the loop calls it once its first step has compiled) a Ctrl-C goes to the
+  handler that was there before (the command line's: one line, exit 130): compiling can
+  take minutes, and waiting for it only to save the step restored would look like a hang."""
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -131,7 +136,12 @@ class StopRequests:
     self.raised = False
     self.signal_name = None
     self.install = install
+    self.armed = False
     self._previous = {}
+
+  def arm(self) -> None:
+    """From now on a Ctrl-C saves a checkpoint after the current step."""
+    self.armed = True
 
   def __enter__(self):
     if self.install:
@@ -143,6 +153,11 @@ class StopRequests:
     return self
 
   def _handle(self, signum, frame):
+    if signum == signal.SIGINT and not self.armed:
+      previous = self._previous.get(signum)
+      if callable(previous):
+        previous(signum, frame)
+      raise KeyboardInterrupt
     del frame
     if self.raised and signum == signal.SIGINT:
       raise KeyboardInterrupt   # a second Ctrl-C: stop now, without saving

@@ -295,6 +295,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
       run.state, train_metrics = program.train_step(run.state, step)
       if step == first_step:   # data, model and checkpoint fit: now the config binds the workdir
         record_config()
+        requests.arm()   # compiled: from here a Ctrl-C saves after the step
       for hook in hooks:
         hook(run, step + 1, train_metrics)
       if run.stop_reason:

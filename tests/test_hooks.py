@@ -238,12 +238,25 @@ def test_stop_requests_turn_real_sigterm_and_sigint_into_the_flag_and_restore_th
   before = {s: signal.getsignal(s) for s in StopRequests.SIGNALS}
   for signum, name in ((signal.SIGTERM, 'SIGTERM'), (signal.SIGINT, 'SIGINT')):
     with StopRequests() as requests:
+      requests.arm()   # the loop's first step has compiled
       os.kill(os.getpid(), signum)   # delivered to the main thread before kill returns
       assert (requests.raised, requests.signal_name) == (True, name)
       if signum == signal.SIGINT:    # a second Ctrl-C quits at once, without saving
         with pytest.raises(KeyboardInterrupt):
           os.kill(os.getpid(), signal.SIGINT)
     assert {s: signal.getsignal(s) for s in StopRequests.SIGNALS} == before
+  # Before the first step has compiled a Ctrl-C goes to the handler that was there before.
+  seen = []
+  previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+  try:
+    with StopRequests() as requests:
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+      assert seen == [signal.SIGINT] and not requests.raised
+      os.kill(os.getpid(), signal.SIGTERM)   # a preemption notice still waits for the step
+      assert (requests.raised, requests.signal_name) == (True, 'SIGTERM')
+  finally:
+    signal.signal(signal.SIGINT, previous)
   with StopRequests(install=False) as requests:   # several processes: JAX's service owns SIGTERM
     assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM] and not requests.raised
 
