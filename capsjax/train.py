@@ -219,6 +219,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if finished is not None:   # answered from its files: no data read, nothing compiled
     return _complete(workdir, finished)
   try:
+    _log(f'{config.experiment}: reading the data ({config.dataset}) and tracing the model…')
     config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
     recorded = (workdir_lib.read_config(workdir).to_dict()
                 if os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)) else None)
@@ -240,7 +241,6 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   mesh = sharding.data_mesh()
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
-  _log(f'{config.experiment}: reading the data ({config.dataset}) and tracing the model…')
   train, test, validation = assemble.splits(config)
   num_steps = assemble.total_steps(config, train.num_examples)
   model = assemble.model(config)

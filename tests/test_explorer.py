@@ -1,9 +1,11 @@
 """The capsule explorer's model side and JSON API: answers equal the model's own
-encode/decode, MNIST-style preprocessing of drawings, bad requests answered with a 4xx,
+encode/decode, MNIST-style preprocessing of drawings, image files converted as predict
+converts them, bad requests answered with a 4xx,
 the shipped model, and one-line start-up errors."""
 import base64
 import collections
 import concurrent.futures
+import io
 import json
 import os
 import socket
@@ -17,6 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from PIL import Image
 
 from capsjax import train, trained
 from capsjax.data.sources import load_dataset
@@ -27,6 +30,7 @@ from capsjax.explorer.backend import Explorer, RequestError, mnist_preprocess, t
 from capsjax.explorer.export import MAX_SHIPPED_FILE_BYTES
 from capsjax.explorer.server import make_server
 from capsjax.models import build_model
+from capsjax.predict import Predictor
 from experiments import multimnist as multimnist_experiment
 from helpers import tiny_config
 
@@ -151,7 +155,28 @@ def test_drawing_is_encoded(url):
   assert answer['image'] == to_pixels(mnist_preprocess(drawing)).ravel().tolist()
 
 
+def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
+  # A test image as a PNG file encodes as the test image itself; a larger colour photo of
+  # it as predict converts that file.
+  _, example = call(url, '/api/example?index=7')
+  digit = np.asarray(example['image'], np.uint8).reshape(28, 28)
+  png = io.BytesIO()
+  Image.fromarray(digit).save(png, format='PNG')
+  status, answer = call(url, '/api/encode_file', raw=png.getvalue())
+  assert status == 200 and 'label' not in answer
+  np.testing.assert_allclose(answer['capsules'], example['capsules'], atol=1e-5)
+  assert answer['image'] == example['image'] and answer['prediction'] == example['prediction']
+  photo = io.BytesIO()
+  Image.fromarray(np.stack([digit] * 3, -1)).resize((84, 70), Image.BILINEAR).save(photo, format='JPEG')
+  predictor = Predictor(explorer.trained)
+  expected = predictor.convert(np.asarray(Image.open(io.BytesIO(photo.getvalue()))))
+  status, answer = call(url, '/api/encode_file', raw=photo.getvalue())
+  assert status == 200 and answer['image'] == expected[..., 0].ravel().tolist()
+  assert answer['prediction'] == [predictor.predict(expected[None])[0]['class_index']]
+
+
 @pytest.mark.parametrize('path, body, raw, status, message', [
+    ('/api/encode_file', None, b'GIF89a but not really', 400, 'the file: not an image'),
     ('/api/example?index=50', None, None, 400, 'out of range'),
     ('/api/example?index=-1', None, None, 400, 'out of range'),
     ('/api/example?index=x', None, None, 400, 'must be an integer'),
@@ -194,6 +219,9 @@ def test_multimnist_mode_decodes_the_two_capsules_separately():
   explorer = Explorer(trained.TrainedModel(config, model, params, 'test'), images, labels)
   info = explorer.info()
   assert info['mode'] == 'multimnist' and not info['can_draw'] and info['image_shape'] == [36, 36]
+  assert not info['can_open_files']
+  with pytest.raises(RequestError, match='two overlapping digits'):
+    explorer.encode_file(b'\x89PNG')
   example = explorer.example(2)
   assert example['label'] == [5, 6] and len(example['prediction']) == 2
   vectors = [example['capsules'][c] for c in example['prediction']]

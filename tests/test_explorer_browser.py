@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from capsjax.explorer.backend import Explorer, to_pixels
 from capsjax.explorer.server import make_server
@@ -104,9 +105,10 @@ def test_a_drawn_stroke_gets_a_prediction(page, tmp_path):
   assert (tmp_path / 'explorer.png').stat().st_size > 20000
 
 
-def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page):
+def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page, tmp_path):
   """100 classes of 30-character names (a photo collection, not digits): every class has a
-  row with its whole name and a bar, the class lists name them, the words are neutral."""
+  row with its whole name and a bar, the class lists name them, the words are neutral; an
+  image file opened on the page is shown and classified as the server converts it."""
   import jax  # pylint: disable=g-import-not-at-top
   from capsjax import assemble  # pylint: disable=g-import-not-at-top
   from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
@@ -116,7 +118,7 @@ def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page):
   config.dataset = 'my_photos'
   config.model.num_classes = 100
   config.model.conv1_channels, config.model.primary_types, config.model.decoder_hidden = 16, 2, (32, 64)
-  config.model.input_shape = (20, 20, 1)   # photos, not drawable: one compiled encoding fewer
+  config.model.input_shape = (20, 20, 1)   # photos, not drawable
   config.class_names = tuple(f'{i:03d} a rather long class name xy'[:30] for i in range(100))
   model = assemble.model(config)
   params = jax.jit(model.init)(jax.random.key(0), np.zeros((1, 20, 20, 1), np.float32))['params']
@@ -148,6 +150,15 @@ def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page):
       assert options == list(config.class_names)
     text = driver.find_element('tag name', 'body').text
     assert 'digit' not in text.lower() and 'how the input is drawn' in text
+    assert not driver.find_element('id', 'draw-box').is_displayed()
+    photo = tmp_path / 'photo.png'   # colour, 60×40: converted to the run's grey 20×20
+    Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(photo)
+    driver.find_element('id', 'file-input').send_keys(str(photo))
+    browser.wait_for(driver, "document.getElementById('input-name').textContent === 'photo.png'")
+    shown = driver.execute_script('return window.explorerState.example')
+    expected = many.encode_file(photo.read_bytes())
+    assert shown['image'] == expected['image'] and shown['prediction'] == expected['prediction']
+    assert browser.canvas_pixels(driver, 'input-canvas') == expected['image']
   finally:
     server.shutdown()
     server.server_close()

@@ -175,6 +175,10 @@ def test_predict_explorer_and_export_work_on_the_chosen_model(photo_run, tmp_pat
   assert explorer.decode([vector], [predicted]).shape == (1, PHOTO_SIZE, PHOTO_SIZE, 3)
   assert len(explorer.reconstruct([vector], [predicted])['pixels'][0]) == PHOTO_SIZE * PHOTO_SIZE * 3
   assert explorer.grid_png(vector, predicted).startswith(b'\x89PNG')
+  with open(files[0], 'rb') as f:   # a photo opened on the page: as predict converts the file
+    opened = explorer.encode_file(f.read())
+  np.testing.assert_allclose(opened['activations'], list(rows[0]['activations'].values()), atol=1e-5)
+  assert len(opened['image']) == PHOTO_SIZE * PHOTO_SIZE * 3
   images = np.stack([np.asarray(Image.open(path)) for path in files[:3]])
   trained.export(str(workdir), str(tmp_path), images, np.arange(3))
   exported = Predictor(trained.TrainedModel.exported(str(tmp_path)))

@@ -1,11 +1,12 @@
 """Image files and arrays to the uint8 arrays a run trains on: one conversion for training
 (an image folder, a resized TFDS dataset) and for `capsjax.predict`, so that a file is
-converted at prediction exactly as training converted its kind.
+converted at prediction (and when opened in the explorer) exactly as training converted its kind.
 
 Colour: a run's images are grey (1 channel) when every training image is grey, else RGB
 (3 channels; alpha dropped, palettes expanded). Size: resized with Pillow's bilinear
 filter (antialiased when shrinking) to the run's [height, width] when it differs.
 """
+import io
 import os
 import stat
 import warnings
@@ -45,20 +46,30 @@ def open_image(path: str) -> Image.Image:
     raise DataError(f'{path}: a directory, not an image file')
   if not stat.S_ISREG(mode):
     raise DataError(f'{path}: not a regular file (a pipe, socket or device), not an image file')
+  return _opened(path, path)
+
+
+def image_from_bytes(data: bytes, name: str = 'the file') -> Image.Image:
+  """An image file's bytes (an upload) as `open_image` opens a path; one DataError line
+  for bytes that are not an image or are too large to decode safely."""
+  return _opened(io.BytesIO(data), name)
+
+
+def _opened(source, name: str) -> Image.Image:
   try:
     with warnings.catch_warnings():   # large photos (above 89 MP) warn; twice that is refused below
       warnings.simplefilter('ignore', Image.DecompressionBombWarning)
-      return Image.open(path)
+      return Image.open(source)
   except Image.DecompressionBombError as e:
-    raise DataError(f'{path}: too large to decode safely ({str(e).split(", could")[0]})') from None
+    raise DataError(f'{name}: too large to decode safely ({str(e).split(", could")[0]})') from None
   except FileNotFoundError:
-    raise DataError(f'{path}: no such file') from None
+    raise DataError(f'{name}: no such file') from None
   except IsADirectoryError:
-    raise DataError(f'{path}: a directory, not an image file') from None
+    raise DataError(f'{name}: a directory, not an image file') from None
   except UnidentifiedImageError:
-    raise DataError(f'{path}: not an image (Pillow reads PNG, JPEG and other image formats)') from None
+    raise DataError(f'{name}: not an image (Pillow reads PNG, JPEG and other image formats)') from None
   except OSError as e:
-    raise DataError(f'{path}: cannot read ({e.strerror or e})') from None
+    raise DataError(f'{name}: cannot read ({e.strerror or e})') from None
 
 
 def to_array(image: Image.Image, shape: Tuple[int, int, int], name: str = 'image') -> np.ndarray:

@@ -16,9 +16,10 @@ import numpy as np
 from PIL import Image
 
 from capsjax.trained import SHIPPED, TrainedModel
+from capsjax.data import augment, images as image_files
 from capsjax.data.pipeline import preprocess
 from capsjax import assemble, cli
-from capsjax.errors import CapsjaxError
+from capsjax.errors import CapsjaxError, DataError
 from capsjax.models import capsule_lengths
 from capsjax.plots import draw_perturbations
 
@@ -106,7 +107,7 @@ class Explorer:
       cli.say('compiling the decoder for the page…')
     for k in range(1, self.top_k + 1):   # compile every decode shape the page asks for now
       self.decode(np.zeros((k, self.dim), np.float32), list(range(k)))
-    if self.can_draw:   # and a drawing's encoding: its first one took 4.4 s when compiled on demand
+    if self.can_open_files:   # and one input's (a drawing, a file): its first took 4.4 s compiled on demand
       self._encode(jnp.zeros((1,) + self.input_shape, jnp.float32))
 
   # --------------------------------------------------------------------------- loading
@@ -166,6 +167,7 @@ class Explorer:
         'labels': self.labels.tolist(),
         'misclassified': self.misclassified,
         'can_draw': self.can_draw,
+        'can_open_files': self.can_open_files,
     }
 
   def example(self, index) -> Dict[str, Any]:
@@ -181,6 +183,27 @@ class Explorer:
     image = mnist_preprocess(drawing)[..., None]
     capsules, activations = (np.asarray(x)[0] for x in self._encode(jnp.asarray(image[None])))
     return self._describe(image, capsules, activations, self._most_active(activations))
+
+  def encode_file(self, data: bytes) -> Dict[str, Any]:
+    """An image file's bytes (any size, grey or colour), converted as `capsjax.predict`
+    converts a file for this run (capsjax.data.images, then the run's test preprocessing),
+    encoded: as /api/example, without a label."""
+    if not self.can_open_files:
+      raise RequestError(f'a {self.config.task} run reads two overlapping digits, not an image file')
+    info = self.trained.info
+    try:
+      with image_files.image_from_bytes(data) as image:
+        array = image_files.to_array(image, info.image_shape, 'the file')   # uint8 [h, w, c]
+    except DataError as e:
+      raise RequestError(str(e)) from None
+    inputs, _ = augment.prepare(jnp.asarray(array[None]), info.preprocessing)    # [1, *input_shape]
+    capsules, activations = (np.asarray(x)[0] for x in self._encode(inputs))
+    return self._describe(np.asarray(inputs)[0], capsules, activations, self._most_active(activations))
+
+  @property
+  def can_open_files(self) -> bool:
+    """Image files are converted as predict converts them: any single-object run reads them."""
+    return self.trained.task.single_images
 
   @property
   def can_draw(self) -> bool:

@@ -1,6 +1,6 @@
 """The explorer's web server: the page and its static files, and a small JSON API.
 
-The standard library's threading HTTP server is enough: the API has five routes, the
+The standard library's threading HTTP server is enough: the API has six routes, the
 work in each is one jitted JAX call, and it keeps the explorer free of web-framework
 dependencies (see BUILD.md). HTTP/1.1 keep-alive keeps a slider's requests on one
 connection. Every failure is an answer (4xx for bad requests, 500 with a message for a
@@ -18,6 +18,7 @@ may stay idle IDLE_TIMEOUT_S. Clients that leave mid-answer are not reported.
   GET  /api/info            mode, sizes, labels, misclassified indices
   GET  /api/example?index=N a test input: image, capsule lengths and vectors, prediction
   POST /api/encode          {"width", "height", "pixels": base64 grey bytes} → as /api/example
+  POST /api/encode_file     an image file's bytes (PNG, JPEG, …; any size) → as /api/example
   POST /api/decode          {"vectors": [[dim]…], "classes": [c…]} → {"pixels": [[h·w uint8]…]}
   POST /api/grid            {"vector": [dim], "class": c} → figure 4 as image/png
 """
@@ -42,11 +43,12 @@ from capsjax.explorer.backend import Explorer, RequestError
 STATIC = os.path.join(os.path.dirname(__file__), 'static')
 MAX_BODY_BYTES = 4 << 20   # a 1024×1024 drawing is 1 MiB of grey bytes (1.4 MiB as base64)
 MAX_DRAWING_SIDE = 1024
+MAX_FILE_BYTES = 24 << 20   # an image file opened on the page (a phone's photo is 3–12 MB)
 MAX_CONNECTIONS = 256     # connections served at once (a thread each); more wait to be accepted
 LISTEN_BACKLOG = 1024      # connections waiting to be accepted (the default 5 reset bursts)
 IDLE_TIMEOUT_S = 30        # a connection that sends nothing for this long is closed
 HEAD_DEADLINE_S = 10       # request line and headers, from their first byte
-BODY_DEADLINE_S = 30       # a POST body (at most MAX_BODY_BYTES)
+BODY_DEADLINE_S = 30       # a POST body (at most MAX_BODY_BYTES; a file MAX_FILE_BYTES)
 LOOPBACK = ('127.0.0.1', 'localhost', '::1')
 
 
@@ -121,14 +123,22 @@ def make_handler(explorer: Explorer):
       self._json({'error': message}, status)
 
     def _body(self):
+      """The JSON body of a POST."""
+      data = self._raw_body(MAX_BODY_BYTES)
+      try:
+        return json.loads(data)
+      except (ValueError, UnicodeDecodeError, RecursionError):
+        raise RequestError('the body is not valid JSON (or nests too deep)') from None
+
+    def _raw_body(self, limit: int) -> bytes:
       try:
         length = int(self.headers.get('Content-Length', ''))
       except ValueError:
         self.close_connection = True   # the body's end is unknown: never read it as a request
         raise RequestError('a POST needs a Content-Length') from None
-      if not 0 < length <= MAX_BODY_BYTES:
+      if not 0 < length <= limit:
         self.close_connection = True   # the unread body must not become the next request
-        raise RequestError(f'the body must be 1 to {MAX_BODY_BYTES} bytes, got {length}')
+        raise RequestError(f'the body must be 1 to {limit} bytes, got {length}')
       self.server.set_deadline(self.connection, BODY_DEADLINE_S)
       try:
         data = self.rfile.read(length)
@@ -137,10 +147,7 @@ def make_handler(explorer: Explorer):
       if len(data) < length:
         self.close_connection = True
         raise ConnectionAbortedError('the body ended early')   # the client left: nothing to answer
-      try:
-        return json.loads(data)
-      except (ValueError, UnicodeDecodeError, RecursionError):
-        raise RequestError('the body is not valid JSON (or nests too deep)') from None
+      return data
 
     def _from_this_page(self) -> bool:
       """Another web page in the same browser must not call the API: the Host must be the
@@ -200,6 +207,8 @@ def make_handler(explorer: Explorer):
         self._answer(lambda: self._decode(self._body()))
       elif path == '/api/encode':
         self._answer(lambda: self._json(explorer.encode_drawing(drawing_from(self._body()))))
+      elif path == '/api/encode_file':
+        self._answer(lambda: self._json(explorer.encode_file(self._raw_body(MAX_FILE_BYTES))))
       elif path == '/api/grid':
         self._answer(lambda: self._grid(self._body()))
       else:

@@ -272,7 +272,7 @@ function setExample(example, name) {
   state.example = example;
   drawImage($('input-canvas'), example.image);
   const labels = example.label === undefined ? null : [].concat(example.label);
-  $('label').textContent = labels === null ? 'drawn' : labels.map(className).join(', ');
+  $('label').textContent = labels === null ? '–' : labels.map(className).join(', ');
   $('prediction').textContent = example.prediction.map(className).join(', ');
   $('prediction').classList.toggle('wrong',
       labels !== null && labels.slice().sort().join() !== example.prediction.slice().sort().join());
@@ -320,6 +320,23 @@ async function classifyDrawing() {
     setExample(example, 'your drawing');
   } catch (error) {
     showError(error.message);
+  }
+}
+
+// An image file from this computer: its bytes go to the server, which converts them as
+// capsjax.predict converts a file (one conversion, in Python) and encodes the result.
+async function classifyFile(file) {
+  try {
+    const response = await fetch('/api/encode_file', {
+      method: 'POST', headers: {'Content-Type': 'application/octet-stream'}, body: await file.arrayBuffer()});
+    if (!response.ok) {
+      let message = `${response.status}`;
+      try { message = (await response.json()).error; } catch (e) { /* not JSON */ }
+      throw new Error(message);
+    }
+    setExample(await response.json(), file.name);
+  } catch (error) {
+    showError(`${file.name}: ${error.message}`);
   }
 }
 
@@ -421,6 +438,13 @@ async function start() {
   $('reset').addEventListener('click', resetVectors);
   $('make-grid').addEventListener('click', makeGrid);
   if (info.can_draw) setUpDrawing();
+  $('file-box').classList.toggle('hidden', !info.can_open_files);
+  $('file-shape').textContent = `${w}×${h}`;
+  $('file-input').addEventListener('change', (event) => {
+    const file = event.target.files[0];
+    if (file) classifyFile(file);
+    event.target.value = '';   // the same file again is a new choice
+  });
   await showIndex(0);
   document.body.dataset.ready = 'true';
 }
