@@ -153,6 +153,8 @@ class CapsuleLayer(nn.Module):
       # reparametrisation of W and o: the routing sees ordinary votes.
       scale = (rows * columns) ** -0.5
       offsets = scale * coordinate_offsets(rows, columns, self.dim)                # [pos, dim]
+      # In float32 whatever `dtype`: the factored form's contractions are the routing's own
+      # sums (float32 in every routing), and there is no large û product to make cheaper.
       shared = (grouped.astype(jnp.float32), scale * weights.astype(jnp.float32), offsets)
       prediction_vectors = None   # materialised below only where the routing needs û
     else:
