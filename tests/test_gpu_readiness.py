@@ -1,5 +1,6 @@
 """What a lent GPU needs ready: the routing loop's formulations and their per-backend table,
 the float32_matmuls marker, and the device report's whole code path (--smoke, on the CPU)."""
+import argparse
 import gzip
 import importlib.util
 import json
@@ -95,10 +96,9 @@ def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
     assert row['images_per_s'] > 0
   capsjax = {(r['mode'], r['variant']) for r in rows if r['impl'] == 'capsjax' and r['experiment'] == 'mnist'
              and r['members'] == 1 and r['batch'] == report['settings']['batch']}
-  for conv in ('xla', 'patches'):
-    for dtype in ('float32', 'bfloat16'):
-      for loop in ('rolled', 'unrolled'):
-        assert {('train', f'{conv} {dtype} {loop}'), ('infer', f'{conv} {dtype} {loop}')} <= capsjax
+  report_module = _device_report_module()
+  for conv, dtype, loop in report_module.SMOKE_VARIANTS:   # every pair of choices (the GPU run: all 8)
+    assert {('train', f'{conv} {dtype} {loop}'), ('infer', f'{conv} {dtype} {loop}')} <= capsjax
   assert any(r['members'] == 3 and r['mode'] == 'train' for r in rows)           # the vmapped seeds
   assert any(r['experiment'] == 'multimnist' and r['mode'] == 'train' for r in rows)
   assert any(r['mode'] == 'infer' and r['batch'] == report['settings']['large_batch'] for r in rows)
@@ -119,11 +119,26 @@ def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
   assert '| capsjax | train | patches float32 rolled |' in markdown and 'ms / step' in markdown
 
 
+def _device_report_module():
+  spec = importlib.util.spec_from_file_location('device_report', os.path.join(ROOT, 'benchmarks', 'device_report.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_the_smoke_covers_every_pair_of_choices_and_the_gpu_plan_every_variant(tmp_path):
+  report = _device_report_module()
+  pairs = lambda variants: {(i, a, j, b) for v in variants for i, a in enumerate(v) for j, b in enumerate(v) if i < j}
+  assert pairs(report.SMOKE_VARIANTS) == pairs(report.VARIANTS) and len(report.SMOKE_VARIANTS) == 4
+  args = argparse.Namespace(smoke=False)
+  planned = {cell['variant'] for cell in report.plan(args, 'gpu', report.SETTINGS['full'], str(tmp_path))
+             if cell['kind'] == 'capsjax'}
+  assert {' '.join(v) for v in report.VARIANTS} <= planned
+
+
 def test_profile_summary_reads_a_gpu_trace_s_xla_ops_line(tmp_path):
   # The smoke can only profile a CPU; this is the shape of a GPU trace (Perfetto JSON).
-  spec = importlib.util.spec_from_file_location('device_report', os.path.join(ROOT, 'benchmarks', 'device_report.py'))
-  report = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(report)
+  report = _device_report_module()
   events = [{'ph': 'M', 'name': 'process_name', 'pid': 1, 'args': {'name': '/device:GPU:0'}},
             {'ph': 'M', 'name': 'process_name', 'pid': 7, 'args': {'name': '/host:CPU'}},
             {'ph': 'M', 'name': 'thread_name', 'pid': 1, 'tid': 2, 'args': {'name': 'XLA Ops'}},
