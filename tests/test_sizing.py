@@ -150,7 +150,9 @@ def photo_run(tmp_path_factory):
 
 def test_photos_train_with_the_chosen_model(photo_run):
   _, workdir, stdout = photo_run
-  assert stdout.splitlines()[0].startswith('model chosen for 48×48×3 images: stem=strided (48×48 halved 1×')
+  lines = stdout.splitlines()   # what is read, then what was chosen for it and why
+  assert lines[0].startswith('images_smoke: reading the data')
+  assert lines[1].startswith('model chosen for 48×48×3 images: stem=strided (48×48 halved 1×')
   results = json.loads((workdir / 'results.json').read_text())
   model = results['config']['model']
   assert (model['stem'], model['transforms'], model['decoder']) == ('strided', 'per_type', 'deconv')
