@@ -159,6 +159,12 @@ def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page, tmp_
     expected = many.encode_file(photo.read_bytes())
     assert shown['image'] == expected['image'] and shown['prediction'] == expected['prediction']
     assert browser.canvas_pixels(driver, 'input-canvas') == expected['image']
+    (tmp_path / 'notes.png').write_text('not a picture')   # the page says why, the input stays
+    driver.find_element('id', 'file-input').send_keys(str(tmp_path / 'notes.png'))
+    browser.wait_for(driver, "!document.getElementById('error').classList.contains('hidden')")
+    assert driver.find_element('id', 'error').text == 'notes.png: the file: not an image (Pillow reads PNG, ' \
+        'JPEG and other image formats)'
+    assert driver.find_element('id', 'input-name').text == 'photo.png'
   finally:
     server.shutdown()
     server.server_close()

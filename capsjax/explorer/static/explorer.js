@@ -35,9 +35,12 @@ function showError(message) {
   box.classList.toggle('hidden', !message);
 }
 
+// GET without a body; POST a value as JSON, or an ArrayBuffer (a file's bytes) as it is.
 async function api(path, body) {
+  const raw = body instanceof ArrayBuffer;
   const options = body === undefined ? {} : {
-    method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body)};
+    method: 'POST', headers: {'Content-Type': raw ? 'application/octet-stream' : 'application/json'},
+    body: raw ? body : JSON.stringify(body)};
   const response = await fetch(path, options);
   if (!response.ok) {
     let message = `${response.status}`;
@@ -327,14 +330,7 @@ async function classifyDrawing() {
 // capsjax.predict converts a file (one conversion, in Python) and encodes the result.
 async function classifyFile(file) {
   try {
-    const response = await fetch('/api/encode_file', {
-      method: 'POST', headers: {'Content-Type': 'application/octet-stream'}, body: await file.arrayBuffer()});
-    if (!response.ok) {
-      let message = `${response.status}`;
-      try { message = (await response.json()).error; } catch (e) { /* not JSON */ }
-      throw new Error(message);
-    }
-    setExample(await response.json(), file.name);
+    setExample(await (await api('/api/encode_file', await file.arrayBuffer())).json(), file.name);
   } catch (error) {
     showError(`${file.name}: ${error.message}`);
   }
