@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
-from capsjax.routing import (ROUTINGS, coordinate_offsets, route, routing_option_defaults, shared_votes, squash,
-                             vector_norm)
+from capsjax.routing import (ROUTINGS, coordinate_offsets, route, routing_option_defaults, shared_form, shared_votes,
+                             squash, vector_norm)
 
 Array = jax.Array
 
@@ -184,9 +184,10 @@ class CapsuleLayer(nn.Module):
     if return_logits:
       options['return_logits'] = True
     if shared is not None:
-      # Without û where the routing has a shared form and needs nothing per input capsule.
-      if self.votes == 'factored' and entry.shared is not None and set(options) <= {'bias'}:
-        return entry.shared(*shared, iterations, max_iterations=max_iterations, unroll=unroll, **options)
+      # Without û where the routing has a shared form that takes every option given.
+      factored = shared_form(self.routing, options) if self.votes == 'factored' else None
+      if factored is not None:
+        return factored(*shared, iterations, max_iterations=max_iterations, unroll=unroll, **options)
       prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
     # EM reads the primary capsules' lengths as input activations; the others ignore them.
     input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]

@@ -6,6 +6,7 @@ Shapes used throughout:
   coupling            c_ij      [batch, in_caps, out_caps]   (softmax of b over out_caps)
   parents             v_j       [batch, out_caps, out_dim]
 """
+import inspect
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import chex
@@ -219,6 +220,26 @@ def shared_votes(capsules: Array, transforms: Array, offsets: Array) -> Array:
   return votes.reshape(batch, positions * types, transforms.shape[1], transforms.shape[2])
 
 
+def pooled_votes(weights: Array, capsules: Array, transforms: Array, offsets: Array) -> Array:
+  """Σ_i w_ij û_{j|i} without û: weights [batch, positions, types, out] → [batch, out, dim].
+
+  Σ_(p,t) w_(p,t)j (W_tj u_(p,t) + o_p) = Σ_t W_tj (Σ_p w_(p,t)j u_(p,t)) + Σ_(p,t) w_(p,t)j o_p:
+  the sum over positions happens in the input pose space."""
+  pooled = jnp.einsum('bptj,bptk->btjk', weights, capsules)                   # [batch, types, out, in_dim]
+  return (jnp.einsum('tjdk,btjk->bjd', transforms, pooled)                    # [batch, out, dim]
+          + jnp.einsum('bptj,pd->bjd', weights, offsets))
+
+
+def vote_dots(vectors: Array, capsules: Array, transforms: Array, offsets: Array) -> Array:
+  """û_{j|i}·x_j without û: vectors [batch, out, dim] → [batch, positions, types, out].
+
+  (W_tj u_(p,t) + o_p)·x_j = u_(p,t)·(W_tjᵀ x_j) + o_p·x_j: x is pulled back to the input
+  pose space once per type, not pushed forward once per capsule."""
+  pulled_back = jnp.einsum('tjdk,bjd->btjk', transforms, vectors)             # [batch, types, out, in_dim]
+  return (jnp.einsum('bptk,btjk->bptj', capsules, pulled_back)                # [batch, pos, types, out]
+          + jnp.einsum('pd,bjd->bpj', offsets, vectors)[:, :, None, :])
+
+
 def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, num_iterations, *,
                            max_iterations=None, unroll: bool = False, bias: Optional[Array] = None) -> Array:
   """Procedure 1 on shared-transform votes without materialising û: the same values as
@@ -239,15 +260,11 @@ def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, n
   def body(t, carry):
     _, logits = carry
     coupling = jax.nn.softmax(logits, axis=-1)                                 # [batch, pos, types, out]
-    pooled = jnp.einsum('bptj,bptk->btjk', coupling, capsules)                 # [batch, types, out, in_dim]
-    total_input = (jnp.einsum('tjdk,btjk->bjd', transforms, pooled)            # [batch, out, dim]
-                   + jnp.einsum('bptj,pd->bjd', coupling, offsets))
+    total_input = pooled_votes(coupling, capsules, transforms, offsets)        # s_j [batch, out, dim]
     if bias is not None:
       total_input = total_input + bias
     parents = squash(total_input)                                              # [batch, out, dim]
-    pulled_back = jnp.einsum('tjdk,bjd->btjk', transforms, parents)            # [batch, types, out, in_dim]
-    agreement = (jnp.einsum('bptk,btjk->bptj', capsules, pulled_back)          # [batch, pos, types, out]
-                 + jnp.einsum('pd,bjd->bpj', offsets, parents)[:, :, None, :])
+    agreement = vote_dots(parents, capsules, transforms, offsets)              # [batch, pos, types, out]
     return parents, logits + agreement
 
   state = (jnp.zeros((batch, out_caps, out_dim), dtype), jnp.zeros((batch, positions, types, out_caps), dtype))
@@ -295,6 +312,18 @@ def register_routing(name: str, *, iterative: bool = True,
   signature and capabilities above)."""
   return ROUTINGS.register(name, iterative=iterative, learned=dict(learned or {}),
                            returns_logits=returns_logits, layer_inputs=tuple(layer_inputs), shared=shared)
+
+
+def shared_form(name: str, options: Dict[str, Any]) -> Optional[Callable[..., Any]]:
+  """Routing `name` written without û for shared transforms (its registered `shared`), if
+  it has one that takes every option in `options`; else None (the layer then materialises
+  û). Procedure 1's takes the bias but not the per-capsule features (log priors per input
+  capsule, leaky routing, stopped-gradient votes), nor return_logits."""
+  shared = ROUTINGS[name].shared
+  if shared is None:
+    return None
+  accepted = inspect.signature(shared).parameters
+  return shared if all(option in accepted for option in options) else None
 
 
 def route(name: str, prediction_vectors: Array, input_activations: Optional[Array] = None,
@@ -366,7 +395,7 @@ def _iterate(body, state, num_iterations, max_iterations, unroll):
 def _dynamic_shared(capsules, transforms, offsets, num_iterations, *, max_iterations=None, unroll=False,
                     bias=None):
   """`dynamic` on shared-transform votes without û (the layer features other than the bias
-  need û or per-capsule logits: validation refuses them with shared transforms)."""
+  need û or per-capsule logits: with them the layer materialises û, see shared_form)."""
   parents = shared_dynamic_routing(capsules, transforms, offsets, num_iterations, max_iterations=max_iterations,
                                    unroll=unroll, bias=bias)
   return parents, vector_norm(parents)
@@ -447,7 +476,25 @@ def efficient_squash(vectors: Array, axis: int = -1) -> Array:
   return jnp.where(norm > 0, vectors * (-jnp.expm1(-norm) / safe), 0.0)
 
 
-@register_routing('self_attention', iterative=False, learned={'log_priors': (lambda i, j, d: (i, j), 0.0)})
+def _self_attention_shared(capsules, transforms, offsets, num_iterations, *, log_priors, max_iterations=None,
+                           unroll=False):
+  """`self_attention` on shared-transform votes without û: the vote sums Σ_k û_{j|k}, the
+  scores û_{j|i}·Σ_k û_{j|k} and s_j = Σ_i (c_ij + b_ij) û_{j|i} each contract in the input
+  pose space (pooled_votes, vote_dots)."""
+  del num_iterations, max_iterations, unroll
+  _, positions, types, _ = capsules.shape
+  out_caps, dim = transforms.shape[1], transforms.shape[2]
+  offsets = offsets.astype(capsules.dtype)
+  everyone = jnp.ones(capsules.shape[:3] + (out_caps,), capsules.dtype)       # [batch, pos, types, out]
+  vote_sums = pooled_votes(everyone, capsules, transforms, offsets)           # Σ_k û_{j|k} [batch, out, dim]
+  scores = vote_dots(vote_sums, capsules, transforms, offsets) / jnp.sqrt(dim)  # [batch, pos, types, out]
+  coupling = jax.nn.softmax(scores, axis=-1) + log_priors.reshape(positions, types, out_caps)
+  parents = efficient_squash(pooled_votes(coupling, capsules, transforms, offsets))   # [batch, out, dim]
+  return parents, vector_norm(parents)
+
+
+@register_routing('self_attention', iterative=False, learned={'log_priors': (lambda i, j, d: (i, j), 0.0)},
+                  shared=_self_attention_shared)
 def self_attention(prediction_vectors, input_activations, num_iterations, *, log_priors, max_iterations=None,
                    unroll=False):
   """Efficient-CapsNet's self-attention routing (Mazzia, Salvetti, Chiaberge 2021), one pass.
@@ -475,8 +522,29 @@ def layer_norm(vectors: Array, scale: Array, offset: Array, epsilon: float = 1e-
   return (vectors - mean) * jax.lax.rsqrt(variance + epsilon) * scale + offset
 
 
+def _inverted_dot_product_shared(capsules, transforms, offsets, num_iterations, *, layer_norm_scale,
+                                 layer_norm_offset, max_iterations=None, unroll=False):
+  """`inverted_dot_product` on shared-transform votes without û: the agreement p_j·û_{j|i}
+  and s_j = Σ_i r_ij û_{j|i} contract in the input pose space; the layer norm acts on s_j."""
+  batch = capsules.shape[0]
+  out_caps, dim = transforms.shape[1], transforms.shape[2]
+  offsets = offsets.astype(capsules.dtype)
+
+  def body(t, carry):
+    poses, _ = carry
+    agreement = vote_dots(poses, capsules, transforms, offsets)             # a_ij [batch, pos, types, out]
+    coupling = jax.nn.softmax(agreement, axis=-1)                            # r_ij over parents
+    total = pooled_votes(coupling, capsules, transforms, offsets)            # s_j [batch, out, dim]
+    return layer_norm(total, layer_norm_scale, layer_norm_offset), total
+
+  zeros = jnp.zeros((batch, out_caps, dim), capsules.dtype)
+  poses, total = _iterate(body, (zeros, zeros), num_iterations, max_iterations, unroll)
+  return poses, vector_norm(squash(total))
+
+
 @register_routing('inverted_dot_product', learned={'layer_norm_scale': (lambda i, j, d: (d,), 1.0),
-                                                   'layer_norm_offset': (lambda i, j, d: (d,), 0.0)})
+                                                   'layer_norm_offset': (lambda i, j, d: (d,), 0.0)},
+                  shared=_inverted_dot_product_shared)
 def inverted_dot_product(prediction_vectors, input_activations, num_iterations, *, layer_norm_scale,
                          layer_norm_offset, max_iterations=None, unroll=False):
   """Inverted dot-product attention routing (Tsai, Srivastava, Goh, Salakhutdinov, ICLR 2020).

@@ -3,6 +3,7 @@ r, gradients, squash), and the registry: every algorithm against a plain float64
 reference written from its paper (values, and gradients against central finite
 differences of the reference), a traced iteration count under vmap, each in a CapsNet,
 and the routing zoo."""
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -512,6 +513,88 @@ def test_shared_transform_routing_equals_procedure_1_on_the_materialised_votes()
     votes = routing.shared_votes(capsules, transforms, offsets)
     np.testing.assert_allclose(votes[1, 4 * types + 2, 3],
                                transforms[2, 3] @ capsules[1, 4, 2] + offsets[4], rtol=1e-12)
+
+
+# EM's variances Σ_i R_ij (V_ijh − μ_jh)² would need per-type second moments Σ R u uᵀ and
+# evaluate each variance as E[V²] − μ², which cancels in float32 exactly where the votes
+# agree (BUILD.md): EM gets û materialised.
+FACTORED_ROUTINGS = ('dynamic', 'self_attention', 'inverted_dot_product')
+
+
+def test_every_routing_with_a_shared_form_is_listed():
+  assert tuple(name for name in routing.ROUTINGS.names() if routing.ROUTINGS[name].shared) == FACTORED_ROUTINGS
+
+
+@pytest.mark.parametrize('name', FACTORED_ROUTINGS)
+def test_each_shared_form_equals_its_routing_on_the_materialised_votes(name):
+  """Value and gradient (float64) with respect to the capsules, the transforms and every
+  learned option, against the routing itself on û = shared_votes(…)."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(11)
+    batch, height, width, types, in_dim, out_caps, out_dim = 2, 2, 3, 2, 4, 3, 5
+    in_caps = height * width * types
+    capsules = jnp.asarray(rng.normal(size=(batch, height * width, types, in_dim)) * 0.5)
+    transforms = jnp.asarray(rng.normal(size=(types, out_caps, out_dim, in_dim)) * 0.5)
+    offsets = routing.coordinate_offsets(height, width, out_dim).astype(jnp.float64)
+    options = {option: jnp.asarray(initial + 0.3 * rng.normal(size=shape(in_caps, out_caps, out_dim)))
+               for option, (shape, initial) in routing.ROUTINGS[name].learned.items()}
+    weights = jnp.asarray(rng.normal(size=(batch, out_caps, out_dim)))
+    activation_weights = jnp.asarray(rng.normal(size=(batch, out_caps)))
+
+    def loss(result):
+      parents, activations = result
+      return jnp.sum(weights * parents) + jnp.sum(activation_weights * activations)
+
+    def materialised(capsules, transforms, options):
+      votes = routing.shared_votes(capsules, transforms, offsets)     # [batch, pos·types, out, dim]
+      lengths = routing.vector_norm(capsules).reshape(batch, in_caps)
+      return loss(routing.route(name, votes, lengths, 3, **options))
+
+    def factored(capsules, transforms, options):
+      form = routing.shared_form(name, options)
+      return loss(form(capsules, transforms, offsets, 3, **options))
+
+    value, grads = jax.value_and_grad(materialised, argnums=(0, 1, 2))(capsules, transforms, options)
+    factored_value, factored_grads = jax.value_and_grad(factored, argnums=(0, 1, 2))(capsules, transforms, options)
+    np.testing.assert_allclose(factored_value, value, rtol=1e-12)
+    chex.assert_trees_all_close(factored_grads, grads, rtol=1e-9, atol=1e-12)
+    assert all(np.any(np.asarray(g) != 0) for g in jax.tree_util.tree_leaves(grads))   # every input matters
+  assert routing.shared_form('dynamic', {'leaky': True}) is None   # a per-capsule feature: û materialised
+  assert routing.shared_form('dynamic', {'return_logits': True}) is None and routing.shared_form('em', {}) is None
+
+
+def test_the_capsnet_routes_the_newer_algorithms_without_votes_too():
+  # In the model: factored and materialised votes give the same class capsules with the
+  # same parameters (learned routing options included), and the factored routing step
+  # with gradients holds no û (traced peak at 64 px, the paper's sizes otherwise).
+  from capsjax import assemble, memory  # pylint: disable=g-import-not-at-top
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  images = jnp.asarray(np.random.default_rng(0).random((2, 36, 36, 1)), jnp.float32)
+  batch, positions, types = 8, 24 * 24, 32
+  offsets = routing.coordinate_offsets(24, 24, 16)
+  for name in FACTORED_ROUTINGS[1:]:   # dynamic: the test below
+    encoded = {}
+    for votes in ('factored', 'materialised'):
+      config = mnist.get_config()
+      config.model.update(transforms='per_type', votes=votes, routing=name, conv1_channels=16, primary_types=4,
+                          decoder_hidden=(16, 32), input_shape=(36, 36, 1))
+      model = assemble.model(config)
+      params = jax.jit(model.init)(jax.random.key(0), images[:1])['params']
+      with jax.default_matmul_precision('float32'):
+        encoded[votes] = jax.jit(lambda p, x, m=model: m.apply({'params': p}, x, method='classify'))(params, images)
+    for ours, reference in zip(encoded['factored'], encoded['materialised']):   # capsules, activations
+      # Relative to the largest value: the layer norm of inverted dot-product routing
+      # divides vote sums of about 1e-4 by their spread, float32 rounding with them.
+      np.testing.assert_allclose(ours, reference, atol=1e-4 * float(jnp.max(jnp.abs(reference))), err_msg=name)
+    options = {option: jnp.full(shape(positions * types, 10, 16), initial)
+               for option, (shape, initial) in routing.ROUTINGS[name].learned.items()}
+    args = (jax.ShapeDtypeStruct((batch, positions, types, 8), jnp.float32),
+            jax.ShapeDtypeStruct((types, 10, 16, 8), jnp.float32))
+    form = routing.shared_form(name, options)
+    factored = jax.jit(jax.grad(lambda u, w: jnp.sum(form(u, w, offsets, 3, **options)[0]), (0, 1)))
+    with_votes = jax.jit(jax.grad(lambda u, w: jnp.sum(routing.route(
+        name, routing.shared_votes(u, w, offsets), None, 3, **options)[0]), (0, 1)))
+    assert memory.traced_peak_bytes(factored, *args) < memory.traced_peak_bytes(with_votes, *args) / 3, name
 
 
 def test_shared_transforms_in_the_capsnet_route_without_votes_and_do_not_grow_with_the_image():
