@@ -107,7 +107,7 @@ class CapsuleLayer(nn.Module):
   primary capsule type t (the capsules of `grid` positions × `types` types, ordered
   (row, column, type)) shared over positions, with coordinate addition,
   û_{j|(p,t)} = (W_tj u_(p,t) + o_p) / √positions (capsjax.routing.coordinate_offsets): its parameters
-  do not grow with the image, and a routing with a `shared` form (Procedure 1) routes
+  do not grow with the image, and a routing with a `shared` form (all but EM) routes
   without materialising û. [batch, in_caps, in_dim] → [batch, out_caps, out_dim].
   `routing_loop` 'rolled' or 'unrolled' (same values; 'auto': the backend's faster one,
   capsjax.formulations).
