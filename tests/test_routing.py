@@ -565,23 +565,24 @@ def test_each_shared_form_equals_its_routing_on_the_materialised_votes(name):
 
 def test_the_capsnet_routes_the_newer_algorithms_without_votes_too():
   # In the model: factored and materialised votes give the same class capsules with the
-  # same parameters (learned routing options included), and the factored routing step
+  # same parameters (learned routing options included; 6×6 positions × 4 types at 28 px),
+  # and the factored routing step
   # with gradients holds no û (traced peak at 64 px, the paper's sizes otherwise).
   from capsjax import assemble, memory  # pylint: disable=g-import-not-at-top
   from experiments import mnist  # pylint: disable=g-import-not-at-top
-  images = jnp.asarray(np.random.default_rng(0).random((2, 36, 36, 1)), jnp.float32)
+  images = jnp.asarray(np.random.default_rng(0).random((2, 28, 28, 1)), jnp.float32)
   batch, positions, types = 8, 24 * 24, 32
   offsets = routing.coordinate_offsets(24, 24, 16)
   for name in FACTORED_ROUTINGS[1:]:   # dynamic: the test below
-    encoded = {}
-    for votes in ('factored', 'materialised'):
+    encoded, params = {}, None
+    for votes in ('factored', 'materialised'):   # the same parameters either way
       config = mnist.get_config()
       config.model.update(transforms='per_type', votes=votes, routing=name, conv1_channels=16, primary_types=4,
-                          decoder_hidden=(16, 32), input_shape=(36, 36, 1))
+                          decoder_hidden=(16, 32))
       model = assemble.model(config)
-      params = jax.jit(model.init)(jax.random.key(0), images[:1])['params']
+      params = params or jax.jit(model.init)(jax.random.key(0), images[:1])['params']
       with jax.default_matmul_precision('float32'):
-        encoded[votes] = jax.jit(lambda p, x, m=model: m.apply({'params': p}, x, method='classify'))(params, images)
+        encoded[votes] = model.apply({'params': params}, images, method='classify')
     for ours, reference in zip(encoded['factored'], encoded['materialised']):   # capsules, activations
       # Relative to the largest value: the layer norm of inverted dot-product routing
       # divides vote sums of about 1e-4 by their spread, float32 rounding with them.
