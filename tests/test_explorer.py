@@ -353,6 +353,24 @@ def _served(explorer, monkeypatch, **limits):
   return server, f'http://127.0.0.1:{server.server_address[1]}'
 
 
+def test_image_files_are_read_a_few_at_a_time_and_each_is_answered(explorer, monkeypatch):
+  server, address = _served(explorer, monkeypatch, MAX_FILES_AT_ONCE=1)
+  png = io.BytesIO()
+  Image.fromarray(np.zeros((28, 28), np.uint8)).save(png, format='PNG')
+  try:
+    server.file_slots.acquire()   # a file being read: the next ones wait for it
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+      waiting = [pool.submit(call, address, '/api/encode_file', None, png.getvalue()) for _ in range(3)]
+      time.sleep(0.5)
+      assert not any(future.done() for future in waiting)
+      assert call(address, '/api/info')[0] == 200   # the other routes are not held up
+      server.file_slots.release()
+      assert [future.result(timeout=30)[0] for future in waiting] == [200] * 3
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
 def test_a_burst_of_new_connections_queues_and_every_request_is_answered(explorer, monkeypatch):
   # 200 requests from 100 threads, each on a new connection, at a server of 8 threads.
   server, address = _served(explorer, monkeypatch, MAX_CONNECTIONS=8)

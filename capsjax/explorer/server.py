@@ -7,7 +7,8 @@ connection. Every failure is an answer (4xx for bad requests, 500 with a message
 bug), never a crashed server.
 
 Many clients at once: up to MAX_CONNECTIONS connections are served together; more wait in
-the listen backlog and are served in turn (a burst queues; nothing is refused). A slow
+the listen backlog and are served in turn (a burst queues; nothing is refused). Image
+files are read and decoded MAX_FILES_AT_ONCE at a time; the others wait their turn. A slow
 client cannot hold a connection: its request line and headers must arrive within
 HEAD_DEADLINE_S of their first byte however slowly they trickle (a deadline, not a timeout
 that each line restarts), its body within BODY_DEADLINE_S, and a kept-alive connection
@@ -44,6 +45,7 @@ STATIC = os.path.join(os.path.dirname(__file__), 'static')
 MAX_BODY_BYTES = 4 << 20   # a 1024×1024 drawing is 1 MiB of grey bytes (1.4 MiB as base64)
 MAX_DRAWING_SIDE = 1024
 MAX_FILE_BYTES = 24 << 20   # an image file opened on the page (a phone's photo is 3–12 MB)
+MAX_FILES_AT_ONCE = 4       # files read and decoded at once; more wait (their bytes stay in the socket)
 MAX_CONNECTIONS = 256     # connections served at once (a thread each); more wait to be accepted
 LISTEN_BACKLOG = 1024      # connections waiting to be accepted (the default 5 reset bursts)
 IDLE_TIMEOUT_S = 30        # a connection that sends nothing for this long is closed
@@ -208,7 +210,7 @@ def make_handler(explorer: Explorer):
       elif path == '/api/encode':
         self._answer(lambda: self._json(explorer.encode_drawing(drawing_from(self._body()))))
       elif path == '/api/encode_file':
-        self._answer(lambda: self._json(explorer.encode_file(self._raw_body(MAX_FILE_BYTES))))
+        self._answer(self._encode_file)
       elif path == '/api/grid':
         self._answer(lambda: self._grid(self._body()))
       else:
@@ -218,6 +220,12 @@ def make_handler(explorer: Explorer):
       if not isinstance(body, dict):
         raise RequestError('the body must be a JSON object with vectors and classes')
       self._json(explorer.reconstruct(body.get('vectors'), body.get('classes')))
+
+    def _encode_file(self) -> None:
+      # At most MAX_FILES_AT_ONCE files in memory: 256 connections × 24 MiB would be 6 GiB.
+      with self.server.file_slots:
+        answer = explorer.encode_file(self._raw_body(MAX_FILE_BYTES))
+      self._json(answer)
 
     def _grid(self, body) -> None:
       if not isinstance(body, dict):
@@ -263,6 +271,7 @@ class ExplorerServer(ThreadingHTTPServer):
     self._closing = threading.Event()   # before binding: a failed bind calls server_close
     super().__init__(address, handler)
     self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    self.file_slots = threading.BoundedSemaphore(MAX_FILES_AT_ONCE)
     self._deadlines = {}   # connection → time.monotonic() by which its head or body must be in
     self._deadlines_lock = threading.Lock()
     threading.Thread(target=self._reap_late_clients, daemon=True, name='explorer-deadlines').start()
