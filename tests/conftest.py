@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:   # set before JAX reads its flags
@@ -31,6 +32,8 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:   # benchmarks/ (not installed) is importable by tests, from any directory
+  sys.path.insert(0, ROOT)
 
 MNIST_DIR = os.environ.get('CAPSJAX_MNIST_DIR', os.path.join(ROOT, '..', 'shared', 'data', 'mnist'))
 # Without either folder, the files TFDS's mnist builder downloads, from where it downloads

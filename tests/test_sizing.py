@@ -18,9 +18,9 @@ from capsjax import assemble, defaults, sizing
 from capsjax.layers import Conv, DeconvDecoder, StridedStem, same_padding, stem_stages
 from capsjax.models import CapsNet, count_params
 
+from benchmarks.photo_folder import write_photo_folder
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks.photo_folder import write_photo_folder  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _params(model, shape):
