@@ -162,7 +162,7 @@ def _capsjax_setup(spec):
   from capsjax.data.sources import Dataset  # pylint: disable=g-import-not-at-top
   from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
 
-  config = importlib.import_module(f'experiments.{spec["experiment"]}').get_config()
+  config = importlib.import_module(f'capsjax.experiments.{spec["experiment"]}').get_config()
   config.batch_size = spec['batch']
   config.model.conv_impl = spec['conv_impl']
   config.model.dtype = spec['dtype']
@@ -463,7 +463,7 @@ def ratios_and_shares(rows: list, peaks: dict, backend: str) -> None:
 
 def _peer_flops(row) -> int:
   """The peer is the paper's MNIST model: the same shapes as experiments/mnist.py."""
-  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist  # pylint: disable=g-import-not-at-top
   from timing import capsnet_flops  # pylint: disable=g-import-not-at-top
   return capsnet_flops(mnist.get_model_config())['train' if row['mode'] == 'train' else 'forward']
 

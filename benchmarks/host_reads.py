@@ -34,7 +34,7 @@ def measure(args) -> dict:
   from capsjax import assemble  # pylint: disable=g-import-not-at-top
   from capsjax.data import pipeline  # pylint: disable=g-import-not-at-top
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
-  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist  # pylint: disable=g-import-not-at-top
   if not args.data_dir:
     importlib.import_module('tensorflow_datasets')   # imported first: its own memory is not counted below
   before = _peak_mib()

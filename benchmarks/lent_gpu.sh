@@ -33,7 +33,13 @@ environment() {
       "$CARRY"/whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}   # capsjax and experiments from the checkout
+  # capsjax from the checkout, installed editable (offline, with the image's setuptools):
+  # the repository's experiments/ is the package capsjax.experiments only through setup.cfg's
+  # package_dir, so a plain PYTHONPATH=$PWD would not find the experiments.
+  if ! python3 -c 'import capsjax.experiments' 2>/dev/null; then
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
+      || { echo "error: pip install -e . (offline) failed: capsjax.experiments is not importable" >&2; exit 2; }
+  fi
   export CAPSJAX_MNIST_DIR=$PWD/$CARRY/mnist
 }
 

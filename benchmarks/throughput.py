@@ -96,7 +96,7 @@ def main():
   parser.add_argument('--torch_script', default=DEFAULT_TORCH_SCRIPT)
   args = parser.parse_args()
 
-  config = importlib.import_module(f'experiments.{args.experiment}').get_config()
+  config = importlib.import_module(f'capsjax.experiments.{args.experiment}').get_config()
   config.model.conv_impl = args.conv_impl
   config.model.dtype = args.dtype
   flops = capsnet_flops(config.model)

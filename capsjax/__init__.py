@@ -1,2 +1,53 @@
-"""capsjax: Dynamic Routing Between Capsules (Sabour, Frosst, Hinton 2017) in JAX/Flax."""
+"""capsjax: Dynamic Routing Between Capsules (Sabour, Frosst, Hinton 2017) in JAX/Flax.
+
+The public API, what a researcher composes (each name documented with its shapes and a
+runnable example; tests/test_api.py runs every example):
+
+- capsules and routing (pure functions of arrays): `squash`, `vector_norm`,
+  `coupling_coefficients`, `dynamic_routing` (Procedure 1), `route` (any registered
+  routing by name), `routing_logit_changes`, `register_routing` and the registry
+  `ROUTINGS`;
+- losses (per example): `margin_loss`, `reconstruction_loss`, `capsnet_loss`;
+- Flax linen layers: `PrimaryCaps`, `CapsuleLayer`, `Decoder`; models: `CapsNet`,
+  `BaselineCNN`, `build_model`, `capsule_lengths`, the registry `MODELS`;
+- objectives (a model's loss and metrics for a batch): `make_objective`, `OBJECTIVES`;
+- training: `base_config`, `train_and_evaluate` → `RunResult` (the experiments' configs
+  are the package `capsjax.experiments`, e.g. `capsjax.experiments.mnist.get_config()`);
+- trained models: `load_trained`, `TrainedModel`, `Predictor`;
+- data: `load_dataset`, `register_source` and the registry `SOURCES`.
+
+Names load on first use: `import capsjax` itself imports no JAX, so the commands
+(`capsjax`, `capsjax-predict`, …) report a bad flag before anything heavy loads.
+"""
+import importlib
+
 __version__ = '0.1.0'
+
+# Exported name → the module that defines it (one definition; this file only points).
+_EXPORTS = {
+    'squash': 'routing', 'vector_norm': 'routing', 'coupling_coefficients': 'routing',
+    'dynamic_routing': 'routing', 'route': 'routing', 'routing_logit_changes': 'routing',
+    'register_routing': 'routing', 'ROUTINGS': 'routing',
+    'margin_loss': 'losses', 'reconstruction_loss': 'losses', 'capsnet_loss': 'losses',
+    'PrimaryCaps': 'layers', 'CapsuleLayer': 'layers', 'Decoder': 'layers',
+    'CapsNet': 'models', 'BaselineCNN': 'models', 'build_model': 'models', 'capsule_lengths': 'models',
+    'MODELS': 'models',
+    'make_objective': 'objectives', 'OBJECTIVES': 'objectives',
+    'base_config': 'defaults', 'train_and_evaluate': 'train', 'RunResult': 'train',
+    'load_trained': 'trained', 'TrainedModel': 'trained', 'Predictor': 'predict',
+    'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
+    globals()[name] = value   # later lookups skip this function
+    return value
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)

@@ -14,6 +14,7 @@ import optax
 from capsjax import memory, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
+from capsjax.data.images import DEFAULT_BACKGROUND
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preprocessing, images_on_demand
 from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source, with_image_size
 from capsjax.data.tasks import TASKS, Splits, Task, at_most
@@ -100,7 +101,7 @@ def routing_probe(config, model_module, pipeline):
 def data_spec(config) -> DataSpec:
   """Where the run's data comes from: the config's data keys and nothing else."""
   return DataSpec(config.dataset, config.get('data_dir', ''), config.get('tfds_data_dir', ''),
-                  config.get('image_size', 0))
+                  config.get('image_size', 0), config.get('image_background', DEFAULT_BACKGROUND))
 
 
 def task_options(config, keys) -> Dict[str, Any]:
@@ -121,10 +122,11 @@ def source_info(config) -> SourceInfo:
   described = DATASETS.get(config.dataset)
   names = tuple(config.get('class_names') or ()) or (
       described.class_names if described else tuple(str(i) for i in range(config.model.num_classes)))
+  background = config.get('image_background', DEFAULT_BACKGROUND)   # runs before the key: white
   if described is not None:
-    info = SourceInfo(config.dataset, described.image_shape, names, described.preprocessing)
+    info = SourceInfo(config.dataset, described.image_shape, names, described.preprocessing, background)
     return with_image_size(info, config.get('image_size', 0))
-  return SourceInfo(config.dataset, tuple(config.model.input_shape), names)
+  return SourceInfo(config.dataset, tuple(config.model.input_shape), names, background=background)
 
 
 def pipeline(config, dataset: Dataset, training: bool) -> Pipeline:

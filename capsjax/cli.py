@@ -4,7 +4,9 @@ input (flags, data, workdirs), argparse types that validate numbers, and `main_w
 import argparse
 import functools
 import os
+import re
 import signal
+import subprocess
 import sys
 from typing import Callable, NoReturn, Optional, Sequence
 
@@ -30,9 +32,54 @@ def as_program() -> None:
 
 
 def run_program(main: Callable[[], int]) -> NoReturn:
-  """The `__main__` of a command line: `sys.exit(main())` as a program."""
+  """The `__main__` of a command line: `sys.exit(main())` as a program (XLA_FLAGS checked
+  first: see xla_flags_problem)."""
   as_program()
+  problem = xla_flags_problem()
+  if problem:
+    fail(problem)
   sys.exit(main())
+
+
+# A process that starts XLA's CPU backend: XLA parses XLA_FLAGS when a backend starts.
+_XLA_PROBE = 'import jax; jax.devices("cpu")'
+_XLA_FLAG = re.compile(r'--[A-Za-z0-9_]+(=.*)?')
+
+
+def xla_flags_problem(environ=None) -> Optional[str]:
+  """One line saying what is wrong with $XLA_FLAGS, or None: checked before this process
+  starts JAX, because XLA ends a process whose XLA_FLAGS it cannot parse with its own fatal
+  log lines (an unknown flag, a value it cannot read). The form is checked here; names and
+  values by XLA itself, in a short probe process on the CPU backend with the same
+  XLA_FLAGS (about 0.7 s, only when XLA_FLAGS is set). A failure the probe cannot put
+  into words is passed through: the run then meets it as XLA reports it."""
+  environ = os.environ if environ is None else environ
+  value = environ.get('XLA_FLAGS', '').strip()
+  if not value:
+    return None
+  if not value.startswith('--'):   # XLA reads such a value as a file of flags
+    path = value.split()[0]
+    if not os.path.isfile(path):
+      return (f'XLA_FLAGS={value!r}: not flags (--name=value …) and not a file of flags ({path} does not exist)')
+  else:
+    for token in value.split():
+      if not _XLA_FLAG.fullmatch(token):
+        return f'XLA_FLAGS: {token!r} is not an XLA flag (--name or --name=value)'
+  try:
+    probe = subprocess.run([sys.executable, '-c', _XLA_PROBE], env=dict(environ, JAX_PLATFORMS='cpu'),
+                           capture_output=True, text=True, timeout=120)
+  except (OSError, subprocess.TimeoutExpired):
+    return None
+  if probe.returncode == 0:
+    return None
+  unknown = re.search(r'Unknown flags? in XLA_FLAGS: (.*)', probe.stderr)
+  if unknown:
+    return f'XLA_FLAGS: unknown XLA flag {unknown.group(1).strip()} (XLA would stop the run at its start)'
+  bad_value = re.search(r"Couldn't interpret value (.*) for flag (\w+)", probe.stderr)
+  if bad_value:
+    return (f'XLA_FLAGS: --{bad_value.group(2)}={bad_value.group(1).rstrip(".")}: a value this XLA flag '
+            'does not take (XLA would stop the run at its start)')
+  return None
 
 
 def say(what: str) -> None:
@@ -42,14 +89,38 @@ def say(what: str) -> None:
 
 # A bar appears once its work has taken this long: quick work stays quiet.
 PROGRESS_DELAY_S = 2.0
+# In a log (stderr not a terminal): a progress line this often while the work goes on.
+LOG_PROGRESS_INTERVAL_S = 5.0
+
+
+class LogLines:
+  """A stream for tqdm writing to a log: each redraw (tqdm moves back with a carriage
+  return, which a log shows as one ever-growing line) becomes a line of its own."""
+
+  def __init__(self, stream):
+    self.stream = stream
+    self.last = None
+
+  def write(self, text: str) -> None:
+    for part in text.replace('\r', '\n').split('\n'):
+      line = part.rstrip()
+      if line.strip() and line != self.last:   # the closing redraw repeats the last line
+        self.stream.write(line + '\n')
+        self.last = line
+    self.stream.flush()
+
+  def flush(self) -> None:
+    self.stream.flush()
 
 
 def progress(iterable=None, *, what: str, total: Optional[int] = None, unit: str = 'it', disable: bool = False):
   """tqdm's bar on stderr for work that takes more than PROGRESS_DELAY_S: `what`, the count,
   the rate and the ETA. On a terminal it redraws in place; in a log (no terminal) it
-  writes a line at most every 10 s, and the final count."""
-  return tqdm.tqdm(iterable, desc=what, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True,
-                   mininterval=0.2 if sys.stderr.isatty() else 10.0, smoothing=0.1, disable=disable,
+  writes a line every LOG_PROGRESS_INTERVAL_S while the work goes on, and the final count."""
+  terminal = sys.stderr.isatty()
+  return tqdm.tqdm(iterable, desc=what, total=total, unit=unit, file=sys.stderr if terminal else LogLines(sys.stderr),
+                   dynamic_ncols=terminal, ncols=None if terminal else 100, ascii=None if terminal else True,
+                   mininterval=0.2 if terminal else LOG_PROGRESS_INTERVAL_S, smoothing=0.1, disable=disable,
                    delay=PROGRESS_DELAY_S)
 
 

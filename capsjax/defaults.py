@@ -59,6 +59,15 @@ def capsnet_config() -> ml_collections.ConfigDict:
 
 
 def base_config() -> ml_collections.ConfigDict:
+  """Every key a run has, at its default: the paper's MNIST CapsNet and training setup
+  (section 5). Experiments (`capsjax.experiments.NAME.get_config()`) start from it; `capsjax
+  --experiment=NAME --help` explains each key and its allowed values.
+
+  Example:
+    >>> config = capsjax.base_config()
+    >>> config.batch_size, config.model.routing_iterations, config.loss.m_plus, config.loss.m_minus
+    (128, 3, 0.9, 0.1)
+  """
   config = ml_collections.ConfigDict()
   config.experiment = 'mnist'
   config.task = 'classify'        # 'classify' (one label per image) or 'multimnist'
@@ -69,6 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.data_dir = ''
   config.tfds_data_dir = ''
   config.image_size = 0           # > 0: every image resized to N×N (capsjax.data.images)
+  # What transparent pixels of image files become: 'white' or 'black' (capsjax.data.images).
+  config.image_background = 'white'
   config.class_names = ()         # () = the data's (filled in when the run starts)
   # Host memory: 'memory' loads each split whole (uint8); 'rows' reads only the rows of
   # each batch this process feeds its devices (TFDS array_record or an uncompressed IDX

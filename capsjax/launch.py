@@ -1,7 +1,8 @@
-"""Train and evaluate an experiment: `python run.py --experiment=NAME --workdir=DIR`.
+"""Train and evaluate an experiment: `capsjax --experiment=NAME --workdir=DIR`.
 
-The command line of run.py and of every experiment program (`python -m
-capsjax.programs.ablation|affnist|sweep`, whose default experiment is their own):
+The command line of `capsjax` (the installed command), `python -m capsjax` and, in a
+checkout, `python run.py`; an experiment whose config names a program (ablation, affnist,
+sweep, routing_zoo) runs that program:
 
   --experiment=NAME      the config module experiments/NAME.py (or --config=path/to/config.py)
   --workdir=DIR          checkpoints, metrics.jsonl and results.json (resumes from it)
@@ -12,8 +13,8 @@ capsjax.programs.ablation|affnist|sweep`, whose default experiment is their own)
 
 The experiments are config files (experiments/NAME.py, each with get_config()) in a
 folder the caller names: run.py hands its own experiments/ folder to `entry_point`; the
-programs' `python -m` entries use the installed `experiments` package's folder. The
-library never imports the experiments.
+installed commands use the package `capsjax.experiments` (the repository's experiments/,
+installed under capsjax's name by setup.cfg). The library never imports the experiments.
 """
 import ast
 import importlib.util
@@ -40,11 +41,14 @@ HELP_ARGS = ('--help', '-h', '--helpshort', '--helpfull', '-?')
 _EXPERIMENTS_DIR = None   # set by entry_point
 
 
+EXPERIMENTS_PACKAGE = 'capsjax.experiments'
+
+
 def installed_experiments_dir() -> str:
-  """The folder of the installed `experiments` package (found, not imported)."""
-  spec = importlib.util.find_spec('experiments')
+  """The folder of the installed experiments package (found, not imported)."""
+  spec = importlib.util.find_spec(EXPERIMENTS_PACKAGE)
   if spec is None or not spec.submodule_search_locations:
-    cli.fail('no experiments folder: run python run.py from the repository, or install capsjax with pip')
+    cli.fail(f'no {EXPERIMENTS_PACKAGE} package: install capsjax with pip (pip install -e . in a checkout)')
   return list(spec.submodule_search_locations)[0]
 
 
@@ -77,7 +81,7 @@ def load_config_file(path: str, module_name: str):
 
 def load_experiment(name: str):
   """experiments/NAME.py's get_config()."""
-  return load_config_file(experiment_path(name), f'experiments.{name}')
+  return load_config_file(experiment_path(name), f'{EXPERIMENTS_PACKAGE}.{name}')
 
 
 def config_file_argument(argv) -> Optional[str]:
@@ -112,7 +116,7 @@ def print_help(name=None, config_path=None) -> None:
     width = max(map(len, names))
     for experiment in names:
       print(f'  {experiment.ljust(width)}  {experiment_summary(experiment)}')
-    print("\n`python run.py --experiment=NAME --help` lists that experiment's config keys.")
+    print("\n`capsjax --experiment=NAME --help` (or python run.py …) lists that experiment's config keys.")
     return
   print_keys(load_experiment(name), f'Experiment {name}: {experiment_summary(name)}')
 
@@ -233,6 +237,9 @@ def main(argv):
     return 0
   from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
   validate(config)   # before any data is read or anything compiled
+  problem = cli.xla_flags_problem()   # before JAX starts a backend: XLA would end the process its own way
+  if problem:
+    cli.fail(problem)
   if FLAGS.summary:
     print_summary(config)
     return 0
@@ -259,20 +266,12 @@ def _programs():
   return PROGRAMS
 
 
-def entry_point(experiments_dir: Optional[str] = None, program: Optional[str] = None):
-  """The main of run.py (which hands its experiments/ folder) and, with `program`, of that
-  experiment program: --experiment defaults to the program's default experiment and must
-  name an experiment it runs. Without `experiments_dir`, the installed package's folder."""
+def entry_point(experiments_dir: Optional[str] = None):
+  """The main of the `capsjax` command, `python -m capsjax` and run.py (which hands its
+  experiments/ folder). Without `experiments_dir`, the installed package's folder."""
   global _EXPERIMENTS_DIR
   _EXPERIMENTS_DIR = experiments_dir or installed_experiments_dir()
   argv = list(sys.argv)
-  if program is not None:
-    argv[0] = f'capsjax.programs.{program}'
-    if not any(arg.startswith('--experiment') for arg in argv[1:]):
-      argv.insert(1, f'--experiment={_programs()[program].default_experiment}')
   cli.as_program()
   remaining = parse_flags(argv)
-  if program is not None and FLAGS.config.program != program:
-    cli.fail(f'experiment {FLAGS.experiment!r} runs the program {FLAGS.config.program!r}, '
-             f'not {program!r}: use python run.py --experiment={FLAGS.experiment}')
   app.run(main, argv=remaining)

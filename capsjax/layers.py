@@ -75,6 +75,13 @@ class PrimaryCaps(nn.Module):
   [batch, h, w, c] → [batch, out_h * out_w * num_types, dim], capsules ordered (h, w, type).
   `scale_by_types` divides the convolution by num_types before the bias, as the authors'
   code does (its PrimaryCaps pass through one routing step with uniform couplings 1/types).
+
+  Example:
+    >>> layer = capsjax.PrimaryCaps(num_types=4, dim=8)   # 9×9 kernel, stride 2
+    >>> features = jnp.ones((2, 20, 20, 16))             # [batch, h, w, c]
+    >>> params = layer.init(jax.random.key(0), features)
+    >>> layer.apply(params, features).shape              # 6×6 positions × 4 types, 8-D
+    (2, 144, 8)
   """
   num_types: int = 32
   dim: int = 8
@@ -111,6 +118,16 @@ class CapsuleLayer(nn.Module):
   without materialising û. [batch, in_caps, in_dim] → [batch, out_caps, out_dim].
   `routing_loop` 'rolled' or 'unrolled' (same values; 'auto': the backend's faster one,
   capsjax.formulations).
+
+  Example:
+    >>> layer = capsjax.CapsuleLayer(num_capsules=10, dim=16, routing='dynamic')
+    >>> primary = jax.random.normal(jax.random.key(0), (2, 144, 8))   # [batch, in_caps, in_dim]
+    >>> params = layer.init(jax.random.key(1), primary)
+    >>> params['params']['weights'].shape                             # W_ij [in, out, out_dim, in_dim]
+    (144, 10, 16, 8)
+    >>> parents, activations = layer.apply(params, primary)
+    >>> parents.shape, activations.shape                              # [batch, out, dim], [batch, out]
+    ((2, 10, 16), (2, 10))
   """
   num_capsules: int = 10
   dim: int = 16
@@ -197,7 +214,18 @@ class CapsuleLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-  """Fully connected decoder (512-1024-pixels, ReLU, sigmoid) from masked digit capsules."""
+  """Fully connected decoder (512-1024-pixels, ReLU, sigmoid) from masked digit capsules.
+
+  masked capsules [batch, classes, dim] (all but the chosen class zeroed) → pixels in
+  (0, 1) [batch, *output_shape].
+
+  Example:
+    >>> decoder = capsjax.Decoder(hidden=(32, 64), output_shape=(28, 28, 1))
+    >>> masked = jnp.zeros((2, 10, 16)).at[:, 3].set(0.5)   # class 3's capsule only
+    >>> params = decoder.init(jax.random.key(0), masked)
+    >>> decoder.apply(params, masked).shape
+    (2, 28, 28, 1)
+  """
   hidden: Sequence[int] = (512, 1024)
   output_shape: Sequence[int] = (28, 28, 1)
   kernel_init: Initializer = nn.initializers.lecun_normal()

@@ -15,7 +15,12 @@ Array = jax.Array
 
 
 def capsule_lengths(capsules: Array) -> Array:
-  """Existence probabilities: |v_j|, [batch, caps, dim] → [batch, caps]."""
+  """Existence probabilities: |v_j|, [batch, caps, dim] → [batch, caps].
+
+  Example:
+    >>> capsjax.capsule_lengths(jnp.array([[[3.0, 4.0], [0.0, 1.0]]]))   # [1, 2 caps, 2-D]
+    Array([[5., 1.]], dtype=float32)
+  """
   return vector_norm(capsules, axis=-1)
 
 
@@ -57,7 +62,17 @@ def initializers(name: str):
 #   routing_probe  its `encode` returns routing logits when its routing has them
 #   check          (model config, key prefix) → problems, one line each (validation)
 MODELS = Registry('model', objectives=(), capsules=False, has_decoder=lambda model: False,
-                  routing_probe=False, check=lambda model, prefix: [])
+                  routing_probe=False, check=lambda model, prefix: [],
+                  doc="""The model families by name (`config.model.name`, `build_model(name, ...)`): each
+entry's value is the Flax module class; its capabilities say which objectives train it,
+whether it has capsules and a decoder (the comment above this registry lists them).
+
+Example:
+  >>> capsjax.MODELS.names()
+  ('capsnet', 'cnn')
+  >>> capsjax.MODELS['capsnet'].value is capsjax.CapsNet, capsjax.MODELS['capsnet'].objectives
+  (True, ('capsnet',))
+""")
 
 
 def register_model(name: str, **capabilities):
@@ -111,6 +126,22 @@ class CapsNet(nn.Module):
   [batch, classes] selects the capsules the decoder sees (true labels in training); None
   masks by the most active capsule, as at test time. A mask [batch, k, classes] decodes k
   times (one digit each, MultiMNIST): reconstructions [batch, k, *input_shape].
+  The defaults are the paper's MNIST model (8.2M parameters with the decoder).
+
+  Example:
+    A small CapsNet; `classify`, `encode` and `decode` are its other methods.
+
+    >>> model = capsjax.CapsNet(conv1_channels=32, primary_types=8)
+    >>> images = jnp.zeros((2, 28, 28, 1))                      # [batch, h, w, c]
+    >>> params = jax.jit(model.init)(jax.random.key(0), images)
+    >>> outputs = jax.jit(model.apply)(params, images)          # mask None: longest capsule
+    >>> for name, value in sorted(outputs.items()):
+    ...   print(name, value.shape)
+    activations (2, 10)
+    capsules (2, 10, 16)
+    lengths (2, 10)
+    reconstructions (2, 28, 28, 1)
+    >>> capsules, activations = model.apply(params, images, method='classify')   # no decoder
   """
   conv1_channels: int = 256
   conv1_kernel: int = 9
@@ -229,6 +260,15 @@ class BaselineCNN(nn.Module):
 
   MultiMNIST (section 6.2): convs 512@9×9 and 256@5×5 (SAME), each pooled, FC 1024, 10
   sigmoid outputs: 24,563,978 parameters on 36×36 inputs (the paper: 24.56M).
+  images [batch, *input_shape] → {'logits': [batch, num_classes]}.
+
+  Example:
+    >>> cnn = capsjax.BaselineCNN(conv_channels=(8, 16), conv_kernels=(5, 5), dense=(32,),
+    ...                           input_shape=(28, 28, 1))
+    >>> images = jnp.zeros((2, 28, 28, 1))
+    >>> params = cnn.init(jax.random.key(0), images)
+    >>> cnn.apply(params, images)['logits'].shape
+    (2, 10)
   """
   conv_channels: Sequence[int] = (512, 256)
   conv_kernels: Sequence[int] = (9, 5)
@@ -285,7 +325,17 @@ def capsnet_geometry_problem(model) -> Optional[str]:
 
 def build_model(name: str, **fields) -> nn.Module:
   """The model family `name` with `fields` (config.model's other keys: `build_model(**config.model)`)
-  as its sizes (lists become tuples, a `dtype` name becomes a dtype)."""
+  as its sizes (lists become tuples, a `dtype` name becomes a dtype).
+
+  Example:
+    >>> model = capsjax.build_model('capsnet', conv1_channels=32, primary_types=8, routing='em')
+    >>> type(model).__name__, model.routing, model.primary_types
+    ('CapsNet', 'em', 8)
+    >>> config = capsjax.base_config()
+    >>> paper = capsjax.build_model(**config.model)             # the config's model
+    >>> paper.conv1_channels, paper.routing_iterations
+    (256, 3)
+  """
   cls = MODELS.get(name)
   for key, value in fields.items():
     if isinstance(value, list):

@@ -33,7 +33,18 @@ Objective = Callable[..., Tuple[Array, Array, Dict[str, Array]]]
 #   probabilities  class scores → the class probabilities predict shows
 #   check          (loss config, key prefix) → problems, one line each (validation)
 OBJECTIVES = Registry('objective', families=(), knobs=(), probabilities=lambda scores: scores,
-                      check=lambda loss, prefix: [])
+                      check=lambda loss, prefix: [],
+                      doc="""The objectives by name (`config.loss.name`, `make_objective(name, ...)`): each
+entry's value is the function (model, params, batch, train, knobs, *, num_classes,
+**options) → (loss [batch], class scores [batch, classes], loss parts); its capabilities
+(the comment above this registry) say which model families it trains.
+
+Example:
+  >>> capsjax.OBJECTIVES.names()
+  ('capsnet', 'sigmoid_xent', 'softmax_xent')
+  >>> capsjax.OBJECTIVES['capsnet'].families
+  ('capsnet',)
+""")
 
 
 def register_objective(name: str, **capabilities):
@@ -44,7 +55,24 @@ def register_objective(name: str, **capabilities):
 def make_objective(name: str, num_classes: int, **options) -> Objective:
   """The objective `name` with its options bound: (model, params, batch, train, knobs)
   → (loss [batch], scores [batch, classes], parts). Built once, where the config is
-  read (capsjax.train); the jitted step never sees the config."""
+  read (capsjax.train); the jitted step never sees the config. A batch is a dict:
+  'images' [batch, h, w, c] float, 'labels' [batch] int (or [batch, k] for k objects).
+
+  Example:
+    The paper's loss of a small CapsNet, and its gradient.
+
+    >>> objective = capsjax.make_objective('capsnet', num_classes=10, reconstruction_weight=0.0005)
+    >>> model = capsjax.CapsNet(conv1_channels=32, primary_types=8)
+    >>> batch = {'images': jnp.zeros((4, 28, 28, 1)), 'labels': jnp.array([0, 1, 2, 3])}
+    >>> params = model.init(jax.random.key(0), batch['images'])['params']
+    >>> loss, scores, parts = objective(model, params, batch, True)
+    >>> loss.shape, scores.shape, sorted(parts)
+    ((4,), (4, 10), ['margin_loss', 'reconstruction_loss'])
+    >>> mean_loss = lambda p: objective(model, p, batch, True)[0].mean()
+    >>> grads = jax.jit(jax.grad(mean_loss))(params)            # jitted: compiled once, fast
+    >>> jax.tree.structure(grads) == jax.tree.structure(params)
+    True
+  """
   return functools.partial(OBJECTIVES.get(name), num_classes=num_classes, **options)
 
 

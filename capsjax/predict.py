@@ -29,7 +29,21 @@ PREDICT_BATCH = 64
 
 class Predictor:
   """A trained CapsNet (or baseline CNN, capsjax.trained.TrainedModel) and how its run
-  converted images."""
+  converted images: `predict(images)` takes arrays (uint8 [n, *the run's image shape],
+  or images of any size, grey or colour, converted as the run converted its own) and
+  `read_files(paths)` image files; `python -m capsjax.predict` is its command line.
+
+  Example:
+    `mnist_dir` as in load_dataset's example.
+
+    >>> predictor = capsjax.Predictor.shipped()   # or Predictor.from_workdir(workdir)
+    >>> test = capsjax.load_dataset('mnist', 'test', data_dir=mnist_dir)
+    >>> results = predictor.predict(test.images[:4])   # uint8 [4, 28, 28, 1]
+    >>> [r['class'] for r in results], sorted(results[0])
+    (['7', '2', '1', '0'], ['activations', 'class', 'class_index', 'input', 'reconstruction'])
+    >>> results[0]['reconstruction'].shape
+    (28, 28, 1)
+  """
 
   def __init__(self, trained):
     import jax  # pylint: disable=g-import-not-at-top
@@ -73,13 +87,13 @@ class Predictor:
       array = array[..., 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
       raise CapsjaxError(f'{name}: expected an image [h, w] or [h, w, 1|3|4], got shape {list(np.shape(image))}')
-    return to_array(Image.fromarray(array), self.info.image_shape, name)
+    return to_array(Image.fromarray(array), self.info.image_shape, name, self.info.background)
 
   def read_files(self, paths: Sequence[str]) -> np.ndarray:
     """The files as the run held its images: uint8 [n, *shape] (one error line for a
     missing file or one that is not an image)."""
     from capsjax.data.images import read_image  # pylint: disable=g-import-not-at-top
-    return np.stack([read_image(path, self.info.image_shape) for path in paths])
+    return np.stack([read_image(path, self.info.image_shape, self.info.background) for path in paths])
 
   # --------------------------------------------------------------------------- prediction
 

@@ -50,9 +50,12 @@ class UnknownName(ConfigError, KeyError):
 
 
 class Registry:
-  """Names → entries of one kind, in registration order."""
+  """Names → entries of one kind, in registration order. `doc`: what this registry holds
+  (its docstring, for help() and the API reference)."""
 
-  def __init__(self, kind: str, **capability_defaults: Any):
+  def __init__(self, kind: str, *, doc: str = '', **capability_defaults: Any):
+    if doc:
+      self.__doc__ = doc
     self.kind = kind
     self.defaults = capability_defaults
     self._entries: Dict[str, Entry] = {}

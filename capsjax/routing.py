@@ -22,6 +22,11 @@ def vector_norm(vectors: Array, axis: int = -1, keepdims: bool = False) -> Array
 
   The norm's own gradient is infinite at 0, so zero vectors take a separate branch (the
   double-where trick); capsule lengths and squash both use it.
+  vectors [..., dim] → lengths [...] ([..., 1] with keepdims).
+
+  Example:
+    >>> capsjax.vector_norm(jnp.array([[3.0, 4.0], [0.0, 0.0]]))   # [2, dim] → [2]
+    Array([5., 0.], dtype=float32)
   """
   return _safe_sqrt(jnp.sum(jnp.square(vectors), axis=axis, keepdims=keepdims))
 
@@ -36,6 +41,12 @@ def squash(vectors: Array, axis: int = -1) -> Array:
 
   Written as s·|s|/(1+|s|²) there is no division by |s|; at the origin value and gradient
   are 0, squash's true derivative there (see `vector_norm`).
+  vectors [..., dim] (any shape; `axis` is the capsule dimension) → the same shape.
+
+  Example:
+    >>> v = capsjax.squash(jnp.array([[3.0, 4.0]]))   # |s| = 5 → |v| = 25 / 26
+    >>> v.shape, round(float(capsjax.vector_norm(v)[0]), 4)
+    ((1, 2), 0.9615)
   """
   squared_norm = jnp.sum(jnp.square(vectors), axis=axis, keepdims=True)
   return vectors * (_safe_sqrt(squared_norm) / (1.0 + squared_norm))
@@ -46,6 +57,12 @@ def coupling_coefficients(routing_logits: Array, leaky: bool = False, axis: int 
 
   The leaky "none-of-the-above" parent takes a share of every child's output and is then
   dropped, so children that agree with no real parent can route away from all of them.
+  routing_logits [batch, in_caps, out_caps] → coupling [batch, in_caps, out_caps].
+
+  Example:
+    >>> c = capsjax.coupling_coefficients(jnp.zeros((1, 3, 4)))   # [batch, in_caps, out_caps]
+    >>> c[0, 0]                                                   # uniform before any agreement
+    Array([0.25, 0.25, 0.25, 0.25], dtype=float32)
   """
   if not leaky:
     return jax.nn.softmax(routing_logits, axis=axis)
@@ -115,6 +132,18 @@ def dynamic_routing(
 
   Returns:
     parents [batch, out_caps, out_dim], or (parents, logits_per_iteration).
+
+  Example:
+    >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
+    >>> parents = capsjax.dynamic_routing(votes, num_iterations=3)
+    >>> parents.shape                                                 # v [batch, out, dim]
+    (2, 3, 4)
+    >>> bool(jnp.all(capsjax.vector_norm(parents) < 1))               # squashed
+    True
+    >>> # r traced under vmap, as the routing ablations do: one program for r = 1, 2, 3.
+    >>> route_r = lambda r: capsjax.dynamic_routing(votes, r, max_iterations=3)
+    >>> jax.vmap(route_r)(jnp.arange(1, 4)).shape                     # [r, batch, out, dim]
+    (3, 2, 3, 4)
   """
   chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
@@ -169,6 +198,14 @@ def routing_logit_changes(logits_per_iteration: Array, initial_logits: Optional[
   logits_per_iteration: [iterations, batch, in_caps, out_caps] from
   `dynamic_routing(..., return_logits=True)`; b_0 = `initial_logits` (zeros by default,
   Procedure 1). Returns [iterations].
+
+  Example:
+    >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # [batch, in, out, dim]
+    >>> _, logits = capsjax.dynamic_routing(votes, 4, return_logits=True)
+    >>> logits.shape                                                  # [iterations, batch, in, out]
+    (4, 2, 6, 3)
+    >>> capsjax.routing_logit_changes(logits).shape                   # one mean |Δb| per iteration
+    (4,)
   """
   initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
       jnp.broadcast_to(initial_logits, logits_per_iteration.shape[1:])[None])
@@ -298,7 +335,19 @@ def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, n
 # (config.model.routing_options). Activations are what the margin loss, the explorer and
 # predict read.
 
-ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, layer_inputs=(), shared=None)
+ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, layer_inputs=(), shared=None,
+                    doc="""The routing algorithms by name (`config.model.routing`, `CapsuleLayer.routing`,
+`route(name, ...)`): each entry's value is the routing function, û [batch, in, out, dim] →
+(parents [batch, out, dim], activations [batch, out]), and its capabilities say what it
+does (`iterative`, `learned`, `returns_logits`, `layer_inputs`, `shared`). Add one with
+`register_routing`.
+
+Example:
+  >>> capsjax.ROUTINGS.names()
+  ('dynamic', 'em', 'self_attention', 'inverted_dot_product')
+  >>> capsjax.ROUTINGS['dynamic'].returns_logits, capsjax.ROUTINGS['em'].learned.keys()
+  (True, dict_keys(['beta_u', 'beta_a']))
+""")
 # The routing's own arguments: neither options nor learned.
 _OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll',
                   'return_logits')
@@ -308,8 +357,31 @@ def register_routing(name: str, *, iterative: bool = True,
                      learned: Optional[Dict[str, Tuple[Callable[[int, int, int], tuple], float]]] = None,
                      returns_logits: bool = False, layer_inputs: Tuple[str, ...] = (),
                      shared: Optional[Callable[..., Any]] = None):
-  """Function decorator: `config.model.routing = name` routes with this function (see the
-  signature and capabilities above)."""
+  """Function decorator: `config.model.routing = name` routes with this function.
+
+  The function takes prediction_vectors û [batch, in_caps, out_caps, dim],
+  input_activations [batch, in_caps], num_iterations, and keywords max_iterations and
+  unroll (plus options of its own, each with a default, which `config.model.routing_options`
+  may set; `learned` ones become parameters of the capsule layer), and returns
+  (parents [batch, out_caps, dim], activations [batch, out_caps]). `iterative`: whether
+  num_iterations means anything to it; `returns_logits`: it accepts return_logits=True and
+  then also returns the logits per iteration; `layer_inputs`: which of the capsule layer's
+  features (bias, log_priors, leaky, stop_gradient_predictions) it reads; `shared`: a form
+  that routes shared-transform votes without û (see the module's comment above ROUTINGS).
+
+  Example:
+    Uniform coupling: every child sends its vote to every parent equally.
+
+    >>> @capsjax.register_routing('uniform_example', iterative=False)
+    ... def uniform(prediction_vectors, input_activations, num_iterations, *, max_iterations=None,
+    ...             unroll=False):
+    ...   parents = capsjax.squash(prediction_vectors.mean(axis=1))   # [batch, out, dim]
+    ...   return parents, capsjax.vector_norm(parents)
+    >>> parents, activations = capsjax.route('uniform_example', jnp.ones((1, 4, 2, 3)))
+    >>> activations                                                  # |squash(1, 1, 1)| = 3 / 4
+    Array([[0.75, 0.75]], dtype=float32)
+    >>> capsjax.ROUTINGS.unregister('uniform_example')
+  """
   return ROUTINGS.register(name, iterative=iterative, learned=dict(learned or {}),
                            returns_logits=returns_logits, layer_inputs=tuple(layer_inputs), shared=shared)
 
@@ -334,6 +406,14 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   Procedure 1 ignores them); num_iterations a Python int or, with `max_iterations=`, a
   traced integer (vmap over r, with gradients). Learned options not given take their
   initial values.
+
+  Example:
+    >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
+    >>> for name in ('dynamic', 'em'):
+    ...   parents, activations = capsjax.route(name, votes, num_iterations=2)
+    ...   print(name, parents.shape, activations.shape)
+    dynamic (2, 3, 4) (2, 3)
+    em (2, 3, 4) (2, 3)
   """
   entry = ROUTINGS[name]
   chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]

@@ -35,7 +35,14 @@ class RunResult:
   """A finished run: what every program composes runs from (an unfinished run raises
   capsjax.errors.RunStopped instead, so no program reads results that do not exist).
   Errors and accuracies are floats, or per-member lists for an ensemble; `results` is
-  results.json as written (item access reads it: result['test_error'])."""
+  results.json as written (item access reads it: result['test_error']).
+
+  Example:
+    `result` from train_and_evaluate's example.
+
+    >>> result['test_error'] == result.test_error, result.num_params > 0
+    (True, True)
+  """
   steps: int
   num_params: int
   test_error: Any
@@ -210,7 +217,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   Returns the finished run's RunResult. `stop_at_step` (or config.stop_at_step) ends this
   invocation early (after checkpointing), as a preemption would, by raising RunStopped;
   calling again with the same workdir continues the same run. SIGTERM or Ctrl-C (or, on
-  several processes, JAX's preemption notice) does the same at the next step.
+  several processes, JAX's preemption notice) does the same at the next step. The workdir
+  gets config.json, metrics.jsonl, checkpoints and, at the end, results.json.
+
+  Example:
+    `mnist_dir`: a folder of the MNIST IDX files, else TFDS downloads MNIST; `workdir`: a new
+    folder.
+
+    >>> from capsjax.experiments import mnist_smoke
+    >>> config = mnist_smoke.get_config()
+    >>> config.data_dir = mnist_dir
+    >>> config.num_steps, config.num_train_examples, config.num_test_examples = 12, 768, 256
+    >>> result = capsjax.train_and_evaluate(config, workdir)   # doctest: +ELLIPSIS
+    mnist_smoke: reading the data...
+    >>> result.steps, 0.0 <= result.test_error <= 1.0
+    (12, True)
   """
   created = not os.path.exists(os.path.abspath(os.path.expanduser(workdir)))
   workdir = workdir_lib.prepare(workdir)

@@ -30,7 +30,17 @@ SHIPPED = os.path.join(os.path.dirname(__file__), 'explorer', 'assets')
 class TrainedModel:
   """One trained model as predict and the explorer use it: the run's config (as read from
   its workdir or export), its module, one member's parameters, where it came from, and
-  what its family, task and objective can do (their registry entries)."""
+  what its family, task and objective can do (their registry entries).
+
+  Example:
+    `workdir` as in load_trained's example.
+
+    >>> trained = capsjax.TrainedModel.from_workdir(workdir)
+    >>> trained.step, trained.finished, trained.has_decoder
+    (12, True, True)
+    >>> capsjax.TrainedModel.shipped().describe()   # the small CapsNet capsjax ships
+    'the shipped model (exported from explorer)'
+  """
   config: ml_collections.ConfigDict
   model: Any
   params: Any
@@ -97,7 +107,17 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
   """(config, model, params) of the run in `workdir`, finished or not: its config.json and
   latest checkpoint, or that of `step` (an ensemble's params carry a leading member axis).
   `data` replaces where the data comes from (data_dir, tfds_data_dir: this machine's, not
-  the run's)."""
+  the run's).
+
+  Example:
+    `workdir`: the run trained in train_and_evaluate's example.
+
+    >>> config, model, params = capsjax.load_trained(workdir)
+    >>> config.experiment, type(model).__name__
+    ('mnist_smoke', 'CapsNet')
+    >>> model.apply({'params': params}, jnp.zeros((1, 28, 28, 1)))['lengths'].shape   # [batch, classes]
+    (1, 10)
+  """
   config, model, state, _ = _restore(workdir, data, step)
   return config, model, state['params']
 

@@ -9,6 +9,7 @@ import math
 import re
 from typing import Any, Callable, Iterable, List, Tuple
 
+from capsjax.data.images import BACKGROUNDS
 from capsjax.data.rows import HOST_IMAGES
 from capsjax.data.sources import dataset_names_help, is_dataset_name
 from capsjax.data.tasks import TASKS
@@ -125,6 +126,7 @@ RUN_RULES = {
     'task': registered(TASKS.names),
     'dataset': (is_dataset_name, dataset_names_help()),
     'image_size': int_in(0, 4096),
+    'image_background': one_of(tuple(BACKGROUNDS)),
     'class_names': ((lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) and x for x in v)),
                     'a tuple of class names (empty: from the data)'),
     'host_images': one_of(HOST_IMAGES),
@@ -333,6 +335,8 @@ DESCRIPTIONS = {
     'data_dir': 'a folder read instead of TFDS: IDX files (MNIST family), or with dataset=image_folder '
                 'DIR/train/CLASS/*.png|jpg and DIR/test/CLASS/…; does not bind the workdir',
     'image_size': '> 0: every image resized to N×N (needed for images of mixed sizes); 0: as stored',
+    'image_background': 'what the transparent pixels of image files (alpha, or a palette\'s transparent entry) '
+                        'are composited onto, in training, predict and the explorer',
     'class_names': 'the class names written into results, figures and predictions; () = from the data',
     'tfds_data_dir': "TFDS's data folder (default ~/tensorflow_datasets); does not bind the workdir",
     'host_images': "memory: each split loaded whole; rows: each process reads only its batches' rows; auto: rows on several processes",

@@ -8,7 +8,7 @@ train in W/capsnet, the 3 baseline seeds in W/baseline (each resumable).
 """
 import ml_collections
 
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def mnist_baseline_model() -> ml_collections.ConfigDict:

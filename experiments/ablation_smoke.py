@@ -1,6 +1,6 @@
 """Table 1 in a few minutes on a CPU: small CapsNets and a narrowed baseline CNN on 2 000
 MNIST training images, all 10 000 test images; same members as `ablation`."""
-from experiments import ablation
+from capsjax.experiments import ablation
 
 
 def get_config():

@@ -11,7 +11,7 @@ W/capsnet and W/cnn (each resumable).
 import ml_collections
 
 from capsjax.data.affine import AFFINE_RANGES
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def affnist_cnn_model() -> ml_collections.ConfigDict:

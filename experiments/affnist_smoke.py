@@ -1,7 +1,7 @@
 """`affnist` in minutes on a CPU: small models of similar size (2.64M and 2.85M
 parameters), 10 000 training digits, stopped at 93 % on 2 000 expanded-MNIST test digits
 (or after 800 steps), tested on 2 000 affine digits."""
-from experiments import affnist
+from capsjax.experiments import affnist
 
 
 def get_config():

@@ -8,7 +8,7 @@ per-image standardisation; the central 24×24 at test. Reconstruction is off by 
 in the authors' CIFAR runs (`--config.model.use_decoder=True` turns the 24×24×3 decoder
 on, against the unstandardised crop). Ours: 100 epochs, MNIST's schedule.
 """
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

@@ -6,7 +6,7 @@ largest; results.json reports that error (`ensemble_test_error`) and each member
 """
 import ml_collections
 
-from experiments import cifar10
+from capsjax.experiments import cifar10
 
 
 def get_config():

@@ -5,7 +5,7 @@ The paper's decoder (512-1024-784) and 16D digit capsules, with a narrower encod
 in the package (≈ 4.9 MB; the paper's 8.2M parameters would be 16 MB). Three epochs
 with the paper's loss and shifts; see docs/results.md for the command and its accuracy.
 """
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

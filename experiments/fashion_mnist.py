@@ -3,7 +3,7 @@
 TFDS `fashion_mnist` by default; offline, an IDX folder (Debian's dataset-fashion-mnist
 installs one): --config.data_dir=/usr/share/datasets/fashion-mnist.
 """
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

@@ -2,8 +2,8 @@
 
   python run.py --experiment=images_smoke --config.data_dir=DIR --workdir=W
 """
-from experiments import images
-from experiments import mnist_smoke
+from capsjax.experiments import images
+from capsjax.experiments import mnist_smoke
 
 
 def get_config():

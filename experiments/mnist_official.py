@@ -21,7 +21,7 @@ where it differs from the paper's text (experiments/mnist.py keeps the paper's).
 """
 import ml_collections
 
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

@@ -5,7 +5,7 @@ mean ± std as in Table 1; compare with experiments/mnist_official.py.
 """
 import ml_collections
 
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

@@ -1,5 +1,5 @@
 """A reduced CapsNet on a few thousand MNIST images: ≥ 95 % test accuracy in minutes on a CPU."""
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

@@ -5,7 +5,7 @@ Margin loss with two positive classes; the decoder reconstructs each digit from 
 period is 10× the MNIST one (paper). Examples are generated on the fly from the 60M /
 10M-example virtual sets (`capsjax/data/multimnist.py`).
 """
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

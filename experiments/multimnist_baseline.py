@@ -1,7 +1,7 @@
 """The paper's MultiMNIST CNN baseline (section 6.2): 24.56M parameters, sigmoid cross-entropy."""
 import ml_collections
 
-from experiments import multimnist
+from capsjax.experiments import multimnist
 
 
 def get_config():

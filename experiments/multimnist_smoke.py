@@ -1,5 +1,5 @@
 """A reduced MultiMNIST CapsNet: a few minutes on 2 CPU cores, far above chance (1/45)."""
-from experiments import multimnist
+from capsjax.experiments import multimnist
 
 
 def get_config():

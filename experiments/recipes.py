@@ -10,7 +10,7 @@ estimate: not run yet, see docs/results.md); on a CPU, use the sweep_smoke scale
 """
 import ml_collections
 
-from experiments import mnist_seeds
+from capsjax.experiments import mnist_seeds
 
 
 def get_config():

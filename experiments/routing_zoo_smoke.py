@@ -1,7 +1,7 @@
 """The routing zoo in minutes on a CPU: small CapsNets (ablation_smoke's sizes), 2 seeds per
 routing, 200 steps of 32 on 4 000 MNIST training images (1 000 more held out for
 validation), 2 000 test images."""
-from experiments import routing_zoo
+from capsjax.experiments import routing_zoo
 
 
 def get_config():

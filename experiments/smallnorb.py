@@ -8,7 +8,7 @@ channels, brightness (±63/255) and contrast (0.2–1.8) jitter, per-image stand
 no extra shifts (the crops move the object), 100 epochs of TFDS `smallnorb`'s 24 300
 training images.
 """
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

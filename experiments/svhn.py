@@ -5,7 +5,7 @@ From the paper: TFDS `svhn_cropped`'s 73 257 training images only; conv1 with 64
 ±2 px shifts as for MNIST, the 512-1024 decoder reconstructing the 32×32×3 image
 (0.0005 × summed squared error), Adam with MNIST's schedule, 50 epochs.
 """
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def get_config():

@@ -7,7 +7,7 @@ For the paper-size model, start from `experiments/mnist.py` the same way (see BU
 """
 import ml_collections
 
-from experiments import mnist_smoke
+from capsjax.experiments import mnist_smoke
 
 
 def get_config():

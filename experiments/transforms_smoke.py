@@ -7,7 +7,7 @@ program per variant), ranked on a 5 000-image validation split held out of train
 """
 import ml_collections
 
-from experiments import mnist_smoke
+from capsjax.experiments import mnist_smoke
 
 
 def get_config():

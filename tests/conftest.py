@@ -36,28 +36,6 @@ if ROOT not in sys.path:   # benchmarks/ (not installed) is importable by tests,
   sys.path.insert(0, ROOT)
 
 MNIST_DIR = os.environ.get('CAPSJAX_MNIST_DIR', os.path.join(ROOT, '..', 'shared', 'data', 'mnist'))
-# Without either folder, the files TFDS's mnist builder downloads, from where it downloads
-# them, cached for later runs.
-MNIST_URL = 'https://storage.googleapis.com/cvdf-datasets/mnist/'
-MNIST_FILES = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz', 't10k-images-idx3-ubyte.gz',
-               't10k-labels-idx1-ubyte.gz')
-MNIST_CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'capsjax', 'mnist')
-
-
-def _downloaded_mnist() -> str:
-  """MNIST_CACHE with the four files (downloaded once); OSError when offline."""
-  import urllib.request  # pylint: disable=g-import-not-at-top
-  os.makedirs(MNIST_CACHE, exist_ok=True)
-  for name in MNIST_FILES:
-    path = os.path.join(MNIST_CACHE, name)
-    if not os.path.isfile(path):
-      with urllib.request.urlopen(MNIST_URL + name, timeout=60) as response:
-        data = response.read()
-      partial = f'{path}.{os.getpid()}.part'
-      with open(partial, 'wb') as f:
-        f.write(data)
-      os.replace(partial, path)   # atomic: the other test worker may download it too
-  return MNIST_CACHE
 MARKER = 'float32_matmuls'
 
 
@@ -95,10 +73,10 @@ def _test_float32_matmuls(request):
 
 @pytest.fixture(scope='session')
 def mnist_dir():
-  if os.path.isdir(MNIST_DIR):
-    return MNIST_DIR
+  """$CAPSJAX_MNIST_DIR, ../shared/data/mnist, else downloaded once (capsjax.data.idx.find_mnist)."""
+  from capsjax.data.idx import find_mnist  # pylint: disable=g-import-not-at-top
+  from capsjax.errors import DataError  # pylint: disable=g-import-not-at-top
   try:
-    return _downloaded_mnist()
-  except OSError as e:
-    pytest.fail(f'real MNIST IDX files are needed: set CAPSJAX_MNIST_DIR, put them at {MNIST_DIR}, or be online '
-                f'(downloading {MNIST_URL} failed: {e})')
+    return find_mnist([MNIST_DIR])
+  except DataError as e:
+    pytest.fail(str(e))

@@ -2,7 +2,7 @@
 import os
 
 from capsjax.data.idx import write_idx
-from experiments import mnist
+from capsjax.experiments import mnist
 
 
 def tiny_config(data_dir, **overrides):

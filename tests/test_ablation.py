@@ -12,7 +12,7 @@ from capsjax.trained import load_trained
 from capsjax.programs import ablation
 from capsjax.errors import ConfigError, RunStopped
 from capsjax.models import build_model, count_params
-from experiments import ablation as ablation_experiment
+from capsjax.experiments import ablation as ablation_experiment
 from helpers import tiny_config
 
 

@@ -11,7 +11,7 @@ from capsjax import train
 from capsjax.data import affine
 from capsjax import assemble
 from capsjax.errors import DataError, RunStopped
-from experiments import affnist_smoke
+from capsjax.experiments import affnist_smoke
 from helpers import tiny_config
 
 

@@ -10,7 +10,7 @@ from capsjax import workdir as workdir_lib
 from capsjax import plots
 from capsjax.programs import figures, sweep
 from capsjax.errors import ConfigError, RunStopped
-from experiments import sweep_smoke
+from capsjax.experiments import sweep_smoke
 from helpers import tiny_config
 
 

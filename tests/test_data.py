@@ -11,7 +11,7 @@ from capsjax.data import augment
 from capsjax.data.idx import parse_idx, read_idx, write_idx
 from capsjax.data.sources import load_dataset, load_idx_split
 from capsjax.errors import DataError
-from experiments import mnist
+from capsjax.experiments import mnist
 from helpers import write_idx_split
 
 

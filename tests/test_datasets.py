@@ -111,7 +111,7 @@ def test_each_dataset_through_the_real_pipeline(name, offline_tfds):
   data = mnist_data.load_dataset(name, 'train')
   assert data.images.dtype == np.uint8 and data.images.shape == (96,) + info.image_shape
   assert data.labels.min() >= 0 and data.labels.max() < info.num_classes
-  config = importlib.import_module(f'experiments.{name}').get_config()
+  config = importlib.import_module(f'capsjax.experiments.{name}').get_config()
   config.batch_size, config.eval_batch_size = 32, 48
   assert tuple(config.model.input_shape) == info.input_shape
   train_pipe, test_pipe, _ = assemble.splits(config)
@@ -158,7 +158,7 @@ def learnable(digits: Dataset, info, count: int, offset: int) -> Dataset:
 
 @pytest.mark.parametrize('name', NEW_EXPERIMENTS)
 def test_each_new_experiment_trains_beyond_chance(name, mnist_dir, monkeypatch, tmp_path):
-  config = importlib.import_module(f'experiments.{name}').get_config()
+  config = importlib.import_module(f'capsjax.experiments.{name}').get_config()
   assert problems_of(config) == []
   info = dataset_info(config.dataset)
   digits = mnist_data.load_idx_split(mnist_dir, 'train')
@@ -191,7 +191,7 @@ def test_ensemble_predicts_the_largest_summed_length():
 
 @pytest.mark.float32_matmuls
 def test_ensemble_eval_step_sums_the_members_lengths(mnist_dir):
-  from experiments import cifar10  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import cifar10  # pylint: disable=g-import-not-at-top
   config = cifar10.get_config()
   config.dataset, config.model.input_shape, config.model.num_classes = 'mnist', (28, 28, 1), 10
   config.model.conv1_channels, config.model.primary_types = 8, 2

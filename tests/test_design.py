@@ -29,6 +29,10 @@ LAYERS = [
     ('train', 'trained', 'plots'),
     ('predict', 'explorer', 'programs'),
     ('launch',),
+    ('commands',),
+    # The package itself (capsjax/__init__.py: the public API, loaded lazily) and
+    # `python -m capsjax`.
+    ('', '__main__'),
 ]
 # Modules (besides capsjax.programs.*) that may take a ConfigDict `config`: the boundary.
 CONFIG_READERS = ('launch', 'validation', 'assemble', 'train', 'workdir')
@@ -52,13 +56,9 @@ def _layer(module: str) -> int:
 
 
 def _imports(tree):
-  """(imported module, line) of every import, except those of a `__main__` block (the
-  command-line entry of a module, which runs only when it is the program)."""
-  main_blocks = [node for node in tree.body if isinstance(node, ast.If) and '__main__' in ast.dump(node.test)]
-  skipped = {id(n) for block in main_blocks for n in ast.walk(block)}
+  """(imported module, line) of every import, lazy ones inside functions and `__main__`
+  blocks included (no circle: no program's `python -m` entry imports capsjax.launch)."""
   for node in ast.walk(tree):
-    if id(node) in skipped:
-      continue
     if isinstance(node, ast.Import):
       yield from ((alias.name, node.lineno) for alias in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -69,7 +69,7 @@ def test_imports_run_downward_and_never_reach_the_experiments():
   problems = []
   for module, tree in _modules():
     for imported, line in _imports(tree):
-      if imported.split('.')[0] == 'experiments':
+      if imported.split('.')[0] == 'experiments' or imported.startswith('capsjax.experiments'):
         problems.append(f'{module}:{line} imports {imported}')
       elif imported.startswith('capsjax.') and imported.split('.')[1] not in ('__version__',):
         target = 'capsjax.' + imported.split('.')[1]
@@ -128,3 +128,22 @@ def test_the_jitted_path_never_reads_a_config(module_name):
   reads = [ast.unparse(node) for node in ast.walk(tree)
            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and 'config' in node.value.id]
   assert not reads, reads
+
+
+def test_the_wheel_lists_every_package_and_installs_the_experiments_under_capsjax():
+  """setup.cfg names the packages (experiments/ is installed as capsjax.experiments, never
+  as a top-level `experiments`): a new package folder must be added there too."""
+  import configparser  # pylint: disable=g-import-not-at-top
+  setup = configparser.ConfigParser()
+  setup.read(os.path.join(ROOT, 'setup.cfg'))
+  listed = set(setup['options']['packages'].split())
+  folders = {os.path.relpath(folder, ROOT).replace(os.sep, '.') for folder, _, files in os.walk(PACKAGE)
+             if '__init__.py' in files}
+  assert listed == folders | {'capsjax.experiments'}
+  assert setup['options']['package_dir'].split() == ['capsjax.experiments', '=', 'experiments']
+  scripts = dict(line.split(' = ') for line in setup['options.entry_points']['console_scripts'].split('\n') if line)
+  from capsjax import commands  # pylint: disable=g-import-not-at-top
+  for script, target in scripts.items():
+    module, function = target.split(':')
+    assert module == 'capsjax.commands' and callable(getattr(commands, function)), script
+    assert f'{script} ' in commands.__doc__, f'{script}: not in capsjax/commands.py\'s list'

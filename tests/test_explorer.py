@@ -31,7 +31,7 @@ from capsjax.explorer.export import MAX_SHIPPED_FILE_BYTES
 from capsjax.explorer.server import make_server
 from capsjax.models import build_model
 from capsjax.predict import Predictor
-from experiments import multimnist as multimnist_experiment
+from capsjax.experiments import multimnist as multimnist_experiment
 from helpers import tiny_config
 
 # Compares formulations / the model's own answers at float32 tolerances (see conftest).
@@ -180,6 +180,9 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
     ('/api/example?index=50', None, None, 400, 'out of range'),
     ('/api/example?index=-1', None, None, 400, 'out of range'),
     ('/api/example?index=x', None, None, 400, 'must be an integer'),
+    ('/api/example?index=%EF%BC%95', None, None, 400, 'ASCII digits'),      # a fullwidth 5
+    ('/api/example?index=%D9%A5', None, None, 400, 'ASCII digits'),         # an Arabic-Indic 5
+    ('/api/example?index=5%C2%A0', None, None, 400, 'ASCII digits'),        # 5 and a no-break space
     ('/api/example', None, None, 400, 'missing'),
     ('/api/decode', {'vectors': [[0.1] * 15], 'classes': [1]}, None, 400, '16 numbers'),
     ('/api/decode', {'vectors': [['a'] * 16], 'classes': [1]}, None, 400, '16 numbers'),

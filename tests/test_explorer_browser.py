@@ -112,7 +112,7 @@ def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page, tmp_
   import jax  # pylint: disable=g-import-not-at-top
   from capsjax import assemble  # pylint: disable=g-import-not-at-top
   from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
-  from experiments import explorer as explorer_experiment  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import explorer as explorer_experiment  # pylint: disable=g-import-not-at-top
   driver, _ = page
   config = explorer_experiment.get_config()
   config.dataset = 'my_photos'

@@ -1,4 +1,5 @@
-"""run.py: the summary, and one clear error line (no traceback) for bad input."""
+"""run.py and `python -m capsjax` (the `capsjax` command): the summary, and one clear error
+line (no traceback) for bad input."""
 import importlib
 import os
 import subprocess
@@ -50,6 +51,22 @@ def test_bad_arguments_give_one_line(args, message):
   assert message in result.stderr and 'Traceback' not in result.stderr
 
 
+def test_python_m_capsjax_is_run_py_from_any_directory(tmp_path):
+  """`python -m capsjax` (what the installed `capsjax` command runs) finds the experiments
+  as the package capsjax.experiments, from outside the checkout too."""
+  listed = subprocess.run([sys.executable, '-m', 'capsjax', '--help'], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+  assert listed.returncode == 0, listed.stderr
+  experiments = {name[:-3] for name in os.listdir(os.path.join(ROOT, 'experiments')) if not name.startswith('_')}
+  assert experiments == {line.split()[0] for line in listed.stdout.split('Experiments')[1]
+                                                 .splitlines()[1:] if line.startswith('  ')}
+  bad = subprocess.run([sys.executable, '-m', 'capsjax', '--experiment=nope'], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+  assert bad.returncode == 2 and bad.stderr.startswith("error: unknown experiment 'nope'; available: ablation")
+  gone = subprocess.run([sys.executable, '-c', 'import experiments'], cwd=tmp_path, capture_output=True, text=True)
+  assert gone.returncode != 0 and 'ModuleNotFoundError' in gone.stderr
+
+
 def test_missing_data_dir_gives_one_line_and_leaves_no_workdir(tmp_path):
   (tmp_path / 'a_file').write_text('')
   for data_dir, problem in (('missing', 'does not exist'), ('a_file', 'is a file, not a directory')):
@@ -66,7 +83,7 @@ def test_missing_data_dir_gives_one_line_and_leaves_no_workdir(tmp_path):
     ('cifar10_ensemble', ['ensemble: 7 models × 11,990,528 = 83,933,696 parameters', 'num_params=11990528']),
 ])
 def test_summary_of_the_other_datasets_models(experiment, lines, capsys):
-  config = importlib.import_module(f'experiments.{experiment}').get_config()
+  config = importlib.import_module(f'capsjax.experiments.{experiment}').get_config()
   launch.print_summary(config)
   assert capsys.readouterr().out.strip().splitlines()[-len(lines):] == lines
 

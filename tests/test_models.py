@@ -6,7 +6,7 @@ import pytest
 
 from capsjax import ops
 from capsjax.models import CapsNet, build_model, count_params
-from experiments import mnist
+from capsjax.experiments import mnist
 
 # Compares formulations / the model's own answers at float32 tolerances (see conftest).
 pytestmark = pytest.mark.float32_matmuls

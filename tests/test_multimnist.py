@@ -10,8 +10,8 @@ from capsjax.programs import segmentation
 from capsjax.data import multimnist
 from capsjax.data.sources import load_idx_split
 from capsjax.models import build_model, count_params
-from experiments import multimnist as multimnist_config
-from experiments import multimnist_baseline
+from capsjax.experiments import multimnist as multimnist_config
+from capsjax.experiments import multimnist_baseline
 
 
 @pytest.fixture(scope='module')

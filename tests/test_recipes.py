@@ -21,7 +21,7 @@ from capsjax.models import build_model
 from capsjax.programs import sweep
 from capsjax.programs.sweep import parse_variant, variant_config
 from capsjax.validation import problems_of
-from experiments import mnist, mnist_official, mnist_seeds, recipes
+from capsjax.experiments import mnist, mnist_official, mnist_seeds, recipes
 from helpers import tiny_config
 
 LENGTHS = jnp.array([[0.95, 0.5, 0.05, 0.3]])

@@ -171,7 +171,7 @@ def test_help_of_a_users_config_file_lists_the_users_routing(tmp_path):
   (tmp_path / 'user_routing.py').write_text(textwrap.dedent(USER_ROUTING))
   (tmp_path / 'my_config.py').write_text(textwrap.dedent('''
       import user_routing  # registers uniform_mean
-      from experiments import mnist_smoke
+      from capsjax.experiments import mnist_smoke
 
       def get_config():
         config = mnist_smoke.get_config()

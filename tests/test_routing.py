@@ -387,7 +387,7 @@ def test_traced_iteration_count_under_vmap_matches_separate_calls(name):
 # ----------------------------------------------------------------------------- in a CapsNet
 
 def _tiny_capsnet_config(name):
-  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist  # pylint: disable=g-import-not-at-top
   config = mnist.get_config()
   config.model.update(routing=name, conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
   return config
@@ -438,7 +438,7 @@ def test_explorer_and_predict_show_the_routings_activations():
 
 def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   from capsjax.programs import routing_zoo  # pylint: disable=g-import-not-at-top
-  from experiments import routing_zoo_smoke  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import routing_zoo_smoke  # pylint: disable=g-import-not-at-top
   config = routing_zoo_smoke.get_config()
   config.data_dir = mnist_dir
   assert set(config.routing_zoo.routings) == set(routing.ROUTINGS)   # the smoke has a row per algorithm
@@ -570,7 +570,7 @@ def test_the_capsnet_routes_the_newer_algorithms_without_votes_too():
   # with gradients holds no û (traced peak at 64 px, the paper's sizes otherwise).
   from benchmarks.factored_routing import peaks  # pylint: disable=g-import-not-at-top
   from capsjax import assemble  # pylint: disable=g-import-not-at-top
-  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist  # pylint: disable=g-import-not-at-top
   images = jnp.asarray(np.random.default_rng(0).random((2, 28, 28, 1)), jnp.float32)
   for name in FACTORED_ROUTINGS[1:]:   # dynamic: the test below
     encoded, params = {}, None
@@ -592,7 +592,7 @@ def test_the_capsnet_routes_the_newer_algorithms_without_votes_too():
 
 def test_shared_transforms_in_the_capsnet_route_without_votes_and_do_not_grow_with_the_image():
   from capsjax import assemble, memory  # pylint: disable=g-import-not-at-top
-  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist  # pylint: disable=g-import-not-at-top
   shapes = {}
   for size in (28, 64):
     config = mnist.get_config()

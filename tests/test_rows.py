@@ -6,7 +6,7 @@ import pytest
 from capsjax.data import pipeline, rows
 from capsjax.data.sources import Dataset, load_idx_split
 from capsjax.errors import DataError
-from experiments import mnist
+from capsjax.experiments import mnist
 from helpers import write_idx_split
 
 

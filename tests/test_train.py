@@ -11,7 +11,7 @@ import pytest
 
 from capsjax import memory, train
 from capsjax.errors import CheckpointError, NaNLossError, RunStopped
-from experiments import mnist
+from capsjax.experiments import mnist
 from helpers import tiny_config
 
 

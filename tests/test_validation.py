@@ -10,18 +10,18 @@ import time
 
 import pytest
 
-import experiments
+import capsjax.experiments as experiments
 from capsjax.errors import ConfigError
 from capsjax.launch import config_lines
 from capsjax.validation import key_help, problems_of, validate
-from experiments import ablation, mnist, multimnist_baseline
+from capsjax.experiments import ablation, mnist, multimnist_baseline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize('name', sorted(m.name for m in pkgutil.iter_modules(experiments.__path__)))
 def test_every_experiment_default_is_valid_and_every_key_is_described(name):
-  config = importlib.import_module(f'experiments.{name}').get_config()
+  config = importlib.import_module(f'capsjax.experiments.{name}').get_config()
   assert problems_of(config) == []
   for line in config_lines(config):   # what --help prints: a meaning and the allowed values
     key = line.split(' = ')[0]

@@ -207,7 +207,7 @@ def test_read_only_workdir_fails_at_once(mnist_dir, tmp_path):
 
 
 def test_a_config_json_that_is_not_a_config_is_one_error(tmp_path):
-  from experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
   for text in ('[1, 2]', '{"model": 3}'):
     (tmp_path / 'config.json').write_text(text)
     for read in (lambda: workdir_lib.read_config(str(tmp_path)),

@@ -102,3 +102,44 @@ def write_idx(path: str, array: np.ndarray, compress: bool = False) -> None:
   opener = gzip.open if compress else open
   with opener(path, 'wb') as f:
     f.write(payload)
+
+
+# The four MNIST files as TFDS's mnist builder downloads them, and from where.
+MNIST_URL = 'https://storage.googleapis.com/cvdf-datasets/mnist/'
+MNIST_FILES = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz', 't10k-images-idx3-ubyte.gz',
+               't10k-labels-idx1-ubyte.gz')
+MNIST_CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'capsjax', 'mnist')
+
+
+def find_mnist(candidates=()) -> str:
+  """A folder of the MNIST IDX files for `config.data_dir`, found as the tests and the
+  tutorials find it: $CAPSJAX_MNIST_DIR, else the first of `candidates` that exists, else
+  ~/.cache/capsjax/mnist, downloaded there once. Offline without any: a DataError (one line).
+
+  Example:
+    >>> import os
+    >>> from capsjax.data.idx import MNIST_FILES, find_mnist
+    >>> sorted(set(MNIST_FILES) - set(os.listdir(find_mnist([mnist_dir]))))
+    []
+  """
+  env = os.environ.get('CAPSJAX_MNIST_DIR')
+  for folder in ([env] if env else []) + list(candidates):
+    if os.path.isdir(folder):
+      return folder
+  import urllib.request  # pylint: disable=g-import-not-at-top
+  os.makedirs(MNIST_CACHE, exist_ok=True)
+  for name in MNIST_FILES:
+    path = os.path.join(MNIST_CACHE, name)
+    if os.path.isfile(path):
+      continue
+    try:
+      with urllib.request.urlopen(MNIST_URL + name, timeout=60) as response:
+        data = response.read()
+    except OSError as e:
+      raise DataError(f'MNIST IDX files are needed: set CAPSJAX_MNIST_DIR to a folder of them, or be online '
+                      f'(downloading {MNIST_URL}{name} failed: {getattr(e, "reason", e)})') from None
+    partial = f'{path}.{os.getpid()}.part'
+    with open(partial, 'wb') as f:
+      f.write(data)
+    os.replace(partial, path)   # atomic: another process may download it too
+  return MNIST_CACHE

@@ -3,7 +3,10 @@
 converted at prediction (and when opened in the explorer) exactly as training converted its kind.
 
 Colour: a run's images are grey (1 channel) when every training image is grey, else RGB
-(3 channels; alpha dropped, palettes expanded). Size: resized with Pillow's bilinear
+(3 channels; palettes expanded). Transparency (an alpha channel: RGBA, LA, PA; or a
+palette's or a colour key's tRNS entry) is composited onto the run's background,
+`config.image_background` (white by default, or black): what a transparent pixel shows
+is the background, never the colour stored under it. Size: resized with Pillow's bilinear
 filter (antialiased when shrinking) to the run's [height, width] when it differs.
 """
 import io
@@ -21,6 +24,11 @@ from capsjax.errors import DataError
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 # Pillow modes without colour.
 GREY_MODES = frozenset({'1', 'L', 'LA', 'I', 'I;16', 'I;16B', 'I;16L', 'I;16N', 'F'})
+# What transparent pixels become (config.image_background), as a grey level.
+BACKGROUNDS = {'white': 255, 'black': 0}
+DEFAULT_BACKGROUND = 'white'
+# Pillow modes with an alpha channel (premultiplied ones included).
+ALPHA_MODES = frozenset({'RGBA', 'LA', 'PA', 'RGBa', 'La'})
 
 
 def is_image_file(name: str) -> bool:
@@ -72,11 +80,31 @@ def _opened(source, name: str) -> Image.Image:
     raise DataError(f'{name}: cannot read ({e.strerror or e})') from None
 
 
-def to_array(image: Image.Image, shape: Tuple[int, int, int], name: str = 'image') -> np.ndarray:
-  """uint8 [height, width, channels] of `shape`: `image` converted to grey or RGB and
-  resized (bilinear) where its size differs."""
+def has_transparency(image: Image.Image) -> bool:
+  """Whether some pixels of `image` may be (partly) transparent."""
+  return image.mode in ALPHA_MODES or 'transparency' in image.info
+
+
+def flattened(image: Image.Image, background: str = DEFAULT_BACKGROUND) -> Image.Image:
+  """`image` without transparency: RGBA (from any mode with alpha or a tRNS entry: no
+  Pillow warning for palettes) composited onto `background`, as RGB; others unchanged."""
+  if not has_transparency(image):
+    return image
+  if background not in BACKGROUNDS:
+    raise DataError(f'image background {background!r}: allowed {", ".join(BACKGROUNDS)}')
+  rgba = image.convert('RGBA')
+  level = BACKGROUNDS[background]
+  return Image.alpha_composite(Image.new('RGBA', rgba.size, (level, level, level, 255)), rgba).convert('RGB')
+
+
+def to_array(image: Image.Image, shape: Tuple[int, int, int], name: str = 'image',
+             background: str = DEFAULT_BACKGROUND) -> np.ndarray:
+  """uint8 [height, width, channels] of `shape`: `image` with its transparency composited
+  onto `background` ('white' or 'black'), converted to grey or RGB and resized (bilinear)
+  where its size differs."""
   height, width, channels = shape
   try:
+    image = flattened(image, background)
     if image.mode in ('I', 'I;16', 'I;16B', 'I;16L', 'I;16N', 'F') and channels == 1:
       # 16-bit or float grey: scaled to 0..255 by its own range, not clipped.
       values = np.asarray(image, np.float64)
@@ -91,10 +119,10 @@ def to_array(image: Image.Image, shape: Tuple[int, int, int], name: str = 'image
   return array[..., None] if channels == 1 else array
 
 
-def read_image(path: str, shape: Tuple[int, int, int]) -> np.ndarray:
-  """The image file at `path` as uint8 [height, width, channels] of `shape`."""
+def read_image(path: str, shape: Tuple[int, int, int], background: str = DEFAULT_BACKGROUND) -> np.ndarray:
+  """The image file at `path` as uint8 [height, width, channels] of `shape` (see to_array)."""
   with open_image(path) as image:
-    return to_array(image, shape, path)
+    return to_array(image, shape, path, background)
 
 
 def resize_array(images: np.ndarray, size: int) -> np.ndarray:

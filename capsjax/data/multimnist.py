@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from capsjax import cli
 from capsjax.data.augment import shift_image
 
 Array = jax.Array
@@ -109,8 +110,8 @@ def bounding_box_overlap(digits: np.ndarray) -> np.ndarray:
   return np.asarray(overlaps)
 
 
+@cli.main_wrapper
 def main(argv=None):
-  from capsjax import cli  # pylint: disable=g-import-not-at-top
   from capsjax.data.sources import load_idx_split, load_tfds_split  # pylint: disable=g-import-not-at-top
 
   parser = cli.ArgumentParser(prog='capsjax.data.multimnist',
@@ -143,5 +144,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  from capsjax import cli  # pylint: disable=g-import-not-at-top
-  cli.run_program(cli.main_wrapper(main))
+  cli.run_program(main)

@@ -193,7 +193,7 @@ class Explorer:
     info = self.trained.info
     try:
       with image_files.image_from_bytes(data) as image:
-        array = image_files.to_array(image, info.image_shape, 'the file')   # uint8 [h, w, c]
+        array = image_files.to_array(image, info.image_shape, 'the file', info.background)   # uint8 [h, w, c]
     except DataError as e:
       raise RequestError(str(e)) from None
     inputs, _ = augment.prepare(jnp.asarray(array[None]), info.preprocessing)    # [1, *input_shape]

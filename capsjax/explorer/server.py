@@ -28,6 +28,7 @@ import binascii
 import json
 import mimetypes
 import os
+import re
 import socket
 import sys
 import threading
@@ -246,17 +247,20 @@ def make_handler(explorer: Explorer):
   return Handler
 
 
+_ASCII_INTEGER = re.compile(r'[+-]?[0-9]+')
+
+
 def _query_int(query, name: str) -> int:
   values = query.get(name)
   if not values:
     raise RequestError(f'missing ?{name}=')
-  text = values[0].strip()
+  text = values[0].strip(' ')
+  # ASCII digits only: Python's int() also reads other scripts' digits ('５', '٥').
+  if not _ASCII_INTEGER.fullmatch(text):
+    raise RequestError(f'{name} must be an integer in ASCII digits, got {values[0][:40]!r}')
   if len(text.lstrip('+-')) > 9:
     raise RequestError(f'{name} must be an integer of at most 9 digits, got {len(text)} characters')
-  try:
-    return int(text)
-  except ValueError:
-    raise RequestError(f'{name} must be an integer, got {values[0]!r}') from None
+  return int(text)
 
 
 class ExplorerServer(ThreadingHTTPServer):

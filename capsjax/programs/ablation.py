@@ -100,7 +100,7 @@ def plot_training_loss(curves, path: str) -> None:
   save_figure(figure, path)
 
 
-@register_program('ablation', default_experiment='ablation')
+@register_program('ablation')
 def run(config, workdir: str) -> Dict[str, Any]:
   if not config.ensemble:
     raise ConfigError('the ablation needs config.ensemble (seeds, routing_iterations, reconstruction_weights)')
@@ -126,8 +126,3 @@ def run(config, workdir: str) -> Dict[str, Any]:
                      os.path.join(workdir, 'training_loss_routing.png'))
   print(table, flush=True)
   return summary
-
-
-if __name__ == '__main__':
-  from capsjax import launch  # pylint: disable=g-import-not-at-top
-  launch.entry_point(program='ablation')

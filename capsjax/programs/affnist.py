@@ -43,7 +43,7 @@ def draw_examples(pipeline, path: str, rows: int = 4, columns: int = 8) -> None:
              suptitle='affine test digits (40×40)', cell=(1.1, 1.15), dpi=100)
 
 
-@register_program('affnist', default_experiment='affnist')
+@register_program('affnist')
 def run(config, workdir: str) -> Dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
   runs = {'capsnet': config, 'cnn': with_model_of(config, 'cnn')}
@@ -101,8 +101,3 @@ def render_table(config, summary) -> str:
                  + ([f'{100 * row["affnist_test_accuracy"]:.2f}'] if real else []) + [f'{paper[0]} / {paper[1]}'])
   lines += markdown_table(columns, cells)
   return '\n'.join(lines) + '\n'
-
-
-if __name__ == '__main__':
-  from capsjax import launch  # pylint: disable=g-import-not-at-top
-  launch.entry_point(program='affnist')

@@ -150,7 +150,7 @@ def plot(curves, path: str) -> None:
   save_figure(figure, path)
 
 
-@register_program('routing_zoo', default_experiment='routing_zoo')
+@register_program('routing_zoo')
 def run(config, workdir: str) -> Dict[str, Any]:
   names = tuple(config.routing_zoo.routings)
   unknown = [name for name in names if name not in ROUTINGS]
@@ -188,8 +188,3 @@ def run(config, workdir: str) -> Dict[str, Any]:
   plot(curves, os.path.join(workdir, 'routing_test_error.png'))
   print(table, flush=True)
   return summary
-
-
-if __name__ == '__main__':
-  from capsjax import launch  # pylint: disable=g-import-not-at-top
-  launch.entry_point(program='routing_zoo')

@@ -126,7 +126,7 @@ def plot(rows, path: str) -> None:
   save_figure(figure, path)
 
 
-@register_program('sweep', default_experiment='recipes')
+@register_program('sweep')
 def run(config, workdir: str) -> Dict[str, Any]:
   variants = [parse_variant(spec) for spec in config.sweep.variants]
   if not variants:
@@ -153,8 +153,3 @@ def run(config, workdir: str) -> Dict[str, Any]:
   plot(rows, os.path.join(workdir, 'sweep.png'))
   print(table, flush=True)
   return {'rows': rows}
-
-
-if __name__ == '__main__':
-  from capsjax import launch  # pylint: disable=g-import-not-at-top
-  launch.entry_point(program='sweep')

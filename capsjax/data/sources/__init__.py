@@ -60,6 +60,7 @@ class DataSpec:
   data_dir: str = ''
   tfds_data_dir: str = ''
   image_size: int = 0            # > 0: every image resized to image_size × image_size
+  background: str = image_files.DEFAULT_BACKGROUND   # what transparent pixels become (images.BACKGROUNDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,7 @@ class SourceInfo:
   image_shape: Tuple[int, int, int]   # [height, width, channels]
   class_names: Tuple[str, ...]
   preprocessing: Preprocessing = Preprocessing()
+  background: str = image_files.DEFAULT_BACKGROUND   # transparency composited onto (capsjax.data.images)
 
   @property
   def num_classes(self) -> int:
@@ -101,12 +103,41 @@ class Source:
 # kind → Source subclass. Capability `datasets`: the config.dataset names the source
 # serves by name (asked first, so a source registered outside the package is never
 # shadowed by the built-in kinds); the others are asked in registration order.
-SOURCES = Registry('source', datasets=())
+SOURCES = Registry('source', datasets=(), doc="""The data sources by kind (`config.dataset` and
+`config.data_dir` choose one; see capsjax.data.sources): each entry's value is a Source
+class, and `datasets` the dataset names it serves by name. Add one with
+`register_source`.
+
+Example:
+  >>> capsjax.SOURCES.names()
+  ('image_folder', 'idx_folder', 'tfds')
+""")
 
 
 def register_source(kind: str, datasets: Tuple[str, ...] = ()) -> Callable[[type], type]:
   """Class decorator: a Source subclass of kind `kind`; `datasets` are the
-  config.dataset names it serves (besides those its `claims` accepts)."""
+  config.dataset names it serves (besides those its `claims` accepts). A Source says what
+  it holds (`describe()` → SourceInfo: image shape [h, w, c], class names) and loads a
+  split (`load(split)` → Dataset: uint8 images [n, h, w, c], int32 labels [n]). A config
+  that imports the module then trains on it with `config.dataset = NAME`.
+
+  Example:
+    Two classes of synthetic images.
+
+    >>> from capsjax.data.sources import Dataset, Source, SourceInfo
+    >>> @capsjax.register_source('bright_or_dark', datasets=('bright_or_dark',))
+    ... class BrightOrDark(Source):
+    ...   def describe(self):
+    ...     return SourceInfo('bright_or_dark', image_shape=(28, 28, 1), class_names=('dark', 'bright'))
+    ...   def load(self, split, on_demand=False):
+    ...     labels = np.arange(100, dtype=np.int32) % 2
+    ...     images = np.broadcast_to(200 * labels[:, None, None, None], (100, 28, 28, 1))
+    ...     return Dataset(images.astype(np.uint8), labels)
+    >>> split = capsjax.load_dataset('bright_or_dark', 'train')
+    >>> split.images.shape, split.labels[:4]
+    ((100, 28, 28, 1), array([0, 1, 0, 1], dtype=int32))
+    >>> capsjax.SOURCES.unregister('bright_or_dark')
+  """
   def register(cls):
     cls.kind = kind
     return SOURCES.register(kind, datasets=tuple(datasets))(cls)
@@ -184,7 +215,15 @@ def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str =
                  on_demand: bool = False, image_size: int = 0) -> Dataset:
   """One split ('train' or 'test') of dataset `name` from its source (see the module
   docstring), checked against the source's description. `on_demand`: images read when
-  indexed."""
+  indexed. Returns a Dataset: images uint8 [n, h, w, c], labels int32 [n].
+
+  Example:
+    `mnist_dir`: a folder of the MNIST IDX files; without it TFDS downloads MNIST.
+
+    >>> test = capsjax.load_dataset('mnist', 'test', data_dir=mnist_dir)
+    >>> test.images.shape, test.images.dtype, test.labels[:4]
+    ((10000, 28, 28, 1), dtype('uint8'), array([7, 2, 1, 0], dtype=int32))
+  """
   if split not in SPLITS:
     raise DataError(f'unknown split {split!r}')
   return open_source(DataSpec(name, data_dir, tfds_data_dir, image_size)).load(split, on_demand)

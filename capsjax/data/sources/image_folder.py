@@ -45,7 +45,8 @@ class ImageFolderSource(Source):
                       '--config.image_size=N to resize them all to N×N')
     else:
       (width, height), = scan.sizes
-    return SourceInfo(os.path.basename(root) or root, (height, width, scan.channels), scan.class_names)
+    return SourceInfo(os.path.basename(root) or root, (height, width, scan.channels), scan.class_names,
+                      background=self.spec.background)
 
   def load(self, split, on_demand=False):
     root = self._root()
@@ -56,7 +57,7 @@ class ImageFolderSource(Source):
     labels = np.array([scan.class_names.index(label) for _, label in files], np.int32)
 
     def read(ids: np.ndarray) -> np.ndarray:
-      return np.stack([image_files.read_image(paths[i], info.image_shape) for i in ids])
+      return np.stack([image_files.read_image(paths[i], info.image_shape, info.background) for i in ids])
 
     images = ImageRows(read, info.image_shape, num_rows=len(paths))
     if not on_demand:
@@ -70,6 +71,22 @@ class FolderScan:
   class_names: Tuple[str, ...]
   sizes: frozenset                          # {(width, height)} over every image
   channels: int                             # 1 if every image is grey, else 3
+
+
+LAYOUT = 'DIR/train/CLASS/*.png and DIR/test/CLASS/*.png (or .jpg), a folder per class in each'
+
+
+def _check_classes(root: str, split: str, classes, train_classes) -> None:
+  """A classifier needs two classes in each split, and a test class that training has: one
+  class usually means DIR is a class folder, or the split holds one folder of images."""
+  if len(classes) < 2:
+    found = f'one class, {next(iter(classes))!r}' if classes else 'no class'
+    raise DataError(f'{os.path.join(root, split)} holds {found} (a classifier needs at least two): the image '
+                    f'folder layout is {LAYOUT}')
+  unseen = sorted(classes - set(train_classes)) if split != 'train' else []
+  if unseen:
+    raise DataError(f'{os.path.join(root, split)} has classes that {os.path.join(root, "train")} lacks '
+                    f'({", ".join(map(repr, unseen[:5]))}): the image folder layout is {LAYOUT}')
 
 
 @functools.lru_cache(maxsize=4)
@@ -92,6 +109,7 @@ def scan_image_folder(root: str) -> FolderScan:
           files[split].append((os.path.join(label_dir, name), label))
     if not files[split]:
       raise DataError(f'{split_dir} holds no .png or .jpg images in class folders (CLASS/IMAGE)')
+    _check_classes(root, split, {label for _, label in files[split]}, {label for _, label in files.get('train', ())})
     random.Random(split).shuffle(files[split])   # tfds.ImageFolder's order
     for path, _ in cli.progress(files[split], what=f'scanning {split_dir}', unit='images'):
       with image_files.open_image(path) as image:

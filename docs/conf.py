@@ -1,0 +1,105 @@
+"""Sphinx configuration of capsjax's documentation site (`make -C docs html`).
+
+Sphinx + MyST-NB, as flax and optax build theirs: the pages are Markdown (README.md,
+BUILD.md and docs/*.md as they are in the repository), the API reference is generated
+from the docstrings of `capsjax.__all__`, and the tutorials are MyST Markdown notebooks
+executed at every build (their figures are the executed cells' outputs). Warnings are
+errors (the Makefile passes -W).
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import capsjax  # noqa: E402  pylint: disable=wrong-import-position
+
+project = 'capsjax'
+author = 'the capsjax developers'
+copyright = '2026, the capsjax developers'   # pylint: disable=redefined-builtin
+release = version = capsjax.__version__
+
+extensions = [
+    'myst_nb',                  # Markdown pages and executed MyST notebooks
+    'sphinx.ext.autodoc',       # the API reference, from the docstrings
+    'sphinx.ext.autosummary',
+    'sphinx.ext.napoleon',      # Google-style Args/Returns sections
+    'sphinx.ext.viewcode',
+]
+exclude_patterns = ['_build', 'jupyter_execute', '.jupyter_cache', 'Thumbs.db', '.DS_Store']
+
+# MyST: $…$ maths, ::: fences, heading anchors for the repository's [text](FILE.md#anchor) links.
+myst_enable_extensions = ['dollarmath', 'colon_fence', 'deflist']
+myst_heading_anchors = 3
+
+# Tutorials run at every build; a cell that raises fails the build (no stale outputs).
+nb_execution_mode = 'force'
+nb_execution_timeout = 300
+nb_execution_raise_on_error = True
+nb_execution_show_tb = True
+nb_merge_streams = True
+
+# README.md and BUILD.md are pages of the site as they are in the repository, with their
+# links rewritten to the site's pages (written here at every build; git ignores them).
+SITE_PAGES = {'README.md': ('readme.md', 'Using capsjax (README)'), 'BUILD.md': ('design.md', 'The design (BUILD.md)')}
+
+
+def site_links(text: str) -> str:
+  """The repository's relative links as links between the site's pages."""
+  text = text.replace('](docs/', '](')
+  for source, (page, _) in SITE_PAGES.items():
+    text = text.replace(f'](../{source}', f']({page}').replace(f']({source}', f']({page}')
+  return text
+
+
+for _source, (_page, _title) in SITE_PAGES.items():
+  with open(os.path.join(ROOT, _source)) as _f:
+    _body = _f.read().split('\n', 1)[1]   # the page's own title replaces the first line
+  _text = f'# {_title}\n{site_links(_body)}'
+  _path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _page)
+  if not os.path.isfile(_path) or open(_path).read() != _text:   # unchanged: Sphinx keeps its cache
+    with open(_path, 'w') as _f:
+      _f.write(_text)
+
+autodoc_member_order = 'bysource'
+autodoc_typehints = 'none'   # the docstrings say the shapes; flax's dataclass signatures are noise
+autodoc_default_options = {'members': False}
+autosummary_generate = False
+
+
+
+def _source_links(app, docname, source):
+  del app, docname
+  source[0] = site_links(source[0])
+
+
+# The docstrings are plain text with shape notation (|v|, [batch, …], a * b): escape what
+# reStructuredText would read as markup, outside the examples (doctest blocks).
+_MARKUP = str.maketrans({'|': r'\|', '*': r'\*'})
+
+
+def _plain_docstring(app, what, name, obj, options, lines):
+  del app, what, name, obj, options
+  in_example = False
+  for index, line in enumerate(lines):
+    stripped = line.strip()
+    if stripped.startswith('>>>'):
+      in_example = True
+    elif not stripped:
+      in_example = False
+    if not in_example and not stripped.startswith('..'):
+      lines[index] = line.translate(_MARKUP)
+
+
+def setup(app):
+  app.connect('source-read', _source_links)
+  app.connect('autodoc-process-docstring', _plain_docstring, priority=600)   # after napoleon
+
+
+html_theme = 'sphinx_book_theme'
+html_title = 'capsjax'
+html_theme_options = {
+    'show_toc_level': 2,
+    'repository_url': 'https://github.com/capsjax/capsjax',
+    'use_repository_button': False,
+}

@@ -1,0 +1,64 @@
+"""The public API (`import capsjax`): every exported name exists, is documented with its
+shapes and a runnable example, and every example runs (doctest) and prints what it says."""
+import doctest
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import capsjax
+from capsjax.data import idx
+
+# Names that take or return arrays: their docstrings give the shapes ([batch, …]).
+ARRAY_NAMES = ('squash', 'vector_norm', 'coupling_coefficients', 'dynamic_routing', 'route',
+               'routing_logit_changes', 'register_routing', 'ROUTINGS', 'margin_loss', 'reconstruction_loss',
+               'capsnet_loss', 'PrimaryCaps', 'CapsuleLayer', 'Decoder', 'CapsNet', 'BaselineCNN',
+               'capsule_lengths', 'make_objective', 'OBJECTIVES', 'load_trained', 'Predictor', 'load_dataset',
+               'register_source')
+
+
+def test_every_exported_name_exists_and_is_documented_with_an_example():
+  assert len(capsjax.__all__) == len(set(capsjax.__all__)) >= 25
+  problems = []
+  for name in capsjax.__all__:
+    value = getattr(capsjax, name)
+    doc = value.__doc__ or ''
+    if '>>> ' not in doc:
+      problems.append(f'{name}: no example')
+    if name in ARRAY_NAMES and '[' not in doc:
+      problems.append(f'{name}: no shapes')
+  assert not problems, problems
+  assert set(ARRAY_NAMES) <= set(capsjax.__all__)
+  assert capsjax.squash is capsjax.routing.squash and capsjax.CapsNet is capsjax.models.CapsNet
+  with pytest.raises(AttributeError, match='no attribute'):
+    capsjax.no_such_name  # pylint: disable=pointless-statement
+  assert 'CapsNet' in dir(capsjax)
+
+
+def test_import_capsjax_loads_no_jax():
+  """The commands report a bad flag before anything heavy is imported."""
+  code = 'import sys, capsjax; print(sorted(m for m in ("jax", "flax", "orbax") if m in sys.modules))'
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60, check=True)
+  assert result.stdout.strip() == '[]'
+
+
+def test_every_docstring_example_runs(mnist_dir, tmp_path):
+  """The examples in the order of `__all__`, sharing one namespace as a reader would
+  (train_and_evaluate's run is the one load_trained and TrainedModel read)."""
+  namespace = {'capsjax': capsjax, 'jax': jax, 'jnp': jnp, 'np': np, 'mnist_dir': mnist_dir,
+               'workdir': str(tmp_path / 'run')}
+  finder = doctest.DocTestFinder(recurse=False)
+  runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+  documented = [(name, getattr(capsjax, name)) for name in capsjax.__all__] + [('find_mnist', idx.find_mnist)]
+  ran = 0
+  for name, value in documented:
+    for test in finder.find(value, name, globs={}):
+      test.globs = namespace   # shared, as one reader's session
+      ran += len(test.examples)
+      runner.run(test, clear_globs=False)
+  summary = runner.summarize(verbose=False)
+  assert summary.failed == 0, f'{summary.failed} of {summary.attempted} examples failed (output above)'
+  assert ran >= 3 * len(capsjax.__all__)
