@@ -119,7 +119,7 @@ def progress(iterable=None, *, what: str, total: Optional[int] = None, unit: str
   writes a line every LOG_PROGRESS_INTERVAL_S while the work goes on, and the final count."""
   terminal = sys.stderr.isatty()
   return tqdm.tqdm(iterable, desc=what, total=total, unit=unit, file=sys.stderr if terminal else LogLines(sys.stderr),
-                   dynamic_ncols=terminal, ncols=None if terminal else 100, ascii=None if terminal else True,
+                   dynamic_ncols=terminal, ascii=None if terminal else True,
                    mininterval=0.2 if terminal else LOG_PROGRESS_INTERVAL_S, smoothing=0.1, disable=disable,
                    delay=PROGRESS_DELAY_S)
 

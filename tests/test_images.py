@@ -237,3 +237,87 @@ def test_files_that_would_blow_up_or_block_are_refused_in_one_line(tmp_path):
   os.mkfifo(tmp_path / 'pipe.png')   # reading it would wait for a writer forever
   with pytest.raises(DataError, match='pipe.png: not a regular file'):
     open_image(str(tmp_path / 'pipe.png'))
+
+
+def _write_folder(root, classes_by_split, image=lambda i: Image.new('L', (20, 20), i % 255)):
+  for split, classes in classes_by_split.items():
+    for label in classes:
+      (root / split / label).mkdir(parents=True, exist_ok=True)
+      for i in range(3):
+        image(i).save(root / split / label / f'{i}.png')
+  return root
+
+
+@pytest.mark.parametrize('layout, message', [
+    ({'train': ['cat'], 'test': ['cat']}, "train holds one class, 'cat' (a classifier needs at least two)"),
+    ({'train': ['cat', 'dog'], 'test': ['dog']}, "test holds one class, 'dog'"),
+    ({'train': ['cat', 'dog'], 'test': ['cat', 'owl']}, "has classes that"),
+])
+def test_a_folder_without_two_classes_in_each_split_is_one_line_before_compiling(tmp_path, layout, message):
+  folder = _write_folder(tmp_path / 'data', layout)
+  result = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={folder}', f'--workdir={tmp_path}/w',
+                timeout=120)
+  assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith('error: ')
+  assert message in result.stderr and 'DIR/train/CLASS/' in result.stderr
+  assert 'compiling' not in result.stdout and not os.path.exists(tmp_path / 'w')
+
+
+def _transparent_images():
+  """A palette PNG with a transparent entry (as optimised emoji and icons are) and an RGBA
+  PNG, 4×4: the left column opaque red, the rest transparent over a stored green."""
+  palette = Image.new('P', (4, 4), 1)
+  palette.putpalette([255, 0, 0, 0, 200, 0] + [0] * 762)   # 0: red, 1: green (transparent)
+  for row in range(4):
+    palette.putpixel((0, row), 0)
+  palette.info['transparency'] = 1
+  rgba = np.zeros((4, 4, 4), np.uint8)
+  rgba[..., 1] = 200                                        # green under alpha 0
+  rgba[:, 0] = (255, 0, 0, 255)
+  return palette, Image.fromarray(rgba, 'RGBA')
+
+
+@pytest.mark.parametrize('background, level', [('white', 255), ('black', 0)])
+def test_transparent_pngs_are_composited_onto_the_background_without_a_warning(tmp_path, background, level):
+  palette, rgba = _transparent_images()
+  root = tmp_path / 'icons'
+  for split in ('train', 'test'):
+    for label, image in (('palette', palette), ('rgba', rgba)):
+      (root / split / label).mkdir(parents=True)
+      for i in range(2):
+        image.save(root / split / label / f'{i}.png')
+  assert Image.open(root / 'train' / 'palette' / '0.png').mode == 'P'   # saved with its tRNS entry
+  spec = DataSpec('image_folder', str(root), background=background)
+  import warnings  # pylint: disable=g-import-not-at-top
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')   # Pillow's per-image palette warning would fail here
+    info = describe_source(spec)
+    split = load_dataset('image_folder', 'train', data_dir=str(root))
+    from capsjax.data.sources import open_source  # pylint: disable=g-import-not-at-top
+    split = open_source(spec).load('train')
+  assert info.image_shape == (4, 4, 3) and info.background == background
+  for image in split.images:
+    np.testing.assert_array_equal(image[:, 0], [[255, 0, 0]] * 4)          # opaque: as stored
+    np.testing.assert_array_equal(image[:, 1:], np.full((4, 3, 3), level))  # transparent: the background
+  # predict and the explorer convert a file with the same function and the run's background.
+  np.testing.assert_array_equal(image_files.read_image(str(root / 'test' / 'rgba' / '0.png'), (4, 4, 3), background),
+                                split.images[0])
+  half = Image.fromarray(np.dstack([np.full((1, 1, 3), 100, np.uint8), np.full((1, 1, 1), 128, np.uint8)]), 'RGBA')
+  blended = image_files.to_array(half, (1, 1, 1), background=background)[0, 0, 0]
+  assert abs(int(blended) - round(100 * 128 / 255 + level * 127 / 255)) <= 1   # partly transparent: blended
+
+
+def test_a_long_folder_read_prints_progress_lines_into_a_log(tmp_path, monkeypatch, capfd):
+  """Not a terminal (a log file): tqdm's redraws become lines of their own, one every few
+  seconds (here every 0 s) while the images are scanned and decoded."""
+  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  folder = _write_folder(tmp_path / 'data', {'train': ['a', 'b'], 'test': ['a', 'b']})
+  monkeypatch.setattr(cli, 'PROGRESS_DELAY_S', 0.0)
+  monkeypatch.setattr(cli, 'LOG_PROGRESS_INTERVAL_S', 0.0)
+  load_dataset('image_folder', 'train', data_dir=str(folder))
+  err = capfd.readouterr().err
+  assert '\r' not in err
+  lines = err.splitlines()
+  assert any(line.startswith(f'scanning {folder}/train') and '6/6' in line for line in lines), lines
+  decoding = [line for line in lines if line.startswith(f'decoding {folder}/train')]
+  assert len(decoding) >= 2 and decoding[-1].split('|')[-1].strip().startswith('6/6'), lines

@@ -12,9 +12,9 @@ from capsjax import launch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(*args, cwd=ROOT):
+def run(*args, cwd=ROOT, env=None):
   return subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), *args], cwd=cwd,
-                        capture_output=True, text=True, timeout=300)
+                        capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_summary_prints_the_paper_count():
@@ -49,6 +49,30 @@ def test_bad_arguments_give_one_line(args, message):
   assert result.returncode != 0
   assert result.stderr.strip().count('\n') == 0, result.stderr
   assert message in result.stderr and 'Traceback' not in result.stderr
+
+
+@pytest.mark.parametrize('xla_flags, message', [
+    ('--xla_force_host_platform_device_count=abc',
+     'error: XLA_FLAGS: --xla_force_host_platform_device_count=abc: a value this XLA flag does not take'),
+    ('--no_such_xla_flag=1', 'error: XLA_FLAGS: unknown XLA flag --no_such_xla_flag=1'),
+    ('--xla_force_host_platform_device_count=2 8', "error: XLA_FLAGS: '8' is not an XLA flag"),
+    ('flags.txt', "error: XLA_FLAGS='flags.txt': not flags (--name=value …) and not a file of flags"),
+])
+def test_malformed_xla_flags_are_one_line_before_jax_starts(xla_flags, message):
+  result = run('--experiment=mnist', '--summary', env=dict(os.environ, XLA_FLAGS=xla_flags))
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr[-2000:]
+  assert result.stderr.startswith(message), result.stderr
+  # The other commands check it the same way (capsjax.cli.run_program).
+  predict = subprocess.run([sys.executable, '-m', 'capsjax.predict', 'x.png'], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, XLA_FLAGS=xla_flags))
+  assert predict.returncode == 2 and predict.stderr.startswith(message), predict.stderr[-2000:]
+
+
+def test_good_xla_flags_pass_through():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  result = run('--experiment=mnist', '--summary', env=env)
+  assert result.returncode == 0 and result.stdout.strip().endswith('num_params=8215568'), result.stderr[-2000:]
 
 
 def test_python_m_capsjax_is_run_py_from_any_directory(tmp_path):
