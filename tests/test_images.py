@@ -156,8 +156,9 @@ def test_folder_source_describes_itself_and_reads_rows_on_demand(digit_folder, t
   # Mixed sizes need image_size; RGB anywhere makes every image RGB.
   mixed = tmp_path / 'mixed'
   for split, size, mode in (('train', 20, 'L'), ('test', 24, 'RGB')):
-    (mixed / split / 'a').mkdir(parents=True)
-    Image.new(mode, (size, size)).save(mixed / split / 'a' / 'x.png')
+    for label in ('a', 'b'):
+      (mixed / split / label).mkdir(parents=True)
+      Image.new(mode, (size, size)).save(mixed / split / label / 'x.png')
   with pytest.raises(DataError, match=r'have 2 sizes \(20×20, 24×24\): pass --config.image_size=N'):
     describe_source(DataSpec('image_folder', str(mixed)))
   assert describe_source(DataSpec('image_folder', str(mixed), image_size=17)).image_shape == (17, 17, 3)
