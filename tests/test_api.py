@@ -1,6 +1,8 @@
 """The public API (`import capsjax`): every exported name exists, is documented with its
 shapes and a runnable example, and every example runs (doctest) and prints what it says."""
 import doctest
+import os
+import re
 import subprocess
 import sys
 
@@ -62,3 +64,9 @@ def test_every_docstring_example_runs(mnist_dir, tmp_path):
   summary = runner.summarize(verbose=False)
   assert summary.failed == 0, f'{summary.failed} of {summary.attempted} examples failed (output above)'
   assert ran >= 3 * len(capsjax.__all__)
+
+
+def test_the_api_reference_page_lists_every_exported_name():
+  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs', 'api.md')) as f:
+    documented = set(re.findall(r'^\.\. auto(?:function|class|data):: capsjax\.(\w+)$', f.read(), re.M))
+  assert documented == set(capsjax.__all__)
