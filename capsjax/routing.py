@@ -344,7 +344,7 @@ does (`iterative`, `learned`, `returns_logits`, `layer_inputs`, `shared`). Add o
 
 Example:
   >>> capsjax.ROUTINGS.names()
-  ('dynamic', 'em', 'self_attention', 'inverted_dot_product')
+  ('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing')
   >>> capsjax.ROUTINGS['dynamic'].returns_logits, capsjax.ROUTINGS['em'].learned.keys()
   (True, dict_keys(['beta_u', 'beta_a']))
 """)
@@ -649,3 +649,32 @@ def inverted_dot_product(prediction_vectors, input_activations, num_iterations, 
   zeros = jnp.zeros((batch, out_caps, dim), prediction_vectors.dtype)
   poses, total = _iterate(body, (zeros, zeros), num_iterations, max_iterations, unroll)
   return poses, vector_norm(squash(total))
+
+
+@register_routing('self_routing', iterative=False,
+                  learned={'logit_weights': (lambda i, j, d: (i, j, d), 0.0), 'logit_bias': (lambda i, j, d: (i, j), 0.0)})
+def self_routing(prediction_vectors, input_activations, num_iterations, *, logit_weights, logit_bias,
+                 max_iterations=None, unroll=False):
+  """Self-routing (Hahn, Pyeon, Kim, NeurIPS 2019): each child capsule's own routing network,
+  no agreement and no iterations.
+
+  Child i's routing logits over the parents come from its own learned linear map,
+  b_ij = w_ij · û_{j|i} + β_ij, and r_ij = softmax_j(b_ij). With the child's activation a_i
+  (the primary capsule's length): parent activation a_j = Σ_i a_i r_ij / Σ_i a_i and parent
+  pose v_j = Σ_i (a_i r_ij / Σ_k a_k r_kj) û_{j|i}. The paper maps the child's pose u_i by
+  W_i to the logits; with vector capsules the map acts on û_{j|i} = W_ij u_i, the same
+  family of linear functions of u_i (BUILD.md). w and β start at 0 (uniform routing), as in
+  the authors' code. logit_weights [in, out, dim], logit_bias [in, out]. Not iterative:
+  num_iterations is ignored. Poses are not squashed (the paper's are not); activations are
+  a_j, in [0, 1].
+  """
+  del num_iterations, max_iterations, unroll
+  # b_ij = w_ij · û_{j|i} + β_ij                                           [batch, in, out]
+  logits = jnp.einsum('bijd,ijd->bij', prediction_vectors, logit_weights) + logit_bias
+  weighted = input_activations[..., None] * jax.nn.softmax(logits, axis=-1)   # a_i r_ij [batch, in, out]
+  totals = jnp.sum(weighted, axis=1)                                          # Σ_i a_i r_ij [batch, out]
+  # A zero total (every child inactive) gives zero poses, not NaN.
+  coupling = weighted / jnp.where(totals > 0, totals, 1.0)[:, None, :]        # [batch, in, out]
+  poses = jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors)           # v_j [batch, out, dim]
+  activity = jnp.sum(input_activations, axis=1, keepdims=True)                # Σ_i a_i [batch, 1]
+  return poses, totals / jnp.where(activity > 0, activity, 1.0)

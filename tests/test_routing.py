@@ -288,6 +288,20 @@ def reference_inverted_dot_product(u, a, r, scale, offset):
   return p, np.array([np.linalg.norm(_squash(s[j])) for j in range(n_out)])
 
 
+def reference_self_routing(u, a, r, w, beta):
+  """Hahn, Pyeon, Kim 2019: b_ij = w_ij·û_{j|i} + β_ij (the child's own linear routing map),
+  r_ij = softmax_j, a_j = Σ_i a_i r_ij / Σ_i a_i, v_j = Σ_i a_i r_ij û_{j|i} / Σ_i a_i r_ij."""
+  del r
+  n_in, n_out, _ = u.shape
+  routes = np.stack([_softmax(np.array([w[i, j] @ u[i, j] + beta[i, j] for j in range(n_out)]))
+                     for i in range(n_in)])
+  v = np.stack([sum(a[i] * routes[i, j] * u[i, j] for i in range(n_in)) / sum(a[i] * routes[i, j]
+                                                                                for i in range(n_in))
+                for j in range(n_out)])
+  activations = np.array([sum(a[i] * routes[i, j] for i in range(n_in)) / np.sum(a) for j in range(n_out)])
+  return v, activations
+
+
 REFERENCES = {
     'dynamic': (reference_dynamic, {}),
     'em': (reference_em, {'beta_u': np.array([0.1, -0.2, 0.3]), 'beta_a': np.array([0.5, 0.0, -0.4])}),
@@ -295,9 +309,13 @@ REFERENCES = {
                                                                 .reshape(IN_CAPS, OUT_CAPS)}),
     'inverted_dot_product': (reference_inverted_dot_product, {'scale': np.array([1.0, 0.8, 1.2, 0.9]),
                                                               'offset': np.array([0.0, 0.1, -0.1, 0.05])}),
+    'self_routing': (reference_self_routing, {'w': np.random.default_rng(3).normal(0, 0.5, (IN_CAPS, OUT_CAPS, DIM)),
+                                              'beta': np.linspace(-0.3, 0.3, IN_CAPS * OUT_CAPS)
+                                              .reshape(IN_CAPS, OUT_CAPS)}),
 }
 # The reference's argument names → the registered function's option names.
-OPTION_NAMES = {'scale': 'layer_norm_scale', 'offset': 'layer_norm_offset'}
+OPTION_NAMES = {'scale': 'layer_norm_scale', 'offset': 'layer_norm_offset', 'w': 'logit_weights',
+                'beta': 'logit_bias'}
 
 
 def _inputs(seed=0):
