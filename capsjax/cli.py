@@ -35,15 +35,20 @@ def run_program(main: Callable[[], int]) -> NoReturn:
   """The `__main__` of a command line: `sys.exit(main())` as a program (XLA_FLAGS checked
   first: see xla_flags_problem)."""
   as_program()
-  problem = xla_flags_problem()
-  if problem:
-    fail(problem)
+  check_xla_flags()
   sys.exit(main())
 
 
 # A process that starts XLA's CPU backend: XLA parses XLA_FLAGS when a backend starts.
 _XLA_PROBE = 'import jax; jax.devices("cpu")'
 _XLA_FLAG = re.compile(r'--[A-Za-z0-9_]+(=.*)?')
+
+
+def check_xla_flags() -> None:
+  """Ends the program with one line (exit 2) if XLA would refuse $XLA_FLAGS."""
+  problem = xla_flags_problem()
+  if problem:
+    fail(problem)
 
 
 def xla_flags_problem(environ=None) -> Optional[str]:

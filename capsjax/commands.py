@@ -17,9 +17,12 @@ from typing import NoReturn
 from capsjax import cli
 
 
-def _run(module_name: str) -> NoReturn:
-  module = importlib.import_module(module_name)
-  cli.run_program(module.main)   # each main is a cli.main_wrapper
+def _command(module_name: str):
+  """The console-script function that runs `module_name`'s main as a program."""
+  def run() -> NoReturn:
+    cli.run_program(importlib.import_module(module_name).main)   # each main is a cli.main_wrapper
+  run.__name__ = run.__qualname__ = module_name.rsplit('.', 1)[-1]
+  return run
 
 
 def train() -> NoReturn:
@@ -27,25 +30,9 @@ def train() -> NoReturn:
   launch.entry_point()
 
 
-def predict() -> NoReturn:
-  _run('capsjax.predict')
-
-
-def explorer() -> NoReturn:
-  _run('capsjax.explorer.__main__')
-
-
-def export() -> NoReturn:
-  _run('capsjax.explorer.export')
-
-
-def figures() -> NoReturn:
-  _run('capsjax.programs.figures')
-
-
-def segmentation() -> NoReturn:
-  _run('capsjax.programs.segmentation')
-
-
-def multimnist() -> NoReturn:
-  _run('capsjax.data.multimnist')
+predict = _command('capsjax.predict')
+explorer = _command('capsjax.explorer.__main__')
+export = _command('capsjax.explorer.export')
+figures = _command('capsjax.programs.figures')
+segmentation = _command('capsjax.programs.segmentation')
+multimnist = _command('capsjax.data.multimnist')

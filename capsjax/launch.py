@@ -237,9 +237,7 @@ def main(argv):
     return 0
   from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
   validate(config)   # before any data is read or anything compiled
-  problem = cli.xla_flags_problem()   # before JAX starts a backend: XLA would end the process its own way
-  if problem:
-    cli.fail(problem)
+  cli.check_xla_flags()   # before JAX starts a backend: XLA would end the process its own way
   if FLAGS.summary:
     print_summary(config)
     return 0
