@@ -91,6 +91,8 @@ def main():
   parser.add_argument('--experiment', default='mnist', help='config module in experiments/')
   parser.add_argument('--conv_impl', default='auto', choices=['auto', 'xla', 'patches'])
   parser.add_argument('--dtype', default='float32', help='model compute dtype (bfloat16 for GPU/TPU)')
+  parser.add_argument('--conv_inputs', default='float32', choices=['float32', 'bfloat16'],
+                      help="the convolutions' matmul inputs (bfloat16: accumulated in float32)")
   parser.add_argument('--sweep', default='', help='comma-separated batch sizes (JAX only)')
   parser.add_argument('--no_torch', action='store_true')
   parser.add_argument('--torch_script', default=DEFAULT_TORCH_SCRIPT)
@@ -99,6 +101,7 @@ def main():
   config = importlib.import_module(f'capsjax.experiments.{args.experiment}').get_config()
   config.model.conv_impl = args.conv_impl
   config.model.dtype = args.dtype
+  config.model.conv_inputs = args.conv_inputs
   flops = capsnet_flops(config.model)
   peak = matmul_peak_gflops()
   print(f'machine: backend={jax.default_backend()} devices={jax.device_count()} '

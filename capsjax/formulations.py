@@ -12,6 +12,10 @@ ROUTING_LOOPS = ('auto', 'rolled', 'unrolled')
 # The im2col ('patches') convolution without gradients: a few images at a time
 # (capsjax.ops.PATCHES_CHUNK, through lax.map) or the whole batch as one matmul.
 PATCHES_INFERENCE = ('auto', 'chunked', 'whole_batch')
+# What the convolutions' matmuls take in: float32, or bfloat16-rounded inputs accumulated
+# in float32 with float32 outputs (twice XLA:CPU's float32 matmul rate on CPUs with
+# AVX-512 BF16; docs/results.md "CPU speed"). Not the same values: an accuracy choice.
+CONV_INPUTS = ('float32', 'bfloat16')
 
 FASTEST = {
     'cpu': {

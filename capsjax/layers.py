@@ -34,7 +34,8 @@ class Conv(nn.Module):
 
   padding 'VALID' (CapsNet) or 'SAME' (zero padding: the output is ⌈size / stride⌉, the
   CNN baselines at stride 1 and the strided stem at stride 2).
-  `output_scale` multiplies the convolution before the bias is added.
+  `output_scale` multiplies the convolution before the bias is added. `conv_inputs`
+  'bfloat16' rounds the matmul inputs to bfloat16, accumulating in float32 (ops.conv2d).
   """
   features: int
   kernel_size: int
@@ -44,6 +45,7 @@ class Conv(nn.Module):
   patches_inference: str = 'auto'
   padding: str = 'VALID'
   dtype: Optional[jnp.dtype] = None
+  conv_inputs: str = 'float32'
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
   output_scale: float = 1.0
@@ -60,7 +62,7 @@ class Conv(nn.Module):
     elif self.padding != 'VALID':
       raise ValueError(f"padding must be 'VALID' or 'SAME', got {self.padding!r}")
     outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, self.impl,
-                         self.patches_inference)
+                         self.patches_inference, self.conv_inputs)
     if self.output_scale != 1.0:
       outputs = outputs * self.output_scale
     if self.use_bias:
@@ -90,6 +92,7 @@ class PrimaryCaps(nn.Module):
   impl: str = 'auto'
   patches_inference: str = 'auto'
   dtype: Optional[jnp.dtype] = None
+  conv_inputs: str = 'float32'
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
   scale_by_types: bool = False
@@ -98,7 +101,7 @@ class PrimaryCaps(nn.Module):
   def __call__(self, features: Array) -> Array:
     outputs = Conv(self.num_types * self.dim, self.kernel_size, self.stride,
                    impl=self.impl, patches_inference=self.patches_inference, dtype=self.dtype,
-                   kernel_init=self.kernel_init,
+                   conv_inputs=self.conv_inputs, kernel_init=self.kernel_init,
                    bias_init=self.bias_init, output_scale=1.0 / self.num_types if self.scale_by_types else 1.0,
                    name='conv')(features)
     batch, height, width, _ = outputs.shape
@@ -278,6 +281,7 @@ class StridedStem(nn.Module):
   impl: str = 'auto'
   patches_inference: str = 'auto'
   dtype: Optional[jnp.dtype] = None
+  conv_inputs: str = 'float32'
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
@@ -287,8 +291,8 @@ class StridedStem(nn.Module):
     for stage in range(self.stages):
       features = nn.relu(Conv(self.channels, STEM_KERNEL, 2, padding='SAME', impl=self.impl,
                               patches_inference=self.patches_inference, dtype=self.dtype,
-                              kernel_init=self.kernel_init, bias_init=self.bias_init,
-                              name=f'conv{stage}')(features))
+                              conv_inputs=self.conv_inputs, kernel_init=self.kernel_init,
+                              bias_init=self.bias_init, name=f'conv{stage}')(features))
     return features
 
 

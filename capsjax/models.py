@@ -163,6 +163,7 @@ class CapsNet(nn.Module):
   patches_inference: str = 'auto'
   routing_loop: str = 'auto'
   dtype: Optional[jnp.dtype] = None
+  conv_inputs: str = 'float32'   # formulations.CONV_INPUTS
   init_scheme: str = 'default'
   primary_scale_by_types: bool = False
   routing: str = 'dynamic'                        # capsjax.routing.ROUTINGS
@@ -187,14 +188,16 @@ class CapsNet(nn.Module):
     if self.stem == 'strided':
       self.strided_stem = StridedStem(stem_stages(*self.input_shape[:2]), self.stem_channels, impl=self.conv_impl,
                                       patches_inference=self.patches_inference, dtype=self.dtype,
-                                      kernel_init=inits['conv1'], bias_init=inits['bias'])
+                                      conv_inputs=self.conv_inputs, kernel_init=inits['conv1'],
+                                      bias_init=inits['bias'])
     self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, impl=self.conv_impl,
                       patches_inference=self.patches_inference, dtype=self.dtype,
-                      kernel_init=inits['conv1'], bias_init=inits['bias'])
+                      conv_inputs=self.conv_inputs, kernel_init=inits['conv1'], bias_init=inits['bias'])
     self.primary_caps = PrimaryCaps(self.primary_types, self.primary_dim, self.primary_kernel,
                                     self.primary_stride, impl=self.conv_impl,
                                     patches_inference=self.patches_inference, dtype=self.dtype,
-                                    kernel_init=inits['primary'], bias_init=inits['bias'],
+                                    conv_inputs=self.conv_inputs, kernel_init=inits['primary'],
+                                    bias_init=inits['bias'],
                                     scale_by_types=self.primary_scale_by_types)
     self.digit_caps = CapsuleLayer(
         self.num_classes, self.digit_dim, self.routing_iterations, use_bias=self.digit_bias,

@@ -15,6 +15,7 @@ from capsjax import formulations
 
 Array = jax.Array
 CONV_IMPLS = formulations.CONV_IMPLS
+CONV_INPUTS = formulations.CONV_INPUTS
 
 
 def resolve_conv_impl(impl: str) -> str:
@@ -49,8 +50,8 @@ def _unchunked(chunks: Array) -> Array:
   return chunks.reshape((chunks.shape[0] * chunks.shape[1],) + chunks.shape[2:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def patches_conv2d(images: Array, kernel: Array, stride: int, chunk: int) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def patches_conv2d(images: Array, kernel: Array, stride: int, chunk: int, dot_inputs: str = 'float32') -> Array:
   """im2col convolution; without gradients it runs `chunk` images at a time.
 
   Why chunks: the whole batch's patch matrix (382 MB for PrimaryCaps at batch 128) is
@@ -59,36 +60,52 @@ def patches_conv2d(images: Array, kernel: Array, stride: int, chunk: int) -> Arr
   Under differentiation the forward keeps the whole batch's patches instead, because
   the kernel gradient needs them again: chunking the backward as well measured slower
   (training step 94 → 67 images/s).
+
+  `dot_inputs` 'bfloat16': the matmuls' inputs (patches, kernel, output gradient) are
+  rounded to bfloat16 and accumulated in float32, outputs float32 (CONV_INPUTS).
   """
-  flat_kernel = kernel.reshape(-1, kernel.shape[-1])  # [kh*kw*in, out]
+  flat_kernel = _dot_input(kernel.reshape(-1, kernel.shape[-1]), dot_inputs)  # [kh*kw*in, out]
 
   def one_chunk(chunk_images):
-    patches = extract_patches(chunk_images, kernel.shape[0], stride)
+    patches = extract_patches(_dot_input(chunk_images, dot_inputs), kernel.shape[0], stride)
     # [chunk, out_h, out_w, out]
-    return jnp.einsum('bhwk,ko->bhwo', patches, flat_kernel)
+    return _dot('bhwk,ko->bhwo', patches, flat_kernel, images.dtype)
 
   if chunk >= images.shape[0]:   # one chunk: no loop around it
     return one_chunk(images)
   return _unchunked(jax.lax.map(one_chunk, _chunked(images, chunk)))
 
 
-def _patches_conv2d_fwd(images, kernel, stride, chunk):
+def _dot_input(array: Array, dot_inputs: str) -> Array:
+  return array.astype(jnp.bfloat16) if dot_inputs == 'bfloat16' else array
+
+
+def _dot(subscripts: str, a: Array, b: Array, out_dtype) -> Array:
+  """einsum whose output is `out_dtype` however its inputs are rounded (accumulating in
+  it: XLA:CPU's bfloat16 × bfloat16 → float32 matmul runs at twice the float32 rate,
+  while a bfloat16 output takes a slow path)."""
+  return jnp.einsum(subscripts, a, b, preferred_element_type=out_dtype)
+
+
+def _patches_conv2d_fwd(images, kernel, stride, chunk, dot_inputs):
   del chunk
-  patches, patches_transpose = jax.vjp(lambda x: extract_patches(x, kernel.shape[0], stride), images)
-  # [batch, out_h, out_w, out]
-  outputs = jnp.einsum('bhwk,ko->bhwo', patches, kernel.reshape(-1, kernel.shape[-1]))
-  return outputs, (patches, patches_transpose, kernel)
+  patches = extract_patches(_dot_input(images, dot_inputs), kernel.shape[0], stride)
+  flat_kernel = _dot_input(kernel.reshape(-1, kernel.shape[-1]), dot_inputs)
+  outputs = _dot('bhwk,ko->bhwo', patches, flat_kernel, images.dtype)   # [batch, out_h, out_w, out]
+  return outputs, (patches, flat_kernel, images, kernel)
 
 
-def _patches_conv2d_bwd(stride, chunk, residuals, output_grad):
-  del stride, chunk
-  patches, patches_transpose, kernel = residuals
-  flat_kernel = kernel.reshape(-1, kernel.shape[-1])  # [kh*kw*in, out]
+def _patches_conv2d_bwd(stride, chunk, dot_inputs, residuals, output_grad):
+  del chunk
+  patches, flat_kernel, images, kernel = residuals
+  output_grad_in = _dot_input(output_grad, dot_inputs)
   # dW = Pᵀ g                                             # [kh*kw*in, out]
-  kernel_grad = jnp.einsum('bhwk,bhwo->ko', patches, output_grad)
+  kernel_grad = _dot('bhwk,bhwo->ko', patches, output_grad_in, kernel.dtype)
   # dP = g Wᵀ, then col2im (the transpose of patch extraction)   # [batch, out_h, out_w, kh*kw*in]
-  patches_grad = jnp.einsum('bhwo,ko->bhwk', output_grad, flat_kernel)
-  return patches_transpose(patches_grad)[0], kernel_grad.reshape(kernel.shape)
+  patches_grad = _dot('bhwo,ko->bhwk', output_grad_in, flat_kernel, images.dtype)
+  col2im = jax.linear_transpose(lambda x: extract_patches(x, kernel.shape[0], stride),
+                                jax.ShapeDtypeStruct(images.shape, images.dtype))
+  return col2im(patches_grad)[0], kernel_grad.reshape(kernel.shape)
 
 
 patches_conv2d.defvjp(_patches_conv2d_fwd, _patches_conv2d_bwd)
@@ -98,16 +115,21 @@ PATCHES_CHUNK = 16
 
 
 def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
-           patches_inference: str = 'auto') -> Array:
+           patches_inference: str = 'auto', dot_inputs: str = 'float32') -> Array:
   """VALID 2-D convolution, NHWC; kernel [kh, kw, in, out]; no bias. `patches_inference`
-  ('chunked' | 'whole_batch' | 'auto'): how the patches form runs without gradients."""
+  ('chunked' | 'whole_batch' | 'auto'): how the patches form runs without gradients;
+  `dot_inputs` ('float32' | 'bfloat16'): what the matmuls take in (outputs keep the
+  images' dtype; the 'xla' form's gradients come out rounded to bfloat16 too, the
+  patches form's stay float32)."""
   impl = resolve_conv_impl(impl)
+  if dot_inputs not in CONV_INPUTS:
+    raise ValueError(f'dot_inputs must be one of {CONV_INPUTS}, got {dot_inputs!r}')
   if kernel.shape[0] != kernel.shape[1]:
     raise ValueError(f'square kernels only, got {kernel.shape[:2]}')
   if impl == 'xla':
     return jax.lax.conv_general_dilated(
-        images, kernel, window_strides=(stride, stride), padding='VALID',
-        dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+        _dot_input(images, dot_inputs), _dot_input(kernel, dot_inputs), window_strides=(stride, stride),
+        padding='VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'), preferred_element_type=images.dtype)
   whole_batch = formulations.resolve('patches_inference', patches_inference) == 'whole_batch'
   chunk = images.shape[0] if whole_batch else batch_chunk_size(images.shape[0], PATCHES_CHUNK)
-  return patches_conv2d(images, kernel, stride, chunk)
+  return patches_conv2d(images, kernel, stride, chunk, dot_inputs)

@@ -17,7 +17,7 @@ from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
 from capsjax.models import INITS, MODELS
 from capsjax.objectives import OBJECTIVES
-from capsjax.formulations import CONV_IMPLS, PATCHES_INFERENCE, ROUTING_LOOPS
+from capsjax.formulations import CONV_IMPLS, CONV_INPUTS, PATCHES_INFERENCE, ROUTING_LOOPS
 from capsjax.routing import ROUTINGS
 
 DTYPES = ('float32', 'bfloat16', 'float16')
@@ -195,6 +195,7 @@ MODEL_RULES = {
     'decoder_hidden': ints_at_least(1),
     'conv_impl': one_of(CONV_IMPLS),
     'patches_inference': one_of(PATCHES_INFERENCE),
+    'conv_inputs': one_of(CONV_INPUTS),
     'routing_loop': one_of(ROUTING_LOOPS),
     'transforms': one_of(('auto', 'per_capsule', 'per_type')),
     'stem': one_of(('auto', 'none', 'strided')),
@@ -430,6 +431,7 @@ DESCRIPTIONS = {
     'model.decoder_hidden': "the decoder's hidden widths (512, 1024)",
     'model.conv_impl': "convolutions as XLA's or im2col + matmul (same values; auto: faster on the backend)",
     'model.patches_inference': 'the im2col conv at inference a few images at a time or the whole batch (same values)',
+    'model.conv_inputs': "the convolutions' matmul inputs: float32, or bfloat16 accumulated in float32 (faster on AVX-512 BF16 CPUs)",
     'model.dtype': 'compute dtype of convolutions and predictions (routing, losses and decoder stay float32)',
     'model.init_scheme': "default initialisers, or the authors' code's (official)",
     'model.conv_channels': "the CNN's convolution channels",

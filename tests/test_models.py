@@ -49,6 +49,49 @@ def test_conv_formulations_agree_in_value_and_gradient(stride, size, kernel):
     np.testing.assert_allclose(g_patches, g_xla, rtol=1e-4, atol=1e-4)
 
 
+def _bf16(array):
+  return array.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+@pytest.mark.parametrize('impl,inference', [('patches', 'chunked'), ('patches', 'whole_batch'), ('xla', 'auto')])
+def test_bfloat16_conv_inputs_round_the_inputs_and_accumulate_in_float32(impl, inference):
+  # The reference: float32 math on bfloat16-rounded images and kernel (the gradients: on
+  # rounded patches and output gradient, as dW = Pᵀ g and dP = g Wᵀ see them). Values
+  # near 1 with 72-term sums: a bfloat16 accumulator (8 bits) would miss by ~1e-1.
+  images = 1 + 0.01 * jax.random.normal(jax.random.key(8), (4, 9, 9, 8))
+  weights = 1 + 0.01 * jax.random.normal(jax.random.key(9), (3, 3, 8, 5))
+  out = ops.conv2d(images, weights, 2, impl, inference, dot_inputs='bfloat16')
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, ops.conv2d(_bf16(images), _bf16(weights), 2, 'xla'), rtol=1e-5)
+  assert np.abs(out - ops.conv2d(images, weights, 2, 'xla')).max() > 1e-3   # it did round
+
+  cotangent = 1 + 0.01 * jax.random.normal(jax.random.key(10), out.shape)
+  loss = lambda x, w, rounding: jnp.sum(ops.conv2d(x, w, 2, impl, inference, dot_inputs=rounding) * cotangent)
+  g_images, g_weights = jax.grad(loss, argnums=(0, 1))(images, weights, 'bfloat16')
+  assert g_images.dtype == g_weights.dtype == jnp.float32
+  reference = lambda x, w: jnp.sum(ops.conv2d(x, w, 2, 'xla') * _bf16(cotangent))
+  r_images, r_weights = jax.grad(reference, argnums=(0, 1))(_bf16(images), _bf16(weights))
+  # XLA's convolution differentiates through the casts, so its gradients come out rounded
+  # to bfloat16 as well (relative error < 2⁻⁷); the patches form keeps them in float32.
+  tolerance = 1e-5 if impl == 'patches' else 2 ** -7
+  np.testing.assert_allclose(g_images, r_images, rtol=tolerance)
+  np.testing.assert_allclose(g_weights, r_weights, rtol=tolerance)
+  with pytest.raises(ValueError, match='dot_inputs must be one of'):
+    ops.conv2d(images, weights, 2, impl, dot_inputs='float16')
+
+
+def test_capsnet_with_bfloat16_conv_inputs_stays_close_to_float32():
+  small = dict(conv1_channels=16, primary_types=4, use_decoder=True)
+  images = jax.random.uniform(jax.random.key(11), (3, 28, 28, 1))
+  exact, rounded = CapsNet(**small), CapsNet(conv_inputs='bfloat16', **small)
+  params = exact.init(jax.random.key(12), images)['params']
+  out_exact = jax.jit(exact.apply)({'params': params}, images)
+  out_rounded = jax.jit(rounded.apply)({'params': params}, images)
+  assert out_rounded['lengths'].dtype == jnp.float32
+  np.testing.assert_allclose(out_rounded['lengths'], out_exact['lengths'], rtol=3e-2, atol=1e-4)
+  assert not np.array_equal(out_rounded['lengths'], out_exact['lengths'])
+
+
 def test_capsnet_formulations_agree():
   small = dict(conv1_channels=16, primary_types=4, use_decoder=True)
   images = jax.random.uniform(jax.random.key(2), (3, 28, 28, 1))
