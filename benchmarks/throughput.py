@@ -12,6 +12,8 @@ line is machine-readable:
 """
 import argparse
 import importlib
+import platform
+import statistics
 import importlib.util
 import os
 import re
@@ -43,7 +45,21 @@ def matmul_peak_gflops(size: int = 4096, steps: int = 5) -> float:
   return 2 * size ** 3 / seconds / 1e9
 
 
-def measure_jax(config, batch: int, steps: int) -> dict:
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo, else the platform's word for it)."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def jax_timers(config, batch: int, steps: int):
+  """({'train': seconds → images/s timer, 'infer': …}, XLA buffer bytes per mode): the
+  compiled training step and inference call of `config`'s model, ready to be timed."""
   model = assemble.model(config)
   optimizer = assemble.optimizer(config)
   state = assemble.initial_state(config, model, optimizer)
@@ -55,26 +71,38 @@ def measure_jax(config, batch: int, steps: int) -> dict:
   data = assemble.pipeline(config, Dataset(images, labels), training=True)
   train_step = make_train_step(assemble.objective(config), model, optimizer, data, config.seed)
   host_batch = data.host_batch(0)
-
-  memory_train = buffer_bytes(train_step, state, None, host_batch)
-  # The train step donates its state, so it is threaded through the timed calls.
-  train_seconds, state = seconds_per_step(train_step, state, (None, host_batch), steps)
-
   # Inference as a user runs it: digit capsules, lengths and the reconstruction of the
   # longest capsule (what the PyTorch peer computes too).
   test = assemble.pipeline(config, Dataset(images, labels), training=False)
   infer = jax.jit(lambda params, x: model.apply({'params': params},
                                                 test.device_batch(None, (x, labels, labels), None)['images']))
-  memory_infer = buffer_bytes(infer, state['params'], images)
-  infer_seconds = seconds_per_call(infer, (state['params'], images), steps)
-  return {'train_images_per_s': batch / train_seconds, 'infer_images_per_s': batch / infer_seconds,
-          'train_buffer_bytes': memory_train, 'infer_buffer_bytes': memory_infer}
+  memory = {'train': buffer_bytes(train_step, state, None, host_batch),
+            'infer': buffer_bytes(infer, state['params'], images)}
+  holder = {'state': state}
+
+  def time_train():
+    # The train step donates its state, so it is threaded through the timed calls.
+    seconds, holder['state'] = seconds_per_step(train_step, holder['state'], (None, host_batch), steps)
+    return batch / seconds
+
+  def time_infer():
+    return batch / seconds_per_call(infer, (holder['state']['params'], images), steps)
+
+  return {'train': time_train, 'infer': time_infer}, memory
 
 
-def measure_torch(script: str, batch: int, steps: int, infer: bool):
+def measure_jax(config, batch: int, steps: int) -> dict:
+  timers, memory = jax_timers(config, batch, steps)
+  return {'train_images_per_s': timers['train'](), 'infer_images_per_s': timers['infer'](),
+          'train_buffer_bytes': memory['train'], 'infer_buffer_bytes': memory['infer']}
+
+
+def measure_torch(script: str, batch: int, steps: int, infer: bool, precision: str = ''):
   command = [sys.executable, script, '--batch', str(batch), '--steps', str(steps)]
   if infer:
     command.append('--infer')
+  if precision:
+    command += ['--precision', precision]
   result = subprocess.run(command, capture_output=True, text=True, check=False)
   match = re.search(r'images_per_s=([0-9.]+)', result.stdout)
   if result.returncode or not match:
@@ -94,6 +122,9 @@ def main():
   parser.add_argument('--conv_inputs', default='float32', choices=['float32', 'bfloat16'],
                       help="the convolutions' matmul inputs (bfloat16: accumulated in float32)")
   parser.add_argument('--sweep', default='', help='comma-separated batch sizes (JAX only)')
+  parser.add_argument('--rounds', type=int, default=3, help='turns of capsjax and the peer')
+  parser.add_argument('--torch_precision', default='', choices=['', 'fp32', 'bf16'],
+                      help="the peer's precision (bf16: autocast, the peer's counterpart of --conv_inputs bfloat16)")
   parser.add_argument('--no_torch', action='store_true')
   parser.add_argument('--torch_script', default=DEFAULT_TORCH_SCRIPT)
   args = parser.parse_args()
@@ -104,38 +135,53 @@ def main():
   config.model.conv_inputs = args.conv_inputs
   flops = capsnet_flops(config.model)
   peak = matmul_peak_gflops()
-  print(f'machine: backend={jax.default_backend()} devices={jax.device_count()} '
+  print(f'machine: cpu={cpu_model()!r} backend={jax.default_backend()} devices={jax.device_count()} '
         f'cpus={os.cpu_count()} jax={jax.__version__}')
   print(f'matmul peak (4096³ float32, measured now): {peak:.1f} GFLOP/s')
   print(f'FLOPs per image from the shapes: forward {flops["forward"] / 1e9:.3f} G, '
         f'training {flops["train"] / 1e9:.3f} G')
+  print(f'capsjax: conv_impl={args.conv_impl} dtype={args.dtype} conv_inputs={args.conv_inputs}; '
+        f'torch: precision={args.torch_precision or "fp32"}')
 
-  def report(batch, figures):
-    for mode in ('train', 'infer'):
-      rate = figures[f'{mode}_images_per_s']
-      gflops = rate * flops['train' if mode == 'train' else 'forward'] / 1e9
-      print(f'jax {mode:5s} batch={batch:4d}: {rate:7.1f} images/s  {gflops:6.1f} GFLOP/s '
-            f'({100 * gflops / peak:4.1f} % of peak)  XLA buffers {figures[f"{mode}_buffer_bytes"] / 2**20:7.0f} MiB')
+  def line(side, mode, batch, rate, memory=None):
+    gflops = rate * flops['train' if mode == 'train' else 'forward'] / 1e9
+    text = (f'{side:5s} {mode:5s} batch={batch:4d}: {rate:7.1f} images/s  {gflops:6.1f} GFLOP/s '
+            f'({100 * gflops / peak:4.1f} % of peak)')
+    return text + (f'  XLA buffers {memory / 2**20:7.0f} MiB' if memory is not None else '')
 
   for batch in [int(b) for b in args.sweep.split(',') if b]:
-    report(batch, measure_jax(config, batch, args.steps))
+    figures = measure_jax(config, batch, args.steps)
+    for mode in ('train', 'infer'):
+      print(line('jax', mode, batch, figures[f'{mode}_images_per_s'], figures[f'{mode}_buffer_bytes']))
 
-  ours = measure_jax(config, args.batch, args.steps)
-  report(args.batch, ours)
-  ratios = {'train': 'NA', 'infer': 'NA'}
   torch_available = importlib.util.find_spec('torch') is not None and os.path.isfile(args.torch_script)
   if args.no_torch:
     print('torch: skipped (--no_torch)')
   elif not torch_available:
     print(f'torch: not measured (torch not installed or no {args.torch_script}); ratios are NA')
-  else:
-    for mode in ('train', 'infer'):
-      theirs = measure_torch(args.torch_script, args.batch, args.steps, mode == 'infer')
-      ratios[mode] = f'{ours[f"{mode}_images_per_s"] / theirs:.2f}'
-      print(f'torch {mode:5s} batch={args.batch:4d}: {theirs:7.1f} images/s  → jax/torch = {ratios[mode]}')
+  with_torch = torch_available and not args.no_torch
+  timers, memory = jax_timers(config, args.batch, args.steps)
+  rates = {(side, mode): [] for side in ('jax', 'torch') for mode in ('train', 'infer')}
+  for round_index in range(args.rounds):
+    for mode in ('train', 'infer'):   # neighbours in time: capsjax, then the peer
+      rates['jax', mode].append(timers[mode]())
+      print(f'round {round_index + 1}: ' + line('jax', mode, args.batch, rates['jax', mode][-1], memory[mode]))
+      if with_torch:
+        rates['torch', mode].append(measure_torch(args.torch_script, args.batch, args.steps, mode == 'infer',
+                                                  args.torch_precision))
+        print(f'round {round_index + 1}: ' + line('torch', mode, args.batch, rates['torch', mode][-1]))
+  medians = {key: statistics.median(values) for key, values in rates.items() if values}
+  ratios = {'train': 'NA', 'infer': 'NA'}
+  for mode in ('train', 'infer'):
+    print('median ' + line('jax', mode, args.batch, medians['jax', mode], memory[mode]))
+    if with_torch:
+      per_round = [ours / theirs for ours, theirs in zip(rates['jax', mode], rates['torch', mode])]
+      ratios[mode] = f'{statistics.median(per_round):.2f}'
+      print('median ' + line('torch', mode, args.batch, medians['torch', mode]) +
+            f'  → jax/torch = {ratios[mode]} (rounds {min(per_round):.2f}–{max(per_round):.2f})')
   print(f'max resident memory of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB')
-  print(f'throughput train_images_per_s={ours["train_images_per_s"]:.1f} '
-        f'infer_images_per_s={ours["infer_images_per_s"]:.1f} '
+  print(f'throughput train_images_per_s={medians["jax", "train"]:.1f} '
+        f'infer_images_per_s={medians["jax", "infer"]:.1f} '
         f'torch_train_ratio={ratios["train"]} torch_infer_ratio={ratios["infer"]}')
 
 

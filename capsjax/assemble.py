@@ -11,7 +11,7 @@ import jax
 import ml_collections
 import optax
 
-from capsjax import memory, sizing, steps
+from capsjax import diagnostics, memory, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
 from capsjax.data.images import DEFAULT_BACKGROUND
@@ -94,6 +94,16 @@ def routing_probe(config, model_module, pipeline):
     return None
   return steps.make_routing_probe(model_module, pipeline, config.routing_probe_iterations,
                                   config.routing_probe_examples, config.eval_batch_size)
+
+
+def routing_diagnostics(config, model_module, pipeline, ensemble: bool):
+  """capsjax.diagnostics.make_routing_diagnostics for this run, or None where it does not
+  apply (config.routing_diagnostics off, or a model family without routing)."""
+  if not (config.get('routing_diagnostics') and MODELS[config.model.name].routing_probe):
+    return None
+  return diagnostics.make_routing_diagnostics(model_module, pipeline, config.routing_diagnostics_examples,
+                                              config.eval_batch_size, config.routing_diagnostics_iterations,
+                                              ensemble)
 
 
 # ----------------------------------------------------------------------------- data

@@ -145,6 +145,11 @@ def base_config() -> ml_collections.ConfigDict:
   # Routing convergence (appendix A): mean |Δb| per iteration at every evaluation.
   config.routing_probe_iterations = 6
   config.routing_probe_examples = 100
+  # Routing diagnostics at every evaluation (capsjax.diagnostics): coupling entropy and
+  # movement, per-class consistency, capsule activity, accuracy for r = 1 … iterations.
+  config.routing_diagnostics = True
+  config.routing_diagnostics_examples = 1000   # the first test images (0: the whole split)
+  config.routing_diagnostics_iterations = 5    # the test-time sweep's largest r (0: no sweep)
   return config
 
 

@@ -66,3 +66,28 @@ def resolve(option: str, value: str, backend: str = '') -> str:
     return value
   backend = backend or jax.default_backend()
   return FASTEST.get(backend, FASTEST['cpu'])[option]
+
+
+# Explicit choices measured several times slower than another formulation on a backend:
+# (option, value, backend) → why. A run that asks for one says so in one line at start
+# (capsjax.train); `auto` never resolves to one (tests/test_models.py checks).
+SLOW_CHOICES = {
+    ('conv_impl', 'xla', 'cpu'): (
+        "XLA:CPU's strided-convolution gradient trained the paper's model 20-24x slower than "
+        "'patches' (AMD EPYC 2026-11-23, Intel Xeon 2026-11-24; docs/results.md)"),
+    ('dtype', 'bfloat16', 'cpu'): (
+        'bfloat16 outputs take a slow XLA:CPU path (training 2.5x slower than float32 on an Intel Xeon, '
+        "2026-11-24); model.conv_inputs='bfloat16' gets the bfloat16 matmul rate with float32 outputs"),
+    ('dtype', 'float16', 'cpu'): 'XLA:CPU has no fast float16 matmul; float32 is faster',
+}
+
+
+def slow_choices(model_config, backend: str = '') -> list:
+  """One line per option of `model_config` (a mapping: the config's model) set to a value
+  that SLOW_CHOICES lists for `backend` (default: JAX's)."""
+  backend = backend or jax.default_backend()
+  lines = []
+  for (option, value, slow_backend), why in SLOW_CHOICES.items():
+    if slow_backend == backend and str(model_config.get(option, '')) == value:
+      lines.append(f'note: model.{option}={value!r} on this {backend.upper()} is slow: {why}.')
+  return lines

@@ -155,9 +155,12 @@ class CapsuleLayer(nn.Module):
 
   @nn.compact
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
-               return_logits: bool = False, grid: Optional[Sequence[int]] = None):
+               return_logits: bool = False, grid: Optional[Sequence[int]] = None,
+               return_couplings: bool = False):
     """(parents [batch, out, dim], activations [batch, out]); with `return_logits`
-    (Procedure 1 only: the routing-convergence probe) (parents, logits per iteration).
+    (Procedure 1 only: the routing-convergence probe) (parents, logits per iteration);
+    with `return_couplings` (routings whose ROUTINGS entry says returns_couplings: the
+    routing diagnostics) (parents, activations, (first, last couplings [batch, in, out])).
     `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
     batch, in_caps, in_dim = capsules.shape
     dtype = self.dtype or capsules.dtype
@@ -191,6 +194,8 @@ class CapsuleLayer(nn.Module):
     entry = ROUTINGS[self.routing]
     if return_logits and not entry.returns_logits:
       raise ValueError(f'routing {self.routing!r} has no routing logits (see ROUTINGS[name].returns_logits)')
+    if return_couplings and not entry.returns_couplings:
+      raise ValueError(f'routing {self.routing!r} has no couplings (see ROUTINGS[name].returns_couplings)')
     given = dict(self.routing_options or {})
     options = {k: given[k] for k in routing_option_defaults(self.routing) if k in given}   # its own only
     for name, (shape, initial) in entry.learned.items():
@@ -203,6 +208,8 @@ class CapsuleLayer(nn.Module):
         options[feature] = value
     if return_logits:
       options['return_logits'] = True
+    if return_couplings:
+      options['return_couplings'] = True
     if shared is not None:
       # Without û where the routing has a shared form that takes every option given.
       factored = shared_form(self.routing, options) if self.votes == 'factored' else None

@@ -224,7 +224,20 @@ class CapsNet(nn.Module):
     result = self._route(images, routing_iterations, max_iterations, return_logits)
     return result if return_logits else result[0]
 
-  def _route(self, images, routing_iterations, max_iterations, return_logits):
+  def routing_details(self, images: Array, routing_iterations=None, max_iterations=None) -> Dict[str, Any]:
+    """What the routing diagnostics read (capsjax.diagnostics): images [batch, h, w, c] →
+    {'primary_lengths' [batch, in], 'class_lengths' [batch, classes], 'activations'
+    [batch, classes], 'couplings': (first, last) [batch, in, classes] each, or None where
+    the routing has none (ROUTINGS[name].returns_couplings)}."""
+    with_couplings = ROUTINGS[self.routing].returns_couplings
+    primary, grid = self._primary(images)
+    result = self.digit_caps(primary, routing_iterations, max_iterations, False, grid,
+                             return_couplings=with_couplings)
+    return {'primary_lengths': capsule_lengths(primary), 'class_lengths': capsule_lengths(result[0]),
+            'activations': result[1], 'couplings': result[2] if with_couplings else None}
+
+  def _primary(self, images):
+    """(primary capsules [batch, in, dim], their grid (rows, columns))."""
     expected = tuple(self.input_shape)
     if tuple(images.shape[1:]) != expected:
       raise ValueError(f'CapsNet expects images of shape [batch, {", ".join(map(str, expected))}], '
@@ -232,8 +245,11 @@ class CapsNet(nn.Module):
     if self.stem == 'strided':
       images = self.strided_stem(images)
     features = nn.relu(self.conv1(images))
-    primary = self.primary_caps(features)
     grid = tuple((side - self.primary_kernel) // self.primary_stride + 1 for side in features.shape[1:3])
+    return self.primary_caps(features), grid
+
+  def _route(self, images, routing_iterations, max_iterations, return_logits):
+    primary, grid = self._primary(images)
     return self.digit_caps(primary, routing_iterations, max_iterations, return_logits, grid)
 
   def decode(self, capsules: Array, mask: Array) -> Array:

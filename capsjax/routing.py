@@ -321,6 +321,10 @@ def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, n
 #   returns_logits   accepts return_logits=True and then returns a third value, the routing
 #                    logits after every iteration [iterations, batch, in, out] (the
 #                    convergence probe and figure read them)
+#   returns_couplings accepts return_couplings=True and then returns a third value, the
+#                    pair (couplings the first iteration used, couplings the last one used),
+#                    each [batch, in, out], a distribution over the parents per child (the
+#                    routing diagnostics read them; equal for a routing without iterations)
 #   layer_inputs     which of the capsule layer's own features it reads, passed as keyword
 #                    arguments when the model enables them: 'bias' ([out, dim], added to s_j),
 #                    'log_priors' ([in, out], initial logits), 'leaky' (bool), and
@@ -335,7 +339,8 @@ def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, n
 # (config.model.routing_options). Activations are what the margin loss, the explorer and
 # predict read.
 
-ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, layer_inputs=(), shared=None,
+ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, returns_couplings=False,
+                    layer_inputs=(), shared=None,
                     doc="""The routing algorithms by name (`config.model.routing`, `CapsuleLayer.routing`,
 `route(name, ...)`): each entry's value is the routing function, û [batch, in, out, dim] →
 (parents [batch, out, dim], activations [batch, out]), and its capabilities say what it
@@ -344,19 +349,19 @@ does (`iterative`, `learned`, `returns_logits`, `layer_inputs`, `shared`). Add o
 
 Example:
   >>> capsjax.ROUTINGS.names()
-  ('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing')
+  ('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing', 'uniform', 'max_pooling')
   >>> capsjax.ROUTINGS['dynamic'].returns_logits, capsjax.ROUTINGS['em'].learned.keys()
   (True, dict_keys(['beta_u', 'beta_a']))
 """)
 # The routing's own arguments: neither options nor learned.
 _OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll',
-                  'return_logits')
+                  'return_logits', 'return_couplings')
 
 
 def register_routing(name: str, *, iterative: bool = True,
                      learned: Optional[Dict[str, Tuple[Callable[[int, int, int], tuple], float]]] = None,
-                     returns_logits: bool = False, layer_inputs: Tuple[str, ...] = (),
-                     shared: Optional[Callable[..., Any]] = None):
+                     returns_logits: bool = False, returns_couplings: bool = False,
+                     layer_inputs: Tuple[str, ...] = (), shared: Optional[Callable[..., Any]] = None):
   """Function decorator: `config.model.routing = name` routes with this function.
 
   The function takes prediction_vectors û [batch, in_caps, out_caps, dim],
@@ -365,7 +370,9 @@ def register_routing(name: str, *, iterative: bool = True,
   may set; `learned` ones become parameters of the capsule layer), and returns
   (parents [batch, out_caps, dim], activations [batch, out_caps]). `iterative`: whether
   num_iterations means anything to it; `returns_logits`: it accepts return_logits=True and
-  then also returns the logits per iteration; `layer_inputs`: which of the capsule layer's
+  then also returns the logits per iteration; `returns_couplings`: it accepts
+  return_couplings=True and then also returns (first, last) couplings [batch, in, out]
+  (the routing diagnostics); `layer_inputs`: which of the capsule layer's
   features (bias, log_priors, leaky, stop_gradient_predictions) it reads; `shared`: a form
   that routes shared-transform votes without û (see the module's comment above ROUTINGS).
 
@@ -382,8 +389,8 @@ def register_routing(name: str, *, iterative: bool = True,
     Array([[0.75, 0.75]], dtype=float32)
     >>> capsjax.ROUTINGS.unregister('uniform_example')
   """
-  return ROUTINGS.register(name, iterative=iterative, learned=dict(learned or {}),
-                           returns_logits=returns_logits, layer_inputs=tuple(layer_inputs), shared=shared)
+  return ROUTINGS.register(name, iterative=iterative, learned=dict(learned or {}), returns_logits=returns_logits,
+                           returns_couplings=returns_couplings, layer_inputs=tuple(layer_inputs), shared=shared)
 
 
 def shared_form(name: str, options: Dict[str, Any]) -> Optional[Callable[..., Any]]:
@@ -481,22 +488,38 @@ def _dynamic_shared(capsules, transforms, offsets, num_iterations, *, max_iterat
   return parents, vector_norm(parents)
 
 
-@register_routing('dynamic', returns_logits=True,
+@register_routing('dynamic', returns_logits=True, returns_couplings=True,
                   layer_inputs=('bias', 'log_priors', 'leaky', 'stop_gradient_predictions'), shared=_dynamic_shared)
 def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False,
-            return_logits=False, stop_gradient_predictions=False, leaky=False, log_priors=None, bias=None):
-  """Procedure 1 (`dynamic_routing`); input activations are ignored; activations |v_j|."""
+            return_logits=False, return_couplings=False, stop_gradient_predictions=False, leaky=False,
+            log_priors=None, bias=None):
+  """Procedure 1 (`dynamic_routing`); input activations are ignored; activations |v_j|.
+  Couplings: softmax(b) before the first and before the last iteration (without the
+  leaky parent's share)."""
   del input_activations
   result = dynamic_routing(prediction_vectors, num_iterations, max_iterations=max_iterations,
                            stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
-                           log_priors=log_priors, bias=bias, unroll=unroll, return_logits=return_logits)
-  parents, logits = result if return_logits else (result, None)
-  return (parents, vector_norm(parents)) + ((logits,) if return_logits else ())
+                           log_priors=log_priors, bias=bias, unroll=unroll,
+                           return_logits=return_logits or return_couplings)
+  parents, logits = result if (return_logits or return_couplings) else (result, None)
+  outputs = (parents, vector_norm(parents))
+  if return_logits:
+    return outputs + (logits,)
+  if return_couplings:
+    initial = jnp.zeros(logits.shape[1:], logits.dtype)                       # b before iteration 1
+    if log_priors is not None:
+      initial = initial + jnp.broadcast_to(log_priors.astype(logits.dtype), initial.shape)
+    before = jnp.concatenate([initial[None], logits], axis=0)                 # b before iteration t + 1
+    last = jnp.asarray(num_iterations) - 1                                    # traced r too
+    couplings = lambda b: coupling_coefficients(b, leaky)                     # [batch, in, out]
+    return outputs + ((couplings(initial), couplings(before[last])),)
+  return outputs
 
 
-@register_routing('em', learned={'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)})
+@register_routing('em', learned={'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)},
+                  returns_couplings=True)
 def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a, max_iterations=None,
-       unroll=False, inverse_temperature=1.0, variance_epsilon=1e-8):
+       unroll=False, return_couplings=False, inverse_temperature=1.0, variance_epsilon=1e-8):
   """EM routing (Hinton, Sabour, Frosst, ICLR 2018, Procedure 1) on vector poses.
 
   Votes V_ij = û_{j|i}, input activations a_i. R_ij = 1/|out|; r times: M-step
@@ -509,7 +532,8 @@ def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a,
   (t + 1) / r (rising to inverse_temperature, default 1, at the last iteration: a final 4
   left mnist_smoke at chance, 1 reached 83 % training accuracy by step 100); σ² +
   variance_epsilon (1e-8, below the variances of the small initial votes). β_u, β_a: [out]
-  (learned per output capsule). Returns (μ [batch, out, dim], a [batch, out]).
+  (learned per output capsule). Returns (μ [batch, out, dim], a [batch, out]); couplings:
+  the responsibilities R_ij the first and the last M-step weighted the votes by.
   """
   batch, in_caps, out_caps, dim = prediction_vectors.shape
   votes = prediction_vectors                                             # [batch, in, out, dim]
@@ -538,14 +562,17 @@ def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a,
     return jax.nn.softmax(jnp.log(activations + 1e-9)[:, None] + log_p, axis=-1)
 
   def body(t, carry):
-    responsibilities, _, _ = carry
+    responsibilities, _, _, _ = carry
     means, variances, activations = m_step(t, responsibilities)
-    return e_step(means, variances, activations), means, activations
+    return e_step(means, variances, activations), means, activations, responsibilities
 
-  initial = (jnp.full((batch, in_caps, out_caps), 1.0 / out_caps, votes.dtype),
-             jnp.zeros((batch, out_caps, dim), votes.dtype), jnp.zeros((batch, out_caps), votes.dtype))
+  uniform_couplings = jnp.full((batch, in_caps, out_caps), 1.0 / out_caps, votes.dtype)
+  initial = (uniform_couplings, jnp.zeros((batch, out_caps, dim), votes.dtype),
+             jnp.zeros((batch, out_caps), votes.dtype), uniform_couplings)
   # The last iteration's E-step does not reach the outputs (μ, a come from its M-step).
-  _, means, activations = _iterate(body, initial, num_iterations, max_iterations, unroll)
+  _, means, activations, last_used = _iterate(body, initial, num_iterations, max_iterations, unroll)
+  if return_couplings:
+    return means, activations, (uniform_couplings, last_used)
   return means, activations
 
 
@@ -574,24 +601,28 @@ def _self_attention_shared(capsules, transforms, offsets, num_iterations, *, log
 
 
 @register_routing('self_attention', iterative=False, learned={'log_priors': (lambda i, j, d: (i, j), 0.0)},
-                  shared=_self_attention_shared)
+                  returns_couplings=True, shared=_self_attention_shared)
 def self_attention(prediction_vectors, input_activations, num_iterations, *, log_priors, max_iterations=None,
-                   unroll=False):
+                   unroll=False, return_couplings=False):
   """Efficient-CapsNet's self-attention routing (Mazzia, Salvetti, Chiaberge 2021), one pass.
 
   For each parent j: A_j = Û_j Û_jᵀ / √d over the children's predictions; the coupling of
   child i is the softmax over parents of Σ_k A_j[i, k]; the log priors B [in, out] are
   added to it (after the softmax, as in the paper's s_j = Û_jᵀ (C_j + B_j) and the
   authors' code); s_j = Σ_i û_{j|i} (c_ij + b_ij), v_j = (1 − e^{−|s_j|}) s_j / |s_j|.
-  Activations |v_j|. Not iterative: num_iterations is ignored.
+  Activations |v_j|. Not iterative: num_iterations is ignored. Couplings: the softmax part
+  (the priors are added after it and are no distribution).
   """
   del input_activations, num_iterations, max_iterations, unroll
   dim = prediction_vectors.shape[-1]
   # Σ_k A_j[i, k] = û_{j|i} · Σ_k û_{j|k} / √d                          [batch, in, out]
   scores = jnp.einsum('bijd,bjd->bij', prediction_vectors, jnp.sum(prediction_vectors, axis=1)) / jnp.sqrt(dim)
-  coupling = jax.nn.softmax(scores, axis=-1) + log_priors                # [batch, in, out]
+  attention = jax.nn.softmax(scores, axis=-1)                            # [batch, in, out]
+  coupling = attention + log_priors                                      # [batch, in, out]
   # s_j = Σ_i (c_ij + b_ij) û_{j|i}                                    [batch, out, dim]
   parents = efficient_squash(jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors))
+  if return_couplings:
+    return parents, vector_norm(parents), (attention, attention)
   return parents, vector_norm(parents)
 
 
@@ -624,9 +655,9 @@ def _inverted_dot_product_shared(capsules, transforms, offsets, num_iterations, 
 
 @register_routing('inverted_dot_product', learned={'layer_norm_scale': (lambda i, j, d: (d,), 1.0),
                                                    'layer_norm_offset': (lambda i, j, d: (d,), 0.0)},
-                  shared=_inverted_dot_product_shared)
+                  returns_couplings=True, shared=_inverted_dot_product_shared)
 def inverted_dot_product(prediction_vectors, input_activations, num_iterations, *, layer_norm_scale,
-                         layer_norm_offset, max_iterations=None, unroll=False):
+                         layer_norm_offset, max_iterations=None, unroll=False, return_couplings=False):
   """Inverted dot-product attention routing (Tsai, Srivastava, Goh, Salakhutdinov, ICLR 2020).
 
   Parent poses p_j start at 0; r times: a_ij = p_j · û_{j|i} (the parent as the query),
@@ -634,27 +665,31 @@ def inverted_dot_product(prediction_vectors, input_activations, num_iterations, 
   (learned gain and bias over the pose dimensions). The first iteration, with p = 0,
   couples uniformly. Activations (the paper classifies from poses and defines none):
   |squash(s_j)| of the last iteration, in [0, 1) as Procedure 1's (docs/results.md). Input
-  activations are ignored.
+  activations are ignored. Couplings: r_ij of the first (uniform) and the last iteration.
   """
   del input_activations
-  batch, _, out_caps, dim = prediction_vectors.shape
+  batch, in_caps, out_caps, dim = prediction_vectors.shape
 
   def body(t, carry):
-    poses, _ = carry
+    poses, _, _ = carry
     agreement = jnp.einsum('bijd,bjd->bij', prediction_vectors, poses)   # a_ij [batch, in, out]
     coupling = jax.nn.softmax(agreement, axis=-1)                        # r_ij over parents
     total = jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors)    # s_j [batch, out, dim]
-    return layer_norm(total, layer_norm_scale, layer_norm_offset), total
+    return layer_norm(total, layer_norm_scale, layer_norm_offset), total, coupling
 
   zeros = jnp.zeros((batch, out_caps, dim), prediction_vectors.dtype)
-  poses, total = _iterate(body, (zeros, zeros), num_iterations, max_iterations, unroll)
+  uniform_couplings = jnp.full((batch, in_caps, out_caps), 1.0 / out_caps, prediction_vectors.dtype)
+  poses, total, last_used = _iterate(body, (zeros, zeros, uniform_couplings), num_iterations, max_iterations,
+                                     unroll)
+  if return_couplings:
+    return poses, vector_norm(squash(total)), (uniform_couplings, last_used)
   return poses, vector_norm(squash(total))
 
 
-@register_routing('self_routing', iterative=False,
+@register_routing('self_routing', iterative=False, returns_couplings=True,
                   learned={'logit_weights': (lambda i, j, d: (i, j, d), 0.0), 'logit_bias': (lambda i, j, d: (i, j), 0.0)})
 def self_routing(prediction_vectors, input_activations, num_iterations, *, logit_weights, logit_bias,
-                 max_iterations=None, unroll=False):
+                 max_iterations=None, unroll=False, return_couplings=False):
   """Self-routing (Hahn, Pyeon, Kim, NeurIPS 2019): each child capsule's own routing network,
   no agreement and no iterations.
 
@@ -666,15 +701,59 @@ def self_routing(prediction_vectors, input_activations, num_iterations, *, logit
   family of linear functions of u_i (BUILD.md). w and β start at 0 (uniform routing), as in
   the authors' code. logit_weights [in, out, dim], logit_bias [in, out]. Not iterative:
   num_iterations is ignored. Poses are not squashed (the paper's are not); activations are
-  a_j, in [0, 1].
+  a_j, in [0, 1]. Couplings: r_ij.
   """
   del num_iterations, max_iterations, unroll
   # b_ij = w_ij · û_{j|i} + β_ij                                           [batch, in, out]
   logits = jnp.einsum('bijd,ijd->bij', prediction_vectors, logit_weights) + logit_bias
-  weighted = input_activations[..., None] * jax.nn.softmax(logits, axis=-1)   # a_i r_ij [batch, in, out]
+  routes = jax.nn.softmax(logits, axis=-1)                                    # r_ij [batch, in, out]
+  weighted = input_activations[..., None] * routes                            # a_i r_ij [batch, in, out]
   totals = jnp.sum(weighted, axis=1)                                          # Σ_i a_i r_ij [batch, out]
   # A zero total (every child inactive) gives zero poses, not NaN.
   coupling = weighted / jnp.where(totals > 0, totals, 1.0)[:, None, :]        # [batch, in, out]
   poses = jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors)           # v_j [batch, out, dim]
   activity = jnp.sum(input_activations, axis=1, keepdims=True)                # Σ_i a_i [batch, 1]
-  return poses, totals / jnp.where(activity > 0, activity, 1.0)
+  activations = totals / jnp.where(activity > 0, activity, 1.0)
+  if return_couplings:
+    return poses, activations, (routes, routes)
+  return poses, activations
+
+
+@register_routing('uniform', iterative=False, returns_couplings=True)
+def uniform(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False,
+            return_couplings=False):
+  """No routing, the baseline every routing is measured against (Paik, Kwak, Kim 2019,
+  "Capsule Networks Need an Improved Routing Algorithm": uniform coupling).
+
+  c_ij = 1 / (number of parents) for every child and parent, as Procedure 1's first
+  iteration couples before any agreement: v_j = squash(Σ_i û_{j|i} / n_out), activations
+  |v_j|. Equal to `dynamic` with one iteration. Input activations are ignored (as
+  Procedure 1 ignores them); not iterative: num_iterations is ignored.
+  """
+  del input_activations, num_iterations, max_iterations, unroll
+  out_caps = prediction_vectors.shape[2]
+  parents = squash(jnp.sum(prediction_vectors, axis=1) / out_caps)   # [batch, out, dim]
+  if return_couplings:
+    couplings = jnp.full(prediction_vectors.shape[:3], 1.0 / out_caps, prediction_vectors.dtype)
+    return parents, vector_norm(parents), (couplings, couplings)
+  return parents, vector_norm(parents)
+
+
+@register_routing('max_pooling', iterative=False)
+def max_routing(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False):
+  """Max-pooling as a routing: each parent takes the vote of its most active child only,
+  "the very primitive form of routing implemented by max-pooling" that the paper's
+  routing replaces (Sabour et al. 2017, section 1).
+
+  For parent j the child i* = argmax_i a_i |û_{j|i}| (the longest activation-weighted vote;
+  the first of equals) gives v_j = squash(û_{j|i*}), activations |v_j|; gradients reach the
+  winning vote only, as through max-pooling. With the primary capsules' lengths as a_i.
+  Not iterative: num_iterations is ignored. No couplings: its choice is over the children
+  of each parent, not a distribution over the parents of each child.
+  """
+  del num_iterations, max_iterations, unroll
+  strength = input_activations[..., None] * vector_norm(prediction_vectors)   # a_i |û_{j|i}| [batch, in, out]
+  winners = jax.nn.one_hot(jnp.argmax(strength, axis=1), prediction_vectors.shape[1], axis=1,
+                           dtype=prediction_vectors.dtype)                     # [batch, in, out]
+  parents = squash(jnp.einsum('bij,bijd->bjd', winners, prediction_vectors))  # [batch, out, dim]
+  return parents, vector_norm(parents)

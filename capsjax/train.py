@@ -19,7 +19,7 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import assemble, memory, reports, sharding, sizing, steps
+from capsjax import assemble, formulations, memory, reports, sharding, sizing, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
@@ -141,6 +141,9 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   routing_probe = assemble.routing_probe(config, model, test)
   if routing_probe is not None:
     probes.append(lambda params: routing_probe(params, mesh, test_source))
+  diagnose = assemble.routing_diagnostics(config, model, test, ensemble)
+  if diagnose is not None:
+    probes.append(lambda params: diagnose(params, mesh, test_source, knobs))
   reconstruct = None
   if not ensemble and assemble.has_decoder(config):
     reconstruct = _reconstructions(model, test)
@@ -247,6 +250,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     config, chosen = assemble.choose_model(config, recorded)
     if chosen:
       _log(chosen)
+    for line in formulations.slow_choices(config.model):   # an explicit choice measured slow here
+      _log(line)
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
       changed = workdir_lib.bind_config(workdir, config)
       if changed:

@@ -24,7 +24,7 @@ LAYERS = [
     ('models', 'sizing'),
     ('objectives',),
     ('data',),
-    ('ensembles', 'steps', 'hooks', 'checkpoints', 'workdir', 'reports', 'validation', 'defaults'),
+    ('ensembles', 'steps', 'diagnostics', 'hooks', 'checkpoints', 'workdir', 'reports', 'validation', 'defaults'),
     ('assemble',),
     ('train', 'trained', 'plots'),
     ('predict', 'explorer', 'programs'),

@@ -153,3 +153,16 @@ def test_same_padding_conv_equals_flax_conv(kernel):
     ours = Conv(6, kernel, padding='SAME', impl=impl)
     np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
   assert expected.shape == (2, 11, 11, 6)
+
+
+def test_auto_never_resolves_to_a_choice_measured_slow_and_explicit_ones_say_so():
+  from capsjax import formulations  # pylint: disable=g-import-not-at-top
+  for option, value, backend in formulations.SLOW_CHOICES:
+    if option in ('conv_impl', 'patches_inference', 'routing_loop'):
+      assert formulations.resolve(option, 'auto', backend) != value, (option, backend)
+  paper = {'conv_impl': 'auto', 'dtype': 'float32', 'conv_inputs': 'float32'}
+  assert formulations.slow_choices(paper, 'cpu') == []
+  lines = formulations.slow_choices(dict(paper, conv_impl='xla', dtype='bfloat16'), 'cpu')
+  assert len(lines) == 2 and all(line.startswith('note: model.') and '\n' not in line for line in lines)
+  assert "conv_impl='xla'" in lines[0] and 'conv_inputs' in lines[1]   # the faster way is named
+  assert formulations.slow_choices(dict(paper, conv_impl='xla'), 'gpu') == []   # slow on CPUs only

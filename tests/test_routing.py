@@ -3,6 +3,8 @@ r, gradients, squash), and the registry: every algorithm against a plain float64
 reference written from its paper (values, and gradients against central finite
 differences of the reference), a traced iteration count under vmap, each in a CapsNet,
 and the routing zoo."""
+import importlib.util
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -302,8 +304,27 @@ def reference_self_routing(u, a, r, w, beta):
   return v, activations
 
 
+def reference_uniform(u, a, r):
+  """No routing: c_ij = 1 / n_out, v_j = squash(Σ_i c_ij û_{j|i}) (Paik et al. 2019's baseline)."""
+  del a, r
+  n_in, n_out, _ = u.shape
+  v = np.stack([_squash(sum(u[i, j] for i in range(n_in)) / n_out) for j in range(n_out)])
+  return v, np.array([np.linalg.norm(v[j]) for j in range(n_out)])
+
+
+def reference_max(u, a, r):
+  """Max-pooling: parent j takes the vote of the child with the longest a_i û_{j|i}."""
+  del r
+  n_in, n_out, _ = u.shape
+  winners = [max(range(n_in), key=lambda i: a[i] * np.linalg.norm(u[i, j])) for j in range(n_out)]
+  v = np.stack([_squash(u[winners[j], j]) for j in range(n_out)])
+  return v, np.array([np.linalg.norm(v[j]) for j in range(n_out)])
+
+
 REFERENCES = {
     'dynamic': (reference_dynamic, {}),
+    'uniform': (reference_uniform, {}),
+    'max_pooling': (reference_max, {}),
     'em': (reference_em, {'beta_u': np.array([0.1, -0.2, 0.3]), 'beta_a': np.array([0.5, 0.0, -0.4])}),
     'self_attention': (reference_self_attention, {'log_priors': np.linspace(-0.1, 0.1, IN_CAPS * OUT_CAPS)
                                                                 .reshape(IN_CAPS, OUT_CAPS)}),
@@ -380,6 +401,35 @@ def test_values_and_gradients_match_the_papers_reference(name):
     step[index] = h
     numeric = (reference_loss(u, a + step) - reference_loss(u, a - step)) / (2 * h)
     assert grad_a[index] == pytest.approx(numeric, rel=1e-5, abs=1e-7), (name, index)
+
+
+@pytest.mark.parametrize('name', sorted(REFERENCES))
+def test_permuting_the_input_capsules_changes_nothing(name):
+  # Routing sums over children: relabelling them (and their learned per-child options
+  # with them) must leave the parents and activations as they were.
+  _, params = REFERENCES[name]
+  u, a = _inputs(4)
+  order = np.array([3, 0, 4, 2, 1])
+  per_child = {k: (v[order] if np.ndim(v) and np.shape(v)[0] == IN_CAPS else v) for k, v in params.items()}
+  with jax.enable_x64(True):
+    parents, activations = _route(name, jnp.asarray(u), jnp.asarray(a), 3, params)
+    permuted = _route(name, jnp.asarray(u[:, order]), jnp.asarray(a[:, order]), 3, per_child)
+  np.testing.assert_allclose(permuted[0], parents, rtol=1e-10, atol=1e-12)
+  np.testing.assert_allclose(permuted[1], activations, rtol=1e-10, atol=1e-12)
+
+
+def test_uniform_is_one_iteration_of_procedure_1_and_max_follows_the_longest_vote():
+  u, a = _inputs(5)
+  u, a = jnp.asarray(u, jnp.float32), jnp.asarray(a, jnp.float32)
+  np.testing.assert_allclose(routing.route('uniform', u, a)[0], routing.route('dynamic', u, a, 1)[0], rtol=1e-6)
+  # One child's vote for parent 1 made far the longest: max's parent 1 is that vote, squashed.
+  loud = u.at[0, 2, 1].set(10 * u[0, 2, 1] / routing.vector_norm(u[0, 2, 1]))
+  parents, activations = routing.route('max_pooling', loud, a.at[0, 2].set(1.0))
+  np.testing.assert_allclose(parents[0, 1], routing.squash(loud[0, 2, 1]), rtol=1e-6)
+  assert activations[0, 1] == pytest.approx(100 / 101, rel=1e-6)   # |squash(s)| = |s|² / (1 + |s|²)
+  # Only the winning child's vote gets a gradient from parent 1.
+  grad = jax.grad(lambda x: jnp.sum(routing.route('max_pooling', x, a.at[0, 2].set(1.0))[0][0, 1]))(loud)
+  assert jnp.count_nonzero(jnp.abs(grad[0, :, 1]).sum(-1)) == 1 and jnp.any(grad[0, 2, 1] != 0)
 
 
 @pytest.mark.parametrize('name', [n for n in sorted(REFERENCES) if routing.ROUTINGS[n].iterative])
@@ -460,8 +510,18 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   config = routing_zoo_smoke.get_config()
   config.data_dir = mnist_dir
   assert set(config.routing_zoo.routings) == set(routing.ROUTINGS)   # the smoke has a row per algorithm
-  # Two of them here (the program's mechanics; each algorithm trains in the smoke, docs/results.md).
-  config.routing_zoo.routings = ('dynamic', 'self_attention')
+  # Two here (the program's mechanics; each algorithm trains in the smoke, docs/results.md):
+  # Procedure 1 and a user's own routing from a file of theirs, README's example, which
+  # has no couplings: its coupling diagnostics read "absent", its activity is measured.
+  (tmp_path / 'my_routing.py').write_text(
+      "from capsjax.routing import register_routing, squash, vector_norm\n\n"
+      "@register_routing('user_mean', iterative=False)\n"
+      "def user_mean(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False):\n"
+      "  parents = squash(prediction_vectors.mean(axis=1))\n"
+      "  return parents, vector_norm(parents)\n")
+  spec = importlib.util.spec_from_file_location('my_routing', tmp_path / 'my_routing.py')
+  spec.loader.exec_module(importlib.util.module_from_spec(spec))
+  config.routing_zoo.routings = ('dynamic', 'user_mean')
   config.model.update(conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
   config.update(num_train_examples=600, validation_examples=200, num_test_examples=200, num_steps=10,
                 eval_every_steps=5, log_every_steps=5, checkpoint_every_steps=5, eval_batch_size=100,
@@ -470,18 +530,29 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   with pytest.raises(RunStopped, match='stopped at step 5 of 10'):   # resumable, never a KeyError
     routing_zoo.run(config, str(tmp_path))
   config.stop_at_step = 0
-  summary = routing_zoo.run(config, str(tmp_path))
+  try:
+    summary = routing_zoo.run(config, str(tmp_path))
+  finally:
+    routing.ROUTINGS.unregister('user_mean')
   rows = {row['routing']: row for row in summary['rows']}
-  assert list(rows) == ['dynamic', 'self_attention']
+  assert list(rows) == ['dynamic', 'user_mean']
   for row in rows.values():
     assert len(row['test_error']) == 2 and len(row['test_error_at_best_validation']) == 2   # two seeds
     assert row['train_images_per_s'] > 0 and row['infer_images_per_s'] > 0 and row['num_params'] > 0
   table = (tmp_path / 'routing.md').read_text()
-  assert all(table.count(f'| {name} |') == 2 for name in rows)   # the accuracy and the speed tables
+  assert all(table.count(f'| {name} |') == 3 for name in rows)   # accuracy, speed, diagnostics tables
   assert '2 interleaved rounds' in table and all(
       row['train_speed']['min'] <= row['train_speed']['median'] <= row['train_speed']['max'] for row in rows.values())
   assert (tmp_path / 'routing_test_error.png').stat().st_size > 0
-  assert summary['curves']['self_attention']['steps'] == [5, 10]
+  assert summary['curves']['user_mean']['steps'] == [5, 10]
+  # The diagnostics: every field for Procedure 1, the couplings absent for the user's routing.
+  dynamic, user = rows['dynamic']['diagnostics'], rows['user_mean']['diagnostics']
+  assert 0 < dynamic['routing_coupling_entropy'] <= 1 and dynamic['routing_coupling_movement'] > 0
+  assert len(dynamic['accuracy_by_routing_iterations']) == 5 and 'accuracy_by_routing_iterations' not in user
+  assert user['routing_coupling_entropy'] is None and 0 <= user['primary_capsules_inactive'] <= 1
+  assert '## Routing diagnostics' in table and '| user_mean | absent | absent | absent / absent |' in table
+  assert (tmp_path / 'routing_diagnostics.png').stat().st_size > 0
+  assert summary['diagnostic_curves']['dynamic']['steps'] == [5, 10]
 
 
 def test_interleaved_rounds_share_a_burst_of_load_between_the_routings():

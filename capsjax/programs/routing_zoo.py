@@ -7,7 +7,9 @@ workdir/NAME, with a held-out validation split (config.validation_examples). It 
 writes routing.md and routing.json (per routing: parameters, test error at the end and at
 the best validation evaluation, mean ± std over the seeds; and, measured after every
 routing has trained, training and inference images/s in interleaved rounds: median and
-range) and routing_test_error.png (test error over steps, mean over the seeds).
+range; the routing diagnostics of the last evaluation, capsjax.diagnostics, mean over the
+seeds) and routing_test_error.png (test error over steps, mean over the seeds) and
+routing_diagnostics.png (one panel per diagnostic, one line per routing).
 """
 import json
 import os
@@ -101,6 +103,50 @@ def error_curve(rows):
   return [row['step'] for row in test], [float(np.mean(row['error'])) for row in test]
 
 
+# The diagnostics the zoo reports (capsjax.diagnostics' metrics fields) and their panels.
+DIAGNOSTICS = (('routing_coupling_entropy', 'coupling entropy (1 = uniform)'),
+               ('routing_coupling_movement', 'coupling movement, first → last iteration'),
+               ('routing_consistency_gap', 'consistency: same class − other classes'),
+               ('primary_capsules_inactive', 'share of primary capsules never ≥ 0.1'))
+
+
+def _seed_mean(value):
+  """The mean over the members of a metrics field (None where absent)."""
+  if value is None or (isinstance(value, list) and any(v is None for v in value)):
+    return None
+  return float(np.mean(value))
+
+
+def diagnostics_of(row: Dict[str, Any]) -> Dict[str, Any]:
+  """The zoo's diagnostics from one test row of metrics.jsonl: seed means, None where the
+  routing has no couplings; the iteration sweep as a list over r (seed means)."""
+  values = {field: _seed_mean(row.get(field)) for field, _ in DIAGNOSTICS if field in row}
+  same, other = _seed_mean(row.get('routing_consistency_same_class')), _seed_mean(row.get('routing_consistency_other_class'))
+  values['routing_consistency_same_class'], values['routing_consistency_other_class'] = same, other
+  values['routing_consistency_gap'] = None if same is None or other is None else same - other
+  values['class_capsules_inactive'] = _seed_mean(row.get('class_capsules_inactive'))
+  sweep = row.get('accuracy_by_routing_iterations')
+  if sweep is not None:
+    sweep = np.asarray(sweep, np.float64)
+    values['accuracy_by_routing_iterations'] = (sweep.mean(axis=0) if sweep.ndim == 2 else sweep).tolist()
+  return values
+
+
+def diagnostics_curves(metrics) -> Dict[str, Any]:
+  """{'steps': [...], field: [seed means per test row]} of the zoo's diagnostics."""
+  test = [row for row in metrics if row.get('split') == 'test' and 'primary_capsules_inactive' in row]
+  curves = {'steps': [row['step'] for row in test]}
+  for row in test:
+    for field, value in diagnostics_of(row).items():
+      if field != 'accuracy_by_routing_iterations':
+        curves.setdefault(field, []).append(value)
+  return curves
+
+
+def _number(value, digits: int = 3) -> str:
+  return 'absent' if value is None else f'{value:.{digits}f}'
+
+
 def _percent(values) -> str:
   mean, std = mean_std([100.0 * v for v in values])
   return f'{mean:.2f} ± {std:.2f}' if len(values) > 1 else f'{mean:.2f}'
@@ -135,6 +181,29 @@ def render(config, rows) -> str:
             f'sample; inference: one model, a batch of {config.eval_batch_size}.', '']
   lines += markdown_table([('routing', 'l'), ('train images/s', 'r'), ('infer images/s', 'r')],
                           [(row['routing'], _speed(row['train_speed']), _speed(row['infer_speed'])) for row in rows])
+  if any(row.get('diagnostics') for row in rows):
+    sweep = max((len(row['diagnostics'].get('accuracy_by_routing_iterations') or []) for row in rows), default=0)
+    lines += ['', '## Routing diagnostics', '',
+              f'At the last evaluation, on the first {config.routing_diagnostics_examples or "all"} test images, '
+              'mean over the seeds (capsjax.diagnostics): coupling entropy over the parents / log(parents) '
+              '(1 = uniform); movement = total-variation distance between the first and the last '
+              "iteration's couplings per child; consistency = mean cosine similarity of two images' "
+              'couplings (deviations from uniform) for the same class / different classes; inactive = the '
+              'share of capsules whose length never reached 0.1. "absent": the routing has no couplings. '
+              f'Test accuracy (%) with r = 1 … {sweep} routing iterations at test time, for iterative routings.', '']
+    header = [('routing', 'l'), ('entropy', 'r'), ('movement', 'r'), ('consistency same / other', 'r'),
+              ('inactive primary / class', 'r'), ('accuracy by r (%)', 'l')]
+    table = []
+    for row in rows:
+      d = row.get('diagnostics') or {}
+      accuracies = d.get('accuracy_by_routing_iterations')
+      table.append((row['routing'], _number(d.get('routing_coupling_entropy')),
+                    _number(d.get('routing_coupling_movement')),
+                    f'{_number(d.get("routing_consistency_same_class"))} / '
+                    f'{_number(d.get("routing_consistency_other_class"))}',
+                    f'{_number(d.get("primary_capsules_inactive"), 2)} / {_number(d.get("class_capsules_inactive"), 2)}',
+                    ', '.join(f'{100 * a:.1f}' for a in accuracies) if accuracies else '-'))
+    lines += markdown_table(header, table)
   return '\n'.join(lines) + '\n'
 
 
@@ -150,6 +219,21 @@ def plot(curves, path: str) -> None:
   save_figure(figure, path)
 
 
+def plot_diagnostics(curves: Dict[str, Dict[str, Any]], path: str) -> None:
+  """One panel per diagnostic over the training steps, one line per routing (a routing
+  without couplings has no line in the coupling panels)."""
+  figure, axes = pyplot().subplots(1, len(DIAGNOSTICS), figsize=(4 * len(DIAGNOSTICS), 3.5))
+  for axis, (field, title) in zip(axes, DIAGNOSTICS):
+    for name, curve in curves.items():
+      points = [(s, v) for s, v in zip(curve['steps'], curve.get(field, [])) if v is not None]
+      if points:
+        axis.plot(*zip(*points), marker='o', label=name)
+    axis.set_title(title, fontsize=9)
+    axis.set_xlabel('training step')
+  axes[0].legend(fontsize=7)
+  save_figure(figure, path)
+
+
 @register_program('routing_zoo')
 def run(config, workdir: str) -> Dict[str, Any]:
   names = tuple(config.routing_zoo.routings)
@@ -160,7 +244,7 @@ def run(config, workdir: str) -> Dict[str, Any]:
     raise ConfigError('the routing zoo reports the test error at the best validation step: set '
                       'config.validation_examples > 0')
   os.makedirs(workdir, exist_ok=True)
-  rows, curves = [], {}
+  rows, curves, diagnostic_curves = [], {}, {}
   for name in names:
     run_dir = os.path.join(workdir, name)
     result = train.train_and_evaluate(routing_config(config, name), run_dir)   # RunStopped: resumable
@@ -170,6 +254,10 @@ def run(config, workdir: str) -> Dict[str, Any]:
                  'test_error': list(np.atleast_1d(result.test_error)),
                  'test_error_at_best_validation': list(np.atleast_1d(selected['test_error'])) if selected else None})
     curves[name] = error_curve(metrics)
+    last_test = [row for row in metrics if row.get('split') == 'test']
+    if last_test and 'primary_capsules_inactive' in last_test[-1]:   # config.routing_diagnostics
+      rows[-1]['diagnostics'] = diagnostics_of(last_test[-1])
+      diagnostic_curves[name] = diagnostics_curves(metrics)
   zoo = config.routing_zoo
   training = interleaved({name: training_timer(config, name, zoo.speed_steps) for name in names}, zoo.speed_rounds)
   inference = interleaved({name: inference_timer(os.path.join(workdir, name), config.eval_batch_size)
@@ -182,9 +270,11 @@ def run(config, workdir: str) -> Dict[str, Any]:
   with open(os.path.join(workdir, 'routing.md'), 'w') as f:
     f.write(table)
   summary = {'rows': rows, 'curves': {name: {'steps': s, 'test_error': e} for name, (s, e) in curves.items()},
-             'completed': True}
+             'diagnostic_curves': diagnostic_curves, 'completed': True}
   with open(os.path.join(workdir, 'routing.json'), 'w') as f:
     json.dump(summary, f, indent=2)
   plot(curves, os.path.join(workdir, 'routing_test_error.png'))
+  if diagnostic_curves:
+    plot_diagnostics(diagnostic_curves, os.path.join(workdir, 'routing_diagnostics.png'))
   print(table, flush=True)
   return summary
