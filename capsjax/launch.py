@@ -235,7 +235,8 @@ def main(argv):
     except BrokenPipeError:   # `run.py --show_config | head`
       os._exit(0)
     return 0
-  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import split_name_lists, validate  # pylint: disable=g-import-not-at-top
+  split_name_lists(config)   # --config.routing_zoo.routings=dynamic,self_routing
   validate(config)   # before any data is read or anything compiled
   cli.check_xla_flags()   # before JAX starts a backend: XLA would end the process its own way
   if FLAGS.summary:

@@ -211,6 +211,7 @@ MODEL_RULES = {
     'routing_options': ((lambda v: hasattr(v, 'keys')), 'a dict of the routing\'s options'),
     'routing_options.inverse_temperature': number_in(0, math.inf, low_open=True),
     'routing_options.variance_epsilon': number_in(0, math.inf, low_open=True),
+    'routing_options.prior_extra_dof': number_in(0, math.inf, low_open=True),
     'digit_bias': boolean(),
     'primary_scale_by_types': boolean(),
     'learn_log_priors': boolean(),
@@ -319,6 +320,22 @@ def problems_of(config) -> List[str]:
   return problems
 
 
+def split_name_lists(config) -> None:
+  """Tuple-of-names keys given on the command line as one comma-separated word
+  (`--config.routing_zoo.routings=dynamic,self_routing`, which the flag parser reads as a
+  one-element tuple) become the tuple of those names, in place."""
+  for key, (rule, _) in RUN_RULES.items():
+    if not isinstance(rule, _RegisteredTuple):
+      continue
+    parent, _, leaf = key.rpartition('.')
+    holder = config
+    for part in filter(None, parent.split('.')):
+      holder = holder.get(part) if holder is not None else None
+    value = holder.get(leaf) if holder is not None else None
+    if isinstance(value, (tuple, list)) and any(isinstance(v, str) and ',' in v for v in value):
+      holder[leaf] = tuple(name.strip() for v in value for name in str(v).split(',') if name.strip())
+
+
 def validate(config) -> None:
   """Raises ConfigError naming the first invalid key, its value and what is allowed."""
   problems = problems_of(config)
@@ -403,11 +420,15 @@ DESCRIPTIONS = {
     'model.input_shape': 'image height, width, channels the model reads; () = those of the data',
     'model.num_classes': 'classes (digit capsules, or output units); 0 = those of the data',
     'model.routing': 'the routing algorithm (dynamic: the paper\'s Procedure 1; em, self_attention, '
-                     'inverted_dot_product: see docs/results.md)',
-    'model.routing_options': 'options of the routing (em: inverse_temperature, variance_epsilon); its '
-                             'learned parameters are not options',
+                     'inverted_dot_product, self_routing, variational_bayes, uniform, max_pooling: see '
+                     'docs/results.md)',
+    'model.routing_options': 'options of the routing (em: inverse_temperature, variance_epsilon; '
+                             'variational_bayes: inverse_temperature, prior_extra_dof); its learned '
+                             'parameters are not options',
     'model.routing_options.inverse_temperature': 'em: the final inverse temperature λ (λ rises linearly to it '
-                                                 'over the iterations)',
+                                                 'over the iterations); variational_bayes: λ of its activations',
+    'model.routing_options.prior_extra_dof': 'variational_bayes: the Wishart prior\'s degrees of freedom ν₀ '
+                                             'beyond the capsule dimension (ν₀ = D + this, > D − 1)',
     'model.routing_options.variance_epsilon': 'em: added to every variance σ² (keeps log σ finite)',
     'model.conv1_channels': 'channels of the first convolution (the paper: 256)',
     'model.conv1_kernel': 'kernel side of the first convolution (9)',

@@ -5,7 +5,8 @@ vmapped program, a 5 000-image validation split; writes routing.md.
 
 Routings (capsjax.routing.ROUTINGS, docs/results.md): dynamic (the paper's Procedure 1), em (Hinton
 et al. 2018, on vector poses), self_attention (Efficient-CapsNet, 2021),
-inverted_dot_product (Tsai et al. 2020), self_routing (Hahn et al. 2019), and the two
+inverted_dot_product (Tsai et al. 2020), self_routing (Hahn et al. 2019), variational_bayes
+(Ribeiro et al. 2020), and the two
 baselines without routing: uniform (every coupling 1/parents) and max_pooling.
 """
 import ml_collections
@@ -19,7 +20,8 @@ def get_config():
   config.program = 'routing_zoo'
   config.validation_examples = 5000
   config.routing_zoo = ml_collections.ConfigDict(dict(
-      routings=('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing', 'uniform', 'max_pooling'),
+      routings=('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing', 'variational_bayes',
+                'uniform', 'max_pooling'),
       seeds=(0, 1, 2),
       # Per routing, its options (model.routing_options); none changed from their defaults.
       options=ml_collections.ConfigDict({}),

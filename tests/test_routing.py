@@ -321,8 +321,44 @@ def reference_max(u, a, r):
   return v, np.array([np.linalg.norm(v[j]) for j in range(n_out)])
 
 
+def reference_variational_bayes(u, a, r, prior_log_alpha, prior_log_kappa, prior_log_inverse_scale, beta_u, beta_a):
+  """Ribeiro, Leontidis, Kollias 2020, diagonal precisions, m0 = 0, ν0 = D + 1, written per
+  parent from the VB updates of a Gaussian mixture with Dirichlet / Normal-Wishart priors."""
+  from scipy.special import digamma  # pylint: disable=g-import-not-at-top
+  n_in, n_out, d = u.shape
+  alpha0, kappa0, inv_scale0, nu0 = np.exp(prior_log_alpha), np.exp(prior_log_kappa), np.exp(prior_log_inverse_scale), d + 1.0
+  R = np.full((n_in, n_out), 1.0 / n_out)
+  for t in range(r):
+    post = []
+    for j in range(n_out):
+      w = R[:, j] * a
+      mass = w.sum() + 1e-9
+      alpha, kappa, nu = alpha0[j] + mass, kappa0[j] + mass, nu0 + mass
+      mu_bar = sum(w[i] * u[i, j] for i in range(n_in)) / mass
+      m = mass * mu_bar / kappa
+      inv_scale = inv_scale0[j] + sum(w[i] * (u[i, j] - mu_bar) ** 2 for i in range(n_in)) + kappa0[j] * mass / kappa * mu_bar ** 2
+      e_log_lambda = sum(digamma((nu - h) / 2) for h in range(d)) + d * np.log(2) - np.sum(np.log(inv_scale))
+      post.append((alpha, kappa, nu, m, inv_scale, e_log_lambda))
+    alphas = np.array([p[0] for p in post])
+    e_log_pi = digamma(alphas) - digamma(alphas.sum())
+    if t < r - 1:
+      for i in range(n_in):
+        log_rho = np.array([e_log_pi[j] + 0.5 * post[j][5] - 0.5 * d * np.log(2 * np.pi)
+                            - 0.5 * (d / post[j][1] + post[j][2] * np.sum((u[i, j] - post[j][3]) ** 2 / post[j][4]))
+                            for j in range(n_out)])
+        R[i] = _softmax(log_rho)
+  entropy = np.array([0.5 * d * np.log(2 * np.pi * np.e) - 0.5 * p[5] for p in post])
+  score = beta_a - (np.exp(e_log_pi) * entropy + beta_u)
+  standardised = (score - score.mean()) / (np.sqrt(np.mean((score - score.mean()) ** 2)) + 1e-6)
+  return np.stack([p[3] for p in post]), 1 / (1 + np.exp(-standardised))
+
+
 REFERENCES = {
     'dynamic': (reference_dynamic, {}),
+    'variational_bayes': (reference_variational_bayes, {
+        'prior_log_alpha': np.array([0.0, 0.3, -0.2]), 'prior_log_kappa': np.array([0.1, 0.0, -0.1]),
+        'prior_log_inverse_scale': np.linspace(-0.2, 0.2, OUT_CAPS * DIM).reshape(OUT_CAPS, DIM),
+        'beta_u': np.array([0.1, -0.2, 0.3]), 'beta_a': np.array([0.5, 0.0, -0.4])}),
     'uniform': (reference_uniform, {}),
     'max_pooling': (reference_max, {}),
     'em': (reference_em, {'beta_u': np.array([0.1, -0.2, 0.3]), 'beta_a': np.array([0.5, 0.0, -0.4])}),

@@ -160,3 +160,15 @@ def test_a_backend_jax_cannot_start_is_one_line(monkeypatch):
   monkeypatch.setenv('JAX_PLATFORMS', 'cuda')
   with pytest.raises(ConfigError, match="JAX cannot start the backend JAX_PLATFORMS='cuda' asks for"):
     runtime.check_backend()
+
+
+def test_a_comma_separated_list_of_routings_on_the_command_line_is_the_tuple_of_them():
+  from capsjax.experiments import routing_zoo  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import problems_of, split_name_lists  # pylint: disable=g-import-not-at-top
+  config = routing_zoo.get_config()
+  config.routing_zoo.routings = ('dynamic, self_routing',)   # what the flag parser makes of it
+  split_name_lists(config)
+  assert config.routing_zoo.routings == ('dynamic', 'self_routing') and not problems_of(config)
+  config.routing_zoo.routings = ('dynamic,bogus',)
+  split_name_lists(config)
+  assert any("routing_zoo.routings=('dynamic', 'bogus')" in p for p in problems_of(config))
