@@ -25,12 +25,11 @@ import tempfile
 import time
 
 import jax
-import numpy as np
 
-from capsjax import assemble
-from capsjax.data.datasets import dataset_info
+from capsjax import assemble, cli
 from capsjax.data.sources import Dataset
 from capsjax.steps import make_train_step
+from timing import random_inputs
 
 
 def instruction_op_names(hlo_text: str) -> dict:
@@ -144,22 +143,19 @@ def main():
   parser.add_argument('--conv_inputs', default='float32', choices=['float32', 'bfloat16'])
   parser.add_argument('--input_shape', default='', help='H,W,C (the `images` experiment)')
   parser.add_argument('--top', type=int, default=12, help='longest instructions listed')
+  parser.add_argument('--huge_pages', default='on', choices=['on', 'off'],
+                      help="large buffers in transparent huge pages where Linux allows it (what capsjax's "
+                           'commands do; capsjax.cli.huge_pages_environment)')
   args = parser.parse_args()
+  if args.huge_pages == 'on':
+    cli.use_huge_pages()   # restarts this process once
 
   config = importlib.import_module(f'capsjax.experiments.{args.experiment}').get_config()
   config.model.conv_impl = args.conv_impl
   config.model.dtype = args.dtype
   config.model.conv_inputs = args.conv_inputs
-  if args.input_shape:
-    config.model.input_shape = tuple(int(side) for side in args.input_shape.split(','))
-  config.batch_size = args.batch
-  rng = np.random.default_rng(0)
-  image_shape = (tuple(config.model.input_shape) if args.input_shape
-                 else dataset_info(config.dataset).image_shape)
-  images = rng.integers(0, 256, (args.batch,) + image_shape).astype(np.uint8)
-  labels = rng.integers(0, config.model.num_classes, args.batch).astype(np.int32)
+  config, images, labels = random_inputs(config, args.batch, args.input_shape)   # the `images` models' 'auto' keys
   dataset = Dataset(images, labels)
-  config, _ = assemble.choose_model(config)   # the `images` models' 'auto' keys
   model = assemble.model(config)
   optimizer = assemble.optimizer(config)
   state = assemble.initial_state(config, model, optimizer)
@@ -168,7 +164,7 @@ def main():
   host_batch = data.host_batch(0)
   print(f'machine: backend={jax.default_backend()} cpus={os.cpu_count()} jax={jax.__version__} '
         f'experiment={args.experiment} batch={args.batch} conv_impl={args.conv_impl} dtype={args.dtype} '
-        f'conv_inputs={args.conv_inputs}')
+        f'conv_inputs={args.conv_inputs} GLIBC_TUNABLES={os.environ.get("GLIBC_TUNABLES", "")!r}')
 
   op_names = instruction_op_names(train_step.lower(state, None, host_batch).compile().as_text())
   wall, shares, (state, _, _) = profile(train_step, (state, None, host_batch), args.calls, threaded=True)

@@ -27,10 +27,10 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax import assemble  # pylint: disable=g-import-not-at-top
+from capsjax import assemble, cli  # pylint: disable=g-import-not-at-top
 from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
-from timing import buffer_bytes, capsnet_flops, seconds_per_call, seconds_per_step
-from capsjax.data.datasets import dataset_info
+from timing import (buffer_bytes, capsnet_flops, is_paper_architecture, random_inputs, seconds_per_call,
+                    seconds_per_step)
 from capsjax.data.sources import Dataset
 
 DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, 'benchmarks', 'torch_capsnet.py')
@@ -57,17 +57,14 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
-def jax_timers(config, batch: int, steps: int):
+def jax_timers(config, batch: int, steps: int, input_shape: str = ''):
   """({'train': seconds → images/s timer, 'infer': …}, XLA buffer bytes per mode): the
-  compiled training step and inference call of `config`'s model, ready to be timed."""
+  compiled training step and inference call of `config`'s model (at `input_shape`, when
+  given), ready to be timed."""
+  config, images, labels = random_inputs(config, batch, input_shape)
   model = assemble.model(config)
   optimizer = assemble.optimizer(config)
   state = assemble.initial_state(config, model, optimizer)
-  rng = np.random.default_rng(0)
-  # Random images as the dataset stores them; the pipeline crops, resizes and jitters them.
-  images = rng.integers(0, 256, (batch,) + dataset_info(config.dataset).image_shape).astype(np.uint8)
-  labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
-  config.batch_size = batch
   data = assemble.pipeline(config, Dataset(images, labels), training=True)
   train_step = make_train_step(assemble.objective(config), model, optimizer, data, config.seed)
   host_batch = data.host_batch(0)
@@ -91,14 +88,16 @@ def jax_timers(config, batch: int, steps: int):
   return {'train': time_train, 'infer': time_infer}, memory
 
 
-def measure_jax(config, batch: int, steps: int) -> dict:
-  timers, memory = jax_timers(config, batch, steps)
+def measure_jax(config, batch: int, steps: int, input_shape: str = '') -> dict:
+  timers, memory = jax_timers(config, batch, steps, input_shape)
   return {'train_images_per_s': timers['train'](), 'infer_images_per_s': timers['infer'](),
           'train_buffer_bytes': memory['train'], 'infer_buffer_bytes': memory['infer']}
 
 
-def measure_torch(script: str, batch: int, steps: int, infer: bool, precision: str = ''):
+def measure_torch(script: str, batch: int, steps: int, infer: bool, precision: str = '', input_shape: str = ''):
   command = [sys.executable, script, '--batch', str(batch), '--steps', str(steps)]
+  if input_shape:
+    command += ['--input_shape', input_shape]
   if infer:
     command.append('--infer')
   if precision:
@@ -119,38 +118,59 @@ def main():
   parser.add_argument('--experiment', default='mnist', help='config module in experiments/')
   parser.add_argument('--conv_impl', default='auto', choices=['auto', 'xla', 'patches'])
   parser.add_argument('--dtype', default='float32', help='model compute dtype (bfloat16 for GPU/TPU)')
+  parser.add_argument('--patches_inference', default='auto', choices=['auto', 'chunked', 'whole_batch'])
   parser.add_argument('--conv_inputs', default='float32', choices=['float32', 'bfloat16'],
                       help="the convolutions' matmul inputs (bfloat16: accumulated in float32)")
+  parser.add_argument('--input_shape', default='',
+                      help="H,W,C: capsjax's model for that shape (the `images` experiment's choice with "
+                           "--experiment images) against the peer's paper layers at that shape")
   parser.add_argument('--sweep', default='', help='comma-separated batch sizes (JAX only)')
   parser.add_argument('--rounds', type=int, default=3, help='turns of capsjax and the peer')
   parser.add_argument('--torch_precision', default='', choices=['', 'fp32', 'bf16'],
                       help="the peer's precision (bf16: autocast, the peer's counterpart of --conv_inputs bfloat16)")
   parser.add_argument('--no_torch', action='store_true')
   parser.add_argument('--torch_script', default=DEFAULT_TORCH_SCRIPT)
+  parser.add_argument('--huge_pages', default='on', choices=['on', 'off'],
+                      help="both sides' large buffers in transparent huge pages where Linux allows it "
+                           "(on: what capsjax's commands do; capsjax.cli.huge_pages_environment)")
   args = parser.parse_args()
+  if args.huge_pages == 'on':
+    cli.use_huge_pages()   # restarts this process once; the peer's processes inherit it
+  else:
+    os.environ['CAPSJAX_HUGE_PAGES'] = '0'
 
   config = importlib.import_module(f'capsjax.experiments.{args.experiment}').get_config()
   config.model.conv_impl = args.conv_impl
   config.model.dtype = args.dtype
   config.model.conv_inputs = args.conv_inputs
-  flops = capsnet_flops(config.model)
+  config.model.patches_inference = args.patches_inference
+  config, _, _ = random_inputs(config, args.batch, args.input_shape)   # the model timed below
+  # FLOPs from the shapes count the paper's layers only; the `images` models' are not counted.
+  flops = capsnet_flops(config.model) if is_paper_architecture(config.model) else None
   peak = matmul_peak_gflops()
   print(f'machine: cpu={cpu_model()!r} backend={jax.default_backend()} devices={jax.device_count()} '
         f'cpus={os.cpu_count()} jax={jax.__version__}')
   print(f'matmul peak (4096³ float32, measured now): {peak:.1f} GFLOP/s')
-  print(f'FLOPs per image from the shapes: forward {flops["forward"] / 1e9:.3f} G, '
-        f'training {flops["train"] / 1e9:.3f} G')
-  print(f'capsjax: conv_impl={args.conv_impl} dtype={args.dtype} conv_inputs={args.conv_inputs}; '
-        f'torch: precision={args.torch_precision or "fp32"}')
+  if flops:
+    print(f'FLOPs per image from the shapes: forward {flops["forward"] / 1e9:.3f} G, '
+          f'training {flops["train"] / 1e9:.3f} G')
+  print(f'model: input_shape={tuple(config.model.input_shape)} stem={config.model.stem} '
+        f'transforms={config.model.transforms} decoder={config.model.decoder}; the peer: the paper\'s layers at '
+        f'{args.input_shape or "28,28,1"}')
+  print(f'capsjax: conv_impl={args.conv_impl} patches_inference={args.patches_inference} dtype={args.dtype} '
+        f'conv_inputs={args.conv_inputs}; '
+        f'torch: precision={args.torch_precision or "fp32"}; both: '
+        f'GLIBC_TUNABLES={os.environ.get("GLIBC_TUNABLES", "")!r} (--huge_pages {args.huge_pages})')
 
   def line(side, mode, batch, rate, memory=None):
-    gflops = rate * flops['train' if mode == 'train' else 'forward'] / 1e9
-    text = (f'{side:5s} {mode:5s} batch={batch:4d}: {rate:7.1f} images/s  {gflops:6.1f} GFLOP/s '
-            f'({100 * gflops / peak:4.1f} % of peak)')
+    text = f'{side:5s} {mode:5s} batch={batch:4d}: {rate:7.1f} images/s'
+    if flops and (side == 'jax' or not args.input_shape):
+      gflops = rate * flops['train' if mode == 'train' else 'forward'] / 1e9
+      text += f'  {gflops:6.1f} GFLOP/s ({100 * gflops / peak:4.1f} % of peak)'
     return text + (f'  XLA buffers {memory / 2**20:7.0f} MiB' if memory is not None else '')
 
   for batch in [int(b) for b in args.sweep.split(',') if b]:
-    figures = measure_jax(config, batch, args.steps)
+    figures = measure_jax(config, batch, args.steps, args.input_shape)
     for mode in ('train', 'infer'):
       print(line('jax', mode, batch, figures[f'{mode}_images_per_s'], figures[f'{mode}_buffer_bytes']))
 
@@ -160,7 +180,7 @@ def main():
   elif not torch_available:
     print(f'torch: not measured (torch not installed or no {args.torch_script}); ratios are NA')
   with_torch = torch_available and not args.no_torch
-  timers, memory = jax_timers(config, args.batch, args.steps)
+  timers, memory = jax_timers(config, args.batch, args.steps, args.input_shape)
   rates = {(side, mode): [] for side in ('jax', 'torch') for mode in ('train', 'infer')}
   for round_index in range(args.rounds):
     for mode in ('train', 'infer'):   # neighbours in time: capsjax, then the peer
@@ -168,7 +188,7 @@ def main():
       print(f'round {round_index + 1}: ' + line('jax', mode, args.batch, rates['jax', mode][-1], memory[mode]))
       if with_torch:
         rates['torch', mode].append(measure_torch(args.torch_script, args.batch, args.steps, mode == 'infer',
-                                                  args.torch_precision))
+                                                  args.torch_precision, args.input_shape))
         print(f'round {round_index + 1}: ' + line('torch', mode, args.batch, rates['torch', mode][-1]))
   medians = {key: statistics.median(values) for key, values in rates.items() if values}
   ratios = {'train': 'NA', 'infer': 'NA'}

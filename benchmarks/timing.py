@@ -3,6 +3,7 @@ image from a CapsNet config's layer shapes, XLA's buffer sizes of a compiled pro
 import time
 
 import jax
+import numpy as np
 
 
 def seconds_per_call(fn, args, steps: int) -> float:
@@ -25,6 +26,31 @@ def seconds_per_step(step, state, args, steps: int):
     state, out = step(state, *args)
   jax.block_until_ready(out)
   return (time.perf_counter() - start) / steps, state
+
+
+def random_inputs(config, batch: int, input_shape: str = ''):
+  """(config, images, labels) for timing `config`'s model at `batch`: with `input_shape`
+  ('H,W,C', the `images` experiment's way) the model reads that shape and its 'auto' keys
+  are chosen for it (capsjax.assemble.choose_model); random uint8 images of the shape the
+  data stores, which the pipeline crops, resizes and jitters as it would real ones."""
+  from capsjax import assemble  # pylint: disable=g-import-not-at-top
+  from capsjax.data.datasets import dataset_info  # pylint: disable=g-import-not-at-top
+  if input_shape:
+    config.model.input_shape = tuple(int(side) for side in input_shape.split(','))
+  config.model.num_classes = config.model.num_classes or 10   # `images` takes the data's; the peer has 10
+  config.batch_size = batch
+  image_shape = tuple(config.model.input_shape) if input_shape else dataset_info(config.dataset).image_shape
+  config, _ = assemble.choose_model(config)
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (batch,) + image_shape).astype(np.uint8)
+  labels = rng.integers(0, config.model.num_classes, batch).astype(np.int32)
+  return config, images, labels
+
+
+def is_paper_architecture(model_config) -> bool:
+  """The layers `capsnet_flops` counts: no stem, a W per capsule pair, the dense decoder."""
+  return (model_config.get('stem', 'none') == 'none' and model_config.get('transforms', 'per_capsule') == 'per_capsule'
+          and model_config.get('decoder', 'dense') == 'dense')
 
 
 def capsnet_flops(model_config) -> dict:

@@ -20,6 +20,9 @@ def tiny_config(data_dir, **overrides):
   config.eval_every_steps = 0
   config.eval_batch_size = 100
   config.checkpoint_every_steps = 2
+  # The routing diagnostics compile their own programs at the evaluation; tests/test_train.py
+  # (real MNIST), tests/test_diagnostics.py and the zoo's test assert on them.
+  config.routing_diagnostics = False
   for key, value in overrides.items():
     setattr(config, key, value)
   return config

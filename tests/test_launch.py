@@ -125,3 +125,37 @@ def test_a_program_stopped_inside_a_run_exits_75(mnist_dir, tmp_path):
   assert 'Traceback' not in stopped.stdout + stopped.stderr and not stopped.stderr.strip()
   assert 'stopped at step 2 of 3 (stop_at_step); run again to resume' in stopped.stdout
   # (Resuming the same workdir to the finished table: tests/test_analyses.py, in process.)
+
+
+@pytest.mark.parametrize('environ, thp_mode, libc, expected', [
+    ({}, 'always [madvise] never', ('glibc', '2.36'), 'glibc.malloc.hugetlb=1'),
+    ({'GLIBC_TUNABLES': 'glibc.malloc.arena_max=2'}, 'always [madvise] never', ('glibc', '2.35'),
+     'glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1'),
+    ({'CAPSJAX_HUGE_PAGES': '0'}, 'always [madvise] never', ('glibc', '2.36'), None),          # declined
+    ({'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=0'}, 'always [madvise] never', ('glibc', '2.36'), None),   # theirs
+    ({}, '[always] madvise never', ('glibc', '2.36'), None),    # every large mapping has them already
+    ({}, 'always madvise [never]', ('glibc', '2.36'), None),
+    ({}, 'always [madvise] never', ('glibc', '2.31'), None),    # no such tunable before 2.35
+    ({}, 'always [madvise] never', ('', ''), None),             # musl
+])
+def test_huge_pages_are_asked_for_only_where_they_change_something(environ, thp_mode, libc, expected):
+  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  environment = cli.huge_pages_environment(environ, thp_mode, libc)
+  assert (environment or {}).get('GLIBC_TUNABLES') == expected
+  if environment is not None:   # the rest of the environment is kept
+    assert {k: v for k, v in environment.items() if k != 'GLIBC_TUNABLES'} == {
+        k: v for k, v in environ.items() if k != 'GLIBC_TUNABLES'}
+
+
+def test_a_command_restarts_once_with_huge_pages_keeping_its_arguments():
+  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  env = {k: v for k, v in os.environ.items() if k not in ('GLIBC_TUNABLES', 'CAPSJAX_HUGE_PAGES')}
+  expected = (cli.huge_pages_environment(env) or {}).get('GLIBC_TUNABLES')   # this machine's answer
+  program = ('import os, sys; from capsjax import cli; print("start", flush=True); cli.as_program(); '
+             'print(os.getpid(), os.environ.get("GLIBC_TUNABLES"), sys.argv[1:])')
+  result = subprocess.run([sys.executable, '-c', program, 'a', '--b=c d'], capture_output=True, text=True,
+                          timeout=60, env=env, check=True)
+  lines = result.stdout.strip().splitlines()
+  _, tunables, arguments = lines[-1].split(' ', 2)
+  assert tunables == str(expected) and arguments == "['a', '--b=c d']"
+  assert lines.count('start') == (2 if expected else 1)   # restarted once, in the same process
