@@ -89,6 +89,7 @@ class Program:
   # abstract state → {what: (estimated peak bytes per device, the setting that lowers it)}
   # (capsjax.memory): traced, nothing allocated
   memory_estimates: Optional[Callable[[Any], Dict[str, Tuple[int, str]]]] = None
+  mesh: Optional[jax.sharding.Mesh] = None   # where the jitted step keeps the state (replicated)
 
   @functools.cached_property
   def abstract_state(self):
@@ -96,7 +97,11 @@ class Program:
 
   @functools.cached_property
   def initial_state(self):
-    return self.make_state()
+    """The fresh state, replicated on the mesh as the jitted step returns it: placed
+    otherwise (one device, uncommitted), the step's second call compiled it again
+    (10 s for the zoo smoke's model, inside the zoo's first timed sample)."""
+    state = self.make_state()
+    return state if self.mesh is None else sharding.replicate(sharding.to_host(state), self.mesh)
 
   def train_step(self, state, step: int):
     """(state, step) → (state, metrics); the state is donated."""
@@ -163,7 +168,7 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
 
   return Program(train_step, step_arguments, evaluate, validate, probes,
                  lambda: assemble.initial_state(config, model, optimizer), members, reconstruct,
-                 memory_estimates)
+                 memory_estimates, mesh)
 
 
 RECONSTRUCTED_EXAMPLES = 8

@@ -56,6 +56,20 @@ def test_short_training_learns_real_mnist(mnist_dir, tmp_path):
   assert len(sweep) == 5 and sweep[2] >= 0.85 and all(0 <= a <= 1 for a in sweep)
 
 
+def test_the_fresh_state_sits_where_the_step_puts_it(mnist_dir):
+  # Placed elsewhere, the step's second call compiles the whole step again (benchmarks and
+  # the zoo time from the second call on).
+  from capsjax import assemble, sharding  # pylint: disable=g-import-not-at-top
+  config = tiny_config(mnist_dir)
+  train_split, test_split, _ = assemble.splits(config)
+  program = train.build_program(config, assemble.model(config), train_split, test_split, sharding.data_mesh())
+  fresh = program.initial_state
+  placed = jax.tree.map(lambda x: x.sharding, fresh)
+  stepped, _ = program.train_step(fresh, 0)
+  assert jax.tree.map(lambda x: x.sharding, stepped) == placed
+  assert all(x.committed for x in jax.tree.leaves(stepped))
+
+
 def test_resumed_run_equals_uninterrupted_run(mnist_dir, tmp_path):
   whole, parts = str(tmp_path / 'whole'), str(tmp_path / 'parts')
   config = tiny_config(mnist_dir, num_steps=12)  # crosses an epoch boundary (8 steps/epoch)
