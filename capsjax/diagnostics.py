@@ -12,9 +12,12 @@ probe) on the first `routing_diagnostics_examples` test images (0: the whole tes
 - per-class consistency: the mean cosine similarity of two images' couplings (their
   deviations from uniform, all children and parents as one vector) for pairs of the same
   class and for pairs of different classes, within each evaluation batch;
-- capsule activity: the share of primary and of class capsules whose length stays below
-  0.1 on every image evaluated (starved capsules, Everett et al. 2023, "Vanishing
-  Activations"), and the mean length per layer;
+- capsule activity: the share of primary and of class capsules whose activation stays
+  below 0.1 on every image evaluated (starved capsules, Everett et al. 2023, "Vanishing
+  Activations"), and the mean activation per layer. A primary capsule's activation is its
+  length; a class capsule's is what the routing reports as its presence: the length for
+  the routings that code presence in it, the separate activation a_j for `em` and
+  `variational_bayes` (whose poses are not squashed: their lengths say nothing of it);
 - test-time iterations: accuracy with r = 1 … `routing_diagnostics_iterations` routing
   iterations, as one vmapped evaluation, for an iterative routing.
 
@@ -32,8 +35,8 @@ from capsjax import sharding
 from capsjax.routing import ROUTINGS
 
 Array = jax.Array
-# A capsule is inactive where its length stays below this on every image (Everett et al.).
-INACTIVE_LENGTH = 0.1
+# A capsule is inactive where its activation stays below this on every image (Everett et al.).
+INACTIVE_ACTIVATION = 0.1
 COUPLING_FIELDS = ('routing_coupling_entropy', 'routing_coupling_entropy_std', 'routing_coupling_movement',
                    'routing_consistency_same_class', 'routing_consistency_other_class')
 
@@ -72,13 +75,13 @@ def batch_sums(details: Dict[str, Any], labels: Optional[Array], weights: Array,
   model's `routing_details`; labels [batch] ints or None (multi-label: no consistency and
   no sweep); weights [batch]; sweep_activations [iterations, batch, classes] or None."""
   real = weights > 0
-  primary, classes = details['primary_lengths'], details['class_lengths']     # [batch, in], [batch, out]
+  primary, classes = details['primary_lengths'], details['activations']      # [batch, in], [batch, out]
   sums = {'count': jnp.sum(weights),
-          'primary_length_sum': jnp.sum(primary * weights[:, None]),
-          'class_length_sum': jnp.sum(classes * weights[:, None]),
-          # The longest each capsule got on a real image: inactive where < INACTIVE_LENGTH.
-          'primary_max_length': jnp.max(jnp.where(real[:, None], primary, 0.0), axis=0),   # [in]
-          'class_max_length': jnp.max(jnp.where(real[:, None], classes, 0.0), axis=0)}     # [out]
+          'primary_activation_sum': jnp.sum(primary * weights[:, None]),
+          'class_activation_sum': jnp.sum(classes * weights[:, None]),
+          # The most each capsule got on a real image: inactive where < INACTIVE_ACTIVATION.
+          'primary_max_activation': jnp.max(jnp.where(real[:, None], primary, 0.0), axis=0),   # [in]
+          'class_max_activation': jnp.max(jnp.where(real[:, None], classes, 0.0), axis=0)}     # [out]
   if details['couplings'] is not None:
     first, last = details['couplings']
     entropy = coupling_entropy(last)                                               # [batch, in]
@@ -98,10 +101,11 @@ def summarize(totals: Dict[str, np.ndarray], has_couplings: bool) -> Dict[str, A
   """Metrics (floats, a list for the sweep) from the summed `batch_sums` of one model."""
   count = float(totals['count'])
   metrics = {
-      'primary_capsules_inactive': float(np.mean(totals['primary_max_length'] < INACTIVE_LENGTH)),
-      'class_capsules_inactive': float(np.mean(totals['class_max_length'] < INACTIVE_LENGTH)),
-      'primary_capsule_mean_length': float(totals['primary_length_sum']) / (count * totals['primary_max_length'].size),
-      'class_capsule_mean_length': float(totals['class_length_sum']) / (count * totals['class_max_length'].size),
+      'primary_capsules_inactive': float(np.mean(totals['primary_max_activation'] < INACTIVE_ACTIVATION)),
+      'class_capsules_inactive': float(np.mean(totals['class_max_activation'] < INACTIVE_ACTIVATION)),
+      'primary_capsule_mean_activation': (float(totals['primary_activation_sum'])
+                                          / (count * totals['primary_max_activation'].size)),
+      'class_capsule_mean_activation': float(totals['class_activation_sum']) / (count * totals['class_max_activation'].size),
   }
   metrics.update({field: None for field in COUPLING_FIELDS})   # absent unless measured
   if has_couplings:
@@ -155,7 +159,7 @@ def make_routing_diagnostics(model, pipeline, examples: int, batch_size: int, sw
     for host_batch, weights in eval_batches(pipeline, batch_size, mesh):
       batch_totals = sharding.to_host(sums(params, source, host_batch, weights, knobs))
       totals = batch_totals if totals is None else {
-          k: np.maximum(totals[k], v) if k.endswith('max_length') else totals[k] + v
+          k: np.maximum(totals[k], v) if k.endswith('max_activation') else totals[k] + v
           for k, v in batch_totals.items()}
       seen += batch_size
       if examples and seen >= examples:

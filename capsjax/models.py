@@ -226,14 +226,14 @@ class CapsNet(nn.Module):
 
   def routing_details(self, images: Array, routing_iterations=None, max_iterations=None) -> Dict[str, Any]:
     """What the routing diagnostics read (capsjax.diagnostics): images [batch, h, w, c] →
-    {'primary_lengths' [batch, in], 'class_lengths' [batch, classes], 'activations'
-    [batch, classes], 'couplings': (first, last) [batch, in, classes] each, or None where
-    the routing has none (ROUTINGS[name].returns_couplings)}."""
+    {'primary_lengths' [batch, in], 'activations' [batch, classes] (the class capsules'
+    presence as the routing reports it), 'couplings': (first, last) [batch, in, classes]
+    each, or None where the routing has none (ROUTINGS[name].returns_couplings)}."""
     with_couplings = ROUTINGS[self.routing].returns_couplings
     primary, grid = self._primary(images)
     result = self.digit_caps(primary, routing_iterations, max_iterations, False, grid,
                              return_couplings=with_couplings)
-    return {'primary_lengths': capsule_lengths(primary), 'class_lengths': capsule_lengths(result[0]),
+    return {'primary_lengths': capsule_lengths(primary),
             'activations': result[1], 'couplings': result[2] if with_couplings else None}
 
   def _primary(self, images):

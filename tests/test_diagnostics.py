@@ -33,13 +33,13 @@ def test_consistency_compares_pairs_of_the_same_and_of_different_classes():
 
 def test_activity_and_absent_couplings_in_the_summary():
   details = {'primary_lengths': jnp.array([[0.05, 0.5, 0.09], [0.08, 0.2, 0.3]]),
-             'class_lengths': jnp.array([[0.9, 0.01], [0.95, 0.02]]),
              'activations': jnp.array([[0.9, 0.01], [0.95, 0.02]]), 'couplings': None}
   totals = diagnostics.batch_sums(details, jnp.array([0, 1]), jnp.array([1.0, 1.0]))
   metrics = diagnostics.summarize({k: np.asarray(v, np.float64) for k, v in totals.items()}, has_couplings=False)
   assert metrics['primary_capsules_inactive'] == pytest.approx(1 / 3)    # capsule 0 never reaches 0.1
   assert metrics['class_capsules_inactive'] == pytest.approx(1 / 2)
-  assert metrics['primary_capsule_mean_length'] == pytest.approx((0.05 + 0.5 + 0.09 + 0.08 + 0.2 + 0.3) / 6)
+  assert metrics['class_capsule_mean_activation'] == pytest.approx((0.9 + 0.01 + 0.95 + 0.02) / 4)
+  assert metrics['primary_capsule_mean_activation'] == pytest.approx((0.05 + 0.5 + 0.09 + 0.08 + 0.2 + 0.3) / 6)
   assert all(metrics[field] is None for field in diagnostics.COUPLING_FIELDS)   # absent, not 0
 
 
@@ -50,7 +50,11 @@ def test_every_routing_says_whether_it_has_couplings_and_they_are_distributions_
     model = CapsNet(conv1_channels=8, primary_types=2, decoder_hidden=(16,), routing=name)
     params = jax.jit(model.init)(jax.random.key(1), images)['params']
     details = jax.jit(lambda p: model.apply({'params': p}, images, method='routing_details'))(params)
-    assert details['primary_lengths'].shape == (3, 72) and details['class_lengths'].shape == (3, 10)
+    assert details['primary_lengths'].shape == (3, 72) and details['activations'].shape == (3, 10)
+    # Class-capsule activity reads what the routing reports as presence (EM's and VB's a_j,
+    # not their unsquashed poses' lengths).
+    _, activations = jax.jit(lambda p: model.apply({'params': p}, images, method='classify'))(params)
+    np.testing.assert_allclose(details['activations'], activations, rtol=1e-5, err_msg=name)
     if not routing.ROUTINGS[name].returns_couplings:
       assert details['couplings'] is None, name
       continue

@@ -591,6 +591,16 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   assert summary['diagnostic_curves']['dynamic']['steps'] == [5, 10]
 
 
+def test_the_zoo_reads_the_newest_evaluation_of_each_step():
+  from capsjax.programs import routing_zoo  # pylint: disable=g-import-not-at-top
+  rows = [{'split': 'train', 'step': 200, 'loss': 1.0},
+          {'split': 'test', 'step': 200, 'error': [0.2, 0.4]},
+          {'split': 'validation', 'step': 200, 'error': [0.1, 0.1]},
+          {'split': 'test', 'step': 400, 'error': [0.1, 0.3]},
+          {'split': 'test', 'step': 400, 'error': [0.1, 0.1]}]   # --config.reevaluate=True at the end
+  assert routing_zoo.error_curve(rows) == ([200, 400], [pytest.approx(0.3), pytest.approx(0.1)])
+
+
 def test_interleaved_rounds_share_a_burst_of_load_between_the_routings():
   """A burst of load during four samples: measured one routing after the other it falls on
   one of them and reorders them; in rotated rounds each gets some, the medians keep the

@@ -97,9 +97,16 @@ def interleaved(samplers: Dict[str, Callable[[], float]], rounds: int) -> Dict[s
           for name, values in samples.items()}
 
 
+def test_rows(rows):
+  """The test rows of metrics.jsonl in step order, the last one per step (a run evaluated
+  again, `--config.reevaluate=True`, appends a newer row for its last step)."""
+  by_step = {row['step']: row for row in rows if row.get('split') == 'test'}
+  return [by_step[step] for step in sorted(by_step)]
+
+
 def error_curve(rows):
   """(steps, test error mean over members) of the test rows."""
-  test = [row for row in rows if row.get('split') == 'test']
+  test = test_rows(rows)
   return [row['step'] for row in test], [float(np.mean(row['error'])) for row in test]
 
 
@@ -134,7 +141,7 @@ def diagnostics_of(row: Dict[str, Any]) -> Dict[str, Any]:
 
 def diagnostics_curves(metrics) -> Dict[str, Any]:
   """{'steps': [...], field: [seed means per test row]} of the zoo's diagnostics."""
-  test = [row for row in metrics if row.get('split') == 'test' and 'primary_capsules_inactive' in row]
+  test = [row for row in test_rows(metrics) if 'primary_capsules_inactive' in row]
   curves = {'steps': [row['step'] for row in test]}
   for row in test:
     for field, value in diagnostics_of(row).items():
@@ -189,7 +196,8 @@ def render(config, rows) -> str:
               '(1 = uniform); movement = total-variation distance between the first and the last '
               "iteration's couplings per child; consistency = mean cosine similarity of two images' "
               'couplings (deviations from uniform) for the same class / different classes; inactive = the '
-              'share of capsules whose length never reached 0.1. "absent": the routing has no couplings. '
+              "share of capsules whose activation (the length; EM's and VB's a_j for class capsules) "
+              'never reached 0.1. "absent": the routing has no couplings. '
               f'Test accuracy (%) with r = 1 … {sweep} routing iterations at test time, for iterative routings.', '']
     header = [('routing', 'l'), ('entropy', 'r'), ('movement', 'r'), ('consistency same / other', 'r'),
               ('inactive primary / class', 'r'), ('accuracy by r (%)', 'l')]
@@ -222,16 +230,22 @@ def plot(curves, path: str) -> None:
 def plot_diagnostics(curves: Dict[str, Dict[str, Any]], path: str) -> None:
   """One panel per diagnostic over the training steps, one line per routing (a routing
   without couplings has no line in the coupling panels)."""
-  figure, axes = pyplot().subplots(1, len(DIAGNOSTICS), figsize=(4 * len(DIAGNOSTICS), 3.5))
+  figure, axes = pyplot().subplots(1, len(DIAGNOSTICS), figsize=(4 * len(DIAGNOSTICS) + 1.5, 3.5))
+  # One colour per routing in every panel, and one legend naming them all (a routing
+  # without couplings draws only in the activity panel).
+  colours = {name: f'C{index % 10}' for index, name in enumerate(curves)}
+  handles = {}
   for axis, (field, title) in zip(axes, DIAGNOSTICS):
     for name, curve in curves.items():
       points = [(s, v) for s, v in zip(curve['steps'], curve.get(field, [])) if v is not None]
       if points:
-        axis.plot(*zip(*points), marker='o', label=name)
+        handles[name], = axis.plot(*zip(*points), marker='o', color=colours[name], label=name)
     axis.set_title(title, fontsize=9)
     axis.set_xlabel('training step')
-  axes[0].legend(fontsize=7)
-  save_figure(figure, path)
+  named = [name for name in curves if name in handles]
+  figure.legend([handles[name] for name in named], named, loc='center right', fontsize=8)
+  figure.tight_layout(rect=(0, 0, 1 - 1.5 / (4 * len(DIAGNOSTICS) + 1.5), 1))
+  save_figure(figure, path, tight=False)
 
 
 @register_program('routing_zoo')
@@ -254,7 +268,7 @@ def run(config, workdir: str) -> Dict[str, Any]:
                  'test_error': list(np.atleast_1d(result.test_error)),
                  'test_error_at_best_validation': list(np.atleast_1d(selected['test_error'])) if selected else None})
     curves[name] = error_curve(metrics)
-    last_test = [row for row in metrics if row.get('split') == 'test']
+    last_test = test_rows(metrics)
     if last_test and 'primary_capsules_inactive' in last_test[-1]:   # config.routing_diagnostics
       rows[-1]['diagnostics'] = diagnostics_of(last_test[-1])
       diagnostic_curves[name] = diagnostics_curves(metrics)
