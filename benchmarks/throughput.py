@@ -12,7 +12,6 @@ line is machine-readable:
 """
 import argparse
 import importlib
-import platform
 import statistics
 import importlib.util
 import os
@@ -27,7 +26,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax import assemble, cli  # pylint: disable=g-import-not-at-top
+from capsjax import assemble, cli, runtime  # pylint: disable=g-import-not-at-top
 from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
 from timing import (buffer_bytes, capsnet_flops, is_paper_architecture, random_inputs, seconds_per_call,
                     seconds_per_step)
@@ -43,18 +42,6 @@ def matmul_peak_gflops(size: int = 4096, steps: int = 5) -> float:
   b = jnp.ones((size, size), jnp.float32)
   seconds = seconds_per_call(jax.jit(jnp.matmul), (a, b), steps)
   return 2 * size ** 3 / seconds / 1e9
-
-
-def cpu_model() -> str:
-  """The CPU's model name (/proc/cpuinfo, else the platform's word for it)."""
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def jax_timers(config, batch: int, steps: int, input_shape: str = ''):
@@ -148,7 +135,7 @@ def main():
   # FLOPs from the shapes count the paper's layers only; the `images` models' are not counted.
   flops = capsnet_flops(config.model) if is_paper_architecture(config.model) else None
   peak = matmul_peak_gflops()
-  print(f'machine: cpu={cpu_model()!r} backend={jax.default_backend()} devices={jax.device_count()} '
+  print(f'machine: cpu={runtime.cpu_model()!r} backend={jax.default_backend()} devices={jax.device_count()} '
         f'cpus={os.cpu_count()} jax={jax.__version__}')
   print(f'matmul peak (4096³ float32, measured now): {peak:.1f} GFLOP/s')
   if flops:

@@ -7,6 +7,7 @@ exits cleanly. A second Ctrl-C stops at once without saving, and so does a Ctrl-
 the loop has compiled its first step (nothing is trained yet that a checkpoint would keep).
 """
 import os
+import platform
 import signal
 import socket
 import sys
@@ -16,6 +17,26 @@ import time
 import jax
 
 from capsjax.errors import ConfigError
+
+
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo, else the platform's word for it)."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def device_name() -> str:
+  """What the first device is, in words: the CPU's model name on the CPU backend (JAX calls
+  every CPU 'cpu'), else JAX's device kind ('NVIDIA H100 80GB HBM3', 'TPU v4')."""
+  if jax.default_backend() == 'cpu':
+    return cpu_model()
+  return jax.devices()[0].device_kind
 
 
 def initialize_distributed(distributed: bool, coordinator_address: str = '', num_processes: int = 0,

@@ -19,7 +19,7 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import assemble, formulations, memory, reports, sharding, sizing, steps
+from capsjax import assemble, formulations, memory, reports, runtime, sharding, sizing, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
@@ -431,5 +431,5 @@ def _finished(workdir: str, config) -> Optional[Dict[str, Any]]:
 def describe_devices() -> str:
   """'8 × TPU v4 devices (cpu backend), 2 processes'-style: what the run trains on."""
   processes = jax.process_count()
-  return (f'{jax.device_count()} × {jax.devices()[0].device_kind} ({jax.default_backend()})'
+  return (f'{jax.device_count()} × {runtime.device_name()} ({jax.default_backend()})'
           + (f' over {processes} processes' if processes > 1 else ''))

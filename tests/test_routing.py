@@ -577,6 +577,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
     assert row['train_images_per_s'] > 0 and row['infer_images_per_s'] > 0 and row['num_params'] > 0
   table = (tmp_path / 'routing.md').read_text()
   assert all(table.count(f'| {name} |') == 3 for name in rows)   # accuracy, speed, diagnostics tables
+  assert '| vs dynamic |' in table and '| vs uniform |' not in table   # the baselines that ran
   assert '2 interleaved rounds' in table and all(
       row['train_speed']['min'] <= row['train_speed']['median'] <= row['train_speed']['max'] for row in rows.values())
   assert (tmp_path / 'routing_test_error.png').stat().st_size > 0
@@ -599,6 +600,17 @@ def test_the_zoo_reads_the_newest_evaluation_of_each_step():
           {'split': 'test', 'step': 400, 'error': [0.1, 0.3]},
           {'split': 'test', 'step': 400, 'error': [0.1, 0.1]}]   # --config.reevaluate=True at the end
   assert routing_zoo.error_curve(rows) == ([200, 400], [pytest.approx(0.3), pytest.approx(0.1)])
+
+
+def test_a_difference_beyond_the_seed_spread_is_marked():
+  from capsjax.programs import routing_zoo  # pylint: disable=g-import-not-at-top
+  # Seeds' errors 2, 3, 4 % (sample variance 1) against 5, 6, 7 %: −3 points, standard error
+  # sqrt(1/3 + 1/3) = 0.82, beyond twice it; against 2.5, 3.5, 4.5 %: −0.5, within.
+  delta, beyond = routing_zoo.difference([0.02, 0.03, 0.04], [0.05, 0.06, 0.07])
+  assert delta == pytest.approx(-3.0) and beyond is True
+  delta, beyond = routing_zoo.difference([0.02, 0.03, 0.04], [0.025, 0.035, 0.045])
+  assert delta == pytest.approx(-0.5) and beyond is False
+  assert routing_zoo.difference([0.02], [0.05]) == (pytest.approx(-3.0), None)   # one seed: no spread
 
 
 def test_interleaved_rounds_share_a_burst_of_load_between_the_routings():

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from capsjax import memory, train
+from capsjax import memory, runtime, train
 from capsjax.errors import CheckpointError, NaNLossError, RunStopped
 from capsjax.experiments import mnist
 from helpers import tiny_config
@@ -95,7 +95,7 @@ def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_p
   config = tiny_config(mnist_dir, num_steps=4, check_memory=False)
   first = train.train_and_evaluate(config, str(tmp_path))
   header = capsys.readouterr().out
-  assert f'; {jax.device_count()} × {jax.devices()[0].device_kind}' in header
+  assert f'; {jax.device_count()} × {runtime.device_name()}' in header
   assert '; peak memory ≈ 0.' in header and ' GB estimated (0.00 GB available)' in header
   metrics = (tmp_path / 'metrics.jsonl').read_text()
   again = train.train_and_evaluate(config, str(tmp_path))

@@ -14,14 +14,14 @@ routing_diagnostics.png (one panel per diagnostic, one line per routing).
 import json
 import os
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from capsjax import assemble, sharding, train
+from capsjax import assemble, runtime, sharding, train
 from capsjax.trained import load_trained, select_member
 from capsjax.errors import ConfigError
 from capsjax.plots import pyplot, save_figure
@@ -159,6 +159,32 @@ def _percent(values) -> str:
   return f'{mean:.2f} ± {std:.2f}' if len(values) > 1 else f'{mean:.2f}'
 
 
+# Baselines every routing is compared with in the zoo's table, where they ran.
+BASELINES = ('uniform', 'dynamic')
+
+
+def difference(errors, baseline_errors) -> Tuple[float, Optional[bool]]:
+  """(mean difference in percentage points, whether it exceeds twice its standard error
+  sqrt(s_a²/n_a + s_b²/n_b) over the seeds; None with fewer than 2 seeds a side)."""
+  a, b = 100.0 * np.asarray(errors, np.float64), 100.0 * np.asarray(baseline_errors, np.float64)
+  delta = float(a.mean() - b.mean())
+  if len(a) < 2 or len(b) < 2:
+    return delta, None
+  standard_error = float(np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)))
+  return delta, abs(delta) > 2 * standard_error
+
+
+def _difference(row, baseline_row) -> str:
+  if baseline_row is None or row is baseline_row:
+    return '-'
+  delta, beyond = difference(_selected_errors(row), _selected_errors(baseline_row))
+  return f'{delta:+.2f}' + (' *' if beyond else '')
+
+
+def _selected_errors(row):
+  return row['test_error_at_best_validation'] or row['test_error']
+
+
 def _speed(measured: Dict[str, float]) -> str:
   return f'{measured["median"]:.0f} ({measured["min"]:.0f}–{measured["max"]:.0f})'
 
@@ -174,13 +200,19 @@ def render(config, rows) -> str:
            f'{config.num_test_examples or "all"} test images; {config.model.routing_iterations} routing '
            'iterations where a routing iterates. Test error in %, mean ± sample std over the seeds; '
            '"at best validation": each seed\'s test error at its lowest validation error.', '']
+  baselines = {name: next((row for row in rows if row['routing'] == name), None) for name in BASELINES}
+  compared = [name for name in BASELINES if baselines[name] is not None]
+  if compared:   # lines[-2]: the paragraph above (lines[-1] is the blank line after it)
+    lines[-2] += (' "vs NAME": the difference of the means at best validation in percentage points, '
+                  '* where it exceeds twice its standard error over the seeds (sqrt(s²/n + s²/n)).')
   table = [(row['routing'], f'{row["num_params"]:,}', _percent(row['test_error']),
             _percent(row['test_error_at_best_validation']) if row['test_error_at_best_validation'] else '-')
+           + tuple(_difference(row, baselines[name]) for name in compared)
            for row in rows]
   lines += markdown_table([('routing', 'l'), ('parameters', 'r'), ('test error (%)', 'r'),
-                           ('at best validation (%)', 'r')], table)
+                           ('at best validation (%)', 'r')] + [(f'vs {name}', 'r') for name in compared], table)
   lines += ['', '## Speed', '',
-            f'Measured after every routing had trained, on {jax.devices()[0].device_kind} '
+            f'Measured after every routing had trained, on {runtime.device_name()} '
             f'({jax.default_backend()}), {time.strftime("%Y-%m-%d")}: {zoo.speed_rounds} interleaved rounds '
             '(each routing once per round, the order rotated), so that the machine\'s load falls on every '
             'routing alike; median (min–max) of the rounds. Training: '
