@@ -252,6 +252,12 @@ class Evaluator(Hook):
       return
     if self.before is not None:
       self.before(run, step)
+    self.record(run, step)
+
+  def record(self, run: Run, step: int) -> None:
+    """Evaluates and writes the `test` (and `validation`) rows of `step` to the metrics
+    log: at a due step, and when a finished run is evaluated again (its newer rows follow
+    the old ones of that step; readers take the newest)."""
     try:
       results = self.evaluate(run, step)
     except EvaluationInterrupted:

@@ -344,7 +344,11 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     _log(str(stopped))
     raise stopped
   if run.last_eval_step != done:   # resumed a finished run: evaluate the restored parameters
-    evaluator.evaluate(run, done)
+    evaluator.record(run, done)
+    if run.last_eval_step != done:   # a stop request ended that evaluation: nothing to report
+      stopped = RunStopped(done, run.num_steps, run.stop_reason or 'interrupted')
+      _log(str(stopped))
+      raise stopped
   results = _results(config, run, train_metrics, previous, num_params, members,
                      train.num_examples, test.num_examples)
   if 'ensemble_error' in run.last_eval:

@@ -112,6 +112,9 @@ def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_p
   config.reevaluate = True   # a runtime key: the workdir's config still matches
   assert train.train_and_evaluate(config, str(tmp_path))['test_accuracy'] == first['test_accuracy']
   assert 'step 4: evaluating' in capsys.readouterr().out
+  rows = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  tests = [row for row in rows if row['split'] == 'test']   # the new evaluation is logged after the old
+  assert [row['step'] for row in tests] == [4, 4] and tests[1]['accuracy'] == tests[0]['accuracy']
   monkeypatch.undo()
   longer = tiny_config(mnist_dir, num_steps=6, allow_config_change=True)   # more steps: not complete
   assert train.train_and_evaluate(longer, str(tmp_path))['steps'] == 6
@@ -158,7 +161,8 @@ def test_corrupt_checkpoint_is_reported_and_left_in_place(mnist_dir, tmp_path):
                        ('model.conv1_channels', 16), ('model.primary_types', 4), ('model.decoder_hidden', '(32,64)'),
                        ('num_train_examples', 256), ('num_test_examples', 100), ('batch_size', 32),
                        ('num_steps', 4), ('log_every_steps', 2), ('eval_every_steps', 0),
-                       ('eval_batch_size', 100), ('checkpoint_every_steps', 2))]],
+                       ('eval_batch_size', 100), ('checkpoint_every_steps', 2),
+                       ('routing_diagnostics', False))]],
                   ['-m', 'capsjax.programs.figures', f'--workdir={tmp_path}']):
     result = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=120, cwd=root)
     assert result.returncode == 2, result.stderr[-2000:]
