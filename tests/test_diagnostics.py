@@ -49,11 +49,13 @@ def test_every_routing_says_whether_it_has_couplings_and_they_are_distributions_
   for name in routing.ROUTINGS:
     model = CapsNet(conv1_channels=8, primary_types=2, decoder_hidden=(16,), routing=name)
     params = jax.jit(model.init)(jax.random.key(1), images)['params']
-    details = jax.jit(lambda p: model.apply({'params': p}, images, method='routing_details'))(params)
+    # One program for both calls: the details, and the activations classify reports.
+    details, (_, activations) = jax.jit(lambda p: (
+        model.apply({'params': p}, images, method='routing_details'),
+        model.apply({'params': p}, images, method='classify')))(params)
     assert details['primary_lengths'].shape == (3, 72) and details['activations'].shape == (3, 10)
     # Class-capsule activity reads what the routing reports as presence (EM's and VB's a_j,
     # not their unsquashed poses' lengths).
-    _, activations = jax.jit(lambda p: model.apply({'params': p}, images, method='classify'))(params)
     np.testing.assert_allclose(details['activations'], activations, rtol=1e-5, err_msg=name)
     if not routing.ROUTINGS[name].returns_couplings:
       assert details['couplings'] is None, name
