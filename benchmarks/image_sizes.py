@@ -193,9 +193,9 @@ def main():
   if args.one:
     one(json.loads(args.one))
     return
-  import jax  # pylint: disable=g-import-not-at-top
+  from capsjax import runtime  # pylint: disable=g-import-not-at-top
   sizes = [int(s) for s in args.sizes.split(',')]
-  lines = [f'# CapsNets at 28–224 px ({jax.devices()[0].device_kind}, {os.cpu_count()} cores, '
+  lines = [f'# CapsNets at 28–224 px ({runtime.device_name()}, {os.cpu_count()} cores, '
            f'{time.strftime("%Y-%m-%d")}; `python benchmarks/image_sizes.py --batch {args.batch} --steps {args.steps}`)', '']
   if not args.skip_layer:
     lines += [f'## The class-capsule layer, forward + backward at batch {args.batch} (XLA memory analysis, GB; ms)', '',
