@@ -100,7 +100,11 @@ class Program:
     """The fresh state, replicated on the mesh as the jitted step returns it: placed
     otherwise (one device, uncommitted), the step's second call compiled it again
     (10 s for the zoo smoke's model, inside the zoo's first timed sample)."""
-    state = self.make_state()
+    return self.place(self.make_state())
+
+  def place(self, state):
+    """`state` (fresh, or restored from a checkpoint) replicated on the mesh, where the
+    jitted step keeps it."""
     return state if self.mesh is None else sharding.replicate(sharding.to_host(state), self.mesh)
 
   def train_step(self, state, step: int):
@@ -287,7 +291,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   with ckpt.Checkpoints(workdir, config.keep_checkpoints) as checkpoints, \
        StopRequests(install=not multi_process) as requests:
     state, progress = checkpoints.restore_newest_intact(program.initial_state, _log)
-    state = sharding.replicate(sharding.to_host(state), mesh)
+    if state is not program.initial_state:   # restored (the fresh state is placed already)
+      state = program.place(state)
     first_step = ckpt.step_of(state)
     previous = workdir_lib.read_results(workdir)
     complete = previous.get('completed') and previous.get('steps') == first_step and (
