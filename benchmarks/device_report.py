@@ -66,6 +66,9 @@ SETTINGS = {
 }
 VARIANTS = [(conv, dtype, loop) for conv in ('patches', 'xla') for dtype in ('float32', 'bfloat16')
             for loop in ('rolled', 'unrolled')]
+# The convolutions without a whole-batch patch matrix (capsjax.ops), timed in the full
+# report only, float32 ('fourier' has no bfloat16 inputs), the design card's rolled loop.
+ROW_AND_FOURIER_VARIANTS = [('kernel_rows', 'float32', 'rolled'), ('fourier', 'float32', 'rolled')]
 # The smoke rehearses the code path: every value of each of the three choices with every
 # value of each other one (a pairwise covering set, 4 of the 8 variants; each one's compile
 # is most of a cell's time on the CPU).
@@ -193,14 +196,15 @@ def cell_capsjax(spec, settings) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from capsjax import formulations  # pylint: disable=g-import-not-at-top
-  from timing import capsnet_flops, compiled_buffer_bytes  # pylint: disable=g-import-not-at-top
+  from timing import capsnet_flops, compiled_buffer_bytes, conv_layers  # pylint: disable=g-import-not-at-top
 
   config, model, program, test_data, dataset = _capsjax_setup(spec)
   members = len(spec.get('seeds') or ()) or 1
-  resolved = {'conv_impl': formulations.resolve('conv_impl', spec['conv_impl']),
+  primary = conv_layers(config.model, spec['batch'])['primary']   # the layer the CPU's rule decides by
+  resolved = {'conv_impl': formulations.resolve('conv_impl', spec['conv_impl'], layer=primary),
               'patches_inference': formulations.resolve('patches_inference', spec.get('patches_inference', 'auto')),
               'routing_loop': formulations.resolve('routing_loop', spec['routing_loop'])}
-  flops = capsnet_flops(config.model)
+  flops = capsnet_flops(config.model, batch=spec['batch'])
   rows = []
 
   def row(mode, batch, figures, compiled, compile_s):
@@ -208,7 +212,7 @@ def cell_capsjax(spec, settings) -> dict:
     measured = _peak_memory(jax)
     return dict(impl='capsjax', mode=mode, variant=spec['variant'], batch=batch, members=members,
                 experiment=spec['experiment'], precision='bf16' if spec['dtype'] == 'bfloat16' else 'f32',
-                resolved=resolved, flops_per_image=flops['train' if mode == 'train' else 'forward'],
+                resolved=resolved, flops_per_image=flops[('train' if mode == 'train' else 'forward') + '_performed'],
                 compile_s=compile_s, xla_buffer_bytes=xla_bytes if xla_bytes >= 0 else None,
                 peak_memory_bytes=measured if measured is not None else (xla_bytes if xla_bytes >= 0 else None),
                 memory_source='memory_stats' if measured is not None else 'xla_buffers', **figures)
@@ -400,7 +404,7 @@ def plan(args, backend: str, settings, out_dir: str) -> list:
     return dict(spec, name=f'capsjax {spec["variant"]}', train=True, infer_batches=[batch])
 
   from_table = _auto_formulations(backend)
-  variants = sorted(SMOKE_VARIANTS if args.smoke else VARIANTS,
+  variants = sorted(SMOKE_VARIANTS if args.smoke else VARIANTS + ROW_AND_FOURIER_VARIANTS,
                     key=lambda v: (v[1] != 'float32', (v[0], v[2]) != from_table))
   capsjax = [variant_cell(*v) for v in variants]
   auto = base
@@ -442,6 +446,7 @@ def _variant_spec(args, settings, conv: str, dtype: str, loop: str) -> dict:
 
 def _auto_formulations(backend: str) -> tuple:
   from capsjax import formulations  # pylint: disable=g-import-not-at-top  (imports jax: parent only here)
+  # (Without a layer: a per-layer rule gives its fallback; this only orders the cells.)
   return (formulations.resolve('conv_impl', 'auto', backend), formulations.resolve('routing_loop', 'auto', backend))
 
 

@@ -26,7 +26,7 @@ import time
 
 import jax
 
-from capsjax import assemble, cli
+from capsjax import assemble, cli, formulations
 from capsjax.data.sources import Dataset
 from capsjax.steps import make_train_step
 from timing import random_inputs
@@ -48,6 +48,8 @@ def part_of(op_name: str) -> str:
   where = 'backward' if backward else 'forward'
   leaf = op_name.rsplit('/', 1)[-1]
   if 'primary_caps/conv' in op_name:
+    if any(transform in op_name for transform in ('fp,bpc->fbc', 'ft,tco->fco', 'fq,fbo->bqo')):
+      return f'{where}: PrimaryCaps Fourier transforms (matmuls)'
     if 'dot_general' in leaf:
       return f'{where}: PrimaryCaps convolution (matmul)'
     if backward and 'transpose(jvp())' in op_name:
@@ -138,7 +140,7 @@ def main():
   parser.add_argument('--batch', type=int, default=128)
   parser.add_argument('--calls', type=int, default=3, help='traced calls after two warm-up calls')
   parser.add_argument('--experiment', default='mnist', help='config module in capsjax.experiments')
-  parser.add_argument('--conv_impl', default='auto', choices=['auto', 'xla', 'patches'])
+  parser.add_argument('--conv_impl', default='auto', choices=list(formulations.CONV_IMPLS))
   parser.add_argument('--dtype', default='float32')
   parser.add_argument('--conv_inputs', default='float32', choices=['float32', 'bfloat16'])
   parser.add_argument('--input_shape', default='', help='H,W,C (the `images` experiment)')

@@ -5,7 +5,9 @@
 
 Prints images/s, achieved GFLOP/s and the share of this machine's matmul peak (measured
 in the same run), XLA's buffer memory, and the ratio to `torch_capsnet.py` run in the
-same process tree. FLOPs per image come from the layer shapes in the config. The last
+same process tree. FLOPs per image come from the layer shapes in the config, counted as
+each side computes them (capsjax's 'fourier' convolution needs fewer than the direct
+form; its direct-form equivalent rate is printed beside). The last
 line is machine-readable:
 
   throughput train_images_per_s=… infer_images_per_s=… torch_train_ratio=… torch_infer_ratio=…
@@ -26,9 +28,9 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax import assemble, cli, runtime  # pylint: disable=g-import-not-at-top
+from capsjax import assemble, cli, formulations, runtime  # pylint: disable=g-import-not-at-top
 from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
-from timing import (buffer_bytes, capsnet_flops, is_paper_architecture, random_inputs, seconds_per_call,
+from timing import (buffer_bytes, capsnet_flops, conv_layers, is_paper_architecture, random_inputs, seconds_per_call,
                     seconds_per_step)
 from capsjax.data.sources import Dataset
 
@@ -103,7 +105,7 @@ def main():
   parser.add_argument('--batch', type=int, default=128)
   parser.add_argument('--steps', type=int, default=8, help='timed steps after a warm-up')
   parser.add_argument('--experiment', default='mnist', help='config module in experiments/')
-  parser.add_argument('--conv_impl', default='auto', choices=['auto', 'xla', 'patches'])
+  parser.add_argument('--conv_impl', default='auto', choices=list(formulations.CONV_IMPLS))
   parser.add_argument('--dtype', default='float32', help='model compute dtype (bfloat16 for GPU/TPU)')
   parser.add_argument('--patches_inference', default='auto', choices=['auto', 'chunked', 'whole_batch'])
   parser.add_argument('--conv_inputs', default='float32', choices=['float32', 'bfloat16'],
@@ -133,14 +135,18 @@ def main():
   config.model.patches_inference = args.patches_inference
   config, _, _ = random_inputs(config, args.batch, args.input_shape)   # the model timed below
   # FLOPs from the shapes count the paper's layers only; the `images` models' are not counted.
-  flops = capsnet_flops(config.model) if is_paper_architecture(config.model) else None
+  flops = capsnet_flops(config.model, batch=args.batch) if is_paper_architecture(config.model) else None
   peak = matmul_peak_gflops()
   print(f'machine: cpu={runtime.cpu_model()!r} backend={jax.default_backend()} devices={jax.device_count()} '
         f'cpus={os.cpu_count()} jax={jax.__version__}')
   print(f'matmul peak (4096³ float32, measured now): {peak:.1f} GFLOP/s')
   if flops:
-    print(f'FLOPs per image from the shapes: forward {flops["forward"] / 1e9:.3f} G, '
-          f'training {flops["train"] / 1e9:.3f} G')
+    print(f'FLOPs per image from the shapes, direct form (the peer\'s arithmetic): forward '
+          f'{flops["forward"] / 1e9:.3f} G, training {flops["train"] / 1e9:.3f} G; as capsjax computes them '
+          f'here: {flops["forward_performed"] / 1e9:.3f} G, {flops["train_performed"] / 1e9:.3f} G')
+    layers = conv_layers(config.model, args.batch)
+    print('capsjax convolutions: ' + ', '.join(
+        f'{name} {formulations.resolve("conv_impl", args.conv_impl, layer=layer)}' for name, layer in layers.items()))
   print(f'model: input_shape={tuple(config.model.input_shape)} stem={config.model.stem} '
         f'transforms={config.model.transforms} decoder={config.model.decoder}; the peer: the paper\'s layers at '
         f'{args.input_shape or "28,28,1"}')
@@ -152,8 +158,12 @@ def main():
   def line(side, mode, batch, rate, memory=None):
     text = f'{side:5s} {mode:5s} batch={batch:4d}: {rate:7.1f} images/s'
     if flops and (side == 'jax' or not args.input_shape):
-      gflops = rate * flops['train' if mode == 'train' else 'forward'] / 1e9
-      text += f'  {gflops:6.1f} GFLOP/s ({100 * gflops / peak:4.1f} % of peak)'
+      # FLOPs performed per second against the matmul peak; for capsjax also the direct
+      # form's count per second (the peer's arithmetic: an equivalent rate, not a share).
+      performed = rate * flops[('train' if mode == 'train' else 'forward') + ('_performed' if side == 'jax' else '')] / 1e9
+      text += f'  {performed:6.1f} GFLOP/s ({100 * performed / peak:4.1f} % of peak)'
+      if side == 'jax' and flops['train_performed'] != flops['train']:
+        text += f', direct-form equivalent {rate * flops["train" if mode == "train" else "forward"] / 1e9:6.1f}'
     return text + (f'  XLA buffers {memory / 2**20:7.0f} MiB' if memory is not None else '')
 
   for batch in [int(b) for b in args.sweep.split(',') if b]:

@@ -53,27 +53,53 @@ def is_paper_architecture(model_config) -> bool:
           and model_config.get('decoder', 'dense') == 'dense')
 
 
-def capsnet_flops(model_config) -> dict:
-  """Multiply-adds × 2 per image, from the layer shapes (elementwise ops not counted)."""
+def conv_layers(model_config, batch: int = 128) -> dict:
+  """{'conv1': ConvLayer, 'primary': ConvLayer} of the paper's layers at the config's shape."""
+  from capsjax.formulations import ConvLayer  # pylint: disable=g-import-not-at-top
   height, width, channels = model_config.input_shape
   k1, k2, stride = model_config.conv1_kernel, model_config.primary_kernel, model_config.primary_stride
-  h1, w1 = height - k1 + 1, width - k1 + 1
-  h2, w2 = (h1 - k2) // stride + 1, (w1 - k2) // stride + 1
-  primary_channels = model_config.primary_types * model_config.primary_dim
+  inputs = model_config.get('conv_inputs', 'float32')
+  conv1 = ConvLayer(height, width, channels, model_config.conv1_channels, k1, 1, inputs, batch)
+  h1, w1 = conv1.output_size()
+  primary = ConvLayer(h1, w1, model_config.conv1_channels, model_config.primary_types * model_config.primary_dim,
+                      k2, stride, inputs, batch)
+  return {'conv1': conv1, 'primary': primary}
+
+
+def capsnet_flops(model_config, backend: str = '', batch: int = 128) -> dict:
+  """Multiply-adds × 2 per image, from the layer shapes (elementwise ops not counted).
+
+  'forward' / 'train' count the convolutions in the direct form (the paper's arithmetic,
+  what the PyTorch peer computes); 'forward_performed' / 'train_performed' as the
+  formulation `conv_impl` resolves to on `backend` computes them ('fourier' needs fewer:
+  capsjax.formulations.ConvLayer.fourier_multiply_adds; its backward counted as twice
+  its forward, like a matmul's)."""
+  from capsjax import formulations  # pylint: disable=g-import-not-at-top
+  height, width, channels = model_config.input_shape
+  layers = conv_layers(model_config, batch)
+  h2, w2 = layers['primary'].output_size()
   in_caps = h2 * w2 * model_config.primary_types
   classes, dim = model_config.num_classes, model_config.digit_dim
-  conv1 = 2 * h1 * w1 * k1 * k1 * channels * model_config.conv1_channels
-  primary = 2 * h2 * w2 * k2 * k2 * model_config.conv1_channels * primary_channels
+  direct = {name: 2 * layer.direct_multiply_adds() for name, layer in layers.items()}
+  performed = {}
+  for name, layer in layers.items():
+    impl = formulations.resolve('conv_impl', model_config.get('conv_impl', 'auto'), backend, layer)
+    performed[name] = 2 * layer.fourier_multiply_adds() if impl == 'fourier' else direct[name]
   predictions = 2 * in_caps * classes * dim * model_config.primary_dim
   routing = 2 * 2 * in_caps * classes * dim * model_config.routing_iterations  # s_j and û·v
   decoder = 0
   if model_config.use_decoder:
     widths = [classes * dim, *model_config.decoder_hidden, height * width * channels]
     decoder = sum(2 * a * b for a, b in zip(widths[:-1], widths[1:]))
-  forward = conv1 + primary + predictions + routing + decoder
-  # Backward: two matmuls per forward matmul (input and weight gradients), except that
-  # Conv1 needs no gradient with respect to the images.
-  return {'forward': forward, 'train': 3 * forward - conv1}
+  rest = predictions + routing + decoder
+  figures = {}
+  for suffix, convs in (('', direct), ('_performed', performed)):
+    forward = convs['conv1'] + convs['primary'] + rest
+    # Backward: two matmuls per forward matmul (input and weight gradients), except that
+    # Conv1 needs no gradient with respect to the images.
+    figures['forward' + suffix] = forward
+    figures['train' + suffix] = 3 * forward - convs['conv1']
+  return figures
 
 
 def buffer_bytes(jitted, *args) -> int:

@@ -5,9 +5,15 @@ here, by the backend JAX runs on. Every entry names the measurement behind it; a
 says so. `python benchmarks/device_report.py` measures every formulation on a backend in
 one run: change an entry when a report says so, and name that report.
 """
+import dataclasses
+from typing import NamedTuple, Optional
+
 import jax
 
-CONV_IMPLS = ('auto', 'xla', 'patches')
+# 'patches': im2col of the whole kernel, one matmul; 'kernel_rows': im2col one kernel row
+# and a few images at a time, rebuilt in the backward pass; 'fourier': a product per
+# frequency of the stride phases' discrete Fourier transforms (capsjax.ops).
+CONV_IMPLS = ('auto', 'xla', 'patches', 'kernel_rows', 'fourier')
 ROUTING_LOOPS = ('auto', 'rolled', 'unrolled')
 # The im2col ('patches') convolution without gradients: a few images at a time
 # (capsjax.ops.PATCHES_CHUNK, through lax.map) or the whole batch as one matmul.
@@ -17,11 +23,91 @@ PATCHES_INFERENCE = ('auto', 'chunked', 'whole_batch')
 # AVX-512 BF16; docs/results.md "CPU speed"). Not the same values: an accuracy choice.
 CONV_INPUTS = ('float32', 'bfloat16')
 
+
+
+class ConvLayer(NamedTuple):
+  """What the CPU's convolution rule decides by: one layer's shape (VALID, square kernel)."""
+  height: int
+  width: int
+  channels: int
+  features: int
+  kernel_size: int
+  stride: int
+  dot_inputs: str = 'float32'
+  batch: int = 128   # images per call: the kernel's transform is shared by them
+
+  def output_size(self):
+    return ((self.height - self.kernel_size) // self.stride + 1, (self.width - self.kernel_size) // self.stride + 1)
+
+  def direct_multiply_adds(self) -> float:
+    """Per image, as im2col (or any direct form) computes it."""
+    out_h, out_w = self.output_size()
+    return out_h * out_w * self.kernel_size ** 2 * self.channels * self.features
+
+  def fourier_multiply_adds(self) -> float:
+    """Per image, as capsjax.ops.fourier_conv2d computes it: the image's transform, the
+    product per frequency, the inverse at the valid outputs, and the kernel's transform
+    shared by the call's `batch` images (a single image pays all of it: 862 M for
+    PrimaryCaps against 191 M direct)."""
+    grid_h, grid_w = -(-self.height // self.stride), -(-self.width // self.stride)
+    taps = -(-self.kernel_size // self.stride)
+    bins = grid_h * (grid_w // 2 + 1)
+    phase_channels = self.stride ** 2 * self.channels
+    out_h, out_w = self.output_size()
+    return (2 * bins * grid_h * grid_w * phase_channels + 4 * bins * phase_channels * self.features
+            + 2 * bins * out_h * out_w * self.features + 2 * bins * taps ** 2 * phase_channels * self.features / self.batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvRule:
+  """A table entry decided per layer: 'fourier' where the call has at least
+  `fourier_min_batch` images and needs at most `fourier_share` of the direct form's
+  multiply-adds (float32 inputs only: its transforms are float32 math); else
+  'kernel_rows' where the call has at least `rows_min_batch` images and a kernel row's
+  im2col depth (kernel width × channels) is at least `row_depth`; else 'patches'.
+  Without a layer: 'patches'."""
+  fourier_share: float
+  fourier_min_batch: int
+  row_depth: int
+  rows_min_batch: int
+
+  def pick(self, layer: Optional[ConvLayer]) -> str:
+    if layer is None:
+      return 'patches'
+    if (layer.dot_inputs == 'float32' and layer.batch >= self.fourier_min_batch
+        and layer.fourier_multiply_adds() <= self.fourier_share * layer.direct_multiply_adds()):
+      return 'fourier'
+    deep = layer.kernel_size * layer.channels >= self.row_depth
+    return 'kernel_rows' if deep and layer.batch >= self.rows_min_batch else 'patches'
+
+  def choices(self) -> tuple:
+    return ('patches', 'kernel_rows', 'fourier')
+
+  def __str__(self):
+    return (f'fourier for batches of >= {self.fourier_min_batch} where it needs <= {self.fourier_share:g} of '
+            f'the direct multiply-adds, else kernel_rows for batches of >= {self.rows_min_batch} where kernel '
+            f'width x channels >= {self.row_depth}, else patches')
+
+
 FASTEST = {
     'cpu': {
         # 2-core x86-64 CPU, paper model, batch 128 (BUILD.md "Formulations per backend", docs/results.md): PrimaryCaps
-        # forward+backward 1.4 s as patches vs 28 s with XLA's convolution.
-        'conv_impl': 'patches',
+        # forward+backward 1.4 s as patches vs 28 s with XLA's convolution. Then, 2026-11-25,
+        # AMD EPYC (Zen 4), PrimaryCaps (9×9 stride 2, 256 → 256; fourier 0.43 of the direct
+        # multiply-adds at batch 128), forward / forward+backward in ms, interleaved repeats
+        # (docs/results.md "Three convolutions"):
+        #   batch    patches         kernel_rows     fourier
+        #       1    4.9 / 14.5      8.6 / 21        38 / 162
+        #       8     23 / 75         28 / 81        47 / 199
+        #      32     80 / 283        69 / 209       68 / 310
+        #      64    148 / 592       136 / 460      145 / 540
+        #     128    302 / 1 400     266 / 867      167 / 567
+        #     256    579 / 2 891     533 / 1 705    301 / 998
+        # (fourier's kernel transform and kernel gradient cost the same for any batch);
+        # Conv1 (9 × 1, stride 1: fourier 10x the multiply-adds) 45 / 77 ms as kernel_rows
+        # against 28 / 57 as patches; a 5×5 stride-2 layer on 64 channels (row depth 320)
+        # 96 / 281 against 93 / 288.
+        'conv_impl': ConvRule(fourier_share=0.5, fourier_min_batch=128, row_depth=1024, rows_min_batch=32),
         # 2-core x86-64 CPU, PrimaryCaps forward at batch 128 (capsjax.ops.patches_conv2d):
         # 325 ms in chunks of 16 images against 533 ms as one matmul (the whole batch's
         # 382 MB patch matrix is memory traffic; a chunk's stays in cache). Whole model,
@@ -56,16 +142,29 @@ FASTEST = {
 }
 
 
-def resolve(option: str, value: str, backend: str = '') -> str:
+def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLayer] = None) -> str:
   """`value` of model option `option`, with 'auto' replaced by FASTEST[backend][option]
-  (backend: JAX's default backend unless given; an unknown backend uses the CPU's entry)."""
+  (backend: JAX's default backend unless given; an unknown backend uses the CPU's entry).
+  An entry decided per layer (ConvRule) reads `layer`, the convolution's shape."""
   allowed = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS}[option]
   if value not in allowed:
     raise ValueError(f'{option} must be one of {allowed}, got {value!r}')
   if value != 'auto':
     return value
   backend = backend or jax.default_backend()
-  return FASTEST.get(backend, FASTEST['cpu'])[option]
+  entry = FASTEST.get(backend, FASTEST['cpu'])[option]
+  return entry.pick(layer) if isinstance(entry, ConvRule) else entry
+
+
+def describe(option: str, backend: str = '') -> str:
+  """What 'auto' means for `option` on `backend`, in words (run headers, reports)."""
+  return str(FASTEST.get(backend or jax.default_backend(), FASTEST['cpu'])[option])
+
+
+def choices(option: str, backend: str = '') -> tuple:
+  """Every value 'auto' can resolve to for `option` on `backend` (one, or a rule's two)."""
+  entry = FASTEST.get(backend or jax.default_backend(), FASTEST['cpu'])[option]
+  return entry.choices() if isinstance(entry, ConvRule) else (entry,)
 
 
 # Explicit choices measured several times slower than another formulation on a backend:

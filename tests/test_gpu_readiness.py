@@ -53,13 +53,16 @@ def test_capsnet_routing_loop_option_keeps_the_outputs():
 
 
 def test_auto_formulations_come_from_the_one_table():
+  paper_primary = formulations.ConvLayer(20, 20, 256, 256, 9, 2)
   for backend, entry in formulations.FASTEST.items():
-    assert formulations.resolve('conv_impl', 'auto', backend) == entry['conv_impl']
+    rule = entry['conv_impl']
+    expected = rule.pick(paper_primary) if isinstance(rule, formulations.ConvRule) else rule
+    assert formulations.resolve('conv_impl', 'auto', backend, paper_primary) == expected
     assert formulations.resolve('routing_loop', 'auto', backend) == entry['routing_loop']
     assert formulations.resolve('patches_inference', 'auto', backend) == entry['patches_inference']
   assert formulations.resolve('conv_impl', 'auto', 'gpu') == 'patches'   # measured on an H100, 2026-11-23
   assert formulations.resolve('routing_loop', 'unrolled', 'cpu') == 'unrolled'   # explicit values stay
-  assert ops.resolve_conv_impl('auto') == formulations.FASTEST[jax.default_backend()]['conv_impl']
+  assert ops.resolve_conv_impl('auto', paper_primary) == formulations.resolve('conv_impl', 'auto', layer=paper_primary)
   with pytest.raises(ValueError, match='routing_loop must be one of'):
     formulations.resolve('routing_loop', 'twice')
 

@@ -35,25 +35,51 @@ def test_optional_parameters_add_exactly_their_size():
   assert with_priors - base == 1152 * 10
 
 
-@pytest.mark.parametrize('stride,size,kernel', [(1, 12, 5), (2, 14, 5), (2, 13, 3)])
-def test_conv_formulations_agree_in_value_and_gradient(stride, size, kernel):
-  images = jax.random.normal(jax.random.key(0), (2, size, size, 3))
+# Odd sizes and strides that do not divide them (phases with zero rows), a kernel the
+# stride does not divide (zero taps), a non-square image, a batch of 18 (kernel_rows
+# works in chunks of 9 then, its backward in a scan).
+@pytest.mark.parametrize('stride,height,width,kernel,batch', [(1, 12, 12, 5, 2), (2, 14, 13, 5, 18), (2, 13, 13, 3, 2),
+                                                              (3, 11, 10, 4, 3)])
+def test_conv_formulations_agree_in_value_and_gradient(stride, height, width, kernel, batch):
+  images = jax.random.normal(jax.random.key(0), (batch, height, width, 3))
   weights = jax.random.normal(jax.random.key(1), (kernel, kernel, 3, 4))
   xla = ops.conv2d(images, weights, stride, 'xla')
-  patches = ops.conv2d(images, weights, stride, 'patches')
-  np.testing.assert_allclose(patches, xla, rtol=1e-5, atol=1e-5)
   loss = lambda x, w, impl: jnp.sum(jnp.sin(ops.conv2d(x, w, stride, impl)))
-  for arg in (0, 1):
-    g_xla = jax.grad(loss, argnums=arg)(images, weights, 'xla')
-    g_patches = jax.grad(loss, argnums=arg)(images, weights, 'patches')
-    np.testing.assert_allclose(g_patches, g_xla, rtol=1e-4, atol=1e-4)
+  g_xla = jax.grad(loss, argnums=(0, 1))(images, weights, 'xla')
+  for impl in ('patches', 'kernel_rows', 'fourier'):
+    np.testing.assert_allclose(jax.jit(ops.conv2d, static_argnums=(2, 3))(images, weights, stride, impl), xla,
+                               rtol=1e-5, atol=2e-5, err_msg=impl)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(images, weights, impl)
+    for ours, theirs in zip(grads, g_xla):
+      np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=impl)
+
+
+def test_auto_picks_the_convolution_per_layer_by_the_rule():
+  from capsjax import formulations  # pylint: disable=g-import-not-at-top
+  layer = formulations.ConvLayer
+  primary, conv1 = layer(20, 20, 256, 256, 9, 2), layer(28, 28, 1, 256, 9, 1)
+  # Hand counts for PrimaryCaps: 6·6·81·256·256 direct; fourier on the 10×10 grid of 4 phases
+  # (60 bins, 1024 channels): 2·60·100·1024 + 4·60·1024·256 + 2·60·36·256 + 2·60·25·1024·256/128.
+  assert primary.direct_multiply_adds() == 6 * 6 * 81 * 256 * 256
+  assert primary.fourier_multiply_adds() == 2 * 60 * 100 * 1024 + 4 * 60 * 1024 * 256 + 2 * 60 * 36 * 256 + 2 * 60 * 25 * 1024 * 2
+  assert formulations.resolve('conv_impl', 'auto', 'cpu', primary) == 'fourier'
+  assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=64)) == 'kernel_rows'
+  assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=1)) == 'patches'   # the explorer
+  assert formulations.resolve('conv_impl', 'auto', 'cpu', conv1) == 'patches'          # fourier: 10x the work
+  assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(dot_inputs='bfloat16')) == 'kernel_rows'
+  assert formulations.resolve('conv_impl', 'auto', 'cpu', layer(66, 66, 128, 128, 9, 1)) == 'kernel_rows'
+  assert formulations.resolve('conv_impl', 'auto', 'gpu', primary) == 'patches'
+  assert formulations.resolve('conv_impl', 'kernel_rows', 'cpu', conv1) == 'kernel_rows'   # explicit stays
+  with pytest.raises(ValueError, match="'fourier' computes in float32"):
+    ops.conv2d(jnp.ones((1, 9, 9, 2)), jnp.ones((3, 3, 2, 2)), 2, 'fourier', dot_inputs='bfloat16')
 
 
 def _bf16(array):
   return array.astype(jnp.bfloat16).astype(jnp.float32)
 
 
-@pytest.mark.parametrize('impl,inference', [('patches', 'chunked'), ('patches', 'whole_batch'), ('xla', 'auto')])
+@pytest.mark.parametrize('impl,inference', [('patches', 'chunked'), ('patches', 'whole_batch'), ('kernel_rows', 'auto'),
+                                            ('xla', 'auto')])
 def test_bfloat16_conv_inputs_round_the_inputs_and_accumulate_in_float32(impl, inference):
   # The reference: float32 math on bfloat16-rounded images and kernel (the gradients: on
   # rounded patches and output gradient, as dW = Pᵀ g and dP = g Wᵀ see them). Values
@@ -73,7 +99,7 @@ def test_bfloat16_conv_inputs_round_the_inputs_and_accumulate_in_float32(impl, i
   r_images, r_weights = jax.grad(reference, argnums=(0, 1))(_bf16(images), _bf16(weights))
   # XLA's convolution differentiates through the casts, so its gradients come out rounded
   # to bfloat16 as well (relative error < 2⁻⁷); the patches form keeps them in float32.
-  tolerance = 1e-5 if impl == 'patches' else 2 ** -7
+  tolerance = 2 ** -7 if impl == 'xla' else 1e-5
   np.testing.assert_allclose(g_images, r_images, rtol=tolerance)
   np.testing.assert_allclose(g_weights, r_weights, rtol=tolerance)
   with pytest.raises(ValueError, match='dot_inputs must be one of'):
@@ -149,7 +175,7 @@ def test_same_padding_conv_equals_flax_conv(kernel):
   reference = nn.Conv(6, (kernel, kernel), padding='SAME')
   params = reference.init(jax.random.key(5), images)['params']
   expected = reference.apply({'params': params}, images)
-  for impl in ('xla', 'patches'):
+  for impl in ('xla', 'patches', 'kernel_rows', 'fourier'):
     ours = Conv(6, kernel, padding='SAME', impl=impl)
     np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
   assert expected.shape == (2, 11, 11, 6)
@@ -159,7 +185,7 @@ def test_auto_never_resolves_to_a_choice_measured_slow_and_explicit_ones_say_so(
   from capsjax import formulations  # pylint: disable=g-import-not-at-top
   for option, value, backend in formulations.SLOW_CHOICES:
     if option in ('conv_impl', 'patches_inference', 'routing_loop'):
-      assert formulations.resolve(option, 'auto', backend) != value, (option, backend)
+      assert value not in formulations.choices(option, backend), (option, backend)
   paper = {'conv_impl': 'auto', 'dtype': 'float32', 'conv_inputs': 'float32'}
   assert formulations.slow_choices(paper, 'cpu') == []
   lines = formulations.slow_choices(dict(paper, conv_impl='xla', dtype='bfloat16'), 'cpu')
