@@ -48,8 +48,12 @@ def part_of(op_name: str) -> str:
   where = 'backward' if backward else 'forward'
   leaf = op_name.rsplit('/', 1)[-1]
   if 'primary_caps/conv' in op_name:
-    if any(transform in op_name for transform in ('fp,bpc->fbc', 'ft,tco->fco', 'fq,fbo->bqo')):
-      return f'{where}: PrimaryCaps Fourier transforms (matmuls)'
+    if '/fourier/' in op_name:   # capsjax.ops.fourier_conv2d
+      if any(transform in op_name for transform in ('fp,bpc->fbc', 'ft,tco->fco', 'fq,fbo->bqo')):
+        return f'{where}: PrimaryCaps Fourier transforms (matmuls)'
+      if 'dot_general' in leaf:
+        return f'{where}: PrimaryCaps convolution (matmul)'
+      return f'{where}: PrimaryCaps Fourier: products\' sums, negations, layouts'
     if 'dot_general' in leaf:
       return f'{where}: PrimaryCaps convolution (matmul)'
     if backward and 'transpose(jvp())' in op_name:

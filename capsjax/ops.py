@@ -245,10 +245,11 @@ kernel_rows_conv2d.defvjp(_kernel_rows_fwd, _kernel_rows_bwd)
 
 @functools.lru_cache(maxsize=None)
 def _fourier_matrices(grid_h: int, grid_w: int, taps_h: int, taps_w: int, out_h: int, out_w: int):
-  """The real DFT of a grid_h × grid_w grid (half spectrum along w) as matrices:
-  (forward cos, forward sin) [bins, grid positions]; the same at the kernel's taps
-  [bins, taps]; the inverse at the valid outputs (cos, sin) [bins, outputs], each bin
-  weighted by how often it stands for its conjugate and by 1/N."""
+  """The real DFT of a grid_h × grid_w grid (half spectrum along w) as matrices, signs
+  folded in (a negation would be one more pass over a large array, and its gradient
+  another): (cos, -sin) [bins, grid positions]; (cos, sin) at the kernel's taps [bins,
+  taps]; the inverse at the valid outputs (cos, -sin) [bins, outputs], each bin weighted
+  by how often it stands for its conjugate and by 1/N."""
   rows, columns = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing='ij')
   freq_h, freq_w = np.meshgrid(np.arange(grid_h), np.arange(grid_w // 2 + 1), indexing='ij')
   angle = 2 * np.pi * (freq_h.reshape(-1, 1) * rows.reshape(1, -1) / grid_h
@@ -259,8 +260,8 @@ def _fourier_matrices(grid_h: int, grid_w: int, taps_h: int, taps_w: int, out_h:
   twins = np.where((freq_w == 0) | ((grid_w % 2 == 0) & (freq_w == grid_w // 2)), 1.0, 2.0).reshape(-1, 1)
   weight = twins / (grid_h * grid_w)
   as32 = lambda a: np.asarray(a, np.float32)
-  return (as32(np.cos(angle)), as32(np.sin(angle)), as32(np.cos(angle[:, taps])), as32(np.sin(angle[:, taps])),
-          as32(weight * np.cos(angle[:, outputs])), as32(weight * np.sin(angle[:, outputs])))
+  return (as32(np.cos(angle)), as32(-np.sin(angle)), as32(np.cos(angle[:, taps])), as32(np.sin(angle[:, taps])),
+          as32(weight * np.cos(angle[:, outputs])), as32(-weight * np.sin(angle[:, outputs])))
 
 
 def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:
@@ -290,21 +291,22 @@ def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:
   phased_kernel = jnp.pad(kernel, ((0, pad), (0, pad), (0, 0), (0, 0)))
   phased_kernel = phased_kernel.reshape(taps, stride, taps, stride, channels, features).transpose(0, 2, 1, 3, 4, 5)
   phased_kernel = phased_kernel.reshape(taps * taps, phase_channels, features)
-  cos, sin, tap_cos, tap_sin, inverse_cos, inverse_sin = _fourier_matrices(grid_h, grid_w, taps, taps, out_h, out_w)
+  cos, minus_sin, tap_cos, tap_sin, inverse_cos, minus_inverse_sin = _fourier_matrices(
+      grid_h, grid_w, taps, taps, out_h, out_w)
   exact = jax.lax.Precision.HIGHEST
-  # X = Σ x e^{-iθ}                                         # [bins, batch, s²c]
+  # X = Σ x e^{-iθ}                                       # [bins, batch, s²c]
   images_re = jnp.einsum('fp,bpc->fbc', cos, phased, precision=exact)
-  images_im = -jnp.einsum('fp,bpc->fbc', sin, phased, precision=exact)
-  # K likewise                                              # [bins, s²c, out]
+  images_im = jnp.einsum('fp,bpc->fbc', minus_sin, phased, precision=exact)
+  # conj(K) = Σ k e^{+iθ}                                 # [bins, s²c, out]
   kernel_re = jnp.einsum('ft,tco->fco', tap_cos, phased_kernel, precision=exact)
-  kernel_im = -jnp.einsum('ft,tco->fco', tap_sin, phased_kernel, precision=exact)
+  kernel_conj_im = jnp.einsum('ft,tco->fco', tap_sin, phased_kernel, precision=exact)
   # Correlation: Y = X conj(K), one complex product per bin  # [bins, batch, out]
   product = lambda a, b: jnp.einsum('fbc,fco->fbo', a, b)
-  outputs_re = product(images_re, kernel_re) + product(images_im, kernel_im)
-  outputs_im = product(images_im, kernel_re) - product(images_re, kernel_im)
-  # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs          # [batch, out_h*out_w, out]
+  outputs_re = product(images_re, kernel_re) - product(images_im, kernel_conj_im)
+  outputs_im = product(images_re, kernel_conj_im) + product(images_im, kernel_re)
+  # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs        # [batch, out_h*out_w, out]
   outputs = (jnp.einsum('fq,fbo->bqo', inverse_cos, outputs_re, precision=exact)
-             - jnp.einsum('fq,fbo->bqo', inverse_sin, outputs_im, precision=exact))
+             + jnp.einsum('fq,fbo->bqo', minus_inverse_sin, outputs_im, precision=exact))
   return outputs.reshape(batch, out_h, out_w, features)
 
 
@@ -326,7 +328,8 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
     if dot_inputs != 'float32':
       raise ValueError("conv_impl='fourier' computes in float32 (its transforms would lose digits); "
                        f"dot_inputs={dot_inputs!r} needs 'patches', 'kernel_rows' or 'xla'")
-    return fourier_conv2d(images, kernel, stride)
+    with jax.named_scope('fourier'):   # the profile's label (benchmarks/profile_step.py)
+      return fourier_conv2d(images, kernel, stride)
   if impl == 'xla':
     return jax.lax.conv_general_dilated(
         _dot_input(images, dot_inputs), _dot_input(kernel, dot_inputs), window_strides=(stride, stride),

@@ -456,7 +456,7 @@ DESCRIPTIONS = {
     'model.stop_gradient_predictions': 'gradients reach the predictions through the last routing iteration only',
     'model.use_decoder': 'the reconstruction decoder (and its loss)',
     'model.decoder_hidden': "the decoder's hidden widths (512, 1024)",
-    'model.conv_impl': "convolutions as XLA's or im2col + matmul (same values; auto: faster on the backend)",
+    'model.conv_impl': "convolutions as XLA's, im2col + matmul, im2col by kernel rows, or products of Fourier transforms (same values; auto: faster on the backend, on a CPU per layer)",
     'model.patches_inference': 'the im2col conv at inference a few images at a time or the whole batch (same values)',
     'model.conv_inputs': "the convolutions' matmul inputs: float32, or bfloat16 accumulated in float32 (faster on AVX-512 BF16 CPUs)",
     'model.dtype': 'compute dtype of convolutions and predictions (routing, losses and decoder stay float32)',
