@@ -309,6 +309,26 @@ DECONV_START_SIDE = 8
 DECONV_CHANNELS = (64, 32, 16)
 
 
+class TransposedConv(nn.Module):
+  """flax.linen.ConvTranspose(features, (k, k), strides=(s, s), padding='SAME') with the same
+  parameters ('kernel' [k, k, in, features], 'bias'), computed by ops.conv_transpose2d in
+  the formulation `impl` picks (same values)."""
+  features: int
+  kernel_size: int
+  stride: int
+  impl: str = 'auto'
+  patches_inference: str = 'auto'
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, images: Array) -> Array:
+    kernel = self.param('kernel', self.kernel_init,
+                        (self.kernel_size, self.kernel_size, images.shape[-1], self.features))
+    bias = self.param('bias', self.bias_init, (self.features,))
+    return ops.conv_transpose2d(images, kernel, self.stride, self.impl, self.patches_inference) + bias
+
+
 class DeconvDecoder(nn.Module):
   """A decoder whose size does not grow with the image: masked capsules → Dense → a
   [⌈h/2^s⌉, ⌈w/2^s⌉, 64] grid → s transposed 3×3 stride-2 convolutions (ReLU, channels
@@ -316,6 +336,8 @@ class DeconvDecoder(nn.Module):
   As DeepCaps (Rajasegaran et al., CVPR 2019) decodes; at 28×28 it has
   0.5M parameters where the paper's dense decoder has 1.4M, at 128×128×3 0.7M vs 50M."""
   output_shape: Sequence[int] = (28, 28, 1)
+  impl: str = 'auto'               # the transposed convolutions' formulation (TransposedConv)
+  patches_inference: str = 'auto'
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
@@ -332,7 +354,7 @@ class DeconvDecoder(nn.Module):
     for stage in range(stages):
       last = stage == stages - 1
       width_out = channels if last else DECONV_CHANNELS[min(stage + 1, len(DECONV_CHANNELS) - 1)]
-      grid = nn.ConvTranspose(width_out, (3, 3), strides=(2, 2), padding='SAME', kernel_init=self.kernel_init,
-                              bias_init=self.bias_init, name=f'deconv{stage}')(grid)
+      grid = TransposedConv(width_out, 3, 2, impl=self.impl, patches_inference=self.patches_inference,
+                            kernel_init=self.kernel_init, bias_init=self.bias_init, name=f'deconv{stage}')(grid)
       grid = grid if last else nn.relu(grid)
     return nn.sigmoid(grid[:, :height, :width, :])                               # [batch, h, w, c]

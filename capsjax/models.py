@@ -207,7 +207,8 @@ class CapsNet(nn.Module):
         routing_options=dict(self.routing_options or {}), transforms=self.transforms, types=self.primary_types,
         votes=self.votes)
     if self.use_decoder and self.decoder == 'deconv':
-      self.reconstruction = DeconvDecoder(tuple(self.input_shape), kernel_init=inits['decoder'],
+      self.reconstruction = DeconvDecoder(tuple(self.input_shape), impl=self.conv_impl,
+                                          patches_inference=self.patches_inference, kernel_init=inits['decoder'],
                                           bias_init=inits['bias'], name='decoder')
     elif self.use_decoder:
       self.reconstruction = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape),

@@ -340,3 +340,32 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
   if impl == 'kernel_rows':
     return kernel_rows_conv2d(images, kernel, stride, inference_chunk, chunk, dot_inputs)
   return patches_conv2d(images, kernel, stride, inference_chunk, dot_inputs)
+
+
+def transposed_conv_padding(kernel_size: int, stride: int):
+  """(before, after) padding of the input-dilated convolution equal to a transposed one with
+  'SAME' padding (jax.lax.conv_transpose's rule): the output side is input side × stride."""
+  total = kernel_size + stride - 2
+  before = kernel_size - 1 if stride > kernel_size - 1 else -(-total // 2)
+  return before, total - before
+
+
+def conv_transpose2d(images: Array, kernel: Array, stride: int, impl: str = 'auto',
+                     patches_inference: str = 'auto') -> Array:
+  """Transposed 2-D convolution, NHWC, kernel [kh, kw, in, out], 'SAME' (output side = input
+  side × stride), the kernel used as given: flax.linen.ConvTranspose(padding='SAME').
+
+  'xla' is XLA's convolution with input dilation (lax.conv_transpose); the other forms
+  insert the zeros and pad explicitly (one lax.pad), then run `conv2d` at stride 1 in the
+  form `impl` resolves to for that layer. Why: XLA:CPU's gradient of the input-dilated
+  convolution was 11× its forward (the 128 px `images` decoder, docs/results.md); as
+  patches the backward is two matmuls and a col2im, like every other convolution here.
+  """
+  kernel_size = kernel.shape[0]
+  if impl == 'xla' or (impl == 'auto' and resolve_conv_impl('auto') == 'xla'):
+    return jax.lax.conv_transpose(images, kernel, (stride, stride), 'SAME',
+                                  dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  before, after = transposed_conv_padding(kernel_size, stride)
+  spatial = (before, after, stride - 1)
+  dilated = jax.lax.pad(images, jnp.zeros((), images.dtype), ((0, 0, 0), spatial, spatial, (0, 0, 0)))
+  return conv2d(dilated, kernel, 1, impl, patches_inference)

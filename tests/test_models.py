@@ -181,6 +181,28 @@ def test_same_padding_conv_equals_flax_conv(kernel):
   assert expected.shape == (2, 11, 11, 6)
 
 
+@pytest.mark.parametrize('side,stride,kernel', [(5, 2, 3), (4, 2, 3), (3, 3, 4)])
+def test_transposed_conv_equals_flax_conv_transpose_in_value_and_gradient(side, stride, kernel):
+  # The deconv decoder's layer: the same parameters as flax's ConvTranspose (checkpoints
+  # load either way), the same values and gradients in every formulation.
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from capsjax.layers import TransposedConv  # pylint: disable=g-import-not-at-top
+  images = jax.random.normal(jax.random.key(6), (2, side, side + 1, 3))
+  reference = nn.ConvTranspose(4, (kernel, kernel), strides=(stride, stride), padding='SAME')
+  params = reference.init(jax.random.key(7), images)['params']
+  loss = lambda module: lambda p, x: jnp.sum(jnp.sin(module.apply({'params': p}, x)))
+  expected = reference.apply({'params': params}, images)
+  expected_grads = jax.grad(loss(reference), argnums=(0, 1))(params, images)
+  assert expected.shape == (2, side * stride, (side + 1) * stride, 4)
+  for impl in ('xla', 'patches'):
+    ours = TransposedConv(4, kernel, stride, impl=impl)
+    assert jax.tree.map(jnp.shape, ours.init(jax.random.key(7), images)['params']) == jax.tree.map(jnp.shape, params)
+    np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
+    grads = jax.grad(loss(ours), argnums=(0, 1))(params, images)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_auto_never_resolves_to_a_choice_measured_slow_and_explicit_ones_say_so():
   from capsjax import formulations  # pylint: disable=g-import-not-at-top
   for option, value, backend in formulations.SLOW_CHOICES:
