@@ -25,6 +25,11 @@ CONV_INPUTS = ('float32', 'bfloat16')
 
 
 
+def valid_output_size(height: int, width: int, kernel_size: int, stride: int) -> tuple:
+  """(rows, columns) of a VALID convolution's output."""
+  return (height - kernel_size) // stride + 1, (width - kernel_size) // stride + 1
+
+
 class ConvLayer(NamedTuple):
   """What the CPU's convolution rule decides by: one layer's shape (VALID, square kernel)."""
   height: int
@@ -37,7 +42,7 @@ class ConvLayer(NamedTuple):
   batch: int = 128   # images per call: the kernel's transform is shared by them
 
   def output_size(self):
-    return ((self.height - self.kernel_size) // self.stride + 1, (self.width - self.kernel_size) // self.stride + 1)
+    return valid_output_size(self.height, self.width, self.kernel_size, self.stride)
 
   def direct_multiply_adds(self) -> float:
     """Per image, as im2col (or any direct form) computes it."""
@@ -82,11 +87,6 @@ class ConvRule:
 
   def choices(self) -> tuple:
     return ('patches', 'kernel_rows', 'fourier')
-
-  def __str__(self):
-    return (f'fourier for batches of >= {self.fourier_min_batch} where it needs <= {self.fourier_share:g} of '
-            f'the direct multiply-adds, else kernel_rows for batches of >= {self.rows_min_batch} where kernel '
-            f'width x channels >= {self.row_depth}, else patches')
 
 
 FASTEST = {
@@ -154,11 +154,6 @@ def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLaye
   backend = backend or jax.default_backend()
   entry = FASTEST.get(backend, FASTEST['cpu'])[option]
   return entry.pick(layer) if isinstance(entry, ConvRule) else entry
-
-
-def describe(option: str, backend: str = '') -> str:
-  """What 'auto' means for `option` on `backend`, in words (run headers, reports)."""
-  return str(FASTEST.get(backend or jax.default_backend(), FASTEST['cpu'])[option])
 
 
 def choices(option: str, backend: str = '') -> tuple:

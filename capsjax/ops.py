@@ -31,9 +31,7 @@ def resolve_conv_impl(impl: str, layer: Optional[formulations.ConvLayer] = None)
 
 def extract_patches(images: Array, kernel_size: int, stride: int) -> Array:
   """VALID im2col: [batch, h, w, c] → [batch, out_h, out_w, kh*kw*c] (kh, kw, c order)."""
-  _, height, width, _ = images.shape
-  out_h = (height - kernel_size) // stride + 1
-  out_w = (width - kernel_size) // stride + 1
+  out_h, out_w = formulations.valid_output_size(images.shape[1], images.shape[2], kernel_size, stride)
   # One strided slice per kernel offset; concatenated in (kh, kw, c) order to match the
   # row order of kernel.reshape(kh*kw*c, out).
   slices = [
@@ -118,7 +116,6 @@ patches_conv2d.defvjp(_patches_conv2d_fwd, _patches_conv2d_bwd)
 
 # Images per chunk in `patches_conv2d` (inference); 8–32 measured alike.
 PATCHES_CHUNK = 16
-ROWS_UNROLL = False
 
 
 def _row_phases(images: Array, stride: int) -> Array:
@@ -147,8 +144,7 @@ def _column_patches(rows: Array, kernel_size: int, stride: int, out_w: int) -> A
 
 
 def _output_size(images: Array, kernel: Array, stride: int):
-  kernel_size = kernel.shape[0]
-  return ((images.shape[1] - kernel_size) // stride + 1, (images.shape[2] - kernel_size) // stride + 1)
+  return formulations.valid_output_size(images.shape[1], images.shape[2], kernel.shape[0], stride)
 
 
 def _kernel_rows_forward(images, kernel, stride, chunk, dot_inputs):
@@ -166,7 +162,7 @@ def _kernel_rows_forward(images, kernel, stride, chunk, dot_inputs):
       return outputs + _dot('bhwk,ko->bhwo', patches, row_kernels[kernel_row], images.dtype)
 
     zeros = jnp.zeros((chunk_images.shape[0], out_h, out_w, features), images.dtype)
-    return jax.lax.fori_loop(0, kernel_size, add_row, zeros, unroll=ROWS_UNROLL)
+    return jax.lax.fori_loop(0, kernel_size, add_row, zeros)
 
   if chunk >= batch:
     return one_chunk(images)
@@ -226,7 +222,7 @@ def _kernel_rows_bwd(stride, chunk, train_chunk, dot_inputs, residuals, output_g
       return kernel_grad, phased_grad
 
     kernel_grad, phased_grad = jax.lax.fori_loop(
-        0, kernel_size, add_row, (kernel_grad, jnp.zeros(phased.shape, images.dtype)), unroll=ROWS_UNROLL)
+        0, kernel_size, add_row, (kernel_grad, jnp.zeros(phased.shape, images.dtype)))
     images_grad = phased_grad.reshape(chunk_images.shape[0], -1, width, channels)[:, :chunk_images.shape[1]]
     return kernel_grad, images_grad
 
