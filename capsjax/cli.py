@@ -94,6 +94,7 @@ def run_program(main: Callable[[], int]) -> NoReturn:
   first: see xla_flags_problem)."""
   as_program()
   check_xla_flags()
+  check_backend()
   sys.exit(main())
 
 
@@ -119,6 +120,8 @@ def xla_flags_problem(environ=None) -> Optional[str]:
   environ = os.environ if environ is None else environ
   value = environ.get('XLA_FLAGS', '').strip()
   if not value:
+    if environ.get('XLA_FLAGS'):   # XLA would read the blanks as the name of a file of flags
+      return f'XLA_FLAGS={environ["XLA_FLAGS"]!r}: only white space; unset it or give flags (--name=value …)'
     return None
   if not value.startswith('--'):   # XLA reads such a value as a file of flags
     path = value.split()[0]
@@ -143,6 +146,20 @@ def xla_flags_problem(environ=None) -> Optional[str]:
     return (f'XLA_FLAGS: --{bad_value.group(2)}={bad_value.group(1).rstrip(".")}: a value this XLA flag '
             'does not take (XLA would stop the run at its start)')
   return None
+
+
+def check_backend() -> None:
+  """Ends the program with one line (exit 2) if JAX cannot start the backend that
+  JAX_PLATFORMS (or JAX_PLATFORM_NAME) names. Only when one is named: JAX's default falls back
+  to the CPU, and a command's flag errors stay free of JAX's import (about a second)."""
+  asked = os.environ.get('JAX_PLATFORMS') or os.environ.get('JAX_PLATFORM_NAME')
+  if not asked or asked.strip() == 'cpu':
+    return
+  from capsjax import runtime  # pylint: disable=g-import-not-at-top
+  try:
+    runtime.check_backend()
+  except CapsjaxError as e:
+    fail(str(e))
 
 
 def say(what: str) -> None:

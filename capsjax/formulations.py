@@ -24,6 +24,13 @@ PATCHES_INFERENCE = ('auto', 'chunked', 'whole_batch')
 CONV_INPUTS = ('float32', 'bfloat16')
 
 
+def conv_inputs_problem(conv_impl: str, conv_inputs: str) -> Optional[str]:
+  """Why `conv_impl` cannot take `conv_inputs`, or None."""
+  if conv_impl == 'fourier' and conv_inputs != 'float32':
+    return ("conv_impl='fourier' computes in float32 (its transforms would lose digits); "
+            f"conv_inputs={conv_inputs!r} needs 'patches', 'kernel_rows' or 'xla'")
+  return None
+
 
 def valid_output_size(height: int, width: int, kernel_size: int, stride: int) -> tuple:
   """(rows, columns) of a VALID convolution's output."""

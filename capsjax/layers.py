@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
-from capsjax.routing import (ROUTINGS, coordinate_offsets, route, routing_option_defaults, shared_form, shared_votes,
+from capsjax.routing import (ROUTINGS, coordinate_offsets, route, own_routing_options, shared_form, shared_votes,
                              squash, vector_norm)
 
 Array = jax.Array
@@ -196,8 +196,7 @@ class CapsuleLayer(nn.Module):
       raise ValueError(f'routing {self.routing!r} has no routing logits (see ROUTINGS[name].returns_logits)')
     if return_couplings and not entry.returns_couplings:
       raise ValueError(f'routing {self.routing!r} has no couplings (see ROUTINGS[name].returns_couplings)')
-    given = dict(self.routing_options or {})
-    options = {k: given[k] for k in routing_option_defaults(self.routing) if k in given}   # its own only
+    options = own_routing_options(self.routing, dict(self.routing_options or {}))   # another's is an error
     for name, (shape, initial) in entry.learned.items():
       options[name] = self.param(f'routing_{name}', nn.initializers.constant(initial),
                                  shape(in_caps, self.num_capsules, self.dim))

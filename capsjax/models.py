@@ -9,7 +9,8 @@ import ml_collections
 from capsjax.layers import (LAYER_FEATURES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps, StridedStem,
                             halved, stem_stages)
 from capsjax.registry import Registry
-from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults, vector_norm
+from capsjax.routing import (ROUTINGS, configurable_routing_options, own_routing_options, routing_option_defaults,
+                             vector_norm)
 
 Array = jax.Array
 
@@ -364,6 +365,9 @@ def build_model(name: str, **fields) -> nn.Module:
       fields[key] = value.to_dict()
   if fields.get('dtype') is not None:
     fields['dtype'] = jnp.dtype(fields['dtype'])
+  if fields.get('routing_options'):   # a config's: every routing's options, the others' at their defaults
+    fields['routing_options'] = own_routing_options(fields.get('routing', 'dynamic'), fields['routing_options'],
+                                                    others_at_default=True)
   return cls(**fields)
 
 

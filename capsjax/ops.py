@@ -321,9 +321,9 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
   layer = formulations.ConvLayer(height, width, channels, kernel.shape[3], kernel.shape[0], stride, dot_inputs, batch)
   impl = resolve_conv_impl(impl, layer)
   if impl == 'fourier':
-    if dot_inputs != 'float32':
-      raise ValueError("conv_impl='fourier' computes in float32 (its transforms would lose digits); "
-                       f"dot_inputs={dot_inputs!r} needs 'patches', 'kernel_rows' or 'xla'")
+    problem = formulations.conv_inputs_problem(impl, dot_inputs)
+    if problem:
+      raise ValueError(problem)
     with jax.named_scope('fourier'):   # the profile's label (benchmarks/profile_step.py)
       return fourier_conv2d(images, kernel, stride)
   if impl == 'xla':

@@ -442,6 +442,30 @@ def routing_option_defaults(name: str) -> Dict[str, Any]:
           if p.name not in _OWN_ARGUMENTS and p.name not in entry.learned and p.name not in entry.layer_inputs}
 
 
+def own_routing_options(name: str, options: Dict[str, Any], *, others_at_default: bool = False) -> Dict[str, Any]:
+  """The options in `options` that routing `name` takes; ValueError for any other (a typo,
+  another routing's option), naming what it takes. `others_at_default`: another routing's
+  option left at its default is dropped instead (a config's routing_options lists every
+  routing's options at their defaults, so that any of them can be set from the command line)."""
+  own = routing_option_defaults(name)
+  every = configurable_routing_options() if others_at_default else {}
+  kept = {}
+  for option, value in options.items():
+    if option in own:
+      kept[option] = value
+    elif not (option in every and _same_value(value, every[option])):
+      takes = f'its options are {", ".join(own)}' if own else 'it takes no options'
+      raise ValueError(f'routing {name!r} takes no option {option!r} ({takes})')
+  return kept
+
+
+def _same_value(a, b) -> bool:
+  try:
+    return bool(a == b)
+  except (TypeError, ValueError):
+    return False
+
+
 def configurable_routing_options() -> Dict[str, Any]:
   """Every option of the registered routings, at its default: what
   config.model.routing_options holds."""

@@ -8,6 +8,7 @@ the loop has compiled its first step (nothing is trained yet that a checkpoint w
 """
 import os
 import platform
+import re
 import signal
 import socket
 import sys
@@ -120,7 +121,8 @@ def check_backend() -> None:
     jax.devices()
   except (RuntimeError, AssertionError) as e:
     asked = os.environ.get('JAX_PLATFORMS') or os.environ.get('JAX_PLATFORM_NAME') or 'the default'
-    detail = (str(e).strip().splitlines() or ['no backend'])[0][:200]
+    detail = (str(e).strip().splitlines() or ['no backend'])[0]
+    detail = re.sub(r'\s*\(set JAX_PLATFORMS=.*$', '', detail)[:200]   # its advice is the line's own
     raise ConfigError(f'JAX cannot start the backend JAX_PLATFORMS={asked!r} asks for on this machine ({detail}); '
                       'unset JAX_PLATFORMS, or install the JAX build for that device') from None
 

@@ -23,7 +23,7 @@ from capsjax import assemble, formulations, memory, reports, runtime, sharding, 
 from capsjax import workdir as workdir_lib
 from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
-from capsjax.errors import CapsjaxError, RunStopped
+from capsjax.errors import CapsjaxError, CheckpointError, RunStopped
 from capsjax.events import EventWriter
 from capsjax.ensembles import member_knobs
 from capsjax.models import count_params
@@ -246,6 +246,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     (12, True)
   """
   created = not os.path.exists(os.path.abspath(os.path.expanduser(workdir)))
+  _check_reevaluation(os.path.abspath(os.path.expanduser(workdir)), config)   # before the workdir is touched
   workdir = workdir_lib.prepare(workdir)
   is_writer = sharding.is_main_process()
   finished = _finished(workdir, config)
@@ -299,6 +300,10 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
         first_step >= num_steps or previous.get('stopped_early'))
     if complete and not config.get('reevaluate'):
       return _complete(workdir, previous)
+    if config.get('reevaluate') and previous.get('completed') and first_step != previous.get('steps'):
+      # The newest checkpoint was unreadable and an older one restored: training on from
+      # there would overwrite the finished run's results.
+      raise CheckpointError(_reevaluation_refused(workdir, previous, f'restored step {first_step}'))
     if previous.get('stopped_early') and previous.get('steps') == first_step:
       num_steps = first_step   # a run that stopped early is finished
     metrics_log = workdir_lib.MetricsLog(workdir, is_writer, EventWriter(workdir))
@@ -411,6 +416,28 @@ def _complete(workdir: str, results: Dict[str, Any]) -> RunResult:
   _log(f'{workdir} is complete ({results["steps"]} steps): results in {os.path.join(workdir, "results.json")}; '
        '--config.reevaluate=True evaluates it again')
   return RunResult.from_results(results)
+
+
+def _reevaluation_refused(workdir: str, previous: Dict[str, Any], found: str) -> str:
+  return (f'--config.reevaluate=True: {workdir} finished at step {previous.get("steps")} but {found}, so its '
+          'final parameters cannot be evaluated again (training on would overwrite results.json); '
+          'nothing was changed')
+
+
+def _check_reevaluation(workdir: str, config) -> None:
+  """CheckpointError if `config.reevaluate` asks to evaluate a finished run whose final
+  checkpoint is gone: the run would otherwise train again from its newest checkpoint (or
+  from scratch) and overwrite the finished run's results."""
+  if not config.get('reevaluate'):
+    return
+  previous = workdir_lib.read_results(workdir)
+  if not previous.get('completed'):
+    return
+  newest = ckpt.newest_step_on_disk(os.path.join(workdir, 'checkpoints'))
+  if newest != previous.get('steps'):
+    found = ('it has no checkpoint' if newest is None
+             else f'its newest checkpoint is of step {newest}')
+    raise CheckpointError(_reevaluation_refused(workdir, previous, found))
 
 
 def _finished(workdir: str, config) -> Optional[Dict[str, Any]]:

@@ -9,6 +9,8 @@ import math
 import re
 from typing import Any, Callable, Iterable, List, Tuple
 
+import ml_collections
+
 from capsjax.data.images import BACKGROUNDS
 from capsjax.data.rows import HOST_IMAGES
 from capsjax.data.sources import dataset_names_help, is_dataset_name
@@ -17,7 +19,7 @@ from capsjax.errors import ConfigError
 from capsjax.losses import MARGIN_REDUCTIONS
 from capsjax.models import INITS, MODELS
 from capsjax.objectives import OBJECTIVES
-from capsjax.formulations import CONV_IMPLS, CONV_INPUTS, PATCHES_INFERENCE, ROUTING_LOOPS
+from capsjax.formulations import CONV_IMPLS, CONV_INPUTS, PATCHES_INFERENCE, ROUTING_LOOPS, conv_inputs_problem
 from capsjax.routing import ROUTINGS
 
 DTYPES = ('float32', 'bfloat16', 'float16')
@@ -82,10 +84,11 @@ class _RegisteredTuple(_Registered):
     self.what = what
 
   def __call__(self, value) -> bool:
-    return isinstance(value, (tuple, list)) and len(value) > 0 and all(v in tuple(self.names()) for v in value)
+    return (isinstance(value, (tuple, list)) and len(value) > 0 and all(v in tuple(self.names()) for v in value)
+            and len(set(value)) == len(value))
 
   def __str__(self) -> str:
-    return f'a tuple of {self.what} ({", ".join(self.names())})'
+    return f'a tuple of distinct {self.what} ({", ".join(self.names())})'
 
 
 def registered_tuple(names: Callable[[], Iterable[str]], what: str):
@@ -258,6 +261,9 @@ def _check_model(model, prefix: str, problems: List[str]) -> None:
   _check_rules(model, MODEL_RULES, prefix, problems)
   if len(problems) > before:
     return   # the family's own cross-field checks need valid fields
+  inputs_problem = conv_inputs_problem(model.get('conv_impl'), model.get('conv_inputs', 'float32'))
+  if inputs_problem:
+    problems.append(f'config.{prefix}conv_inputs={model.conv_inputs!r}: {inputs_problem}')
   if model.get('name') in MODELS:
     problems.extend(MODELS[model.name].check(model, prefix))
 
@@ -312,11 +318,37 @@ def problems_of(config) -> List[str]:
   if config.get('num_processes') and config.get('process_id', -1) >= config.num_processes:
     problems.append(f'config.process_id={config.process_id}: allowed below num_processes={config.num_processes} '
                     '(processes are numbered from 0)')
+  found, zoo_options = _get(config, 'routing_zoo.options')
+  if found and zoo_options is not None and 'model' in config:
+    problems.extend(_zoo_options_problems(config, zoo_options))
   found, iterations = _get(config, 'ensemble.routing_iterations')
   if found and iterations and config.model.get('routing_iterations') is not None:
     if max(iterations) > config.model.routing_iterations:
       problems.append(f'config.ensemble.routing_iterations={tuple(iterations)!r}: allowed at most '
                       f'model.routing_iterations={config.model.routing_iterations} each')
+  return problems
+
+
+def _zoo_options_problems(config, zoo_options) -> List[str]:
+  """routing_zoo.options checked as each member's model.routing_options is: a routing the
+  zoo trains, options it takes, values the model's rules allow."""
+  if not hasattr(zoo_options, 'keys'):
+    return [f'config.routing_zoo.options={zoo_options!r}: allowed a dict: routing name → its options']
+  problems = []
+  routings = tuple(config.routing_zoo.get('routings', ()))
+  for name, options in zoo_options.items():
+    where = f'config.routing_zoo.options.{name}'
+    if name not in routings:
+      problems.append(f'{where}: {name!r} is not among routing_zoo.routings ({", ".join(routings)})')
+      continue
+    if not hasattr(options, 'keys'):
+      problems.append(f'{where}={options!r}: allowed a dict of the routing\'s options')
+      continue
+    member = config.model.to_dict()
+    member.update(routing=name, routing_options=dict(options))
+    member_problems: List[str] = []
+    _check_model(ml_collections.ConfigDict(member), 'model.', member_problems)
+    problems.extend(line.replace('config.model.routing_options.', f'{where}.') for line in member_problems)
   return problems
 
 

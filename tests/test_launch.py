@@ -57,6 +57,8 @@ def test_bad_arguments_give_one_line(args, message):
     ('--no_such_xla_flag=1', 'error: XLA_FLAGS: unknown XLA flag --no_such_xla_flag=1'),
     ('--xla_force_host_platform_device_count=2 8', "error: XLA_FLAGS: '8' is not an XLA flag"),
     ('flags.txt', "error: XLA_FLAGS='flags.txt': not flags (--name=value …) and not a file of flags"),
+    ('   ', "error: XLA_FLAGS='   ': only white space; unset it or give flags"),
+    ('\t', "error: XLA_FLAGS='\\t': only white space; unset it or give flags"),
 ])
 def test_malformed_xla_flags_are_one_line_before_jax_starts(xla_flags, message):
   result = run('--experiment=mnist', '--summary', env=dict(os.environ, XLA_FLAGS=xla_flags))
@@ -67,6 +69,19 @@ def test_malformed_xla_flags_are_one_line_before_jax_starts(xla_flags, message):
   predict = subprocess.run([sys.executable, '-m', 'capsjax.predict', 'x.png'], capture_output=True, text=True,
                            timeout=120, env=dict(os.environ, XLA_FLAGS=xla_flags))
   assert predict.returncode == 2 and predict.stderr.startswith(message), predict.stderr[-2000:]
+
+
+@pytest.mark.parametrize('module', ['capsjax.predict', 'capsjax.explorer', 'capsjax.explorer.export',
+                                    'capsjax.programs.figures', 'capsjax.programs.segmentation',
+                                    'capsjax.data.multimnist'])
+def test_a_backend_jax_cannot_start_is_one_line_for_every_command(module, tmp_path):
+  args = {'capsjax.predict': ['x.png'], 'capsjax.data.multimnist': [f'--out={tmp_path}/pairs.npz']}.get(
+      module, [f'--workdir={tmp_path}'])
+  result = subprocess.run([sys.executable, '-m', module] + args, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS='tpu'))
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr[-2000:]
+  assert result.stderr.startswith("error: JAX cannot start the backend JAX_PLATFORMS='tpu' asks for"), result.stderr
 
 
 def test_good_xla_flags_pass_through():

@@ -136,6 +136,16 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
   config.model.leaky_routing = True   # Procedure 1's feature; this routing reads none
   assert 'an option of routing=dynamic only' in problems_of(config)[0]
   config.model.leaky_routing = False
+  # In the Python API a misspelt option is an error, not silently ignored (the config's
+  # other routings' options at their defaults are dropped by build_model).
+  import jax  # pylint: disable=g-import-not-at-top
+  from capsjax import CapsNet, build_model  # pylint: disable=g-import-not-at-top
+  typo = CapsNet(conv1_channels=4, primary_types=2, routing='uniform_mean', routing_options={'sclae': 0.5})
+  with pytest.raises(ValueError, match=r"routing 'uniform_mean' takes no option 'sclae' \(its options are scale\)"):
+    typo.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+  with pytest.raises(ValueError, match="takes no option 'sclae'"):
+    build_model('capsnet', routing='uniform_mean', routing_options={'sclae': 0.5})
+  assert build_model(**config.model).routing_options == {'scale': 2.0}
   results = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert results['completed'] and results['steps'] == 4 and np.isfinite(results['test_loss'])
 

@@ -1,6 +1,7 @@
 """Training: it learns real MNIST, resumes exactly, stops on divergence, guards checkpoints."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -115,6 +116,18 @@ def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_p
   rows = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   tests = [row for row in rows if row['split'] == 'test']   # the new evaluation is logged after the old
   assert [row['step'] for row in tests] == [4, 4] and tests[1]['accuracy'] == tests[0]['accuracy']
+  # Its checkpoints gone (emptied, then removed): re-evaluating it would train from scratch
+  # and overwrite results.json. Refused with one line; not a byte of the workdir changes.
+  finished = tmp_path.parent / f'{tmp_path.name}_no_checkpoints'
+  shutil.copytree(tmp_path, finished, ignore=lambda folder, names: [n for n in names if folder.endswith('checkpoints')])
+  for remove in (False, True):
+    if remove:
+      (finished / 'checkpoints').rmdir()
+    before = {p: p.read_bytes() for p in finished.rglob('*') if p.is_file()}
+    with pytest.raises(CheckpointError, match=r'reevaluate=True: .* finished at step 4 but it has no checkpoint'):
+      train.train_and_evaluate(config, str(finished))
+    assert {p: p.read_bytes() for p in finished.rglob('*') if p.is_file()} == before
+    assert sorted(finished.rglob('*')) == sorted(set(before) | ({finished / 'checkpoints'} if not remove else set()))
   monkeypatch.undo()
   longer = tiny_config(mnist_dir, num_steps=6, allow_config_change=True)   # more steps: not complete
   assert train.train_and_evaluate(longer, str(tmp_path))['steps'] == 6

@@ -172,3 +172,36 @@ def test_a_comma_separated_list_of_routings_on_the_command_line_is_the_tuple_of_
   config.routing_zoo.routings = ('dynamic,bogus',)
   split_name_lists(config)
   assert any("routing_zoo.routings=('dynamic', 'bogus')" in p for p in problems_of(config))
+
+
+def test_a_formulation_that_cannot_take_the_inputs_is_refused_before_the_model_is_built():
+  config = mnist.get_config()
+  config.model.conv_impl, config.model.conv_inputs = 'fourier', 'bfloat16'
+  assert problems_of(config) == ["config.model.conv_inputs='bfloat16': conv_impl='fourier' computes in float32 "
+                                 "(its transforms would lose digits); conv_inputs='bfloat16' needs 'patches', "
+                                 "'kernel_rows' or 'xla'"]
+  config.model.conv_impl = 'auto'   # auto picks fourier only for float32 inputs
+  assert not problems_of(config)
+
+
+@pytest.mark.parametrize('routings, options, message', [
+    (('dynamic', 'em', 'dynamic'), {}, "config.routing_zoo.routings=('dynamic', 'em', 'dynamic'): allowed a tuple "
+                                       "of distinct routing names"),
+    (('dynamic', 'em'), {'bogus': {}}, "config.routing_zoo.options.bogus: 'bogus' is not among routing_zoo.routings"),
+    (('dynamic', 'em'), {'uniform': {}}, "config.routing_zoo.options.uniform: 'uniform' is not among"),
+    (('dynamic', 'em'), {'dynamic': {'nope': 1}}, "config.routing_zoo.options.dynamic.nope=1: routing 'dynamic' "
+                                                  "has no options"),
+    (('dynamic', 'em'), {'em': {'inverse_temperature': 0}},
+     'config.routing_zoo.options.em.inverse_temperature=0: allowed a finite number in (0, inf]'),
+    (('dynamic', 'em'), {'em': {'temperature': 2.0}}, "config.routing_zoo.options.em.temperature=2.0: routing "
+                                                      "'em' has the options inverse_temperature, variance_epsilon"),
+])
+def test_the_routing_zoo_names_each_routing_once_and_only_options_it_takes(routings, options, message):
+  from capsjax.experiments import routing_zoo  # pylint: disable=g-import-not-at-top
+  config = routing_zoo.get_config()
+  config.routing_zoo.routings = routings
+  config.routing_zoo.options = options
+  problems = problems_of(config)
+  assert problems and problems[0].startswith(message), problems
+  config.routing_zoo.routings, config.routing_zoo.options = ('dynamic', 'em'), {'em': {'inverse_temperature': 2.0}}
+  assert not problems_of(config)
