@@ -13,7 +13,7 @@ from typing import Callable, NoReturn, Optional, Sequence
 
 import tqdm
 
-from capsjax.errors import CapsjaxError, CheckpointWriteError, RunStopped
+from capsjax.errors import CapsjaxError, CheckpointWriteError, ConfigError, RunStopped
 
 
 # Exit status of a run that stopped before its last step after saving a checkpoint (a
@@ -49,11 +49,11 @@ def huge_pages_environment(environ=None, thp_mode: Optional[str] = None, libc=No
   training step ran 1.35× and inference 1.16× faster (2-core AMD EPYC, 2026-11-25,
   docs/results.md "CPU speed"). Linux asks for it per mapping (THP mode `madvise`, the common
   default), which glibc's malloc does with the tunable, read only at process start, hence
-  the restart. Declined with CAPSJAX_HUGE_PAGES=0; not needed where the THP mode is
+  the restart. Declined with CAPSJAX_HUGE_PAGES=0 (or false, no, off); not needed where the THP mode is
   `always` (every large mapping already gets them) or possible where it is `never`, nor
   with another C library or an older glibc."""
   environ = os.environ if environ is None else environ
-  if environ.get('CAPSJAX_HUGE_PAGES', '1').strip() == '0' or not sys.platform.startswith('linux'):
+  if not environment_switch(environ, 'CAPSJAX_HUGE_PAGES', default=True) or not sys.platform.startswith('linux'):
     return None
   tunables = environ.get('GLIBC_TUNABLES', '')
   if 'glibc.malloc.hugetlb' in tunables:   # set already (by us, or by the user: theirs stands)
@@ -75,10 +75,28 @@ def huge_pages_environment(environ=None, thp_mode: Optional[str] = None, libc=No
   return dict(environ, GLIBC_TUNABLES=f'{tunables}:{HUGE_PAGES_TUNABLE}' if tunables else HUGE_PAGES_TUNABLE)
 
 
+TRUE_WORDS = ('1', 'true', 'yes', 'on')
+FALSE_WORDS = ('0', 'false', 'no', 'off')
+
+
+def environment_switch(environ, name: str, default: bool) -> bool:
+  """An on/off environment variable: 1/true/yes/on or 0/false/no/off (any case); unset or
+  empty: `default`; anything else a ConfigError naming the words."""
+  value = environ.get(name, '').strip().lower()
+  if not value:
+    return default
+  if value in TRUE_WORDS or value in FALSE_WORDS:
+    return value in TRUE_WORDS
+  raise ConfigError(f'{name}={environ[name]!r}: allowed {"/".join(TRUE_WORDS)} or {"/".join(FALSE_WORDS)}')
+
+
 def use_huge_pages() -> None:
   """Restarts this process (same interpreter, arguments and pid) with
   `huge_pages_environment`, when there is one; a restart that fails is skipped."""
-  environment = huge_pages_environment()
+  try:
+    environment = huge_pages_environment()
+  except ConfigError as e:
+    fail(str(e))
   if environment is None or not getattr(sys, 'orig_argv', None):
     return
   sys.stdout.flush()
@@ -184,9 +202,11 @@ class LogLines:
   def write(self, text: str) -> None:
     for part in text.replace('\r', '\n').split('\n'):
       line = part.rstrip()
-      if line.strip() and line != self.last:   # the closing redraw repeats the last line
+      # The closing redraw repeats the last count with a newer rate: a finished bar once.
+      count = re.sub(r'\s*\[[^\]]*\]$', '', line)
+      if line.strip() and not (count == self.last and '100%' in count):
         self.stream.write(line + '\n')
-        self.last = line
+        self.last = count
     self.stream.flush()
 
   def flush(self) -> None:

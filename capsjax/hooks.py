@@ -225,9 +225,14 @@ class Evaluator(Hook):
     return bool(self.every_steps and step % self.every_steps == 0) or step == num_steps
 
   def remaining(self, step: int, num_steps: int) -> int:
-    """Evaluations after `step` up to the end of the run."""
-    periodic = (num_steps // self.every_steps - step // self.every_steps) if self.every_steps else 0
-    final = step < num_steps and not (self.every_steps and num_steps % self.every_steps == 0)
+    """Evaluations still to run from `step` to the end of the run, the one due at `step`
+    included: a step's progress line is written before its evaluation (the ETA of the
+    last line is that of the final evaluation)."""
+    if step > num_steps:
+      return 0
+    first = max(step, 1)
+    periodic = (num_steps // self.every_steps - (first - 1) // self.every_steps) if self.every_steps else 0
+    final = not (self.every_steps and num_steps % self.every_steps == 0)
     return periodic + int(final)
 
   def evaluate(self, run: Run, step: int) -> Dict[str, Any]:

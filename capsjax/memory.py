@@ -159,7 +159,10 @@ def check_fits(estimates: Dict[str, Tuple[int, str]], available: Optional[int]) 
 
 
 def describe(estimates: Dict[str, Tuple[int, str]], available: Optional[int]) -> str:
-  """The header's words: 'peak memory ≈ 1.05 GB estimated (19.80 GB available)'."""
+  """The header's words: 'model buffers at peak ≈ 1.05 GB estimated (parameters, optimizer
+  state, a step's activations; the process adds JAX's runtime and the data) of 19.80 GB
+  available'. What the estimate covers is said, as the process's resident memory is larger."""
   needed = max(value[0] for value in estimates.values())
-  return f'peak memory ≈ {gigabytes(needed)} estimated' + (
-      f' ({gigabytes(available)} available)' if available is not None else '')
+  return (f"model buffers at peak ≈ {gigabytes(needed)} estimated (parameters, optimizer state, a step's "
+          "activations; the process adds JAX's runtime and the data)") + (
+      f' of {gigabytes(available)} available' if available is not None else '')

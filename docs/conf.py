@@ -34,7 +34,9 @@ myst_heading_anchors = 3
 
 # Tutorials run at every build; a cell that raises fails the build (no stale outputs).
 nb_execution_mode = 'force'
-nb_execution_timeout = 300
+# Per cell, in seconds: generous, as a training cell takes minutes on a busy 2-core machine;
+# CAPSJAX_DOCS_CELL_TIMEOUT=S sets another (-1: none).
+nb_execution_timeout = int(os.environ.get('CAPSJAX_DOCS_CELL_TIMEOUT', '3600'))
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True

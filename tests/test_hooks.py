@@ -132,22 +132,27 @@ def test_evaluator_runs_periodically_and_at_the_end_with_probes(tmp_path):
 
 def test_eta_includes_the_evaluations_still_to_come(tmp_path):
   run, lines = fake_run(tmp_path, num_steps=20, last_step=20,
-                        evaluate=lambda p: time.sleep(0.6) or {'accuracy': 0.5, 'error': 0.5})
+                        evaluate=lambda p: time.sleep(1.1) or {'accuracy': 0.5, 'error': 0.5})
   logger = hooks.ProgressLogger(2)
   evaluator = hooks.Evaluator(8)
   run.evaluations_left = lambda step: evaluator.remaining(step, run.num_steps)   # as train wires it
-  assert [evaluator.remaining(s, 20) for s in (0, 7, 8, 15, 16, 19, 20)] == [3, 3, 2, 2, 1, 1, 0]
-  assert hooks.Evaluator(5).remaining(0, 20) == 4 and hooks.Evaluator(0).remaining(3, 20) == 1
-  for step in range(1, 11):
+  # From a step on, that step's own evaluation included (its progress line comes first).
+  assert [evaluator.remaining(s, 20) for s in (0, 7, 8, 9, 15, 16, 17, 19, 20, 21)] == [3, 3, 3, 2, 2, 2, 1, 1, 1, 0]
+  assert hooks.Evaluator(5).remaining(0, 20) == 4 and hooks.Evaluator(5).remaining(20, 20) == 1
+  assert hooks.Evaluator(0).remaining(3, 20) == 1 and hooks.Evaluator(0).remaining(20, 20) == 1
+  for step in range(1, 21):
     logger(run, step, metrics())
     evaluator(run, step, metrics())
   before = [line for line in lines if line.startswith('step 4/')][0]
   assert re.search(r'ETA \d+m\d+s$', before)   # one duration, evaluations included
-  assert 'step 8: evaluating…' in lines and run.last_eval_seconds >= 0.6 and run.eval_seconds_total >= 0.6
-  after = [line for line in lines if line.startswith('step 10/')][0]
-  minutes, seconds = re.search(r'ETA (\d+)m(\d+)s$', after).groups()
-  # Training is instant here: the ETA is the two evaluations left, 0.6 s each at least.
-  assert 60 * int(minutes) + int(seconds) >= 1
+  assert 'step 8: evaluating…' in lines and run.last_eval_seconds >= 1.1 and run.eval_seconds_total >= 1.1
+  # Training is instant here: the ETA is the evaluations left, 1.1 s each at least; the
+  # last progress line's is the final evaluation's, which follows it.
+  for step, evaluations in ((10, 2), (20, 1)):
+    line = [line for line in lines if line.startswith(f'step {step}/')][0]
+    minutes, seconds = re.search(r'ETA (\d+)m(\d+)s$', line).groups()
+    assert 60 * int(minutes) + int(seconds) >= evaluations, line
+  assert lines.index([line for line in lines if line.startswith('step 20/')][0]) < lines.index('step 20: evaluating, ≈ 1 s…')
 
 
 def test_eta_before_the_first_evaluation_estimates_it_from_the_training_speed(tmp_path):

@@ -322,3 +322,4 @@ def test_a_long_folder_read_prints_progress_lines_into_a_log(tmp_path, monkeypat
   assert any(line.startswith(f'scanning {folder}/train') and '6/6' in line for line in lines), lines
   decoding = [line for line in lines if line.startswith(f'decoding {folder}/train')]
   assert len(decoding) >= 2 and decoding[-1].split('|')[-1].strip().startswith('6/6'), lines
+  assert [line.split('|')[-1].split()[0] for line in decoding].count('6/6') == 1, lines   # finished: one line

@@ -147,6 +147,9 @@ def test_a_program_stopped_inside_a_run_exits_75(mnist_dir, tmp_path):
     ({'GLIBC_TUNABLES': 'glibc.malloc.arena_max=2'}, 'always [madvise] never', ('glibc', '2.35'),
      'glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1'),
     ({'CAPSJAX_HUGE_PAGES': '0'}, 'always [madvise] never', ('glibc', '2.36'), None),          # declined
+    ({'CAPSJAX_HUGE_PAGES': ' False'}, 'always [madvise] never', ('glibc', '2.36'), None),
+    ({'CAPSJAX_HUGE_PAGES': 'no'}, 'always [madvise] never', ('glibc', '2.36'), None),
+    ({'CAPSJAX_HUGE_PAGES': 'yes'}, 'always [madvise] never', ('glibc', '2.36'), 'glibc.malloc.hugetlb=1'),
     ({'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=0'}, 'always [madvise] never', ('glibc', '2.36'), None),   # theirs
     ({}, '[always] madvise never', ('glibc', '2.36'), None),    # every large mapping has them already
     ({}, 'always madvise [never]', ('glibc', '2.36'), None),
@@ -162,6 +165,13 @@ def test_huge_pages_are_asked_for_only_where_they_change_something(environ, thp_
         k: v for k, v in environ.items() if k != 'GLIBC_TUNABLES'}
 
 
+def test_a_huge_pages_switch_of_another_word_is_one_line():
+  result = subprocess.run([sys.executable, '-m', 'capsjax.predict', 'x.png'], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, CAPSJAX_HUGE_PAGES='garbage'))
+  assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+      "error: CAPSJAX_HUGE_PAGES='garbage': allowed 1/true/yes/on or 0/false/no/off"], result.stderr[-2000:]
+
+
 def test_a_command_restarts_once_with_huge_pages_keeping_its_arguments():
   from capsjax import cli  # pylint: disable=g-import-not-at-top
   env = {k: v for k, v in os.environ.items() if k not in ('GLIBC_TUNABLES', 'CAPSJAX_HUGE_PAGES')}
@@ -174,3 +184,21 @@ def test_a_command_restarts_once_with_huge_pages_keeping_its_arguments():
   _, tunables, arguments = lines[-1].split(' ', 2)
   assert tunables == str(expected) and arguments == "['a', '--b=c d']"
   assert lines.count('start') == (2 if expected else 1)   # restarted once, in the same process
+
+
+def test_python_m_of_a_program_module_names_the_command_that_runs_it():
+  import importlib  # pylint: disable=g-import-not-at-top
+  from capsjax.programs import EXPERIMENTS_OF  # pylint: disable=g-import-not-at-top
+  names = sorted(name[:-3] for name in os.listdir(os.path.join(ROOT, 'experiments')) if not name.startswith('_'))
+  running = {}
+  for name in names:
+    program = importlib.import_module(f'capsjax.experiments.{name}').get_config().get('program', 'train')
+    if program != 'train':
+      running.setdefault(program, set()).add(name)
+  assert running == {program: set(experiments) for program, experiments in EXPERIMENTS_OF.items()}
+  result = subprocess.run([sys.executable, '-m', 'capsjax.programs.affnist'], capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+      'error: python -m capsjax.programs.affnist is not a command: the affnist program runs as an experiment, '
+      'capsjax --experiment=affnist --workdir=W (or python run.py …; experiments running it: affnist, '
+      'affnist_smoke)'], result.stderr

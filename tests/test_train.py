@@ -97,7 +97,8 @@ def test_a_finished_run_says_so_and_reevaluates_only_when_asked(mnist_dir, tmp_p
   first = train.train_and_evaluate(config, str(tmp_path))
   header = capsys.readouterr().out
   assert f'; {jax.device_count()} × {runtime.device_name()}' in header
-  assert '; peak memory ≈ 0.' in header and ' GB estimated (0.00 GB available)' in header
+  assert '; model buffers at peak ≈ 0.' in header and " GB estimated (parameters, optimizer state, a step's " in header
+  assert "the process adds JAX's runtime and the data) of 0.00 GB available" in header
   metrics = (tmp_path / 'metrics.jsonl').read_text()
   again = train.train_and_evaluate(config, str(tmp_path))
   out = capsys.readouterr().out

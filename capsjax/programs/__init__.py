@@ -19,3 +19,19 @@ def register_program(name: str):
 
 
 PROGRAMS.register('train', train.train_and_evaluate)
+
+
+# The experiments that run each built-in program (what `python -m capsjax.programs.NAME`,
+# no command since programs became configs, points to).
+EXPERIMENTS_OF = {'ablation': ('ablation', 'ablation_smoke'), 'affnist': ('affnist', 'affnist_smoke'),
+                  'routing_zoo': ('routing_zoo', 'routing_zoo_cpu', 'routing_zoo_smoke'),
+                  'sweep': ('sweep_smoke', 'recipes', 'transforms_smoke')}
+
+
+def not_a_command(name: str) -> None:
+  """Ends `python -m capsjax.programs.NAME` with one line naming the command that runs it."""
+  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  experiments = EXPERIMENTS_OF[name]
+  cli.fail(f'python -m capsjax.programs.{name} is not a command: the {name} program runs as an experiment, '
+           f'capsjax --experiment={experiments[0]} --workdir=W (or python run.py …; experiments running it: '
+           f'{", ".join(experiments)})')

@@ -18,7 +18,7 @@ from capsjax.plots import pyplot, save_figure
 from capsjax.programs.common import with_model_of
 from capsjax.reports import markdown_table, mean_std, seed_groups
 from capsjax.errors import ConfigError
-from capsjax.programs import register_program
+from capsjax.programs import not_a_command, register_program
 
 # The paper's Table 1, MNIST test error in % (mean ± std of 3 trials where given).
 PAPER_TABLE1 = {
@@ -126,3 +126,7 @@ def run(config, workdir: str) -> Dict[str, Any]:
                      os.path.join(workdir, 'training_loss_routing.png'))
   print(table, flush=True)
   return summary
+
+
+if __name__ == '__main__':
+  not_a_command('ablation')

@@ -21,7 +21,7 @@ from capsjax.programs.common import with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.sources import Dataset
-from capsjax.programs import register_program
+from capsjax.programs import not_a_command, register_program
 
 # Each run (a workdir name): its label and the paper's expanded MNIST and affNIST accuracies (%).
 RUNS = {'capsnet': ('CapsNet', (99.23, 79.0)), 'cnn': ('CNN', (99.22, 66.0))}
@@ -101,3 +101,7 @@ def render_table(config, summary) -> str:
                  + ([f'{100 * row["affnist_test_accuracy"]:.2f}'] if real else []) + [f'{paper[0]} / {paper[1]}'])
   lines += markdown_table(columns, cells)
   return '\n'.join(lines) + '\n'
+
+
+if __name__ == '__main__':
+  not_a_command('affnist')

@@ -28,7 +28,7 @@ from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.routing import ROUTINGS
 from capsjax.workdir import MetricsLog
-from capsjax.programs import register_program
+from capsjax.programs import not_a_command, register_program
 
 def routing_config(config, name: str) -> ml_collections.ConfigDict:
   """config's run with routing `name` (its options) over the zoo's seeds."""
@@ -324,3 +324,7 @@ def run(config, workdir: str) -> Dict[str, Any]:
     plot_diagnostics(diagnostic_curves, os.path.join(workdir, 'routing_diagnostics.png'))
   print(table, flush=True)
   return summary
+
+
+if __name__ == '__main__':
+  not_a_command('routing_zoo')

@@ -24,7 +24,7 @@ from capsjax import train, validation
 from capsjax.errors import ConfigError
 from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
-from capsjax.programs import register_program
+from capsjax.programs import not_a_command, register_program
 
 
 def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
@@ -153,3 +153,7 @@ def run(config, workdir: str) -> Dict[str, Any]:
   plot(rows, os.path.join(workdir, 'sweep.png'))
   print(table, flush=True)
   return {'rows': rows}
+
+
+if __name__ == '__main__':
+  not_a_command('sweep')
