@@ -25,6 +25,9 @@ from capsjax.errors import ConfigError, WorkdirError
 CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
 METRICS_FILE = 'metrics.jsonl'
+# What a run keeps in its workdir: name → whether it is a folder.
+RUN_ENTRIES = {CONFIG_FILE: False, 'results.json': False, METRICS_FILE: False, LOCK_FILE: False,
+               'table.md': False, 'checkpoints': True}
 
 # Keys that say how a run is carried out, not what it computes: they may change between
 # invocations of one run (e.g. another data folder, another checkpoint cadence).
@@ -47,6 +50,12 @@ def prepare(path: str) -> str:
   path = os.path.abspath(os.path.expanduser(path))
   if os.path.exists(path) and not os.path.isdir(path):
     raise WorkdirError(f'workdir {path} exists and is not a directory')
+  for name, is_folder in RUN_ENTRIES.items():   # found now, not after the data is read and traced
+    entry = os.path.join(path, name)
+    if os.path.lexists(entry) and os.path.isdir(entry) != is_folder:
+      what, expected = ('a file', 'folder') if is_folder else ('a folder', 'file')
+      raise WorkdirError(f'workdir {path}: {name} is {what} where a run keeps its {expected} '
+                         f'({"checkpoints" if is_folder else "its record"}); move it away or use another --workdir')
   try:
     os.makedirs(path, exist_ok=True)
     probe = os.path.join(path, f'.write_probe.{os.getpid()}')

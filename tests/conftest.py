@@ -79,10 +79,14 @@ def _test_float32_matmuls(request):
 
 @pytest.fixture(scope='session')
 def mnist_dir():
-  """$CAPSJAX_MNIST_DIR, ../shared/data/mnist, else downloaded once (capsjax.data.idx.find_mnist)."""
+  """$CAPSJAX_MNIST_DIR, ../shared/data/mnist, else downloaded once (capsjax.data.idx.find_mnist).
+  Without any (a clone offline), the tests that need MNIST skip, saying which variable to
+  set; under CI=true they fail, as CI must run them."""
   from capsjax.data.idx import find_mnist  # pylint: disable=g-import-not-at-top
   from capsjax.errors import DataError  # pylint: disable=g-import-not-at-top
   try:
     return find_mnist([MNIST_DIR])
   except DataError as e:
-    pytest.fail(str(e))
+    if os.environ.get('CI', '').lower() == 'true':
+      pytest.fail(str(e))
+    pytest.skip(f'needs the MNIST IDX files: set CAPSJAX_MNIST_DIR to a folder of them ({e})')

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import orbax.checkpoint as ocp
 import pytest
@@ -31,6 +32,20 @@ def test_a_file_is_not_a_workdir(tmp_path):
     workdir_lib.prepare(str(tmp_path / 'file'))
   with pytest.raises(WorkdirError, match='is not usable'):
     workdir_lib.prepare(str(tmp_path / 'file' / 'below'))
+
+
+def test_a_folder_where_a_file_belongs_is_refused_when_the_workdir_is_opened(tmp_path):
+  (tmp_path / 'a' / 'config.json').mkdir(parents=True)
+  with pytest.raises(WorkdirError, match=r'config.json is a folder where a run keeps its file \(its record\)'):
+    workdir_lib.prepare(str(tmp_path / 'a'))
+  (tmp_path / 'b').mkdir()
+  (tmp_path / 'b' / 'checkpoints').write_text('')
+  started = time.time()
+  result = run_py('--experiment=mnist_smoke', f'--workdir={tmp_path / "b"}', f'--config.data_dir={tmp_path}/none')
+  assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+      f'error: workdir {tmp_path / "b"}: checkpoints is a file where a run keeps its folder (checkpoints); '
+      'move it away or use another --workdir'], result.stderr
+  assert time.time() - started < 60
 
 
 def test_tilde_is_expanded(tmp_path, monkeypatch):
