@@ -5,12 +5,17 @@
 
 Prints images/s, achieved GFLOP/s and the share of this machine's matmul peak (measured
 in the same run), XLA's buffer memory, and the ratio to `torch_capsnet.py` run in the
-same process tree. FLOPs per image come from the layer shapes in the config, counted as
-each side computes them (capsjax's 'fourier' convolution needs fewer than the direct
-form; its direct-form equivalent rate is printed beside). The last
-line is machine-readable:
+same process tree, in each runtime a PyTorch user picks for speed (`--peers`): eager,
+torch.compile and, for inference, ONNX Runtime; each is optional (skipped with a note where
+it is not installed or fails), and the ratio that counts is against the fastest peer row.
+FLOPs per image come from the layer shapes in the config, counted as each side computes
+them (capsjax's 'fourier' convolution needs fewer than the direct form; its direct-form
+equivalent rate is printed beside). The last line is machine-readable:
 
   throughput train_images_per_s=… infer_images_per_s=… torch_train_ratio=… torch_infer_ratio=…
+             best_peer_train=… best_peer_train_ratio=… best_peer_infer=… best_peer_infer_ratio=…
+
+(torch_*_ratio: against eager PyTorch; best_peer_*: the fastest peer row and the ratio to it.)
 """
 import argparse
 import importlib
@@ -83,8 +88,15 @@ def measure_jax(config, batch: int, steps: int, input_shape: str = '') -> dict:
           'train_buffer_bytes': memory['train'], 'infer_buffer_bytes': memory['infer']}
 
 
-def measure_torch(script: str, batch: int, steps: int, infer: bool, precision: str = '', input_shape: str = ''):
-  command = [sys.executable, script, '--batch', str(batch), '--steps', str(steps)]
+# The peer's runtimes: name → (torch_capsnet.py's --runtime, the modes it runs, the module it needs).
+PEERS = {'torch': ('eager', ('train', 'infer'), 'torch'),
+         'torch.compile': ('compile', ('train', 'infer'), 'torch'),
+         'onnxruntime': ('onnxruntime', ('infer',), 'onnxruntime')}
+
+
+def measure_torch(script: str, batch: int, steps: int, infer: bool, precision: str = '', input_shape: str = '',
+                  runtime: str = 'eager'):
+  command = [sys.executable, script, '--batch', str(batch), '--steps', str(steps), '--runtime', runtime]
   if input_shape:
     command += ['--input_shape', input_shape]
   if infer:
@@ -117,7 +129,9 @@ def main():
   parser.add_argument('--rounds', type=int, default=3, help='turns of capsjax and the peer')
   parser.add_argument('--torch_precision', default='', choices=['', 'fp32', 'bf16'],
                       help="the peer's precision (bf16: autocast, the peer's counterpart of --conv_inputs bfloat16)")
-  parser.add_argument('--no_torch', action='store_true')
+  parser.add_argument('--no_torch', action='store_true', help='no peer rows at all')
+  parser.add_argument('--peers', default=','.join(PEERS),
+                      help=f'comma-separated peer runtimes, of {", ".join(PEERS)} (each skipped where not installed)')
   parser.add_argument('--torch_script', default=DEFAULT_TORCH_SCRIPT)
   parser.add_argument('--huge_pages', default='on', choices=['on', 'off'],
                       help="both sides' large buffers in transparent huge pages where Linux allows it "
@@ -156,7 +170,7 @@ def main():
         f'GLIBC_TUNABLES={os.environ.get("GLIBC_TUNABLES", "")!r} (--huge_pages {args.huge_pages})')
 
   def line(side, mode, batch, rate, memory=None):
-    text = f'{side:5s} {mode:5s} batch={batch:4d}: {rate:7.1f} images/s'
+    text = f'{side:13s} {mode:5s} batch={batch:4d}: {rate:7.1f} images/s'
     if flops and (side == 'jax' or not args.input_shape):
       # FLOPs performed per second against the matmul peak; for capsjax also the direct
       # form's count per second (the peer's arithmetic: an equivalent rate, not a share).
@@ -171,35 +185,67 @@ def main():
     for mode in ('train', 'infer'):
       print(line('jax', mode, batch, figures[f'{mode}_images_per_s'], figures[f'{mode}_buffer_bytes']))
 
-  torch_available = importlib.util.find_spec('torch') is not None and os.path.isfile(args.torch_script)
+  peers = [name for name in args.peers.split(',') if name]
+  unknown = sorted(set(peers) - set(PEERS))
+  if unknown:
+    parser.error(f'--peers: unknown {", ".join(unknown)}; known: {", ".join(PEERS)}')
   if args.no_torch:
-    print('torch: skipped (--no_torch)')
-  elif not torch_available:
-    print(f'torch: not measured (torch not installed or no {args.torch_script}); ratios are NA')
-  with_torch = torch_available and not args.no_torch
+    print('peers: skipped (--no_torch)')
+    peers = []
+  elif not os.path.isfile(args.torch_script):
+    print(f'peers: not measured (no {args.torch_script}); ratios are NA')
+    peers = []
+  for name in list(peers):
+    module = PEERS[name][2]
+    if importlib.util.find_spec(module) is None or importlib.util.find_spec('torch') is None:
+      print(f'peer {name}: not measured ({module} is not installed: pip install \'capsjax[peers]\')')
+      peers.remove(name)
   timers, memory = jax_timers(config, args.batch, args.steps, args.input_shape)
-  rates = {(side, mode): [] for side in ('jax', 'torch') for mode in ('train', 'infer')}
+  rates = {('jax', mode): [] for mode in ('train', 'infer')}
+  rates.update({(name, mode): [] for name in peers for mode in PEERS[name][1]})
+  failed = set()
   for round_index in range(args.rounds):
-    for mode in ('train', 'infer'):   # neighbours in time: capsjax, then the peer
+    for mode in ('train', 'infer'):   # neighbours in time: capsjax, then each peer
       rates['jax', mode].append(timers[mode]())
       print(f'round {round_index + 1}: ' + line('jax', mode, args.batch, rates['jax', mode][-1], memory[mode]))
-      if with_torch:
-        rates['torch', mode].append(measure_torch(args.torch_script, args.batch, args.steps, mode == 'infer',
-                                                  args.torch_precision, args.input_shape))
-        print(f'round {round_index + 1}: ' + line('torch', mode, args.batch, rates['torch', mode][-1]))
-  medians = {key: statistics.median(values) for key, values in rates.items() if values}
+      for name in peers:
+        if mode not in PEERS[name][1] or name in failed:
+          continue
+        try:
+          rate = measure_torch(args.torch_script, args.batch, args.steps, mode == 'infer', args.torch_precision,
+                               args.input_shape, PEERS[name][0])
+        except RuntimeError as e:   # e.g. torch.compile without a C++ compiler: the row is left out
+          print(f'peer {name}: not measured ({e})')
+          failed.add(name)
+          continue
+        rates[name, mode].append(rate)
+        print(f'round {round_index + 1}: ' + line(name, mode, args.batch, rate))
+  rates = {key: values for key, values in rates.items() if values and key[0] not in failed}
+  medians = {key: statistics.median(values) for key, values in rates.items()}
   ratios = {'train': 'NA', 'infer': 'NA'}
+  best = {}
   for mode in ('train', 'infer'):
     print('median ' + line('jax', mode, args.batch, medians['jax', mode], memory[mode]))
-    if with_torch:
-      per_round = [ours / theirs for ours, theirs in zip(rates['jax', mode], rates['torch', mode])]
-      ratios[mode] = f'{statistics.median(per_round):.2f}'
-      print('median ' + line('torch', mode, args.batch, medians['torch', mode]) +
-            f'  → jax/torch = {ratios[mode]} (rounds {min(per_round):.2f}–{max(per_round):.2f})')
+    mode_peers = [name for name in peers if (name, mode) in medians]
+    for name in mode_peers:
+      per_round = [ours / theirs for ours, theirs in zip(rates['jax', mode], rates[name, mode])]
+      ratio = statistics.median(per_round)
+      if name == 'torch':
+        ratios[mode] = f'{ratio:.2f}'
+      print('median ' + line(name, mode, args.batch, medians[name, mode]) +
+            f'  → capsjax/{name} = {ratio:.2f} (rounds {min(per_round):.2f}–{max(per_round):.2f})')
+    if mode_peers:
+      fastest = max(mode_peers, key=lambda name: medians[name, mode])
+      best[mode] = (fastest, statistics.median(
+          [ours / theirs for ours, theirs in zip(rates['jax', mode], rates[fastest, mode])]))
+      print(f'{mode}: the fastest peer row is {fastest}; capsjax is {best[mode][1]:.2f}× it')
   print(f'max resident memory of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB')
+  best_words = ' '.join(f'best_peer_{mode}={best[mode][0] if mode in best else "NA"} '
+                        f'best_peer_{mode}_ratio={f"{best[mode][1]:.2f}" if mode in best else "NA"}'
+                        for mode in ('train', 'infer'))
   print(f'throughput train_images_per_s={medians["jax", "train"]:.1f} '
         f'infer_images_per_s={medians["jax", "infer"]:.1f} '
-        f'torch_train_ratio={ratios["train"]} torch_infer_ratio={ratios["infer"]}')
+        f'torch_train_ratio={ratios["train"]} torch_infer_ratio={ratios["infer"]} {best_words}')
 
 
 if __name__ == '__main__':

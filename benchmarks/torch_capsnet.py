@@ -14,9 +14,13 @@ reconstructions, loss and gradients). It is what a PyTorch user would run instea
   python benchmarks/torch_capsnet.py --device cuda --compile         # on a GPU, torch.compile'd
   python benchmarks/torch_capsnet.py --device cuda --precision bf16  # bf16 autocast (tf32 is the GPU default)
   python benchmarks/torch_capsnet.py --input_shape 64,64,3          # the paper's layers on larger images
+  python benchmarks/torch_capsnet.py --infer --runtime onnxruntime   # exported to ONNX, run by ONNX Runtime
 
 Prints one line: `torch_capsnet mode=train batch=128 ... images_per_s=42.8`. Needs torch
-(the test extra pins the 2.13.0 CPU build); any CUDA build for --device cuda.
+(the test extra pins the 2.13.0 CPU build); any CUDA build for --device cuda. The runtimes
+a PyTorch user picks for speed: `eager`, `compile` (torch.compile, inductor: a C++
+compiler on a CPU) and, for inference, `onnxruntime` (the model exported with
+torch.onnx.export and run by ONNX Runtime; `pip install 'capsjax[peers]'`).
 """
 import argparse
 import time
@@ -103,6 +107,23 @@ def load_capsjax(model: CapsNet, params) -> CapsNet:
   return model
 
 
+def onnxruntime_forward(model: CapsNet, images: torch.Tensor, targets: torch.Tensor, device: torch.device):
+  """`model`'s forward pass exported to ONNX (torch.onnx.export) and run by an ONNX Runtime
+  session on `device`, called as the model is: (images, targets) → its outputs."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import onnxruntime  # pylint: disable=g-import-not-at-top
+  path = os.path.join(tempfile.mkdtemp(prefix='torch_capsnet_onnx_'), 'capsnet.onnx')
+  with contextlib.redirect_stdout(io.StringIO()):   # the exporter's progress lines
+    torch.onnx.export(model, (images, targets), path, input_names=['images', 'targets'],
+                      output_names=['lengths', 'reconstructions'])
+  providers = ['CUDAExecutionProvider'] if device.type == 'cuda' else ['CPUExecutionProvider']
+  session = onnxruntime.InferenceSession(path, providers=providers)
+  return lambda x, t: session.run(None, {'images': x.cpu().numpy(), 'targets': t.cpu().numpy()})
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--batch', type=int, default=128)
@@ -111,10 +132,15 @@ def main():
   parser.add_argument('--input_shape', default='28,28,1', help='H,W,C of the images (the paper: 28,28,1)')
   parser.add_argument('--threads', type=int, default=0)
   parser.add_argument('--device', default='cpu')
-  parser.add_argument('--compile', action='store_true', help='torch.compile the model')
+  parser.add_argument('--runtime', default='eager', choices=['eager', 'compile', 'onnxruntime'],
+                      help='eager PyTorch, torch.compile, or (inference) ONNX Runtime on the exported model')
+  parser.add_argument('--compile', action='store_true', help='the same as --runtime compile')
   parser.add_argument('--precision', default='', choices=['', 'fp32', 'tf32', 'bf16'],
                       help='matmul/conv precision; default fp32 on CPU, tf32 on GPU (as JAX does)')
   args = parser.parse_args()
+  runtime = 'compile' if args.compile else args.runtime
+  if runtime == 'onnxruntime' and not args.infer:
+    parser.error('--runtime onnxruntime runs inference only (--infer)')
   if args.threads:
     torch.set_num_threads(args.threads)
   torch.manual_seed(0)
@@ -127,10 +153,12 @@ def main():
   input_shape = tuple(int(side) for side in args.input_shape.split(','))
   model = CapsNet(input_shape).to(device)
   optimizer = torch.optim.Adam(model.parameters(), 1e-3)
-  forward = torch.compile(model) if args.compile else model
+  forward = torch.compile(model) if runtime == 'compile' else model
   images = torch.rand(args.batch, *input_shape, device=device)
   targets = F.one_hot(torch.randint(0, 10, (args.batch,), device=device), 10).float()
   sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
+  if runtime == 'onnxruntime':
+    forward = onnxruntime_forward(model.eval(), images, targets, device)
 
   def step():
     if args.infer:
@@ -144,7 +172,7 @@ def main():
     loss.backward()
     optimizer.step()
 
-  for _ in range(3 if args.compile or device.type == 'cuda' else 1):
+  for _ in range(3 if runtime != 'eager' or device.type == 'cuda' else 1):
     step()   # warm-up (and compilation)
   sync()
   start = time.perf_counter()
@@ -153,7 +181,8 @@ def main():
   sync()
   seconds = (time.perf_counter() - start) / args.steps
   print(f"torch_capsnet mode={'infer' if args.infer else 'train'} batch={args.batch} device={device.type} "
-        f"precision={precision} compile={args.compile} images_per_s={args.batch / seconds:.1f}")
+        f"precision={precision} compile={runtime == 'compile'} runtime={runtime} "
+        f"images_per_s={args.batch / seconds:.1f}")
 
 
 if __name__ == '__main__':

@@ -171,7 +171,7 @@ def override_problem(message: str) -> str:
   return first
 
 
-def unknown_key_problem(error: Exception, argv=()) -> str:
+def unknown_key_problem(error: Exception, argv=(), experiment: Optional[str] = None) -> str:
   """ml_collections' KeyError for an unknown override as one line, with its suggestion
   (the key as the override spells it, found among `argv`)."""
   while error.args and isinstance(error.args[0], BaseException):   # AttributeError(KeyError(…))
@@ -184,7 +184,29 @@ def unknown_key_problem(error: Exception, argv=()) -> str:
   dotted = next((path for path in spelt if path.split('.')[-1] == name or f'.{name}.' in f'.{path}.'), name)
   prefix = dotted[:dotted.index(name)] if name in dotted else ''
   return (f'unknown config key {dotted!r}'
-          + (f" (did you mean '{prefix}{suggestion.group(1)}'?)" if suggestion else ''))
+          + (f" (did you mean '{prefix}{suggestion.group(1)}'?)" if suggestion else '')
+          + (_routing_options_hint(argv, experiment) if 'routing_options.' in dotted else ''))
+
+
+def _routing_options_hint(argv, experiment: Optional[str]) -> str:
+  """'; routing 'em' takes the options …': the routing the command line (or the
+  experiment) chooses, and what it takes."""
+  # pylint: disable=g-import-not-at-top
+  from capsjax.routing import ROUTINGS, routing_option_defaults
+  given = [arg.split('=', 1)[1] for arg in argv if arg.startswith('--config.model.routing=')]
+  name = given[-1] if given else None
+  if name is None and experiment in available_experiments():
+    spec = importlib.util.spec_from_file_location('_experiment_for_hint', experiment_path(experiment))
+    module = importlib.util.module_from_spec(spec)
+    try:
+      spec.loader.exec_module(module)
+      name = module.get_config().model.get('routing', 'dynamic')
+    except Exception:  # pylint: disable=broad-except
+      return ''
+  if name not in ROUTINGS:
+    return ''
+  own = routing_option_defaults(name)
+  return f"; routing {name!r} takes " + (f'the options {", ".join(own)}' if own else 'no options')
 
 
 def parse_flags(argv):
@@ -213,7 +235,7 @@ def parse_flags(argv):
   except flags.Error as e:
     cli.fail(override_problem(str(e)))
   except (AttributeError, KeyError) as e:
-    cli.fail(unknown_key_problem(e, argv))
+    cli.fail(unknown_key_problem(e, argv, name))
   if FLAGS.config is None:
     cli.fail(f'--experiment=NAME is required; available: {", ".join(available_experiments())}')
   return remaining

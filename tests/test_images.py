@@ -106,7 +106,7 @@ def test_reconstruction_names_tell_the_inputs_apart():
       'a_x.png', 'b_x.png', 'y.png', 'a_x-2.png', 'q_a_z.png', 'r_a_z.png']
 
 
-def test_predict_function_agrees_with_files(trained, digit_folder):
+def test_predict_function_agrees_with_files(trained, digit_folder, monkeypatch):
   from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
   workdir, result = trained
   assert result.returncode == 0
@@ -117,9 +117,14 @@ def test_predict_function_agrees_with_files(trained, digit_folder):
   assert from_file['class'] == from_array['class']
   assert from_file['activations'] == pytest.approx(from_array['activations'], abs=2e-2)
   # The explorer starts on such a run: every test input there is (fewer than its default 1 000).
+  # It decodes the test images it shows and not one training image.
+  from capsjax.data.sources import image_folder  # pylint: disable=g-import-not-at-top
   from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
+  decoded, read_image = [], image_folder.image_files.read_image
+  monkeypatch.setattr(image_folder.image_files, 'read_image', lambda path, *a: decoded.append(path) or read_image(path, *a))
   explorer = Explorer.from_workdir(str(workdir))
   assert len(explorer.labels) == 1797 - TRAIN_DIGITS and explorer.info()['class_names'] == [str(d) for d in range(10)]
+  assert len(decoded) == 1797 - TRAIN_DIGITS and all(os.sep + 'test' + os.sep in path for path in decoded)
 
 
 def test_bad_images_are_one_line_each(digit_folder, tmp_path):
@@ -262,6 +267,15 @@ def test_a_folder_without_two_classes_in_each_split_is_one_line_before_compiling
   assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith('error: ')
   assert message in result.stderr and 'DIR/train/CLASS/' in result.stderr
   assert 'compiling' not in result.stdout and not os.path.exists(tmp_path / 'w')
+
+
+def test_a_split_folder_given_for_the_data_dir_points_to_its_parent(tmp_path):
+  from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
+  from capsjax.errors import DataError  # pylint: disable=g-import-not-at-top
+  folder = _write_folder(tmp_path / 'data', {'train': ['cat', 'dog'], 'test': ['cat', 'dog']})
+  with pytest.raises(DataError, match=f'has no train or test folder: .*; did you mean its parent, '
+                                      f'--config.data_dir={folder}\\?$'):
+    load_dataset('image_folder', 'train', data_dir=str(folder / 'train'))
 
 
 def _transparent_images():

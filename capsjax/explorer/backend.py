@@ -123,6 +123,7 @@ class Explorer:
       cli.say(f'model: {trained.describe()}; reading up to {num_images} test inputs…')
     config = ml_collections.ConfigDict(trained.config.to_dict())
     config.num_test_examples = 0   # the whole test split, of which the first num_images are read
+    config.host_images = 'rows'   # read and decode only those rows: not the training split, nor all the test split
     _, test = assemble.pipelines(config)
     images, labels, count = [], [], 0
     for host_batch, weights in test.eval_batches(min(ENCODE_BATCH, num_images)):

@@ -95,8 +95,12 @@ def scan_image_folder(root: str) -> FolderScan:
   check_directory(root)
   missing = [split for split in SPLITS if not os.path.isdir(os.path.join(root, split))]
   if missing:
+    parent = os.path.dirname(os.path.normpath(root))
+    inside = (os.path.basename(os.path.normpath(root)) in SPLITS
+              and all(os.path.isdir(os.path.join(parent, split)) for split in SPLITS))
     raise DataError(f'{root} has no {" or ".join(missing)} folder: an image folder holds '
-                    'train/CLASS/*.png and test/CLASS/*.png (or .jpg)')
+                    'train/CLASS/*.png and test/CLASS/*.png (or .jpg)'
+                    + (f'; did you mean its parent, --config.data_dir={parent}?' if inside else ''))
   files, class_names = collections.defaultdict(list), set()
   sizes, channels = set(), 1
   for split in SPLITS:

@@ -413,6 +413,7 @@ async function start() {
   if (!info.digits) {
     document.querySelectorAll('.thing').forEach((span) => { span.textContent = 'input'; });
     $('draw-what').textContent = 'one';
+    $('draw-as-mnist').textContent = '';   // the preprocessing is MNIST's; this run's images are not MNIST
   }
   $('misclassified-count').textContent = `${info.misclassified.length} of ${info.num_examples}`;
   $('next-misclassified').disabled = !info.misclassified.length;
