@@ -13,6 +13,7 @@ runnable example; tests/test_api.py runs every example):
 - objectives (a model's loss and metrics for a batch): `make_objective`, `OBJECTIVES`;
 - training: `base_config`, `train_and_evaluate` → `RunResult` (the experiments' configs
   are the package `capsjax.experiments`, e.g. `capsjax.experiments.mnist.get_config()`);
+  `plan_run`: the run's steps compiled for a TPU slice that is not here (capsjax-plan);
 - trained models: `load_trained`, `TrainedModel`, `Predictor`;
 - data: `load_dataset`, `register_source` and the registry `SOURCES`.
 
@@ -33,7 +34,7 @@ _EXPORTS = {
     'CapsNet': 'models', 'BaselineCNN': 'models', 'build_model': 'models', 'capsule_lengths': 'models',
     'MODELS': 'models',
     'make_objective': 'objectives', 'OBJECTIVES': 'objectives',
-    'base_config': 'defaults', 'train_and_evaluate': 'train', 'RunResult': 'train',
+    'base_config': 'defaults', 'train_and_evaluate': 'train', 'RunResult': 'train', 'plan_run': 'plan',
     'load_trained': 'trained', 'TrainedModel': 'trained', 'Predictor': 'predict',
     'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
 }

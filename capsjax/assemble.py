@@ -5,7 +5,7 @@ The jitted step, the objective, the model, the pipelines and the hooks take thes
 (functions, modules, numbers), never the config, as big_vision builds `Model(**config.model)`
 at its boundary and flax's `train_step` never sees a config.
 """
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import ml_collections
@@ -172,15 +172,17 @@ def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]
           Dataset(train.images[-held_out:], train.labels[-held_out:]))
 
 
-def splits(config) -> Splits:
+def splits(config, load: Optional[Callable[[Any, str], Dataset]] = None) -> Splits:
   """(train, test, validation or None) pipelines of config.task on config's source. With
-  config.validation_examples, training never sees the held-out images."""
+  config.validation_examples, training never sees the held-out images. `load(info, split)`:
+  the split's Dataset in place of the source's (capsjax.plan: zeros of the split's shape)."""
   run_task = task(config)
   source = open_source(data_spec(config))
   info = source.describe()
   run_task.check_input(info, config.model.input_shape)
   on_demand = images_on_demand(config.get('host_images', 'auto'))
-  train, test = source.load('train', on_demand), source.load('test', on_demand)
+  load = load or (lambda _, split: source.load(split, on_demand))
+  train, test = load(info, 'train'), load(info, 'test')
   train, held_out = split_validation(config, train)
   if config.num_train_examples:
     after = f' (after holding out {len(held_out)} for validation)' if held_out else ''

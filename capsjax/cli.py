@@ -32,7 +32,36 @@ def as_program() -> None:
   (`huge_pages_environment`)."""
   global _PROGRAM
   _PROGRAM = True
+  quiet_libtpu_environment()
   use_huge_pages()
+
+
+# Google's PCI vendor id, which TPU chips carry (as jax._src.hardware_utils reads them).
+_GOOGLE_PCI_VENDOR = '0x1ae0'
+LIBTPU_QUIET = (('TPU_SKIP_MDS_QUERY', '1'), ('TPU_WORKER_HOSTNAMES', 'localhost'),
+                ('TPU_ACCELERATOR_TYPE', 'v5litepod-1'), ('ALLOW_MULTIPLE_LIBTPU_LOAD', '1'))
+
+
+def quiet_libtpu_environment(environ=None) -> None:
+  """Where libtpu is installed (`capsjax[tpu]`, for capsjax-plan) on a machine with no TPU
+  attached: the values libtpu reads when JAX starts, so that it stays silent (unset, it
+  prints an error banner about TPU_WORKER_HOSTNAMES into every command's output) and a
+  second process may load it (its lock file). Nothing changes on a TPU VM (a Google PCI
+  device attached: there libtpu finds its own values) or where a value is set already."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  environ = os.environ if environ is None else environ
+  if importlib.util.find_spec('libtpu') is None:
+    return
+  for vendor in glob.glob('/sys/bus/pci/devices/*/vendor'):
+    try:
+      with open(vendor) as f:
+        if f.read().strip() == _GOOGLE_PCI_VENDOR:
+          return
+    except OSError:
+      continue
+  for key, value in LIBTPU_QUIET:
+    environ.setdefault(key, value)
 
 
 # glibc's malloc tunable (2.35+) that marks its large allocations MADV_HUGEPAGE.

@@ -7,6 +7,7 @@
   capsjax-figures       the paper's figures of a run       (python -m capsjax.programs.figures)
   capsjax-segmentation  MultiMNIST segmentation figures    (python -m capsjax.programs.segmentation)
   capsjax-multimnist    export MultiMNIST examples         (python -m capsjax.data.multimnist)
+  capsjax-plan          plan a TPU run without TPUs        (python -m capsjax.plan)
 
 Each imports its module only when it runs, so a command's bad flag is reported before
 JAX (or anything else heavy) is imported.
@@ -28,6 +29,11 @@ def _command(module_name: str):
 def train() -> NoReturn:
   from capsjax import launch  # pylint: disable=g-import-not-at-top
   launch.entry_point()
+
+
+def plan() -> NoReturn:
+  from capsjax import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  plan_lib.entry_point()
 
 
 predict = _command('capsjax.predict')

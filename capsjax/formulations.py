@@ -5,6 +5,7 @@ here, by the backend JAX runs on. Every entry names the measurement behind it; a
 says so. `python benchmarks/device_report.py` measures every formulation on a backend in
 one run: change an entry when a report says so, and name that report.
 """
+import contextlib
 import dataclasses
 from typing import NamedTuple, Optional
 
@@ -149,6 +150,23 @@ FASTEST = {
 }
 
 
+# The backend a program is traced for when it is not JAX's default (capsjax.plan compiles
+# for a TPU or GPU on a CPU machine), and the choices 'auto' made while tracing for it.
+_TARGET = {'backend': '', 'choices': None}
+
+
+@contextlib.contextmanager
+def target_backend(backend: str):
+  """Within: 'auto' resolves for `backend` ('tpu', 'gpu', 'cpu') rather than JAX's default
+  backend. Yields the list of choices made, (option, layer or None, value), in order."""
+  previous = dict(_TARGET)
+  _TARGET.update(backend=backend, choices=[])
+  try:
+    yield _TARGET['choices']
+  finally:
+    _TARGET.update(previous)
+
+
 def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLayer] = None) -> str:
   """`value` of model option `option`, with 'auto' replaced by FASTEST[backend][option]
   (backend: JAX's default backend unless given; an unknown backend uses the CPU's entry).
@@ -157,15 +175,18 @@ def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLaye
   if value not in allowed:
     raise ValueError(f'{option} must be one of {allowed}, got {value!r}')
   if value != 'auto':
-    return value
-  backend = backend or jax.default_backend()
-  entry = FASTEST.get(backend, FASTEST['cpu'])[option]
-  return entry.pick(layer) if isinstance(entry, ConvRule) else entry
+    chosen = value
+  else:
+    entry = FASTEST.get(backend or _TARGET['backend'] or jax.default_backend(), FASTEST['cpu'])[option]
+    chosen = entry.pick(layer) if isinstance(entry, ConvRule) else entry
+  if _TARGET['choices'] is not None:
+    _TARGET['choices'].append((option, layer, chosen))
+  return chosen
 
 
 def choices(option: str, backend: str = '') -> tuple:
   """Every value 'auto' can resolve to for `option` on `backend` (one, or a rule's two)."""
-  entry = FASTEST.get(backend or jax.default_backend(), FASTEST['cpu'])[option]
+  entry = FASTEST.get(backend or _TARGET['backend'] or jax.default_backend(), FASTEST['cpu'])[option]
   return entry.choices() if isinstance(entry, ConvRule) else (entry,)
 
 
@@ -186,7 +207,7 @@ SLOW_CHOICES = {
 def slow_choices(model_config, backend: str = '') -> list:
   """One line per option of `model_config` (a mapping: the config's model) set to a value
   that SLOW_CHOICES lists for `backend` (default: JAX's)."""
-  backend = backend or jax.default_backend()
+  backend = backend or _TARGET['backend'] or jax.default_backend()
   lines = []
   for (option, value, slow_backend), why in SLOW_CHOICES.items():
     if slow_backend == backend and str(model_config.get(option, '')) == value:

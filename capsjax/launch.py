@@ -241,11 +241,16 @@ def parse_flags(argv):
   return remaining
 
 
+def quiet_logs() -> None:
+  """JAX reports every accelerator plugin it did not find (noise on a CPU machine); orbax
+  logs every save step at INFO."""
+  logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.WARNING)
+
+
 @cli.main_wrapper
 def main(argv):
-  # JAX reports every accelerator plugin it did not find; that is noise on a CPU machine.
-  logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
-  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save step at INFO
+  quiet_logs()
   if len(argv) > 1:
     cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   config = FLAGS.config
@@ -287,11 +292,16 @@ def _programs():
   return PROGRAMS
 
 
+def set_experiments_dir(experiments_dir: Optional[str] = None) -> None:
+  """Where --experiment=NAME is found: `experiments_dir`, else the installed package's."""
+  global _EXPERIMENTS_DIR
+  _EXPERIMENTS_DIR = experiments_dir or installed_experiments_dir()
+
+
 def entry_point(experiments_dir: Optional[str] = None):
   """The main of the `capsjax` command, `python -m capsjax` and run.py (which hands its
   experiments/ folder). Without `experiments_dir`, the installed package's folder."""
-  global _EXPERIMENTS_DIR
-  _EXPERIMENTS_DIR = experiments_dir or installed_experiments_dir()
+  set_experiments_dir(experiments_dir)
   argv = list(sys.argv)
   cli.as_program()
   remaining = parse_flags(argv)

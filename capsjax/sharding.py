@@ -30,6 +30,19 @@ def data_mesh(devices: Optional[Sequence[Any]] = None) -> jax.sharding.Mesh:
                        devices=devices)
 
 
+def is_compile_only(mesh) -> bool:
+  """Whether `mesh` holds devices this process cannot run on: the compile-only devices of a
+  TPU topology or GPU target that capsjax.plan compiles for. Nothing can be placed on them:
+  `replicate` and `global_batch` then describe the arrays (jax.ShapeDtypeStruct with their
+  sharding) instead of making them, so the run's own program lowers for the target."""
+  return mesh.devices.flat[0] not in jax.devices()
+
+
+def _described(value, sharding) -> jax.ShapeDtypeStruct:
+  dtype = value.dtype if hasattr(value, 'dtype') else np.asarray(value).dtype
+  return jax.ShapeDtypeStruct(np.shape(value), dtype, sharding=sharding)
+
+
 def replicated(mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
@@ -59,10 +72,13 @@ def global_batch(mesh, arrays, global_size: int, leading_axes: int = 0):
   """This process's rows (`process_rows`) of a global batch of `global_size` examples →
   global jax.Arrays split over `data` along the batch axis (after `leading_axes`)."""
   sharding = batch_sharding(mesh, leading_axes)
+  compile_only = is_compile_only(mesh)
 
   def one(array):
     array = np.asarray(array)
     shape = array.shape[:leading_axes] + (global_size,) + array.shape[leading_axes + 1:]
+    if compile_only:
+      return jax.ShapeDtypeStruct(shape, array.dtype, sharding=sharding)
     return jax.make_array_from_process_local_data(sharding, array, shape)
 
   return jax.tree.map(one, arrays)
@@ -71,6 +87,8 @@ def global_batch(mesh, arrays, global_size: int, leading_axes: int = 0):
 def replicate(tree, mesh):
   """Host values identical on every process → replicated global arrays."""
   sharding = replicated(mesh)
+  if is_compile_only(mesh):
+    return jax.tree.map(lambda value: _described(value, sharding), tree)
 
   def one(value):
     value = np.asarray(value)

@@ -90,6 +90,9 @@ class Program:
   # (capsjax.memory): traced, nothing allocated
   memory_estimates: Optional[Callable[[Any], Dict[str, Tuple[int, str]]]] = None
   mesh: Optional[jax.sharding.Mesh] = None   # where the jitted step keeps the state (replicated)
+  # abstract state → {'training': the train step lowered, 'evaluation': an evaluation batch
+  # lowered} for the mesh's devices, nothing placed: what capsjax.plan compiles for a target
+  lower: Optional[Callable[[Any], Dict[str, Any]]] = None
 
   @functools.cached_property
   def abstract_state(self):
@@ -170,9 +173,17 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
             f'evaluation at eval_batch_size={config.eval_batch_size}': (
                 per_device(memory.traced_peak_bytes(eval_step, *eval_args)), 'lower config.eval_batch_size')}
 
+  def lower(abstract_state):
+    """The training step and an evaluation batch lowered as the run calls them (its
+    shardings and donation), from shapes alone (on a compile-only mesh nothing is placed)."""
+    state = sharding.replicate(abstract_state, mesh)
+    host_batch, weights = next(steps.eval_batches(test, config.eval_batch_size, mesh))
+    return {'training': train_step.lower(*step_arguments(state, 0)),
+            'evaluation': eval_step.lower(state['params'], test_source, host_batch, weights, knobs)}
+
   return Program(train_step, step_arguments, evaluate, validate, probes,
                  lambda: assemble.initial_state(config, model, optimizer), members, reconstruct,
-                 memory_estimates, mesh)
+                 memory_estimates, mesh, lower)
 
 
 RECONSTRUCTED_EXAMPLES = 8

@@ -33,6 +33,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:   # set before JAX reads its f
 # process keeps 4 KiB pages): test_routing.py 137 → 125 s on 2 CPU cores (2026-11-25).
 from capsjax import cli as _cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 os.environ.update(_cli.huge_pages_environment() or {})
+_cli.quiet_libtpu_environment()   # libtpu (the tpu extra, for capsjax.plan) silent on a machine without TPUs
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest

@@ -37,6 +37,9 @@ class DatasetInfo:
   # Where TFDS downloads from, when its builder does not say (the MNIST family's does):
   # probed before preparing, so that offline is one line within seconds.
   download_url: str = ''
+  # (training, test) examples in the source's splits: what a plan (capsjax.plan) sizes the
+  # data by without reading it.
+  split_sizes: Tuple[int, int] = (0, 0)
 
   @property
   def num_classes(self) -> int:
@@ -63,13 +66,13 @@ CIFAR10 = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'hors
 SMALLNORB = ('four-legged animal', 'human figure', 'airplane', 'truck', 'car')
 
 DATASETS: Dict[str, DatasetInfo] = {
-    'mnist': DatasetInfo('mnist', (28, 28, 1), DIGITS, idx_folder=True),
+    'mnist': DatasetInfo('mnist', (28, 28, 1), DIGITS, idx_folder=True, split_sizes=(60000, 10000)),
     # Same format; Debian's dataset-fashion-mnist installs the IDX files.
-    'fashion_mnist': DatasetInfo('fashion_mnist', (28, 28, 1), FASHION, idx_folder=True),
+    'fashion_mnist': DatasetInfo('fashion_mnist', (28, 28, 1), FASHION, idx_folder=True, split_sizes=(60000, 10000)),
     # The small training set only (73 257 images; TFDS's `extra` split is not used).
     'svhn': DatasetInfo('svhn_cropped', (32, 32, 3), DIGITS, idx_folder=False,
                         source='paper section 7: the small training set; shifts as MNIST',
-                        download_url='http://ufldl.stanford.edu/housenumbers/'),
+                        download_url='http://ufldl.stanford.edu/housenumbers/', split_sizes=(73257, 26032)),
     # The stereo pair as 2 channels; 5 categories.
     'smallnorb': DatasetInfo(
         'smallnorb', (96, 96, 2), SMALLNORB, idx_folder=False, image_keys=('image', 'image2'),
@@ -81,7 +84,7 @@ DATASETS: Dict[str, DatasetInfo] = {
                'brightness ±63/255, contrast 0.2–1.8, per-image standardisation. Theirs jitters '
                'the 48×48 image before cropping, ours the crop (the same for brightness, which '
                'standardisation cancels; contrast uses the crop\'s channel means)',
-        download_url='https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/'),
+        download_url='https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/', split_sizes=(24300, 24300)),
     'cifar10': DatasetInfo(
         'cifar10', (32, 32, 3), CIFAR10, idx_folder=False,
         preprocessing=Preprocessing(crop=24, flip=True, brightness=63 / 255, contrast=(0.2, 1.8),
@@ -89,7 +92,7 @@ DATASETS: Dict[str, DatasetInfo] = {
         source='paper section 7: 24×24 patches; flips, brightness ±63/255, contrast 0.2–1.8 and '
                'per-image standardisation as the TensorFlow CIFAR-10 input pipeline the '
                'authors\' code builds on',
-        download_url='https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'),
+        download_url='https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz', split_sizes=(50000, 10000)),
 }
 
 

@@ -1,0 +1,492 @@
+"""Plan a run on TPUs that are not here: `capsjax-plan` (also `python -m capsjax.plan`).
+
+  capsjax-plan --experiment=mnist --target=v5e:16x16 [--config.KEY=VALUE …]
+  capsjax-plan --experiment=mnist --target=v5litepod-256      # Cloud's accelerator-type name
+  capsjax-plan --target=list                                  # what this libtpu can describe
+
+The run's own jitted training step and evaluation step (capsjax.train.build_program: the
+same config, shardings and donation as `train_and_evaluate`) are lowered from shapes alone
+and compiled by the real TPU compiler for the compile-only devices of a TPU topology that
+libtpu describes (`jax.experimental.topologies`), with every formulation that the config
+leaves at 'auto' chosen for the TPU (capsjax.formulations.target_backend). Nothing is
+placed or run. The report gives, per device: the compiled program's memory against the
+chip's HBM, XLA's FLOPs and bytes, the collectives in the compiled HLO, an estimated step
+time (a roofline from the chip's published figures: an estimate, never a measurement), and
+the largest per-device batch that fits, from compilations. `capsjax.plan_run(config,
+target)` is the same in Python. Needs libtpu: `pip install 'capsjax[tpu]'`.
+"""
+import dataclasses
+import math
+import os
+import re
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import ml_collections
+
+from capsjax import cli
+from capsjax.errors import ConfigError
+
+GIB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One TPU generation's published figures, per chip."""
+  kind: str                  # as jax names its devices' kind
+  hbm_bytes: float
+  hbm_bytes_per_s: float
+  bf16_flops_per_s: float    # peak dense bf16 (what the MXUs do)
+  # What one chip sends per second in an all-reduce: the pod's published all-reduce bandwidth
+  # over its chips, or half the bidirectional inter-chip interconnect bandwidth.
+  allreduce_bytes_per_s: float
+  source: str
+
+
+# Cloud TPU's documentation pages (docs.cloud.google.com/tpu/docs/<generation>), read 2026-11-25.
+CHIPS = {
+    'v3': Chip('TPU v3', 32 * GIB, 900e9, 123e12, 340e12 / 1024,
+               'tpu/docs/v3: 123 TFLOPs bf16, 32 GiB at 900 GBps; all-reduce 340 TB/s per 1024-chip pod'),
+    'v4': Chip('TPU v4', 32 * GIB, 1200e9, 275e12, 1.1e15 / 4096,
+               'tpu/docs/v4: 275 TFLOPs bf16, 32 GiB at 1200 GBps; all-reduce 1.1 PB/s per 4096-chip pod'),
+    'v5e': Chip('TPU v5 lite', 16e9, 819e9, 197e12, 51.2e12 / 256,
+                'tpu/docs/v5e: 197 TFLOPs bf16, 16 GB at 819 GBps; all-reduce 51.2 TB/s per 256-chip pod'),
+    'v5p': Chip('TPU v5', 95 * GIB, 2765e9, 459e12, 1200e9 / 2,
+                'tpu/docs/v5p: 459 TFLOPs bf16, 95 GiB at 2765 GBps; ICI 1200 GBps bidirectional'),
+    'v6e': Chip('TPU v6 lite', 32e9, 1638e9, 918e12, 102.4e12 / 256,
+                'tpu/docs/v6e: 918 TFLOPs bf16, 32 GB at 1638 GBps; all-reduce 102.4 TB/s per 256-chip pod'),
+    'tpu7x': Chip('TPU7x', 192 * GIB, 7380e9, 2307e12, 1200e9 / 2,
+                  'tpu/docs/tpu7x: 2307 TFLOPs bf16, 192 GiB at 7380 GB/s; ICI 1200 GB/s bidirectional'),
+}
+# TPU generations whose topologies are compiled with both TensorCores of a chip as one
+# device (megacore), as JAX runs them on those chips.
+MEGACORE = ('v4', 'v5p')
+
+# Cloud's accelerator types → topologies. v5litepod-N and v6e-N count chips; v2/v3/v4/v5p-N
+# count TensorCores (two per chip).
+_TWO_D = {1: '1x1', 4: '2x2', 8: '2x4', 16: '4x4', 32: '4x8', 64: '8x8', 128: '8x16', 256: '16x16',
+          512: '16x32', 1024: '32x32'}
+_THREE_D = {4: '2x2x1', 8: '2x2x2', 16: '2x2x4', 32: '2x4x4', 64: '4x4x4', 128: '4x4x8', 256: '4x8x8',
+            512: '8x8x8', 1024: '8x8x16', 2048: '8x16x16', 4096: '16x16x16', 6144: '16x16x24'}
+ACCELERATOR_TYPES = {  # prefix → (generation, chips per count unit, chip shapes)
+    'v5litepod': ('v5e', 1, _TWO_D), 'v6e': ('v6e', 1, _TWO_D),
+    'v3': ('v3', 2, _TWO_D), 'v4': ('v4', 2, _THREE_D), 'v5p': ('v5p', 2, _THREE_D),
+}
+_TOPOLOGY = re.compile(r'^(v2|v3|v4|v5e|v5p|v6e|tpu7x):(\d+(?:x\d+){1,2})$')
+_ACCELERATOR_TYPE = re.compile(r'^(v5litepod|v6e|v3|v4|v5p)-(\d+)$')
+LIST_EXAMPLES = ('v5e:2x2', 'v5e:4x4', 'v5e:16x16', 'v4:2x2x4', 'v5p:4x4x4', 'v6e:16x16', 'v3:4x4', 'tpu7x:2x2x1')
+INSTALL = "pip install 'capsjax[tpu]' (libtpu, as jax[tpu] pins it)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  name: str          # as given
+  generation: str    # 'v5e'
+  topology: str      # '4x4'
+  chip: Chip
+
+  @property
+  def topology_name(self) -> str:
+    return f'{self.generation}:{self.topology}'
+
+  @property
+  def chips(self) -> int:
+    return math.prod(int(side) for side in self.topology.split('x'))
+
+
+def parse_target(name: str) -> Target:
+  """A target by the names people use: 'v5e:4x4' (topology) or 'v5litepod-16' (Cloud's
+  accelerator type); ConfigError naming the forms otherwise."""
+  name = name.strip()
+  match = _TOPOLOGY.match(name)
+  if match:
+    generation, topology = match.groups()
+  else:
+    match = _ACCELERATOR_TYPE.match(name)
+    if not match:
+      raise ConfigError(f'--target={name!r}: not a TPU topology (e.g. v5e:4x4, v4:2x2x4, tpu7x:2x2x1) nor a '
+                        'Cloud accelerator type (e.g. v5litepod-16, v4-32, v5p-128, v6e-256); --target=list '
+                        'shows them')
+    prefix, count = match.group(1), int(match.group(2))
+    generation, per_unit, shapes = ACCELERATOR_TYPES[prefix]
+    chips = count // per_unit
+    if count % per_unit or chips not in shapes:
+      raise ConfigError(f'--target={name}: capsjax knows no {generation} slice of {count} '
+                        f'{"chips" if per_unit == 1 else "TensorCores"} (known: '
+                        f'{", ".join(f"{prefix}-{c * per_unit}" for c in sorted(shapes))}); '
+                        f'give the topology instead, e.g. {generation}:{shapes[sorted(shapes)[1]]}')
+    topology = shapes[chips]
+  if generation not in CHIPS:
+    raise ConfigError(f'--target={name}: libtpu can compile for {generation}, but capsjax has no published '
+                      f'figures for its chip (known: {", ".join(CHIPS)})')
+  return Target(name, generation, topology, CHIPS[generation])
+
+
+def compile_only_devices(target: Target):
+  """The compile-only devices of `target`'s topology (libtpu), or ConfigError."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if importlib.util.find_spec('libtpu') is None:
+    raise ConfigError(f'planning for a TPU needs libtpu, which is not installed: {INSTALL}')
+  cli.quiet_libtpu_environment()
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  options = {'chip_config_name': 'megacore'} if target.generation in MEGACORE else {}
+  try:
+    return topologies.get_topology_desc(topology_name=target.topology_name, platform='tpu', **options).devices
+  except Exception as e:  # pylint: disable=broad-except
+    detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise ConfigError(f'--target={target.name}: libtpu cannot describe the topology {target.topology_name} '
+                      f'({detail})') from None
+
+
+def available_topologies() -> List[str]:
+  """Lines for --target=list: each example topology and whether this libtpu describes it."""
+  lines = []
+  for name in LIST_EXAMPLES:
+    target = parse_target(name)
+    try:
+      devices = compile_only_devices(target)
+    except ConfigError as e:
+      lines.append(f'  {name:12s} not available: {e}')
+      continue
+    lines.append(f'  {name:12s} {target.chips:4d} chips, {len(devices):4d} devices, '
+                 f'{len({d.process_index for d in devices}):3d} hosts  ({devices[0].device_kind})')
+  return lines
+
+
+# ----------------------------------------------------------------------------- the compiled program
+
+_DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'f8e4m3fn': 1, 'f8e5m2': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2,
+                's32': 4, 'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16}
+_COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'collective-permute', 'all-to-all')
+_SHAPE = re.compile(r'\b(' + '|'.join(_DTYPE_BYTES) + r')\[([\d,]*)\]')
+
+
+def collectives(hlo_text: str) -> Dict[str, Tuple[int, int]]:
+  """{kind: (count, bytes of their results)} of the collectives in a compiled HLO module
+  (an async pair counted once, at its start)."""
+  found: Dict[str, Tuple[int, int]] = {}
+  for line in hlo_text.splitlines():
+    match = re.search(r'=\s*(.*?)\s+(' + '|'.join(_COLLECTIVES) + r')(-start)?\(', line)
+    if not match or re.search(r'(' + '|'.join(_COLLECTIVES) + r')-done\(', line):
+      continue
+    shapes = match.group(1)
+    if match.group(3):   # the start of an async pair: ((operands), (results)) or one shape
+      shapes = shapes.split('),', 1)[-1] if shapes.startswith('((') else shapes
+    size = sum(_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(',') if d)
+               for dtype, dims in _SHAPE.findall(shapes))
+    count, total = found.get(match.group(2), (0, 0))
+    found[match.group(2)] = (count + 1, total + size)
+  return found
+
+
+def analyse(compiled) -> Dict[str, Any]:
+  """Per device: the compiled program's memory (arguments, outputs, temporaries, code; the
+  donated state aliased), XLA's FLOPs, bytes accessed and own time estimate, the collectives."""
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
+  arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
+  aliased, temporaries, code = memory.alias_size_in_bytes, memory.temp_size_in_bytes, memory.generated_code_size_in_bytes
+  return {'arguments': arguments, 'outputs': outputs, 'aliased': aliased, 'temporaries': temporaries,
+          'code': code, 'total': arguments + outputs - aliased + temporaries + code,
+          'flops': float(cost.get('flops', 0.0)), 'bytes_accessed': float(cost.get('bytes accessed', 0.0)),
+          # XLA's own estimate, where it gives a usable one (it has been negative).
+          'xla_seconds': float(cost.get('optimal_seconds', 0.0)) if float(cost.get('optimal_seconds', 0.0)) > 0 else None,
+          'collectives': collectives(compiled.as_text())}
+
+
+@dataclasses.dataclass
+class Plan:
+  """What `plan` found: the target, the run's shape on it and its compiled programs."""
+  target: Target
+  devices: int
+  hosts: int
+  devices_per_chip: int
+  global_batch: int
+  eval_batch: int
+  num_params: int
+  param_bytes: int
+  formulations: List[str]
+  training: Dict[str, Any]
+  evaluation: Dict[str, Any]
+  compile_seconds: float
+  largest_batch: Optional[Dict[str, Any]] = None
+  model_choice: Optional[str] = None
+
+  @property
+  def hbm_per_device(self) -> float:
+    return self.target.chip.hbm_bytes / self.devices_per_chip
+
+  def fits(self, analysis: Dict[str, Any]) -> bool:
+    return analysis['total'] <= self.hbm_per_device
+
+  def estimate(self, precision_passes: int = 1, training: Optional[Dict[str, Any]] = None,
+               global_batch: Optional[int] = None) -> Dict[str, float]:
+    """An estimated training step (seconds) from the chip's published figures: compute at the
+    bf16 peak (float32 matmuls as `precision_passes` bf16 passes: 1 at JAX's default
+    precision on a TPU, about 6 at 'highest'), or HBM traffic, whichever is longer, plus the
+    gradient all-reduce over the interconnect (a ring: 2(n−1)/n of its bytes per device), not
+    overlapped. `training`, `global_batch`: another compiled step's analysis and batch (the
+    largest batch's) instead of the configured one."""
+    training = training or self.training
+    global_batch = global_batch or self.global_batch
+    chip, share = self.target.chip, self.devices_per_chip
+    compute = precision_passes * training['flops'] / (chip.bf16_flops_per_s / share)
+    memory = training['bytes_accessed'] / (chip.hbm_bytes_per_s / share)
+    reduced = training['collectives'].get('all-reduce', (0, 0))[1]
+    n = self.devices
+    network = (2 * (n - 1) / n * reduced / (chip.allreduce_bytes_per_s / share)) if n > 1 else 0.0
+    step = max(compute, memory) + network
+    return {'compute_s': compute, 'memory_s': memory, 'allreduce_s': network, 'step_s': step,
+            'images_per_s': global_batch / step if step else float('inf')}
+
+
+def _gb(value: float) -> str:
+  return f'{value / 1e9:.2f} GB'
+
+
+def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -> List[str]:
+  """The plan as lines for the console."""
+  target, chip = plan.target, plan.target.chip
+  per_device = plan.global_batch // plan.devices
+  lines = [
+      f'target: {target.name} = {target.topology_name}: {target.chips} chips of {chip.kind}, {plan.devices} devices '
+      f'({plan.devices_per_chip} per chip), {plan.hosts} hosts; mesh data={plan.devices}',
+      f'batch: {plan.global_batch} global, {per_device} per device (evaluation: {plan.eval_batch} global, '
+      f'{plan.eval_batch // plan.devices} per device); {plan.num_params:,} parameters, {_gb(plan.param_bytes)} as '
+      'float32',
+      'formulations for the TPU: ' + '; '.join(plan.formulations),
+  ]
+  if plan.model_choice:
+    lines.append(plan.model_choice)
+  lines.append(f'per device, from the compiled programs (HBM {_gb(plan.hbm_per_device)} per device, '
+               f'{chip.source}):')
+  for name, analysis in (('training step', plan.training), ('evaluation batch', plan.evaluation)):
+    verdict = 'fits' if plan.fits(analysis) else 'DOES NOT FIT'
+    lines.append(f'  {name:16s} arguments {_gb(analysis["arguments"])}, outputs {_gb(analysis["outputs"])} '
+                 f'({_gb(analysis["aliased"])} of them donated), temporaries {_gb(analysis["temporaries"])}, code '
+                 f'{_gb(analysis["code"])}: {_gb(analysis["total"])} = '
+                 f'{100 * analysis["total"] / plan.hbm_per_device:.1f} % of HBM, {verdict}')
+  training = plan.training
+  lines.append(f'  training step: {training["flops"] / 1e9:.1f} GFLOP and {_gb(training["bytes_accessed"])} of memory '
+               'traffic (XLA\'s cost analysis)')
+  moved = ', '.join(f'{count} {kind} ({_gb(size)})' for kind, (count, size) in sorted(training['collectives'].items()))
+  lines.append(f'  collectives in the training step: {moved or "none"}; the gradients are '
+               f'{_gb(plan.param_bytes)} (the parameters\' bytes)')
+  default, highest = plan.estimate(1), plan.estimate(6)
+  lines.append(
+      f'ESTIMATE (not a measurement): a training step ≈ {1e3 * default["step_s"]:.2f} ms → '
+      f'{default["images_per_s"]:,.0f} images/s over the slice (compute {1e3 * default["compute_s"]:.2f} ms at the '
+      f'bf16 peak, HBM traffic {1e3 * default["memory_s"]:.2f} ms, all-reduce {1e3 * default["allreduce_s"]:.2f} ms, '
+      f'not overlapped); with float32 matmuls at \'highest\' precision (≈ 6 bf16 passes) ≈ '
+      f'{1e3 * highest["step_s"]:.2f} ms → {highest["images_per_s"]:,.0f} images/s'
+      + (f'; XLA\'s own estimate {1e3 * training["xla_seconds"]:.2f} ms' if training['xla_seconds'] else ''))
+  if plan.largest_batch:
+    largest = plan.largest_batch
+    lines.append(f'largest per-device batch that fits: {largest["per_device"]} ({largest["per_device"] * plan.devices} '
+                 f'global; {_gb(largest["total"])} of {_gb(plan.hbm_per_device)} compiled; from compilations at '
+                 f'{", ".join(str(b) for b in largest["tried"])} per device)'
+                 + ('; the whole training split: a larger batch would not fit an epoch' if largest['capped'] else ''))
+    if largest.get('analysis'):
+      at_largest = plan.estimate(1, largest['analysis'], largest['per_device'] * plan.devices)
+      lines.append(f'ESTIMATE at that batch (not a measurement): a training step ≈ {1e3 * at_largest["step_s"]:.2f} ms → '
+                   f'{at_largest["images_per_s"]:,.0f} images/s over the slice (compute '
+                   f'{1e3 * at_largest["compute_s"]:.2f} ms, HBM traffic {1e3 * at_largest["memory_s"]:.2f} ms, '
+                   f'all-reduce {1e3 * at_largest["allreduce_s"]:.2f} ms)')
+  batch = f' --config.batch_size={plan.global_batch}'
+  lines += ['launch (every host of the slice runs the same command):',
+            f'  gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command \\',
+            f'    "cd capsjax && python run.py --experiment={experiment} --workdir={workdir_hint} '
+            f'--config.distributed=True{batch}"',
+            f'(compiled in {plan.compile_seconds:.0f} s on this machine; XLA\'s analyses are an aid whose exact '
+            'values may change between versions)']
+  return lines
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def _zeros_loader(config):
+  """Zeros of each split's size and image shape for a described dataset (nothing read), or
+  None: the source itself, read lazily (image folders, other TFDS datasets)."""
+  from capsjax.data.datasets import DATASETS  # pylint: disable=g-import-not-at-top
+  from capsjax.data.sources import Dataset  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  described = DATASETS.get(config.dataset)
+  if described is None or not all(described.split_sizes):
+    return None
+  sizes = dict(zip(('train', 'test'), described.split_sizes))
+  return lambda info, split: Dataset(np.zeros((sizes[split],) + tuple(info.image_shape), np.uint8),
+                                     np.zeros(sizes[split], np.int32))
+
+
+def _program(config, mesh):
+  """(the run's Program on `mesh`, its training examples per epoch)."""
+  from capsjax import assemble, train  # pylint: disable=g-import-not-at-top
+  train_split, test_split, validation = assemble.splits(config, _zeros_loader(config))
+  program = train.build_program(config, assemble.model(config), train_split, test_split, mesh, validation)
+  return program, train_split.num_examples
+
+
+def _describe_choices(choices) -> List[str]:
+  seen, lines = set(), []
+  for option, layer, value in choices:
+    where = (f' ({layer.kernel_size}×{layer.kernel_size}/{layer.stride}, {layer.channels}→{layer.features})'
+             if layer is not None else '')
+    line = f'{option}{where} {value}'
+    if line not in seen:
+      seen.add(line)
+      lines.append(line)
+  return lines
+
+
+def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch: bool = True,
+             log=lambda line: None) -> Plan:
+  """Compiles config's training step and evaluation batch for `target` ('v5e:4x4',
+  'v5litepod-16', …) without its hardware and returns what they need. ConfigError for a bad
+  target, a missing libtpu, or a batch that does not divide over the devices.
+
+  Example:
+    A CapsNet of `mnist_smoke`'s recipe, shrunk, planned for a 2×2 TPU v5e slice:
+
+    >>> from capsjax.experiments import mnist_smoke
+    >>> config = mnist_smoke.get_config()
+    >>> config.model.update(conv1_channels=16, primary_types=4, digit_dim=8, decoder_hidden=(32,))
+    >>> config.batch_size, config.eval_batch_size = 32, 64
+    >>> result = capsjax.plan_run(config, 'v5e:2x2', find_largest_batch=False)   # doctest: +SKIP
+    >>> result.devices, result.global_batch // result.devices                # doctest: +SKIP
+    (4, 8)
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble, formulations, models, sharding  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
+  parsed = parse_target(target)
+  validate(config)
+  devices = compile_only_devices(parsed)
+  mesh = sharding.data_mesh(devices)
+  sharding.check_batch_size(config.batch_size, mesh)
+  sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
+  devices_per_chip = max(1, len(devices) // parsed.chips)
+  hbm_per_device = parsed.chip.hbm_bytes / devices_per_chip
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.host_images = 'rows'   # a source without split sizes is read lazily, never whole
+  started = time.time()
+  with formulations.target_backend('tpu') as choices:
+    config = assemble.resolve_data(config)
+    config, model_choice = assemble.choose_model(config, None, available=hbm_per_device)
+    program, train_examples = _program(config, mesh)
+    abstract_state = program.abstract_state
+    log(f'compiling the training step and an evaluation batch for {parsed.topology_name} '
+        f'({len(devices)} devices)…')
+    lowered = program.lower(abstract_state)
+    training = analyse(lowered['training'].compile())
+    evaluation = analyse(lowered['evaluation'].compile())
+    members = len(program.members) if program.members else 1
+    params = abstract_state['params']
+    num_params = models.count_params(params) // members
+    param_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
+    result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
+                  config.batch_size, config.eval_batch_size, num_params, param_bytes,
+                  _describe_choices(choices), training, evaluation, 0.0, model_choice=model_choice)
+    if find_largest_batch:
+      result.largest_batch = _largest_batch(config, mesh, result, train_examples // len(devices), log)
+  result.compile_seconds = time.time() - started
+  return result
+
+
+def _training_memory(config, mesh, per_device: int) -> Dict[str, Any]:
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.batch_size = per_device * mesh.size
+  program, _ = _program(config, mesh)
+  return analyse(program.lower(program.abstract_state)['training'].compile())
+
+
+def _largest_batch(config, mesh, result: Plan, most: int, log) -> Dict[str, Any]:
+  """The largest per-device training batch (a multiple of 8, at most `most`: an epoch's
+  examples over the devices) whose compiled step fits the HBM: memory is linear in the batch,
+  so the configured batch and twice it give the line, and a third compilation checks where it
+  meets the HBM (stepping down while it does not)."""
+  hbm = result.hbm_per_device
+  first = result.global_batch // result.devices
+  second = min(2 * first, most)
+  analyses = {first: result.training}
+  if second > first:
+    log(f'finding the largest batch: compiling the training step at {second} per device…')
+    analyses[second] = _training_memory(config, mesh, second)
+  tried = {batch: analysis['total'] for batch, analysis in analyses.items()}
+  slope = max((tried[second] - tried[first]) / (second - first), 1.0) if second > first else 1.0
+  candidate = int((hbm - (tried[first] - slope * first)) / slope)
+  candidate = max(8, min(candidate, most) // 8 * 8) if most >= 8 else most
+  for _ in range(4):
+    if candidate in tried:
+      break
+    log(f'finding the largest batch: compiling the training step at {candidate} per device…')
+    analyses[candidate] = _training_memory(config, mesh, candidate)
+    tried[candidate] = analyses[candidate]['total']
+    if tried[candidate] <= hbm:
+      break
+    candidate = max(8, int(candidate * 0.9) // 8 * 8)
+  fitting = [batch for batch, total in tried.items() if total <= hbm]
+  best = max(fitting) if fitting else min(tried)
+  return {'per_device': best, 'total': tried[best], 'tried': sorted(tried), 'fits': bool(fitting),
+          'capped': best >= most // 8 * 8, 'analysis': analyses[best]}
+
+
+# ----------------------------------------------------------------------------- the command
+
+_EXPERIMENTS_DIR = None
+
+
+@cli.main_wrapper
+def main(argv) -> int:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from capsjax import launch  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FLAGS
+  launch.quiet_logs()
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  target = flag_values.target
+  if not target:
+    cli.fail('--target=NAME is required (a TPU topology such as v5e:4x4, or an accelerator type such as '
+             'v5litepod-16; --target=list shows them)')
+  if target == 'list':
+    print('TPU topologies this libtpu describes (any AxB or AxBxC of a generation works; Cloud\'s accelerator '
+          'types v5litepod-N, v6e-N, v4-N, v5p-N, v3-N too):')
+    for line in available_topologies():
+      print(line)
+    return 0
+  config = flag_values.config
+  if config is None:
+    cli.fail(f'--experiment=NAME is required; available: {", ".join(launch.available_experiments())}')
+  from capsjax.validation import split_name_lists  # pylint: disable=g-import-not-at-top
+  split_name_lists(config)
+  parse_target(target)   # a bad target is one line before anything is compiled
+  if config.get('program', 'train') != 'train':
+    cli.fail(f'--experiment={flag_values.experiment}: its program ({config.program}) trains several models; '
+             'plan one of them (e.g. its member config) with --config.program=train')
+  result = plan_run(config, target, flag_values.find_largest_batch, log=cli.say)
+  for line in report(result, flag_values.experiment or 'NAME', f'/mnt/shared/{flag_values.experiment or "run"}'):
+    print(line)
+  if not result.fits(result.training) or not result.fits(result.evaluation):
+    cli.fail(f'the run does not fit {result.target.name}: lower config.batch_size or config.eval_batch_size'
+             + (f' (at most {result.largest_batch["per_device"] * result.devices} for training)'
+                if result.largest_batch and result.largest_batch['fits'] else ''))
+  return 0
+
+
+def entry_point(experiments_dir: Optional[str] = None) -> None:
+  """`capsjax-plan` and `python -m capsjax.plan`: the experiment flags of `capsjax`, plus
+  --target and --find_largest_batch."""
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from capsjax import launch  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string('target', None, 'A TPU topology (v5e:4x4) or accelerator type (v5litepod-16), or list.')
+  flags.DEFINE_bool('find_largest_batch', True, 'Compile two or three more times to find the largest batch.')
+  launch.set_experiments_dir(experiments_dir)
+  argv = list(sys.argv)
+  cli.as_program()
+  remaining = launch.parse_flags(argv)
+  app.run(main, argv=remaining)
+
+
+if __name__ == '__main__':
+  entry_point()

@@ -1,0 +1,163 @@
+"""capsjax.plan: the run's own steps compiled for a TPU topology that is not here, against
+hand counts; targets by both names; bad input as one line."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from capsjax import plan as plan_lib
+from capsjax.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
+needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU and os.environ.get('CI', '').lower() != 'true',
+                                  reason="needs libtpu: pip install 'capsjax[tpu]'")
+
+
+@pytest.mark.parametrize('name, topology, chips', [
+    ('v5e:4x4', 'v5e:4x4', 16), ('v5litepod-16', 'v5e:4x4', 16), ('v5litepod-256', 'v5e:16x16', 256),
+    ('v4-32', 'v4:2x2x4', 16), ('v5p-128', 'v5p:4x4x4', 64), ('v6e-256', 'v6e:16x16', 256),
+    ('tpu7x:2x2x1', 'tpu7x:2x2x1', 4), ('v3-32', 'v3:4x4', 16),
+])
+def test_targets_by_topology_and_by_accelerator_type(name, topology, chips):
+  target = plan_lib.parse_target(name)
+  assert (target.topology_name, target.chips) == (topology, chips)
+
+
+@pytest.mark.parametrize('name, message', [
+    ('v9:2x2', 'not a TPU topology'), ('v5litepod-12', 'knows no v5e slice of 12 chips'),
+    ('v4-30', 'knows no v4 slice of 30 TensorCores'), ('v2:4x4', 'no published figures for its chip'),
+    ('h100', 'not a TPU topology'),
+])
+def test_unknown_targets_are_named(name, message):
+  with pytest.raises(ConfigError, match=message):
+    plan_lib.parse_target(name)
+
+
+def test_collectives_are_counted_with_the_bytes_they_move():
+  hlo = '\n'.join([
+      '%all-reduce = f32[256,256]{1,0:T(8,128)} all-reduce(%fusion), channel_id=1, to_apply=%add',
+      '%all-reduce.1 = (f32[10]{0}, bf16[4,8]{1,0}) all-reduce(%a, %b), channel_id=2',
+      '%ars = ((f32[16]{0}), f32[16]{0}) all-reduce-start(%c), channel_id=3',
+      '%ard = f32[16]{0} all-reduce-done(%ars)',
+      '%ag = s32[8,2]{1,0} all-gather(%d), dimensions={0}',
+      '%add = f32[] add(%x, %y)'])
+  assert plan_lib.collectives(hlo) == {'all-reduce': (3, 256 * 256 * 4 + 10 * 4 + 4 * 8 * 2 + 16 * 4),
+                                       'all-gather': (1, 8 * 2 * 4)}
+
+
+def _tiny_config():
+  from capsjax.experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
+  config = mnist_smoke.get_config()
+  config.model.update(conv1_channels=16, primary_types=4, primary_dim=4, digit_dim=8, decoder_hidden=(32,))
+  config.batch_size, config.eval_batch_size = 32, 64
+  return config
+
+
+@pytest.fixture(scope='module')
+def tiny_plan():
+  return plan_lib.plan_run(_tiny_config(), 'v5e:2x2', find_largest_batch=False)
+
+
+@needs_libtpu
+def test_the_runs_own_step_compiles_for_a_tpu_slice_and_matches_hand_counts(tiny_plan):
+  from benchmarks.timing import capsnet_flops  # pylint: disable=g-import-not-at-top
+  result = tiny_plan
+  assert (result.devices, result.hosts, result.devices_per_chip, result.global_batch) == (4, 1, 1, 32)
+  assert any(line.startswith('conv_impl') and line.endswith(' xla') for line in result.formulations)   # the TPU's
+  assert not any(value in line for line in result.formulations for value in ('patches', 'fourier', 'kernel_rows'))
+  # Arguments per device: the replicated state (parameters, Adam's two moments, two step
+  # counters) and this device's quarter of the batch (uint8 images, int32 labels and
+  # indices). A TPU pads each array to whole (8, 128) tiles: this model's many small
+  # arrays (biases of 4–32 values) take up to 3 times their bytes.
+  config = _tiny_config()
+  state_bytes = 3 * result.param_bytes + 2 * 4
+  batch_bytes = (32 // 4) * (28 * 28 * 1 + 4 + 4)
+  training = result.training
+  assert state_bytes + batch_bytes <= training['arguments'] <= 3.5 * (state_bytes + batch_bytes)
+  # The donated state is updated in place: what the step returns beside it is its metrics.
+  assert training['aliased'] >= state_bytes and training['outputs'] - training['aliased'] < 65536
+  # The gradient all-reduce moves the parameters' bytes (plus the metrics' scalars).
+  count, reduced = training['collectives']['all-reduce']
+  assert count >= 1 and result.param_bytes <= reduced <= result.param_bytes + 4096
+  # FLOPs per device: the project's count for 8 images (direct-form convolutions, as XLA's
+  # on a TPU), within what it leaves out (elementwise work, the squash, the loss).
+  flops = capsnet_flops(config.model, 'tpu', batch=8)['train'] * 8
+  assert 0.9 * flops <= training['flops'] <= 1.6 * flops, (training['flops'], flops)
+  assert result.fits(training) and result.fits(result.evaluation)
+  estimate = result.estimate()
+  assert estimate['step_s'] == pytest.approx(max(estimate['compute_s'], estimate['memory_s']) + estimate['allreduce_s'])
+  lines = plan_lib.report(result, 'mnist_smoke')
+  assert any(line.startswith('ESTIMATE (not a measurement)') for line in lines)
+  assert any('--worker=all' in line for line in lines)
+
+
+def test_the_largest_batch_is_found_where_the_compiled_memory_meets_the_hbm(tiny_plan_shape, monkeypatch):
+  # Compiled memory of 1 GB + 0.1 GB per example (what _training_memory would return),
+  # on a 16 GB chip: the line through 8 and 16 per device meets it at 150; the step-down
+  # rule never needs more than the third compilation.
+  compiled = []
+  monkeypatch.setattr(plan_lib, '_training_memory',
+                      lambda config, mesh, per_device: compiled.append(per_device) or {'total': 1e9 + 1e8 * per_device})
+  largest = plan_lib._largest_batch(None, None, tiny_plan_shape, 10000, lambda line: None)
+  assert compiled == [16, 144] and largest == {'per_device': 144, 'total': 1e9 + 1e8 * 144, 'tried': [8, 16, 144],
+                                                'fits': True, 'capped': False, 'analysis': {'total': 1e9 + 1e8 * 144}}
+  compiled.clear()   # an epoch of 100 examples per device caps it
+  assert plan_lib._largest_batch(None, None, tiny_plan_shape, 100, lambda line: None)['per_device'] == 96
+  assert compiled == [16, 96]
+
+
+@pytest.fixture
+def tiny_plan_shape():
+  """A Plan of 4 v5e devices at 8 per device whose training step took 1.8 GB (no compiler)."""
+  target = plan_lib.parse_target('v5e:2x2')
+  return plan_lib.Plan(target, 4, 1, 1, 32, 64, 1000, 4000, [], {'total': 1e9 + 1e8 * 8}, {'total': 1e8}, 0.0)
+
+
+@needs_libtpu
+def test_a_run_that_cannot_fit_is_one_line(tiny_plan, monkeypatch, capsys):
+  small = plan_lib.Chip('TPU v5 lite', 1e5, 819e9, 197e12, 2e11, 'a 100 kB chip')
+  assert not dataclass_replace(tiny_plan, small).fits(tiny_plan.training)
+  monkeypatch.setitem(plan_lib.CHIPS, 'v5e', small)
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(plan_lib, 'plan_run', lambda *a, **k: dataclass_replace(tiny_plan, small))
+  fake = type('Flags', (), {'target': 'v5e:2x2', 'config': _tiny_config(), 'experiment': 'mnist_smoke',
+                            'find_largest_batch': False})
+  monkeypatch.setattr(flags, 'FLAGS', fake)
+  with pytest.raises(SystemExit) as exited:
+    plan_lib.main(['capsjax-plan'])
+  assert exited.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      'error: the run does not fit v5e:2x2: lower config.batch_size or config.eval_batch_size']
+
+
+def dataclass_replace(result, chip):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  return dataclasses.replace(result, target=dataclasses.replace(result.target, chip=chip), largest_batch=None)
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--experiment=mnist', '--target=v9:2x2'], "error: --target='v9:2x2': not a TPU topology"),
+    (['--experiment=mnist', '--target=v5e:2x2', '--config.batch_size=30'],
+     'error: global batch_size 30 does not divide by the 4 devices'),
+    (['--experiment=mnist'], 'error: --target=NAME is required'),
+    (['--experiment=ablation', '--target=v5e:2x2'], 'error: --experiment=ablation: its program (ablation)'),
+])
+def test_bad_plans_are_one_line(args, message):
+  if 'batch_size=30' in ' '.join(args) and not HAVE_LIBTPU:
+    message = 'error: planning for a TPU needs libtpu'
+  result = subprocess.run([sys.executable, '-m', 'capsjax.plan'] + args, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr[-2000:]
+  assert result.stderr.startswith(message), result.stderr
+
+
+def test_without_libtpu_the_plan_names_the_extra(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'libtpu' else real(name, *a))
+  with pytest.raises(ConfigError, match=r"needs libtpu, which is not installed: pip install 'capsjax\[tpu\]'"):
+    plan_lib.compile_only_devices(plan_lib.parse_target('v5e:2x2'))
+
