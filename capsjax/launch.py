@@ -103,8 +103,8 @@ def config_lines(config, prefix: str = ''):
       yield f'{prefix}{key} = {value!r}'
 
 
-def print_help(name=None, config_path=None) -> None:
-  print(__doc__.strip())
+def print_help(name=None, config_path=None, doc: Optional[str] = None) -> None:
+  print((doc or __doc__).strip())
   if name is None and config_path:
     if not os.path.isfile(config_path):
       cli.fail(f'--config={config_path}: no such file')
@@ -209,7 +209,7 @@ def _routing_options_hint(argv, experiment: Optional[str]) -> str:
   return f"; routing {name!r} takes " + (f'the options {", ".join(own)}' if own else 'no options')
 
 
-def parse_flags(argv):
+def parse_flags(argv, doc: Optional[str] = None):
   """absl parses --experiment first (known flags only); experiments/NAME.py then becomes
   the default of the ml_collections config-file flag --config, whose --config.KEY=VALUE
   overrides absl applies exactly once. Returns the arguments absl did not consume."""
@@ -220,7 +220,7 @@ def parse_flags(argv):
   name = FLAGS.experiment
   if any(arg in HELP_ARGS for arg in argv[1:]):
     try:
-      print_help(name if name in available_experiments() else None, config_file_argument(argv))
+      print_help(name if name in available_experiments() else None, config_file_argument(argv), doc)
       sys.stdout.flush()
     except BrokenPipeError:   # `run.py --help | head`
       os._exit(0)

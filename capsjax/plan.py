@@ -484,7 +484,8 @@ def entry_point(experiments_dir: Optional[str] = None) -> None:
   launch.set_experiments_dir(experiments_dir)
   argv = list(sys.argv)
   cli.as_program()
-  remaining = launch.parse_flags(argv)
+  remaining = launch.parse_flags(argv, __doc__ + '\n  --target=NAME          a TPU topology, an accelerator type, or list\n'
+                                 '  --nofind_largest_batch skip the two or three compilations that find the largest batch')
   app.run(main, argv=remaining)
 
 
