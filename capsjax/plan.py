@@ -123,11 +123,15 @@ def parse_target(name: str) -> Target:
   return Target(name, generation, topology, CHIPS[generation])
 
 
-def compile_only_devices(target: Target):
-  """The compile-only devices of `target`'s topology (libtpu), or ConfigError."""
+def require_libtpu() -> None:
   import importlib.util  # pylint: disable=g-import-not-at-top
   if importlib.util.find_spec('libtpu') is None:
     raise ConfigError(f'planning for a TPU needs libtpu, which is not installed: {INSTALL}')
+
+
+def compile_only_devices(target: Target):
+  """The compile-only devices of `target`'s topology (libtpu), or ConfigError."""
+  require_libtpu()
   cli.quiet_libtpu_environment()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   options = {'chip_config_name': 'megacore'} if target.generation in MEGACORE else {}
@@ -449,12 +453,6 @@ def main(argv) -> int:
   if not target:
     cli.fail('--target=NAME is required (a TPU topology such as v5e:4x4, or an accelerator type such as '
              'v5litepod-16; --target=list shows them)')
-  if target == 'list':
-    print('TPU topologies this libtpu describes (any AxB or AxBxC of a generation works; Cloud\'s accelerator '
-          'types v5litepod-N, v6e-N, v4-N, v5p-N, v3-N too):')
-    for line in available_topologies():
-      print(line)
-    return 0
   config = flag_values.config
   if config is None:
     cli.fail(f'--experiment=NAME is required; available: {", ".join(launch.available_experiments())}')
@@ -474,6 +472,17 @@ def main(argv) -> int:
   return 0
 
 
+@cli.main_wrapper
+def list_targets(argv=None) -> int:
+  del argv
+  require_libtpu()
+  print('TPU topologies this libtpu describes (any AxB or AxBxC of a generation works; Cloud\'s accelerator '
+        'types v5litepod-N, v6e-N, v4-N, v5p-N, v3-N too):')
+  for line in available_topologies():
+    print(line)
+  return 0
+
+
 def entry_point(experiments_dir: Optional[str] = None) -> None:
   """`capsjax-plan` and `python -m capsjax.plan`: the experiment flags of `capsjax`, plus
   --target and --find_largest_batch."""
@@ -484,6 +493,8 @@ def entry_point(experiments_dir: Optional[str] = None) -> None:
   launch.set_experiments_dir(experiments_dir)
   argv = list(sys.argv)
   cli.as_program()
+  if '--target=list' in argv[1:]:   # needs no experiment
+    sys.exit(list_targets())
   remaining = launch.parse_flags(argv, __doc__ + '\n  --target=NAME          a TPU topology, an accelerator type, or list\n'
                                  '  --nofind_largest_batch skip the two or three compilations that find the largest batch')
   app.run(main, argv=remaining)

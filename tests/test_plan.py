@@ -144,12 +144,17 @@ def dataclass_replace(result, chip):
      'error: global batch_size 30 does not divide by the 4 devices'),
     (['--experiment=mnist'], 'error: --target=NAME is required'),
     (['--experiment=ablation', '--target=v5e:2x2'], 'error: --experiment=ablation: its program (ablation)'),
+    (['--target=list'], None),
 ])
 def test_bad_plans_are_one_line(args, message):
-  if 'batch_size=30' in ' '.join(args) and not HAVE_LIBTPU:
+  if ('batch_size=30' in ' '.join(args) or message is None) and not HAVE_LIBTPU:
     message = 'error: planning for a TPU needs libtpu'
   result = subprocess.run([sys.executable, '-m', 'capsjax.plan'] + args, capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
+  if message is None:   # the topologies this libtpu describes, without an experiment
+    assert result.returncode == 0 and 'v5e:4x4        16 chips,   16 devices,   4 hosts' in result.stdout, result
+    assert not result.stderr, result.stderr
+    return
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr[-2000:]
   assert result.stderr.startswith(message), result.stderr
