@@ -31,13 +31,18 @@ def objective(config) -> Objective:
   return make_objective(name, int(config.model.num_classes), **options)
 
 
-def schedule(config) -> optax.Schedule:
+def schedule(config, num_steps: int = 0) -> optax.Schedule:
+  """The run's learning rate per step; `num_steps`: the run's length (what 'cosine' and
+  'linear' decay over; config.num_steps when not given)."""
   return steps.learning_rate_schedule(config.learning_rate, config.lr_decay_steps, config.lr_decay_rate,
-                                      config.lr_staircase, config.lr_min)
+                                      config.lr_staircase, config.lr_min, kind=config.get('lr_schedule', 'exponential'),
+                                      warmup_steps=config.get('warmup_steps', 0),
+                                      total_steps=num_steps or config.get('num_steps', 0))
 
 
-def optimizer(config) -> optax.GradientTransformation:
-  return steps.make_optimizer(schedule(config))
+def optimizer(config, num_steps: int = 0) -> optax.GradientTransformation:
+  return steps.make_optimizer(schedule(config, num_steps), config.get('optimizer', 'adam'),
+                              config.get('weight_decay', 0.0), config.get('grad_clip_norm', 0.0))
 
 
 def model(config):

@@ -105,6 +105,13 @@ def base_config() -> ml_collections.ConfigDict:
   config.lr_decay_steps = 2000
   config.lr_staircase = False
   config.lr_min = 0.0             # floor of the decayed learning rate (authors' code: 1e-6)
+  # Beyond the paper (capsjax.steps): the schedule's shape, a linear warm-up, the optimizer,
+  # its decoupled weight decay, gradient clipping. The defaults are the paper's recipe.
+  config.lr_schedule = 'exponential'
+  config.warmup_steps = 0
+  config.optimizer = 'adam'
+  config.weight_decay = 0.0
+  config.grad_clip_norm = 0.0     # > 0: gradients scaled to at most this global norm
   config.loss = ml_collections.ConfigDict(dict(
       name='capsnet', m_plus=0.9, m_minus=0.1, negative_weight=0.5, reconstruction_weight=0.0005,
       # 'sum' over classes (paper, eq. 4) or 'official' (authors' code: 0.5 × mean over classes).

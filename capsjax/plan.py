@@ -405,31 +405,38 @@ def _training_memory(config, mesh, per_device: int) -> Dict[str, Any]:
   return analyse(program.lower(program.abstract_state)['training'].compile())
 
 
-def _largest_batch(config, mesh, result: Plan, most: int, log) -> Dict[str, Any]:
+def _largest_batch(config, mesh, result: Plan, most: int, log, compilations: int = 5) -> Dict[str, Any]:
   """The largest per-device training batch (a multiple of 8, at most `most`: an epoch's
-  examples over the devices) whose compiled step fits the HBM: memory is linear in the batch,
-  so the configured batch and twice it give the line, and a third compilation checks where it
-  meets the HBM (stepping down while it does not)."""
+  examples over the devices) whose compiled step fits the HBM, from compilations: the
+  configured batch and twice it give a line of memory against batch, each further
+  compilation is at the batch where the line through the two largest fitting batches meets
+  the HBM (below the smallest batch that did not fit), until one is within 10 % of the HBM,
+  no larger batch is predicted, or `compilations` more have been made."""
   hbm = result.hbm_per_device
   first = result.global_batch // result.devices
-  second = min(2 * first, most)
   analyses = {first: result.training}
-  if second > first:
-    log(f'finding the largest batch: compiling the training step at {second} per device…')
-    analyses[second] = _training_memory(config, mesh, second)
+
+  def compile_at(batch):
+    log(f'finding the largest batch: compiling the training step at {batch} per device…')
+    analyses[batch] = _training_memory(config, mesh, batch)
+
+  if min(2 * first, most) > first:
+    compile_at(min(2 * first, most))
+  for _ in range(compilations):
+    fitting = sorted(batch for batch, analysis in analyses.items() if analysis['total'] <= hbm)
+    failing = sorted(batch for batch, analysis in analyses.items() if analysis['total'] > hbm)
+    if len(fitting) < 2 or analyses[fitting[-1]]['total'] >= 0.9 * hbm:
+      break
+    low, high = fitting[-2], fitting[-1]
+    slope = max((analyses[high]['total'] - analyses[low]['total']) / (high - low), 1.0)
+    candidate = high + (0.97 * hbm - analyses[high]['total']) / slope
+    if failing:
+      candidate = min(candidate, (high + failing[0]) / 2)
+    candidate = int(min(candidate, most)) // 8 * 8
+    if candidate <= high or candidate in analyses:
+      break
+    compile_at(candidate)
   tried = {batch: analysis['total'] for batch, analysis in analyses.items()}
-  slope = max((tried[second] - tried[first]) / (second - first), 1.0) if second > first else 1.0
-  candidate = int((hbm - (tried[first] - slope * first)) / slope)
-  candidate = max(8, min(candidate, most) // 8 * 8) if most >= 8 else most
-  for _ in range(4):
-    if candidate in tried:
-      break
-    log(f'finding the largest batch: compiling the training step at {candidate} per device…')
-    analyses[candidate] = _training_memory(config, mesh, candidate)
-    tried[candidate] = analyses[candidate]['total']
-    if tried[candidate] <= hbm:
-      break
-    candidate = max(8, int(candidate * 0.9) // 8 * 8)
   fitting = [batch for batch, total in tried.items() if total <= hbm]
   best = max(fitting) if fitting else min(tried)
   return {'per_device': best, 'total': tried[best], 'tried': sorted(tried), 'fits': bool(fitting),

@@ -26,17 +26,51 @@ def total_steps(num_steps: int, num_epochs: float, batch_size: int, num_train_ex
   return int(math.ceil(num_epochs * (num_train_examples // batch_size)))
 
 
+# config.lr_schedule: the paper's code decays exponentially; cosine and linear decay reach
+# config.lr_min at the run's last step (the budgeted recipes of later work).
+SCHEDULES = ('exponential', 'cosine', 'linear')
+# config.optimizer: Adam (the paper's and the design card's), AdamW (decoupled weight decay),
+# Lion (sign of an interpolated momentum; Chen et al. 2023 report it at short budgets).
+OPTIMIZERS = ('adam', 'adamw', 'lion')
+
+
 def learning_rate_schedule(learning_rate: float, decay_steps: int, decay_rate: float,
-                           staircase: bool = False, minimum: float = 0.0) -> optax.Schedule:
-  """learning_rate × decay_rate^(step / decay_steps) (staircase: integer exponent), never
-  below `minimum` (the authors' code floors it at 1e-6)."""
-  return optax.exponential_decay(
-      init_value=learning_rate, transition_steps=decay_steps, decay_rate=decay_rate,
-      staircase=staircase, end_value=minimum or None)   # with decay_rate < 1, end_value is a floor
+                           staircase: bool = False, minimum: float = 0.0, *, kind: str = 'exponential',
+                           warmup_steps: int = 0, total_steps: int = 0) -> optax.Schedule:
+  """The learning rate at each step. 'exponential': learning_rate × decay_rate^(step /
+  decay_steps) (staircase: integer exponent), never below `minimum` (the authors' code floors
+  it at 1e-6); 'cosine' / 'linear': from learning_rate to `minimum` at `total_steps`. With
+  `warmup_steps`, a linear rise from 0 comes first and the decay starts after it."""
+  decay_length = max(total_steps - warmup_steps, 1)
+  if kind == 'exponential':
+    decay = optax.exponential_decay(
+        init_value=learning_rate, transition_steps=decay_steps, decay_rate=decay_rate,
+        staircase=staircase, end_value=minimum or None)   # with decay_rate < 1, end_value is a floor
+  elif kind == 'cosine':
+    decay = optax.cosine_decay_schedule(learning_rate, decay_length, alpha=minimum / learning_rate)
+  elif kind == 'linear':
+    decay = optax.linear_schedule(learning_rate, minimum, decay_length)
+  else:
+    raise ValueError(f'lr_schedule must be one of {SCHEDULES}, got {kind!r}')
+  if not warmup_steps:
+    return decay
+  return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps), decay], [warmup_steps])
 
 
-def make_optimizer(schedule: optax.Schedule) -> optax.GradientTransformation:
-  return optax.adam(schedule)
+def make_optimizer(schedule: optax.Schedule, kind: str = 'adam', weight_decay: float = 0.0,
+                   clip_norm: float = 0.0) -> optax.GradientTransformation:
+  """`kind` (OPTIMIZERS) on `schedule`; `weight_decay` is AdamW's and Lion's decoupled one;
+  `clip_norm` > 0 scales the gradients to at most that global norm first."""
+  if kind == 'adam':
+    optimizer = optax.adam(schedule)
+  elif kind == 'adamw':
+    optimizer = optax.adamw(schedule, weight_decay=weight_decay)
+  elif kind == 'lion':
+    optimizer = optax.lion(schedule, weight_decay=weight_decay)
+  else:
+    raise ValueError(f'optimizer must be one of {OPTIMIZERS}, got {kind!r}')
+  # Without clipping the optimizer's state is Adam's own, as every earlier checkpoint holds.
+  return optax.chain(optax.clip_by_global_norm(clip_norm), optimizer) if clip_norm else optimizer
 
 
 def initial_state(model, optimizer, input_shape, seed: int, member_seeds=None) -> State:

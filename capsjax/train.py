@@ -117,7 +117,7 @@ class Program:
 
 def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
                   validation: Optional[Pipeline] = None) -> Program:
-  optimizer = assemble.optimizer(config)
+  optimizer = assemble.optimizer(config, assemble.total_steps(config, train.num_examples))
   objective = assemble.objective(config)
   members = assemble.members(config)
   ensemble = members is not None
@@ -325,7 +325,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
         steps_per_epoch=train.num_examples // config.batch_size, batch_size=config.batch_size,
         num_members=len(members) if members else None, metrics=metrics_log, log=_log,
         evaluate=program.evaluate, wall_time_before=progress.get('wall_time_s', 0.0),
-        learning_rate=assemble.schedule(config),
+        learning_rate=assemble.schedule(config, num_steps),
         eval_examples=test.num_examples + (validation.num_examples if validation is not None else 0))
     if first_step:
       _log(f'resumed from checkpoint at step {first_step}')

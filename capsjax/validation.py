@@ -21,6 +21,7 @@ from capsjax.models import INITS, MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.formulations import CONV_IMPLS, CONV_INPUTS, PATCHES_INFERENCE, ROUTING_LOOPS, conv_inputs_problem
 from capsjax.routing import ROUTINGS
+from capsjax.steps import OPTIMIZERS, SCHEDULES
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 
@@ -142,6 +143,11 @@ RUN_RULES = {
     'num_steps': int_at_least(0),
     'learning_rate': positive_number(),
     'lr_min': number_in(0, math.inf),
+    'lr_schedule': one_of(SCHEDULES),
+    'warmup_steps': int_at_least(0),
+    'optimizer': one_of(OPTIMIZERS),
+    'weight_decay': number_in(0, math.inf),
+    'grad_clip_norm': number_in(0, math.inf),
     'validation_examples': int_at_least(0),
     'lr_decay_rate': number_in(0, 1, low_open=True),
     'lr_decay_steps': int_at_least(1),
@@ -318,6 +324,12 @@ def problems_of(config) -> List[str]:
   if config.get('num_processes') and config.get('process_id', -1) >= config.num_processes:
     problems.append(f'config.process_id={config.process_id}: allowed below num_processes={config.num_processes} '
                     '(processes are numbered from 0)')
+  if config.get('weight_decay') and config.get('optimizer', 'adam') == 'adam':
+    problems.append(f'config.weight_decay={config.weight_decay!r}: Adam has no decoupled weight decay; '
+                    "use --config.optimizer=adamw (or lion)")
+  if config.get('lr_schedule', 'exponential') != 'exponential' and config.get('lr_min', 0) >= config.get('learning_rate', 1):
+    problems.append(f'config.lr_min={config.lr_min!r}: allowed below learning_rate={config.learning_rate!r} '
+                    f'(the {config.lr_schedule} schedule decays to it)')
   found, zoo_options = _get(config, 'routing_zoo.options')
   if found and zoo_options is not None and 'model' in config:
     problems.extend(_zoo_options_problems(config, zoo_options))
@@ -405,7 +417,12 @@ DESCRIPTIONS = {
     'lr_decay_rate': 'the learning rate is multiplied by this every lr_decay_steps steps',
     'lr_decay_steps': 'steps per decay factor',
     'lr_staircase': 'decay in whole steps of lr_decay_steps (False: continuously)',
-    'lr_min': 'floor of the decayed learning rate (0: none)',
+    'lr_min': 'floor of the decayed learning rate (0: none); what cosine and linear decay reach at the last step',
+    'lr_schedule': "the learning rate's decay: exponential (the paper's code), or cosine / linear to lr_min at the run's last step",
+    'warmup_steps': 'a linear rise of the learning rate from 0 over this many steps before the decay (0: none)',
+    'optimizer': 'adam (the paper), adamw (decoupled weight decay) or lion',
+    'weight_decay': "adamw's or lion's decoupled weight decay (0: none)",
+    'grad_clip_norm': 'gradients scaled to at most this global norm before the optimizer (0: no clipping)',
     'log_every_steps': 'a progress line and a metrics.jsonl row every N steps',
     'eval_every_steps': 'evaluate every N steps (0: only at the end)',
     'eval_batch_size': 'examples per evaluation batch',

@@ -107,6 +107,13 @@ def test_the_largest_batch_is_found_where_the_compiled_memory_meets_the_hbm(tiny
   compiled.clear()   # an epoch of 100 examples per device caps it
   assert plan_lib._largest_batch(None, None, tiny_plan_shape, 100, lambda line: None)['per_device'] == 96
   assert compiled == [16, 96]
+  # Memory that grows slower than the first line says (a compiler that reuses buffers at
+  # large batches): each further compilation refits the line, until within 10 % of the HBM.
+  memory = lambda per_device: 1e9 + 1e8 * 8 * (per_device / 8) ** 0.6
+  monkeypatch.setattr(plan_lib, '_training_memory', lambda config, mesh, per_device: {'total': memory(per_device)})
+  largest = plan_lib._largest_batch(None, None, tiny_plan_shape, 10 ** 6, lambda line: None)
+  assert 0.9 * 16e9 <= largest['total'] <= 16e9 and largest['fits']
+  assert len(largest['tried']) <= 7 and largest['per_device'] % 8 == 0
 
 
 @pytest.fixture

@@ -209,3 +209,61 @@ def test_sweep_ranks_by_validation_when_there_is_a_split():
                                       row('better_on_validation', 0.003, 0.004)])
   assert 'Lowest validation error: `better_on_validation`' in table
   assert 'never used to choose' in table
+
+
+def test_schedules_hand_computed_at_chosen_steps():
+  config = mnist.get_config()
+  config.learning_rate, config.lr_min, config.warmup_steps = 1e-3, 1e-5, 100
+  expected = {   # step → (cosine, linear): warm-up to step 100, then 900 steps of decay to lr_min
+      0: (0.0, 0.0), 50: (5e-4, 5e-4), 100: (1e-3, 1e-3),
+      325: (1e-5 + 9.9e-4 * 0.5 * (1 + np.cos(np.pi / 4)), 1e-3 - 9.9e-4 * 0.25),
+      550: (5.05e-4, 5.05e-4), 1000: (1e-5, 1e-5), 5000: (1e-5, 1e-5)}
+  for index, kind in enumerate(('cosine', 'linear')):
+    config.lr_schedule = kind
+    schedule = assemble.schedule(config, num_steps=1000)
+    for step, values in expected.items():
+      np.testing.assert_allclose(schedule(step), values[index], rtol=1e-5, atol=1e-12, err_msg=f'{kind} {step}')
+  config.lr_schedule, config.lr_min = 'exponential', 0.0   # the paper's decay, after the warm-up
+  np.testing.assert_allclose(assemble.schedule(config)(100 + 2000), 0.96e-3, rtol=1e-5)
+
+
+def test_optimizers_weight_decay_and_clipping_against_hand_updates():
+  params = {'w': jnp.array([2.0, -4.0])}
+  zero = {'w': jnp.zeros(2)}
+  config = mnist.get_config()
+  config.learning_rate, config.lr_decay_rate = 0.1, 1.0
+  for name in ('adamw', 'lion'):   # with no gradient, only the decoupled decay moves: p − lr·wd·p
+    config.optimizer, config.weight_decay = name, 0.5
+    optimizer = assemble.optimizer(config)
+    updates, _ = optimizer.update(zero, optimizer.init(params), params)
+    np.testing.assert_allclose(updates['w'], -0.1 * 0.5 * params['w'], rtol=1e-6, err_msg=name)
+  # Clipping to a global norm of 1 scales a gradient of norm 10 by 1/10 before Adam.
+  config.optimizer, config.weight_decay, config.grad_clip_norm = 'adam', 0.0, 1.0
+  clipped = assemble.optimizer(config)
+  config.grad_clip_norm = 0.0
+  plain = assemble.optimizer(config)
+  grads = {'w': jnp.array([6.0, 8.0])}
+  got, _ = clipped.update(grads, clipped.init(params), params)
+  want, _ = plain.update({'w': grads['w'] / 10}, plain.init(params), params)
+  np.testing.assert_allclose(got['w'], want['w'], rtol=1e-6)
+  config.weight_decay = 0.1   # Adam has no decoupled decay: refused rather than ignored
+  assert problems_of(config) == ['config.weight_decay=0.1: Adam has no decoupled weight decay; use '
+                                 '--config.optimizer=adamw (or lion)']
+  config.weight_decay, config.lr_schedule, config.lr_min = 0.0, 'cosine', 0.5
+  assert problems_of(config)[0].startswith('config.lr_min=0.5: allowed below learning_rate=0.1')
+
+
+def test_a_run_with_the_recipe_options_resumes_bit_identical(mnist_dir, tmp_path):
+  options = dict(lr_schedule='cosine', warmup_steps=3, lr_min=1e-5, optimizer='adamw', weight_decay=1e-4,
+                 grad_clip_norm=1.0, num_steps=10)
+  whole, parts = str(tmp_path / 'whole'), str(tmp_path / 'parts')
+  train.train_and_evaluate(tiny_config(mnist_dir, **options), whole)
+  with pytest.raises(train.RunStopped):
+    train.train_and_evaluate(tiny_config(mnist_dir, **options), parts, stop_at_step=4)
+  train.train_and_evaluate(tiny_config(mnist_dir, **options), parts)
+  restored = [load_trained(workdir)[2] for workdir in (whole, parts)]
+  for a, b in zip(jax.tree.leaves(restored[0]), jax.tree.leaves(restored[1])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  rows = [json.loads(line) for line in open(os.path.join(parts, 'metrics.jsonl')) if '"train"' in line]
+  rates = {row['step']: row['learning_rate'] for row in rows}
+  np.testing.assert_allclose(rates[2], 1e-3 * 2 / 3, rtol=1e-5)   # warming up
