@@ -84,7 +84,7 @@ def member_seeds(config) -> Optional[List[int]]:
 def initial_state(config, model_module, optimizer_transform):
   """The fresh state (stacked over the members of an ensemble)."""
   return steps.initial_state(model_module, optimizer_transform, config.model.input_shape, config.seed,
-                             member_seeds(config))
+                             member_seeds(config), ema=bool(config.get('ema_decay')))
 
 
 def has_decoder(config) -> bool:

@@ -9,6 +9,7 @@ decaying learning rate"); see BUILD.md.
 """
 import ml_collections
 
+from capsjax.data.augment import AUGMENT
 from capsjax.data.datasets import dataset_info
 from capsjax.routing import configurable_routing_options
 
@@ -95,6 +96,8 @@ def base_config() -> ml_collections.ConfigDict:
   # evaluation too. The project never selects on the test set.
   config.validation_examples = 0
   config.max_shift = 2            # training images shifted by up to ±2 px, zero padding
+  # Training augmentation beyond the shifts (capsjax.data.augment.AUGMENT: all off, the paper).
+  config.augment = ml_collections.ConfigDict(dict(AUGMENT))
   # Optimisation.
   config.seed = 0
   config.batch_size = 128
@@ -112,6 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer = 'adam'
   config.weight_decay = 0.0
   config.grad_clip_norm = 0.0     # > 0: gradients scaled to at most this global norm
+  config.ema_decay = 0.0          # > 0: a moving average of the parameters, evaluated beside them
   config.loss = ml_collections.ConfigDict(dict(
       name='capsnet', m_plus=0.9, m_minus=0.1, negative_weight=0.5, reconstruction_weight=0.0005,
       # 'sum' over classes (paper, eq. 4) or 'official' (authors' code: 0.5 × mean over classes).

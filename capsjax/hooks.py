@@ -84,7 +84,9 @@ class Run:
 
   def describe_test(self, metrics) -> str:
     if self.num_members is None:
-      return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%)'
+      average = (f'; moving average: accuracy {metrics["ema_accuracy"]:.4f} (error {100 * metrics["ema_error"]:.2f}%)'
+                 if 'ema_accuracy' in metrics else '')
+      return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%){average}'
     combined = (f', summed as one ensemble {metrics["ensemble_accuracy"]:.4f}'
                 if 'ensemble_accuracy' in metrics else '')
     return f'accuracy per member {self.describe(metrics["accuracy"])}{combined}'
@@ -243,10 +245,15 @@ class Evaluator(Hook):
     start = time.time()
     stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
     metrics = run.evaluate(run.state['params'], **stop)
+    average = run.state.get('ema_params')   # config.ema_decay: the average evaluated beside them
+    if average is not None:
+      metrics.update({f'ema_{name}': value for name, value in run.evaluate(average, **stop).items()})
     for probe in self.probes:
       metrics.update(probe(run.state['params']))
     if self.validate is not None:
       run.last_validation = self.validate(run.state['params'], **stop)
+      if average is not None:
+        run.last_validation.update({f'ema_{name}': value for name, value in self.validate(average, **stop).items()})
     run.last_eval, run.last_eval_step = metrics, step
     run.last_eval_seconds = time.time() - start
     run.eval_seconds_total += run.last_eval_seconds

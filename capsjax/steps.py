@@ -73,26 +73,37 @@ def make_optimizer(schedule: optax.Schedule, kind: str = 'adam', weight_decay: f
   return optax.chain(optax.clip_by_global_norm(clip_norm), optimizer) if clip_norm else optimizer
 
 
-def initial_state(model, optimizer, input_shape, seed: int, member_seeds=None) -> State:
+def initial_state(model, optimizer, input_shape, seed: int, member_seeds=None, ema: bool = False) -> State:
   """The fresh state of a run, or of every member of an ensemble (`member_seeds`) stacked
-  on axis 0."""
+  on axis 0; with `ema`, an exponential moving average of the parameters beside them."""
   if member_seeds is None:
-    return init_state(model, optimizer, input_shape, seed)
+    return init_state(model, optimizer, input_shape, seed, ema)
   seeds = jnp.asarray(member_seeds, jnp.int32)
-  return jax.jit(jax.vmap(lambda member_seed: init_state(model, optimizer, input_shape, member_seed)))(seeds)
+  return jax.jit(jax.vmap(lambda member_seed: init_state(model, optimizer, input_shape, member_seed, ema)))(seeds)
 
 
-def init_state(model, optimizer, input_shape, seed) -> State:
-  """Fresh state from `seed` (may be traced, for a vmapped ensemble)."""
+def init_state(model, optimizer, input_shape, seed, ema: bool = False) -> State:
+  """Fresh state from `seed` (may be traced, for a vmapped ensemble). The average starts
+  at the initial parameters."""
   dummy = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
   params = model.init(jax.random.key(seed), dummy)['params']
-  return {'params': params, 'opt_state': optimizer.init(params), 'step': jnp.zeros((), jnp.int32)}
+  state = {'params': params, 'opt_state': optimizer.init(params), 'step': jnp.zeros((), jnp.int32)}
+  if ema:
+    state['ema_params'] = jax.tree.map(jnp.copy, params)
+  return state
 
 
-def train_step_fn(objective, model, optimizer, pipeline, seed: int):
+def ema_update(average, params, decay: float):
+  """decay · average + (1 − decay) · params, leaf by leaf (config.ema_decay; big_vision keeps
+  such an average and evaluates it beside the parameters)."""
+  return jax.tree.map(lambda a, p: decay * a + (1.0 - decay) * p, average, params)
+
+
+def train_step_fn(objective, model, optimizer, pipeline, seed: int, ema_decay: float = 0.0):
   """The un-jitted step: (state, source, host_batch, knobs) → (state, metrics).
   `objective`: capsjax.objectives.make_objective's; `seed` the run's (an ensemble's
-  members carry theirs in the knobs)."""
+  members carry theirs in the knobs); a state with `ema_params` has them averaged with
+  `ema_decay`."""
 
   def train_step(state: State, source, host_batch, knobs=None):
     member_seed = seed if knobs is None else knobs['seed']
@@ -117,17 +128,21 @@ def train_step_fn(objective, model, optimizer, pipeline, seed: int):
         'update_norm': optax.tree.norm(updates),
         **{name: jnp.mean(value) for name, value in parts.items()},
     }
-    return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
+    new_state = {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}
+    if 'ema_params' in state:
+      new_state['ema_params'] = ema_update(state['ema_params'], params, ema_decay)
+    return new_state, metrics
 
   return train_step
 
 
-def make_train_step(objective, model, optimizer, pipeline, seed: int, ensemble: bool = False, mesh=None):
+def make_train_step(objective, model, optimizer, pipeline, seed: int, ensemble: bool = False, mesh=None,
+                    ema_decay: float = 0.0):
   """The jitted step; with `ensemble`, vmapped over a leading member axis of
   (state, host_batch, knobs), the data source shared. With `mesh`, state, source and
   knobs are replicated and the batch is split over the mesh's `data` axis (data
   parallelism: XLA inserts the gradient all-reduce)."""
-  step = train_step_fn(objective, model, optimizer, pipeline, seed)
+  step = train_step_fn(objective, model, optimizer, pipeline, seed, ema_decay)
   if ensemble:
     step = jax.vmap(step, in_axes=(0, None, 0, 0))
   shardings = {}

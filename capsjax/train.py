@@ -122,7 +122,8 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   members = assemble.members(config)
   ensemble = members is not None
   knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
-  train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh)
+  train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh,
+                                     config.get('ema_decay', 0.0))
   eval_step = steps.make_eval_step(objective, model, test, ensemble)
   train_source = sharding.replicate(train.source, mesh)
   test_source = sharding.replicate(test.source, mesh)
@@ -374,6 +375,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
                      train.num_examples, test.num_examples)
   if 'ensemble_error' in run.last_eval:
     results['ensemble_test_error'] = run.last_eval['ensemble_error']
+  if 'ema_error' in run.last_eval:   # the parameters' moving average, evaluated beside them
+    results['ema_test_error'] = run.last_eval['ema_error']
   if validation is not None:
     results.update(validation_error=run.last_validation['error'],
                    num_validation_examples=validation.num_examples,

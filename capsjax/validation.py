@@ -148,6 +148,12 @@ RUN_RULES = {
     'optimizer': one_of(OPTIMIZERS),
     'weight_decay': number_in(0, math.inf),
     'grad_clip_norm': number_in(0, math.inf),
+    'ema_decay': number_in(0, 1, high_open=True),
+    'augment.rotation': number_in(0, 180),
+    'augment.scale': number_in(0, 1, high_open=True),
+    'augment.shear': number_in(0, 1),
+    'augment.elastic_alpha': number_in(0, math.inf),
+    'augment.elastic_sigma': number_in(0, math.inf, low_open=True),
     'validation_examples': int_at_least(0),
     'lr_decay_rate': number_in(0, 1, low_open=True),
     'lr_decay_steps': int_at_least(1),
@@ -324,6 +330,13 @@ def problems_of(config) -> List[str]:
   if config.get('num_processes') and config.get('process_id', -1) >= config.num_processes:
     problems.append(f'config.process_id={config.process_id}: allowed below num_processes={config.num_processes} '
                     '(processes are numbered from 0)')
+  found, augmentation = _get(config, 'augment')
+  if found and augmentation is not None and config.get('task', 'classify') != 'classify':
+    used = [f'augment.{key}={value!r}' for key, value in augmentation.items()
+            if key != 'elastic_sigma' and value]
+    if used:
+      problems.append(f'config.{used[0]}: the augmentation beyond shifts applies to task=classify; '
+                      f'task={config.task!r} makes its own examples')
   if config.get('weight_decay') and config.get('optimizer', 'adam') == 'adam':
     problems.append(f'config.weight_decay={config.weight_decay!r}: Adam has no decoupled weight decay; '
                     "use --config.optimizer=adamw (or lion)")
@@ -409,6 +422,12 @@ DESCRIPTIONS = {
     'num_test_examples': 'evaluate on the first N test examples (0: all)',
     'validation_examples': 'hold out the last N training images as a validation split (results select by it)',
     'max_shift': 'training images shifted by up to ± this many pixels (zero padding)',
+    'augment': 'training augmentation beyond the shifts (all 0: the paper\'s recipe)',
+    'augment.rotation': 'training images rotated by up to ± this many degrees',
+    'augment.scale': 'training images scaled by a factor in [1 − scale, 1 + scale]',
+    'augment.shear': 'training images sheared by a factor in [−shear, shear]',
+    'augment.elastic_alpha': 'elastic distortion of training images: displacements of this many pixels (0: none)',
+    'augment.elastic_sigma': 'elastic distortion: the Gaussian smoothing of the displacement field, in pixels',
     'seed': 'initialisation, data order and augmentation seed',
     'batch_size': 'training examples per step, over all devices',
     'num_epochs': 'training length in epochs (when num_steps is 0)',
@@ -423,6 +442,8 @@ DESCRIPTIONS = {
     'optimizer': 'adam (the paper), adamw (decoupled weight decay) or lion',
     'weight_decay': "adamw's or lion's decoupled weight decay (0: none)",
     'grad_clip_norm': 'gradients scaled to at most this global norm before the optimizer (0: no clipping)',
+    'ema_decay': 'keep an exponential moving average of the parameters with this decay and evaluate it beside '
+                 'them (results: ema_test_error; 0: none)',
     'log_every_steps': 'a progress line and a metrics.jsonl row every N steps',
     'eval_every_steps': 'evaluate every N steps (0: only at the end)',
     'eval_batch_size': 'examples per evaluation batch',

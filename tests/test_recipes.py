@@ -255,15 +255,77 @@ def test_optimizers_weight_decay_and_clipping_against_hand_updates():
 
 def test_a_run_with_the_recipe_options_resumes_bit_identical(mnist_dir, tmp_path):
   options = dict(lr_schedule='cosine', warmup_steps=3, lr_min=1e-5, optimizer='adamw', weight_decay=1e-4,
-                 grad_clip_norm=1.0, num_steps=10)
+                 grad_clip_norm=1.0, ema_decay=0.9, num_steps=10)
   whole, parts = str(tmp_path / 'whole'), str(tmp_path / 'parts')
-  train.train_and_evaluate(tiny_config(mnist_dir, **options), whole)
+  config = tiny_config(mnist_dir, **options)
+  config.augment.update(rotation=10.0, scale=0.1, shear=0.1, elastic_alpha=8.0)
+  result = train.train_and_evaluate(config, whole)
+  assert 0.0 <= result['ema_test_error'] <= 1.0   # the moving average, evaluated beside the parameters
   with pytest.raises(train.RunStopped):
-    train.train_and_evaluate(tiny_config(mnist_dir, **options), parts, stop_at_step=4)
-  train.train_and_evaluate(tiny_config(mnist_dir, **options), parts)
+    train.train_and_evaluate(config, parts, stop_at_step=4)
+  train.train_and_evaluate(config, parts)
   restored = [load_trained(workdir)[2] for workdir in (whole, parts)]
   for a, b in zip(jax.tree.leaves(restored[0]), jax.tree.leaves(restored[1])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   rows = [json.loads(line) for line in open(os.path.join(parts, 'metrics.jsonl')) if '"train"' in line]
   rates = {row['step']: row['learning_rate'] for row in rows}
   np.testing.assert_allclose(rates[2], 1e-3 * 2 / 3, rtol=1e-5)   # warming up
+
+
+def test_the_moving_average_is_the_hand_update_of_the_parameters(mnist_dir):
+  from capsjax import sharding, steps  # pylint: disable=g-import-not-at-top
+  config = tiny_config(mnist_dir, ema_decay=0.75)
+  train_split, test_split, _ = assemble.splits(config)
+  program = train.build_program(config, assemble.model(config), train_split, test_split, sharding.data_mesh())
+  before = jax.tree.map(np.asarray, program.initial_state)
+  np.testing.assert_array_equal(*(np.concatenate([x.ravel() for x in jax.tree.leaves(before[k])])
+                                  for k in ('params', 'ema_params')))   # it starts at the parameters
+  after, _ = program.train_step(program.initial_state, 0)
+  want = jax.tree.map(lambda a, p: 0.75 * a + 0.25 * np.asarray(p), before['ema_params'], after['params'])
+  for got, expected in zip(jax.tree.leaves(after['ema_params']), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-7)
+  assert steps.ema_update({'w': 2.0}, {'w': 4.0}, 0.9) == {'w': 2.0 * 0.9 + 4.0 * 0.1}
+
+
+def _dot(side=29, row=14, col=20):
+  image = np.zeros((side, side, 1), np.float32)
+  image[row, col] = 1.0
+  return jnp.asarray(image)
+
+
+def test_affine_augmentation_moves_a_drawn_pixel_where_the_geometry_says():
+  from capsjax.data import augment  # pylint: disable=g-import-not-at-top
+  brightest = lambda image: np.unravel_index(np.argmax(np.asarray(image)[..., 0]), image.shape[:2])
+  # 29×29, centre (14, 14); the pixel 6 to the right of it.
+  assert brightest(augment.affine_warp(_dot(), 90.0, 1.0, 0.0)) == (20, 14)   # a quarter turn: 6 below
+  assert brightest(augment.affine_warp(_dot(), 0.0, 2.0, 0.0)) == (14, 26)    # twice as far
+  sheared = augment.affine_warp(_dot(row=20, col=14), 0.0, 1.0, 0.5)          # x += 0.5·y: 6 below → 3 right
+  assert brightest(sheared) == (20, 17)
+  images = jnp.stack([_dot(), _dot(row=3, col=9)])
+  same = augment.random_affine(images, jax.random.key(0), 0.0, 0.0, 0.0)      # all ranges 0: unchanged
+  np.testing.assert_allclose(np.asarray(same), np.asarray(images), atol=1e-6)
+  turned = augment.random_affine(images, jax.random.key(0), 30.0, 0.0, 0.0)   # at most 30°: 6 px moves ≤ 3.1 px
+  row, col = brightest(turned[0])
+  assert np.hypot(row - 14, col - 20) <= 3.2 and (row, col) != (14, 20)
+
+
+def test_elastic_distortion_displaces_smoothly_and_keeps_the_ink():
+  from capsjax.data import augment  # pylint: disable=g-import-not-at-top
+  smoothing = augment.gaussian_smoothing_matrix(28, 4.0)
+  np.testing.assert_allclose(smoothing[14].sum(), 1.0, rtol=1e-5)             # away from the edges: weights sum to 1
+  np.testing.assert_allclose(smoothing[14, 14 + 4] / smoothing[14, 14], np.exp(-0.5), rtol=1e-5)   # σ = 4
+  digit = np.zeros((1, 28, 28, 1), np.float32)
+  digit[0, 8:20, 12:16] = 1.0                                                  # a bar well inside
+  still = augment.elastic_distortion(jnp.asarray(digit), jax.random.key(1), 0.0, 4.0)
+  np.testing.assert_allclose(np.asarray(still), digit, atol=1e-6)             # α = 0: no displacement
+  # The field: uniform noise (std 1/√3) smoothed by a unit-sum Gaussian keeps a std of
+  # 1/√3 · 1/(2σ√π) per axis (away from the edges), times α: 1.38 px for Simard's 34 and 4.
+  fields = np.asarray(augment.displacement_fields(jax.random.key(2), (16, 64, 64), 34.0, 4.0))[:, :, 16:48, 16:48]
+  expected = 34.0 / np.sqrt(3) / (2 * 4.0 * np.sqrt(np.pi))
+  assert 0.75 * expected <= fields.std() <= 1.25 * expected, (fields.std(), expected)
+  neighbours = np.corrcoef(fields[..., :-1].ravel(), fields[..., 1:].ravel())[0, 1]
+  assert neighbours > 0.9   # smooth: a pixel moves with its neighbours
+  moved = np.asarray(augment.elastic_distortion(jnp.asarray(digit), jax.random.key(1), 34.0, 4.0))[0, ..., 0]
+  rows, cols = np.nonzero(digit[0, ..., 0])
+  centre = np.array([np.average(np.arange(28), weights=moved.sum(1)), np.average(np.arange(28), weights=moved.sum(0))])
+  assert not np.allclose(moved, digit[0, ..., 0]) and np.hypot(*(centre - [rows.mean(), cols.mean()])) < 3.0

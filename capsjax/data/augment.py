@@ -1,11 +1,20 @@
 """On-device preprocessing and augmentation: pure functions of (images, key), so a
 training batch is a function of (seed, step) wherever it is built."""
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from capsjax.data import affine
 
 Array = jax.Array
+
+# config.augment: training augmentation beyond the paper's shifts (all off: the paper's
+# recipe). rotation in degrees either way, scale as the largest fraction either way, shear
+# as the largest shear factor either way; an elastic distortion of elastic_alpha px smoothed
+# over elastic_sigma px (Simard, Steinkraus, Platt 2003 used 34 and 4 on MNIST).
+AUGMENT = {'rotation': 0.0, 'scale': 0.0, 'shear': 0.0, 'elastic_alpha': 0.0, 'elastic_sigma': 4.0}
 
 
 def shift_image(image: Array, dy: Array, dx: Array, max_shift: int) -> Array:
@@ -69,6 +78,70 @@ def random_contrast(images: Array, key: Array, lower: float, upper: float) -> Ar
   return (images - mean) * factor + mean
 
 
+def affine_warp(image: Array, rotation_degrees: Array, factor: Array, shear: Array) -> Array:
+  """One image [h, w, c] rotated by `rotation_degrees` (clockwise on screen: rows grow
+  downwards), scaled by `factor` and sheared by `shear` about its centre (bilinear, zero
+  fill; capsjax.data.affine.warp)."""
+  matrix = affine.affine_matrix(jnp.deg2rad(rotation_degrees), shear, factor, factor)
+  return affine.warp(image, matrix, jnp.zeros(2))
+
+
+def random_affine(images: Array, key: Array, rotation: float, scale: float, shear: float) -> Array:
+  """Each image [batch, h, w, c] rotated by up to ±`rotation` degrees, scaled by a factor in
+  [1 − scale, 1 + scale] and sheared by a factor in [−shear, shear], drawn per image."""
+  batch = images.shape[0]
+  draw = lambda index, bound, centre=0.0: jax.random.uniform(
+      jax.random.fold_in(key, index), (batch,), minval=centre - bound, maxval=centre + bound)
+  return jax.vmap(affine_warp)(images, draw(0, rotation), draw(1, scale, 1.0), draw(2, shear))
+
+
+def gaussian_smoothing_matrix(size: int, sigma: float) -> np.ndarray:
+  """[size, size]: row i holds the normalised Gaussian weights of every position around i
+  (zero beyond the edges), so that M @ field smooths a field along that axis."""
+  offsets = np.arange(size)[:, None] - np.arange(size)[None, :]
+  radius = int(np.ceil(3 * sigma))
+  weights = np.exp(-0.5 * (offsets / sigma) ** 2) * (np.abs(offsets) <= radius)
+  kernel_sum = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2).sum()
+  return (weights / kernel_sum).astype(np.float32)
+
+
+def displacement_fields(key: Array, shape, alpha: float, sigma: float) -> Array:
+  """[batch, 2, h, w] (rows, columns) of `shape` = (batch, h, w): uniform noise in [−1, 1],
+  smoothed along both axes by a Gaussian of `sigma` px, times `alpha` px."""
+  batch, height, width = shape
+  smooth_rows, smooth_cols = gaussian_smoothing_matrix(height, sigma), gaussian_smoothing_matrix(width, sigma)
+  noise = jax.random.uniform(key, (batch, 2, height, width), minval=-1.0, maxval=1.0)
+  return alpha * jnp.einsum('hi,bdij,wj->bdhw', smooth_rows, noise, smooth_cols)
+
+
+def elastic_distortion(images: Array, key: Array, alpha: float, sigma: float) -> Array:
+  """Each image [batch, h, w, c] resampled (bilinear, zero fill) at its pixel positions plus
+  a displacement field: uniform in [−1, 1] per pixel and axis, smoothed by a Gaussian of
+  `sigma` px, times `alpha` px (Simard et al. 2003)."""
+  batch, height, width, _ = images.shape
+  fields = displacement_fields(key, (batch, height, width), alpha, sigma)           # [batch, 2, h, w]
+  rows, cols = jnp.meshgrid(jnp.arange(height, dtype=jnp.float32), jnp.arange(width, dtype=jnp.float32),
+                            indexing='ij')
+
+  def one(image, field):
+    sample = lambda channel: jax.scipy.ndimage.map_coordinates(
+        channel, [rows + field[0], cols + field[1]], order=1, mode='constant', cval=0.0)
+    return jax.vmap(sample, in_axes=-1, out_axes=-1)(image)                      # [h, w, c]
+  return jax.vmap(one)(images, fields)
+
+
+def augment(images: Array, key: Array, options: Dict[str, Any]) -> Array:
+  """`options` (config.augment) applied to a training batch: the affine part, then the
+  elastic part; a part whose sizes are all 0 is skipped."""
+  if options.get('rotation') or options.get('scale') or options.get('shear'):
+    images = random_affine(images, jax.random.fold_in(key, 0), options.get('rotation', 0.0),
+                           options.get('scale', 0.0), options.get('shear', 0.0))
+  if options.get('elastic_alpha'):
+    images = elastic_distortion(images, jax.random.fold_in(key, 1), options['elastic_alpha'],
+                                options.get('elastic_sigma', AUGMENT['elastic_sigma']))
+  return images
+
+
 def standardize(images: Array) -> Array:
   """Per image: zero mean, unit variance, the deviation floored at 1/√pixels
   (tf.image.per_image_standardization)."""
@@ -78,12 +151,14 @@ def standardize(images: Array) -> Array:
   return (images - mean) / std
 
 
-def prepare(images_uint8: Array, preprocessing, key: Optional[Array] = None, max_shift: int = 0):
+def prepare(images_uint8: Array, preprocessing, key: Optional[Array] = None, max_shift: int = 0,
+            augmentation: Optional[Dict[str, Any]] = None):
   """A dataset's stored images → (model inputs, reconstruction targets in [0, 1]).
 
   `preprocessing` is a capsjax.data.datasets.Preprocessing. With `key` (training) the
-  random steps run, a pure function of the key: crop, flip, brightness, contrast, shifts
-  of up to `max_shift` px; without it (evaluation) the central crop only.
+  random steps run, a pure function of the key: crop, flip, brightness, contrast,
+  `augmentation` (config.augment: affine, elastic), shifts of up to `max_shift` px; without
+  it (evaluation) the central crop only. The reconstruction target is the augmented image.
   """
   images = images_uint8.astype(jnp.float32) / 255.0
   if preprocessing.resize:
@@ -98,6 +173,8 @@ def prepare(images_uint8: Array, preprocessing, key: Optional[Array] = None, max
       images = random_brightness(images, jax.random.fold_in(key, 3), preprocessing.brightness)
     if preprocessing.contrast:
       images = random_contrast(images, jax.random.fold_in(key, 4), *preprocessing.contrast)
+    if augmentation:
+      images = augment(images, jax.random.fold_in(key, 5), augmentation)
     images = random_shift(images, key, max_shift)   # the key itself: MNIST's stream is unchanged
   targets = jnp.clip(images, 0.0, 1.0)
   return (standardize(images) if preprocessing.standardize else images), targets

@@ -86,7 +86,8 @@ def described_preprocessing(dataset_name: str) -> Preprocessing:
 
 def dataset_pipeline(dataset: Dataset, training: bool, *, batch_size: int, seed: int = 0, max_shift: int = 0,
                      preprocessing: Preprocessing = Preprocessing(),
-                     example_transform: Optional[Callable] = None, test_seed: int = 0) -> Pipeline:
+                     example_transform: Optional[Callable] = None, test_seed: int = 0,
+                     augmentation: Optional[dict] = None) -> Pipeline:
   """Batches of a host dataset (uint8 on the host; converted on device), in the order of
   (`seed`, epoch). Without `example_transform`: `preprocessing` (the source's: crops,
   flips, jitter, standardisation) and training shifts of up to `max_shift` px, from the
@@ -119,7 +120,7 @@ def dataset_pipeline(dataset: Dataset, training: bool, *, batch_size: int, seed:
       keys = jax.random.split(key, len(indices)) if training else affine.example_keys(test_seed, indices)
       return {'images': jax.vmap(example_transform)(images, keys), 'labels': labels}
     inputs, targets = augment.prepare(images, preprocessing, key if training else None,
-                                      max_shift if training else 0)
+                                      max_shift if training else 0, augmentation if training else None)
     out = {'images': inputs, 'labels': labels}
     if preprocessing.standardize:   # the decoder draws the image, not its standardised form
       out['reconstruction_targets'] = targets

@@ -67,7 +67,7 @@ class Task:
 class Classify(Task):
   """One label per image: the source's images as they are (its preprocessing, training
   shifts of up to max_shift px)."""
-  keys = Task.keys + ('max_shift',)
+  keys = Task.keys + ('max_shift', 'augment')
 
   def check_input(self, info, model_input_shape):
     if info.input_shape != tuple(model_input_shape):
@@ -80,7 +80,7 @@ class Classify(Task):
     options = self.options
     make = lambda data, training: dataset_pipeline(
         data, training, batch_size=options.batch_size, seed=options.seed, max_shift=options.max_shift,
-        preprocessing=info.preprocessing)
+        preprocessing=info.preprocessing, augmentation=options.augment)
     return make(train, True), make(self._test_subset(test), False), (make(held_out, False) if held_out else None)
 
 
