@@ -377,6 +377,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     results['ensemble_test_error'] = run.last_eval['ensemble_error']
   if 'ema_error' in run.last_eval:   # the parameters' moving average, evaluated beside them
     results['ema_test_error'] = run.last_eval['ema_error']
+  if validation is not None and 'ema_error' in run.last_validation:
+    results['ema_validation_error'] = run.last_validation['ema_error']
   if validation is not None:
     results.update(validation_error=run.last_validation['error'],
                    num_validation_examples=validation.num_examples,

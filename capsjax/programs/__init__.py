@@ -25,7 +25,7 @@ PROGRAMS.register('train', train.train_and_evaluate)
 # no command since programs became configs, points to).
 EXPERIMENTS_OF = {'ablation': ('ablation', 'ablation_smoke'), 'affnist': ('affnist', 'affnist_smoke'),
                   'routing_zoo': ('routing_zoo', 'routing_zoo_cpu', 'routing_zoo_smoke'),
-                  'sweep': ('sweep_smoke', 'recipes', 'transforms_smoke')}
+                  'sweep': ('sweep_smoke', 'recipes', 'recipe_search', 'transforms_smoke')}
 
 
 def not_a_command(name: str) -> None:

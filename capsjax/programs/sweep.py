@@ -73,6 +73,9 @@ def summarize_run(name: str, overrides: Dict[str, Any], result: train.RunResult)
              final_train_loss=float(np.mean(listed(result.final_train_loss or float('nan')))))
   if result.validation_error is not None:
     row['validation_error'], row['validation_error_std'] = mean_std(listed(result.validation_error))
+  for split in ('validation', 'test'):   # config.ema_decay: the moving average, evaluated beside
+    if f'ema_{split}_error' in result.results:
+      row[f'ema_{split}_error'] = mean_std(listed(result.results[f'ema_{split}_error']))[0]
   return row
 
 
@@ -112,6 +115,12 @@ def render_table(config, rows: List[Dict[str, Any]]) -> str:
   best = min(rows, key=lambda r: r[key])
   lines += ['', f'Lowest {key.replace("_", " ")}: `{best["name"]}` at {100 * best[key]:.3f} % '
             f'(test error {100 * best["test_error"]:.3f} %).']
+  for row in rows:
+    if f'ema_{key}' in row:
+      lines += ['', f'`{row["name"]}`\'s moving average of the parameters: {key.replace("_", " ")} '
+                f'{100 * row[f"ema_{key}"]:.3f} %' + (f', test error {100 * row["ema_test_error"]:.3f} %'
+                                                      if key != 'test_error' and 'ema_test_error' in row else '')
+                + '.']
   return '\n'.join(lines) + '\n'
 
 
