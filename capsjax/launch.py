@@ -271,7 +271,7 @@ def main(argv):
     return 0
   if not FLAGS.workdir:
     cli.fail('--workdir is required to train')
-  programs = _programs()
+  programs = registered_programs()
   if config.program not in programs:
     cli.fail(f'unknown program {config.program!r}; available: {", ".join(sorted(programs))}')
   program = programs.get(config.program)
@@ -284,7 +284,7 @@ def main(argv):
   return 0
 
 
-def _programs():
+def registered_programs():
   """capsjax.programs.PROGRAMS with the built-in programs registered."""
   # pylint: disable=g-import-not-at-top
   from capsjax.programs import PROGRAMS, ablation, affnist, routing_zoo, sweep

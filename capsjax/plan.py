@@ -466,7 +466,9 @@ def main(argv) -> int:
   from capsjax.validation import split_name_lists  # pylint: disable=g-import-not-at-top
   split_name_lists(config)
   parse_target(target)   # a bad target is one line before anything is compiled
-  if config.get('program', 'train') != 'train':
+  from capsjax import train  # pylint: disable=g-import-not-at-top
+  programs = launch.registered_programs()
+  if programs.get(config.program) is not train.train_and_evaluate:
     cli.fail(f'--experiment={flag_values.experiment}: its program ({config.program}) trains several models; '
              'plan one of them (e.g. its member config) with --config.program=train')
   result = plan_run(config, target, flag_values.find_largest_batch, log=cli.say)

@@ -331,11 +331,12 @@ def problems_of(config) -> List[str]:
     problems.append(f'config.process_id={config.process_id}: allowed below num_processes={config.num_processes} '
                     '(processes are numbered from 0)')
   found, augmentation = _get(config, 'augment')
-  if found and augmentation is not None and config.get('task', 'classify') != 'classify':
+  if found and augmentation is not None and task in TASKS and 'augment' not in TASKS.get(task).keys:
     used = [f'augment.{key}={value!r}' for key, value in augmentation.items()
             if key != 'elastic_sigma' and value]
     if used:
-      problems.append(f'config.{used[0]}: the augmentation beyond shifts applies to task=classify; '
+      readers = ', '.join(name for name in TASKS if 'augment' in TASKS.get(name).keys)
+      problems.append(f'config.{used[0]}: the augmentation beyond shifts applies to task={readers}; '
                       f'task={config.task!r} makes its own examples')
   if config.get('weight_decay') and config.get('optimizer', 'adam') == 'adam':
     problems.append(f'config.weight_decay={config.weight_decay!r}: Adam has no decoupled weight decay; '

@@ -28,14 +28,14 @@ LAYERS = [
     ('assemble',),
     ('train', 'trained', 'plots'),
     ('predict', 'explorer', 'programs'),
-    ('launch',),
+    ('launch', 'plan'),
     ('commands',),
     # The package itself (capsjax/__init__.py: the public API, loaded lazily) and
     # `python -m capsjax`.
     ('', '__main__'),
 ]
 # Modules (besides capsjax.programs.*) that may take a ConfigDict `config`: the boundary.
-CONFIG_READERS = ('launch', 'validation', 'assemble', 'train', 'workdir')
+CONFIG_READERS = ('launch', 'plan', 'validation', 'assemble', 'train', 'workdir')
 
 
 def _modules():
