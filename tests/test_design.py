@@ -80,7 +80,7 @@ def test_imports_run_downward_and_never_reach_the_experiments():
 
 def _registered_names():
   names = set()
-  for registry in (MODELS, OBJECTIVES, ROUTINGS, TASKS, SOURCES, launch._programs()):  # pylint: disable=protected-access
+  for registry in (MODELS, OBJECTIVES, ROUTINGS, TASKS, SOURCES, launch.registered_programs()):
     names.update(registry.names())
   return names
 
