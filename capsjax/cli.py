@@ -74,9 +74,8 @@ def huge_pages_environment(environ=None, thp_mode: Optional[str] = None, libc=No
   transparent huge pages, or None when that would change nothing or was declined.
 
   Why: XLA:CPU allocates a step's temporaries afresh each step (1 GB for the paper's
-  CapsNet at batch 128) and the kernel faults them in 4 KiB pages; with 2 MiB pages the
-  training step ran 1.35× and inference 1.16× faster (2-core AMD EPYC, 2026-11-25,
-  docs/results.md "CPU speed"). Linux asks for it per mapping (THP mode `madvise`, the common
+  CapsNet at batch 128) and the kernel faults them in 4 KiB pages; 2 MiB pages make the
+  step faster (measured: docs/results.md, "Huge pages"). Linux asks for it per mapping (THP mode `madvise`, the common
   default), which glibc's malloc does with the tunable, read only at process start, hence
   the restart. Declined with CAPSJAX_HUGE_PAGES=0 (or false, no, off); not needed where the THP mode is
   `always` (every large mapping already gets them) or possible where it is `never`, nor

@@ -3,11 +3,8 @@
 Written with TensorBoard's own record writer and protos into a plain local file
 (TensorBoard's EventFileWriter opens files through tf.io.gfile, which imports
 TensorFlow when it is installed, as it is here for TFDS: 16 s), so a training run
-imports neither TensorFlow nor PyTorch for its curves. Measured on this project's 2-core
-CPU machine (2026-11-23, the suite running beside): importing this writer and writing 1 000 scalars
-(flushed each) and 8 images took 1.1 s in all; importing tensorboardX took 3.6–4.6 s
-(its writer imports PyTorch when installed); tf.summary would import TensorFlow and
-failed here without the tensorboard package (tensorflow-cpu 2.21 does not install it).
+imports neither TensorFlow nor PyTorch for its curves (measured against tensorboardX and
+tf.summary: docs/results.md, "Your own images: sources, tasks, predict, TensorBoard").
 
 Every numeric field of a metrics row becomes a scalar `SPLIT/FIELD` (train/loss,
 train/learning_rate, test/error, validation/error, train/images_per_s, …); images are

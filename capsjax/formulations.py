@@ -99,38 +99,19 @@ class ConvRule:
 
 FASTEST = {
     'cpu': {
-        # 2-core x86-64 CPU, paper model, batch 128 (BUILD.md "Formulations per backend", docs/results.md): PrimaryCaps
-        # forward+backward 1.4 s as patches vs 28 s with XLA's convolution. Then, 2026-11-25,
-        # AMD EPYC (Zen 4), PrimaryCaps (9×9 stride 2, 256 → 256; fourier 0.43 of the direct
-        # multiply-adds at batch 128), forward / forward+backward in ms, interleaved repeats
-        # (docs/results.md "Three convolutions"):
-        #   batch    patches         kernel_rows     fourier
-        #       1    4.9 / 14.5      8.6 / 21        38 / 162
-        #       8     23 / 75         28 / 81        47 / 199
-        #      32     80 / 283        69 / 209       68 / 310
-        #      64    148 / 592       136 / 460      145 / 540
-        #     128    302 / 1 400     266 / 867      167 / 567
-        #     256    579 / 2 891     533 / 1 705    301 / 998
-        # (fourier's kernel transform and kernel gradient cost the same for any batch);
-        # Conv1 (9 × 1, stride 1: fourier 10x the multiply-adds) 45 / 77 ms as kernel_rows
-        # against 28 / 57 as patches; a 5×5 stride-2 layer on 64 channels (row depth 320)
-        # 96 / 281 against 93 / 288.
+        # The rule from PrimaryCaps, Conv1 and a 5×5 layer timed in the three forms at batches
+        # 1–256 (docs/results.md, "Three convolutions"; XLA's convolution: "CPU speed").
         'conv_impl': ConvRule(fourier_share=0.5, fourier_min_batch=128, row_depth=1024, rows_min_batch=32),
-        # 2-core x86-64 CPU, PrimaryCaps forward at batch 128 (capsjax.ops.patches_conv2d):
-        # 325 ms in chunks of 16 images against 533 ms as one matmul (the whole batch's
-        # 382 MB patch matrix is memory traffic; a chunk's stays in cache). Whole model,
-        # 2026-11-23, `device_report.py --only 'capsjax patches (float32|bfloat16) rolled|
-        # whole-batch'`: inference 237.7 images/s chunked vs 162.9 whole-batch (float32).
+        # Chunks of 16 images: a chunk's patch matrix stays in cache, the whole batch's is
+        # memory traffic (docs/results.md, "GPU readiness": patches inference).
         'patches_inference': 'chunked',
-        # 2-core x86-64 CPU, paper model, batch 128, 2026-11-23, two runs of
-        # `device_report.py --only 'capsjax patches float32'` (docs/results.md "GPU readiness"):
-        # training 79.4 / 64.4 images/s rolled vs 80.5 / 66.3 unrolled, inference 272 / 233
-        # vs 289 / 235: within the repeats' spread, so the design card's rolled loop.
+        # Rolled and unrolled within the repeats' spread: the design card's rolled loop
+        # (docs/results.md, "GPU readiness": routing loop).
         'routing_loop': 'rolled',
     },
     'gpu': {
-        # One H100, 2026-11-23 (the GPU-speed issue): patches trained at 34.4k images/s
-        # against 24.7k for XLA's convolution.
+        # One H100 (the GPU-speed issue): patches trained faster than XLA's convolution
+        # (docs/gpu.md and the device report decide it anew).
         'conv_impl': 'patches',
         # Not measured on a GPU yet (the device report's 'capsjax patches whole-batch
         # inference' row against the 'patches float32' rows decides): chunks run one after

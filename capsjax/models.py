@@ -8,6 +8,7 @@ import ml_collections
 
 from capsjax.layers import (LAYER_FEATURES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps, StridedStem,
                             halved, stem_stages)
+from capsjax import formulations
 from capsjax.registry import Registry
 from capsjax.routing import (ROUTINGS, configurable_routing_options, own_routing_options, routing_option_defaults,
                              vector_norm)
@@ -247,7 +248,7 @@ class CapsNet(nn.Module):
     if self.stem == 'strided':
       images = self.strided_stem(images)
     features = nn.relu(self.conv1(images))
-    grid = tuple((side - self.primary_kernel) // self.primary_stride + 1 for side in features.shape[1:3])
+    grid = formulations.valid_output_size(*features.shape[1:3], self.primary_kernel, self.primary_stride)
     return self.primary_caps(features), grid
 
   def _route(self, images, routing_iterations, max_iterations, return_logits):
@@ -325,8 +326,9 @@ def primary_grid(model, stem: Optional[str] = None) -> Tuple[int, int]:
   stages = stem_stages(height, width) if stem == 'strided' else 0
   grid = []
   for side in (halved(height, stages), halved(width, stages)):
-    conv1 = side - model.conv1_kernel + 1
-    grid.append((conv1 - model.primary_kernel) // model.primary_stride + 1 if conv1 >= model.primary_kernel else 0)
+    conv1 = formulations.valid_output_size(side, side, model.conv1_kernel, 1)[0]
+    grid.append(formulations.valid_output_size(conv1, conv1, model.primary_kernel, model.primary_stride)[0]
+                if conv1 >= model.primary_kernel else 0)
   return grid[0], grid[1]
 
 

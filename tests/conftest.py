@@ -11,9 +11,8 @@ server's too) computes at full float32 on any backend.
 Compilation dominates the suite's time on a CPU, and many tests (and the commands they
 run in subprocesses) compile the same programs: one JAX persistent compilation cache per
 suite run, in a fresh temporary folder that the pytest-xdist workers and every subprocess
-inherit through the environment, removed at the end. Measured on 2 CPU cores
-(2026-11-23): test_train + test_workdir + test_signals 306 s without it, 122 s with it
-starting empty. The same way they inherit glibc's huge-pages tunable (below).
+inherit through the environment, removed at the end (what it saves: docs/results.md, "The
+test suite in CI"). The same way they inherit glibc's huge-pages tunable (below).
 """
 import atexit
 import contextlib
@@ -30,7 +29,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:   # set before JAX reads its f
 
 # Huge pages for the workers and subprocesses, as every capsjax command gives itself
 # (capsjax.cli.huge_pages_environment; glibc reads the tunable at process start, so this
-# process keeps 4 KiB pages): test_routing.py 137 → 125 s on 2 CPU cores (2026-11-25).
+# process keeps 4 KiB pages; docs/results.md, "Huge pages").
 from capsjax import cli as _cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 os.environ.update(_cli.huge_pages_environment() or {})
 _cli.quiet_libtpu_environment()   # libtpu (the tpu extra, for capsjax.plan) silent on a machine without TPUs
