@@ -153,7 +153,7 @@ def cell_device(settings) -> dict:
 
 
 def _capsjax_setup(spec):
-  """The config, model and the training loop's Program for `spec`, on random uint8 images
+  """The config, model and the training loop's RunSteps for `spec`, on random uint8 images
   of the dataset's stored shape (speed does not depend on the digits)."""
   import importlib  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top

@@ -325,7 +325,7 @@ def _zeros_loader(config):
 
 
 def _program(config, mesh):
-  """(the run's Program on `mesh`, its training examples per epoch)."""
+  """(the run's RunSteps on `mesh`, its training examples per epoch)."""
   from capsjax import assemble, train  # pylint: disable=g-import-not-at-top
   train_split, test_split, validation = assemble.splits(config, _zeros_loader(config))
   program = train.build_program(config, assemble.model(config), train_split, test_split, mesh, validation)

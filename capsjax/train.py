@@ -4,7 +4,7 @@ Set-up (workdir, data, model, jitted steps, restored state), then
 `for step: state, metrics = train_step(state, step)` followed by the hooks of
 `capsjax.hooks` (divergence guard, progress, evaluation, early stop, preemption,
 checkpoints), then results. A single run and a vmapped ensemble share this path: the
-`Program` below hides which one it is. Every device of every process trains
+`RunSteps` below hides which one it is. Every device of every process trains
 data-parallel on one `data` mesh (see capsjax.sharding); only process 0 writes files.
 """
 import contextlib
@@ -73,8 +73,9 @@ def _log(message: str) -> None:
 
 
 @dataclasses.dataclass
-class Program:
-  """The jitted train step and evaluation of one run or one vmapped ensemble."""
+class RunSteps:
+  """The jitted train step and evaluation of one run or one vmapped ensemble (not an
+  experiment program: those are capsjax.programs.PROGRAMS, which compose runs)."""
   # The jitted step and, for step n, its arguments (state, data source, global host batch
   # [, knobs]): apart so that a benchmark can lower, compile and time the very program.
   jitted_step: Callable[..., Any]
@@ -116,7 +117,7 @@ class Program:
 
 
 def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
-                  validation: Optional[Pipeline] = None) -> Program:
+                  validation: Optional[Pipeline] = None) -> RunSteps:
   optimizer = assemble.optimizer(config, assemble.total_steps(config, train.num_examples))
   objective = assemble.objective(config)
   members = assemble.members(config)
@@ -182,7 +183,7 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
     return {'training': train_step.lower(*step_arguments(state, 0)),
             'evaluation': eval_step.lower(state['params'], test_source, host_batch, weights, knobs)}
 
-  return Program(train_step, step_arguments, evaluate, validate, probes,
+  return RunSteps(train_step, step_arguments, evaluate, validate, probes,
                  lambda: assemble.initial_state(config, model, optimizer), members, reconstruct,
                  memory_estimates, mesh, lower)
 
