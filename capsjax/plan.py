@@ -202,7 +202,7 @@ def analyse(compiled) -> Dict[str, Any]:
 
 @dataclasses.dataclass
 class Plan:
-  """What `plan` found: the target, the run's shape on it and its compiled programs."""
+  """What `plan_run` found: the target, the run's shape on it and its compiled programs."""
   target: Target
   devices: int
   hosts: int
