@@ -48,6 +48,8 @@ MARKER = 'float32_matmuls'
 def pytest_configure(config):
   config.addinivalue_line('markers', f'{MARKER}: run with full float32 matmuls and convolutions '
                           '(no TF32 on a GPU); for tests that compare formulations, members or a reference')
+  config.addinivalue_line('markers', 'slow: trains, compiles a paper-size model or runs a program end to end '
+                          '(CI runs every test; `-m "not slow"` is the quick loop while editing)')
 
 
 @contextlib.contextmanager
