@@ -92,3 +92,71 @@ def mnist_dir():
     if os.environ.get('CI', '').lower() == 'true':
       pytest.fail(str(e))
     pytest.skip(f'needs the MNIST IDX files: set CAPSJAX_MNIST_DIR to a folder of them ({e})')
+
+# The tests that took 20 s or more (call or fixture set-up) in the suite of 2026-11-25 on a
+# 2-core AMD EPYC (`--durations`): they train, compile paper-size models or run programs
+# end to end. `python -m pytest -q -n 2 -m "not slow" tests` leaves them out (a quick loop
+# while editing; CI runs every test). A test that grows slow joins this list.
+SLOW = frozenset((
+    'tests/test_ablation.py::test_ablation_command_writes_table_and_loss_figure',
+    'tests/test_ablation.py::test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone',
+    'tests/test_affnist.py::test_affnist_command_reports_both_models_on_all_test_sets',
+    'tests/test_affnist.py::test_training_stops_at_the_target_accuracy_and_stays_stopped',
+    'tests/test_analyses.py::test_figures_command_on_a_trained_run',
+    'tests/test_analyses.py::test_sweep_command_trains_every_variant_and_ranks_them',
+    'tests/test_api.py::test_every_docstring_example_runs',
+    'tests/test_datasets.py::test_each_new_experiment_trains_beyond_chance',
+    'tests/test_datasets.py::test_ensemble_eval_step_sums_the_members_lengths',
+    'tests/test_diagnostics.py::test_every_routing_says_whether_it_has_couplings_and_they_are_distributions_over_parents',
+    'tests/test_explorer.py::test_command_serves_then_stops_on_ctrl_c',
+    'tests/test_explorer.py::test_example_is_the_model_encoding_of_the_test_image',
+    'tests/test_explorer.py::test_multimnist_mode_decodes_the_two_capsules_separately',
+    'tests/test_explorer.py::test_shipped_model_is_small_and_classifies_its_test_sample',
+    'tests/test_gpu_readiness.py::test_capsnet_routing_loop_option_keeps_the_outputs',
+    'tests/test_gpu_readiness.py::test_device_report_smoke_runs_every_row_on_the_cpu',
+    'tests/test_images.py::test_another_tfds_builder_downloads_prepares_and_trains',
+    'tests/test_images.py::test_image_folder_of_real_digits_trains_and_records_its_classes',
+    'tests/test_images.py::test_predict_function_agrees_with_files',
+    'tests/test_launch.py::test_a_program_stopped_inside_a_run_exits_75',
+    'tests/test_models.py::test_bfloat16_conv_inputs_round_the_inputs_and_accumulate_in_float32',
+    'tests/test_models.py::test_capsnet_formulations_agree',
+    'tests/test_models.py::test_capsnet_with_bfloat16_conv_inputs_stays_close_to_float32',
+    'tests/test_models.py::test_transposed_conv_equals_flax_conv_transpose_in_value_and_gradient',
+    'tests/test_multimnist.py::test_baseline_cnn_trains_with_sigmoid_loss',
+    'tests/test_multimnist.py::test_short_training_beats_chance',
+    'tests/test_nnx.py::test_an_nnx_model_with_capsjax_layers_trains',
+    'tests/test_plan.py::test_the_runs_own_step_compiles_for_a_tpu_slice_and_matches_hand_counts',
+    'tests/test_recipes.py::test_a_run_with_the_recipe_options_resumes_bit_identical',
+    'tests/test_recipes.py::test_seeds_with_validation_train_as_one_program_and_report_mean_std',
+    'tests/test_registry.py::test_a_routing_from_its_own_file_trains_and_is_listed',
+    'tests/test_routing.py::test_every_routing_drives_the_capsnet_and_its_loss',
+    'tests/test_routing.py::test_explorer_and_predict_show_the_routings_activations',
+    'tests/test_routing.py::test_routing_zoo_writes_a_row_per_algorithm',
+    'tests/test_routing.py::test_shared_transforms_in_the_capsnet_route_without_votes_and_do_not_grow_with_the_image',
+    'tests/test_routing.py::test_the_capsnet_routes_the_newer_algorithms_without_votes_too',
+    'tests/test_sharding.py::test_eight_simulated_devices_train_like_one',
+    'tests/test_sharding.py::test_two_processes_preempted_then_resumed_under_slurm_train_like_one_device',
+    'tests/test_signals.py::test_ctrl_c_before_training_is_one_line',
+    'tests/test_signals.py::test_ctrl_c_saves_and_the_run_resumes',
+    'tests/test_sizing.py::test_deconv_decoder_gives_the_image_shape_in_unit_range',
+    'tests/test_sizing.py::test_photos_train_with_the_chosen_model',
+    'tests/test_sizing.py::test_predict_explorer_and_export_work_on_the_chosen_model',
+    'tests/test_tfds.py::test_prepared_data_is_reused_without_network',
+    'tests/test_tfds.py::test_prepared_tfds_data_equals_the_idx_files',
+    'tests/test_tfds.py::test_readme_command_downloads_prepares_and_trains',
+    'tests/test_torch_peer.py::test_the_peer_equals_capsjax_for_the_same_weights',
+    'tests/test_train.py::test_a_finished_run_says_so_and_reevaluates_only_when_asked',
+    'tests/test_train.py::test_corrupt_checkpoint_is_reported_and_left_in_place',
+    'tests/test_train.py::test_divergence_stops_with_step_named_and_checkpoint_kept',
+    'tests/test_train.py::test_nan_from_the_first_step',
+    'tests/test_train.py::test_resumed_run_equals_uninterrupted_run',
+    'tests/test_train.py::test_short_training_learns_real_mnist',
+    'tests/test_workdir.py::test_full_disk_is_one_line_through_run_py',
+))
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    if item.nodeid.split('[')[0] in SLOW:
+      item.add_marker(pytest.mark.slow)

@@ -255,14 +255,14 @@ def test_optimizers_weight_decay_and_clipping_against_hand_updates():
 
 def test_a_run_with_the_recipe_options_resumes_bit_identical(mnist_dir, tmp_path):
   options = dict(lr_schedule='cosine', warmup_steps=3, lr_min=1e-5, optimizer='adamw', weight_decay=1e-4,
-                 grad_clip_norm=1.0, ema_decay=0.9, num_steps=10)
+                 grad_clip_norm=1.0, ema_decay=0.9, num_steps=6, num_test_examples=50, eval_batch_size=50)
   whole, parts = str(tmp_path / 'whole'), str(tmp_path / 'parts')
   config = tiny_config(mnist_dir, **options)
   config.augment.update(rotation=10.0, scale=0.1, shear=0.1, elastic_alpha=8.0)
   result = train.train_and_evaluate(config, whole)
   assert 0.0 <= result['ema_test_error'] <= 1.0   # the moving average, evaluated beside the parameters
   with pytest.raises(train.RunStopped):
-    train.train_and_evaluate(config, parts, stop_at_step=4)
+    train.train_and_evaluate(config, parts, stop_at_step=3)
   train.train_and_evaluate(config, parts)
   restored = [load_trained(workdir)[2] for workdir in (whole, parts)]
   for a, b in zip(jax.tree.leaves(restored[0]), jax.tree.leaves(restored[1])):
