@@ -4,8 +4,8 @@ chosen on the last 5 000 training images held out (the test error is reported, n
 
   python run.py --experiment=recipe_search --workdir=W --config.data_dir=DIR
 
-One epoch of 55 000 images per variant (859 steps of 64), about 3–4 minutes each on a 2-core
-CPU; writes sweep.md. The winner is confirmed on the paper's model at two epochs
+One epoch of 55 000 images per variant (859 steps of 64), 4–5 minutes each on a 2-core
+CPU (50 min in all, 2026-11-25); writes sweep.md. The winner is confirmed on the paper's model at two epochs
 (the recipe issue; docs/results.md "Training in the time you have").
 """
 import ml_collections
