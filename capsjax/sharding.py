@@ -6,6 +6,7 @@ mesh of size 1. With several processes (hosts), each process holds only its slic
 every global batch and `jax.make_array_from_process_local_data` assembles the global
 array; only process 0 writes logs, metrics, results and figures.
 """
+import functools
 from typing import Any, Optional, Sequence
 
 import jax
@@ -30,6 +31,7 @@ def data_mesh(devices: Optional[Sequence[Any]] = None) -> jax.sharding.Mesh:
                        devices=devices)
 
 
+@functools.lru_cache(maxsize=16)   # asked at every global batch: once per mesh
 def is_compile_only(mesh) -> bool:
   """Whether `mesh` holds devices this process cannot run on: the compile-only devices of a
   TPU topology or GPU target that capsjax.plan compiles for. Nothing can be placed on them:
