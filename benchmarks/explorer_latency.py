@@ -1,6 +1,7 @@
 """Slider-to-image latency of the capsule explorer, measured in headless Chromium.
 
   python benchmarks/explorer_latency.py [--events=200] [--workdir=W] [--out=latency.json]
+                                       [--screenshot=docs/figures/explorer.png]
 
 The page times each reconstruction from the slider's input event (its timeStamp) to the
 moment the new image is on the canvas (window.explorerState.latencies). Two patterns:
@@ -48,6 +49,7 @@ def main():
   parser.add_argument('--events', type=int, default=200)
   parser.add_argument('--workdir', default=None)
   parser.add_argument('--out', default=None)
+  parser.add_argument('--screenshot', default=None, help='PNG of the page as it first settles')
   args = parser.parse_args()
   from selenium.webdriver.common.keys import Keys  # pylint: disable=g-import-not-at-top
 
@@ -75,6 +77,8 @@ def main():
     driver.get(url + '/')
     browser.wait_for(driver, "document.body.dataset.ready === 'true'")
     browser.settled(driver, 0)
+    if args.screenshot:
+      driver.save_screenshot(args.screenshot)
     rng = np.random.default_rng(0)
     sliders = driver.find_elements('css selector', '.dim-slider')
     driver.execute_script('window.explorerState.latencies = []')

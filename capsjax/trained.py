@@ -38,8 +38,8 @@ class TrainedModel:
     >>> trained = capsjax.TrainedModel.from_workdir(workdir)
     >>> trained.step, trained.finished, trained.has_decoder
     (12, True, True)
-    >>> capsjax.TrainedModel.shipped().describe()   # the small CapsNet capsjax ships
-    'the shipped model (exported from explorer)'
+    >>> capsjax.TrainedModel.shipped().describe()   # the paper's CapsNet capsjax ships
+    'the shipped model (exported from mnist_official)'
   """
   config: ml_collections.ConfigDict
   model: Any

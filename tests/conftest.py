@@ -111,7 +111,7 @@ SLOW = frozenset((
     'tests/test_explorer.py::test_command_serves_then_stops_on_ctrl_c',
     'tests/test_explorer.py::test_example_is_the_model_encoding_of_the_test_image',
     'tests/test_explorer.py::test_multimnist_mode_decodes_the_two_capsules_separately',
-    'tests/test_explorer.py::test_shipped_model_is_small_and_classifies_its_test_sample',
+    'tests/test_explorer.py::test_shipped_model_is_the_paper_model_and_classifies_its_test_sample',
     'tests/test_gpu_readiness.py::test_capsnet_routing_loop_option_keeps_the_outputs',
     'tests/test_gpu_readiness.py::test_device_report_smoke_runs_every_row_on_the_cpu',
     'tests/test_images.py::test_another_tfds_builder_downloads_prepares_and_trains',

@@ -138,8 +138,9 @@ class Explorer:
 
   @classmethod
   def shipped(cls, show_progress: bool = False) -> 'Explorer':
-    """The small CapsNet that ships with the package (experiments/explorer.py), with its
-    sample of MNIST test images."""
+    """The CapsNet that ships with the package (the paper's model, trained by
+    experiments/mnist_official.py: docs/results.md, "The capsule explorer"), with its sample
+    of MNIST test images."""
     with np.load(os.path.join(SHIPPED, 'test_sample.npz')) as sample:
       images = np.asarray(preprocess(jnp.asarray(sample['images'])))
       labels = sample['labels']
