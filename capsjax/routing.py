@@ -162,7 +162,9 @@ def dynamic_routing(
 
   dtype = prediction_vectors.dtype
   predictions_by_parent = jnp.transpose(prediction_vectors, (0, 2, 1, 3))  # [batch, out, in, dim]
-  routing_logits = jnp.zeros((batch, out_caps, in_caps), dtype)             # b, parent-major
+  # b, parent-major. Behind an optimization barrier: XLA would otherwise fold the unrolled
+  # first iteration's softmax over this constant at compile time, element by element.
+  routing_logits = jax.lax.optimization_barrier(jnp.zeros((batch, out_caps, in_caps), dtype))
   if log_priors is not None:
     priors = jnp.broadcast_to(log_priors.astype(dtype), (batch, in_caps, out_caps))
     routing_logits = routing_logits + jnp.transpose(priors, (0, 2, 1))
