@@ -110,15 +110,12 @@ FASTEST = {
         'routing_loop': 'rolled',
     },
     'gpu': {
-        # One H100 (the GPU-speed issue): patches trained faster than XLA's convolution
-        # (docs/gpu.md and the device report decide it anew).
+        # Each from the H100 device report (docs/results.md, "On an H100, 2026-11-25"):
+        # patches trained faster than XLA's convolution at float32; one whole-batch matmul
+        # infers faster than chunks run one after another; the unrolled loop trains faster.
         'conv_impl': 'patches',
-        # Not measured on a GPU yet (the device report's 'capsjax patches whole-batch
-        # inference' row against the 'patches float32' rows decides): chunks run one after
-        # another in lax.map, which may leave an H100 idle; the CPU's choice until then.
-        'patches_inference': 'chunked',
-        # Not measured on a GPU yet: the rolled loop until a device report says otherwise.
-        'routing_loop': 'rolled',
+        'patches_inference': 'whole_batch',
+        'routing_loop': 'unrolled',
     },
     'tpu': {
         # Not measured on a TPU: XLA's own convolution (the TPU's native op).
