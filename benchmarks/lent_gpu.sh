@@ -65,8 +65,13 @@ case "${1:-}" in
     workers=()
     if python3 -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
     set -o pipefail
-    python3 -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=15 \
-      --ignore=tests/test_explorer_browser.py --ignore=tests/test_tfds.py tests 2>&1 | tee "$OUT/suite.log"
+    # -v into the log: each outcome is written with its test's name as it happens, so a
+    # suite cut short by the lease still says which tests failed; the call prints only those.
+    python3 -m pytest -v -rfE -p no:cacheprovider "${workers[@]}" --durations=15 \
+      --ignore=tests/test_explorer_browser.py --ignore=tests/test_tfds.py tests > "$OUT/suite.log" 2>&1 \
+      || status=$?
+    grep -E '(FAILED|ERROR) |^=+ .*(passed|failed|error)' "$OUT/suite.log" | sort -u | tail -n 60
+    exit "${status:-0}"
     ;;
   leg)
     name=${2:?a leg name}
