@@ -25,12 +25,14 @@ def peaks(name: str, grid: int, types: int, batch: int, classes: int, dim: int, 
   args = (jax.ShapeDtypeStruct((batch, positions, types, in_dim), jnp.float32),
           jax.ShapeDtypeStruct((types, classes, dim, in_dim), jnp.float32))
   with_votes = jax.jit(jax.grad(lambda u, w: jnp.sum(routing.route(
-      name, routing.shared_votes(u, w, offsets), None, 3, **options)[0]), (0, 1)))
+      name, routing.shared_votes(u, w, offsets), None, 3, **options).parents), (0, 1)))
   materialised = memory.traced_peak_bytes(with_votes, *args)
   form = routing.shared_form(name, options)
   if form is None:
     return None, materialised
-  factored = jax.jit(jax.grad(lambda u, w: jnp.sum(form(u, w, offsets, 3, **options)[0]), (0, 1)))
+  loop, loop_options = routing.loop_arguments(name, 3)
+  factored = jax.jit(jax.grad(lambda u, w: jnp.sum(
+      routing.as_result(form(u, w, offsets, *loop, **loop_options, **options), options).parents), (0, 1)))
   return memory.traced_peak_bytes(factored, *args), materialised
 
 

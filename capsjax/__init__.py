@@ -5,8 +5,8 @@ runnable example; tests/test_api.py runs every example):
 
 - capsules and routing (pure functions of arrays): `squash`, `vector_norm`,
   `coupling_coefficients`, `dynamic_routing` (Procedure 1), `route` (any registered
-  routing by name), `routing_logit_changes`, `register_routing` and the registry
-  `ROUTINGS`;
+  routing by name) and what it returns, `RoutingResult`; `routing_logit_changes`,
+  `register_routing` and the registry `ROUTINGS`;
 - losses (per example): `margin_loss`, `reconstruction_loss`, `capsnet_loss`;
 - Flax linen layers: `PrimaryCaps`, `CapsuleLayer`, `Decoder`; models: `CapsNet`,
   `BaselineCNN`, `build_model`, `capsule_lengths`, the registry `MODELS`;
@@ -28,7 +28,7 @@ __version__ = '0.1.0'
 _EXPORTS = {
     'squash': 'routing', 'vector_norm': 'routing', 'coupling_coefficients': 'routing',
     'dynamic_routing': 'routing', 'route': 'routing', 'routing_logit_changes': 'routing',
-    'register_routing': 'routing', 'ROUTINGS': 'routing',
+    'register_routing': 'routing', 'ROUTINGS': 'routing', 'RoutingResult': 'routing',
     'margin_loss': 'losses', 'reconstruction_loss': 'losses', 'capsnet_loss': 'losses',
     'PrimaryCaps': 'layers', 'CapsuleLayer': 'layers', 'Decoder': 'layers',
     'CapsNet': 'models', 'BaselineCNN': 'models', 'build_model': 'models', 'capsule_lengths': 'models',

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
-from capsjax.routing import (ROUTINGS, coordinate_offsets, route, own_routing_options, shared_form, shared_votes,
-                             squash, vector_norm)
+from capsjax.routing import (ROUTINGS, as_result, coordinate_offsets, loop_arguments, route, own_routing_options,
+                             shared_form, shared_votes, squash, vector_norm)
 
 Array = jax.Array
 
@@ -157,11 +157,11 @@ class CapsuleLayer(nn.Module):
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
                return_logits: bool = False, grid: Optional[Sequence[int]] = None,
                return_couplings: bool = False):
-    """(parents [batch, out, dim], activations [batch, out]); with `return_logits`
-    (Procedure 1 only: the routing-convergence probe) (parents, logits per iteration);
-    with `return_couplings` (routings whose ROUTINGS entry says returns_couplings: the
-    routing diagnostics) (parents, activations, (first, last couplings [batch, in, out])).
-    `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
+    """The routing's RoutingResult: it unpacks as (parents [batch, out, dim], activations
+    [batch, out]); with `return_logits` (routings whose ROUTINGS entry says returns_logits:
+    the routing-convergence probe) its `logits` per iteration, with `return_couplings`
+    (returns_couplings: the routing diagnostics) its (first, last) `couplings` [batch, in,
+    out]. `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
     batch, in_caps, in_dim = capsules.shape
     dtype = self.dtype or capsules.dtype
     shared = None
@@ -213,13 +213,13 @@ class CapsuleLayer(nn.Module):
       # Without û where the routing has a shared form that takes every option given.
       factored = shared_form(self.routing, options) if self.votes == 'factored' else None
       if factored is not None:
-        return factored(*shared, iterations, max_iterations=max_iterations, unroll=unroll, **options)
+        loop, loop_options = loop_arguments(self.routing, iterations, max_iterations, unroll)
+        return as_result(factored(*shared, *loop, **loop_options, **options), options)
       prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
     # EM reads the primary capsules' lengths as input activations; the others ignore them.
     input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]
-    result = route(self.routing, prediction_vectors.astype(jnp.float32), input_activations, iterations,
-                   max_iterations=max_iterations, unroll=unroll, **options)
-    return (result[0], result[2]) if return_logits else result
+    return route(self.routing, prediction_vectors.astype(jnp.float32), input_activations, iterations,
+                 max_iterations=max_iterations, unroll=unroll, **options)
 
 
 class Decoder(nn.Module):

@@ -219,13 +219,14 @@ class CapsNet(nn.Module):
   def classify(self, images: Array, routing_iterations=None, max_iterations=None):
     """Images [batch, h, w, c] → (digit capsules [batch, classes, dim], the routing's
     activations [batch, classes]: for Procedure 1 the capsule lengths)."""
-    return self._route(images, routing_iterations, max_iterations, False)
+    routed = self._route(images, routing_iterations, max_iterations, False)
+    return routed.parents, routed.activations
 
   def encode(self, images: Array, routing_iterations=None, max_iterations=None,
              return_logits: bool = False):
     """Images [batch, h, w, c] → digit capsules [batch, classes, dim] (and logits)."""
-    result = self._route(images, routing_iterations, max_iterations, return_logits)
-    return result if return_logits else result[0]
+    routed = self._route(images, routing_iterations, max_iterations, return_logits)
+    return (routed.parents, routed.logits) if return_logits else routed.parents
 
   def routing_details(self, images: Array, routing_iterations=None, max_iterations=None) -> Dict[str, Any]:
     """What the routing diagnostics read (capsjax.diagnostics): images [batch, h, w, c] →
@@ -234,10 +235,10 @@ class CapsNet(nn.Module):
     each, or None where the routing has none (ROUTINGS[name].returns_couplings)}."""
     with_couplings = ROUTINGS[self.routing].returns_couplings
     primary, grid = self._primary(images)
-    result = self.digit_caps(primary, routing_iterations, max_iterations, False, grid,
+    routed = self.digit_caps(primary, routing_iterations, max_iterations, False, grid,
                              return_couplings=with_couplings)
     return {'primary_lengths': capsule_lengths(primary),
-            'activations': result[1], 'couplings': result[2] if with_couplings else None}
+            'activations': routed.activations, 'couplings': routed.couplings}
 
   def _primary(self, images):
     """(primary capsules [batch, in, dim], their grid (rows, columns))."""

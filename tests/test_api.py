@@ -16,7 +16,7 @@ from capsjax.data import idx
 
 # Names that take or return arrays: their docstrings give the shapes ([batch, …]).
 ARRAY_NAMES = ('squash', 'vector_norm', 'coupling_coefficients', 'dynamic_routing', 'route',
-               'routing_logit_changes', 'register_routing', 'ROUTINGS', 'margin_loss', 'reconstruction_loss',
+               'routing_logit_changes', 'register_routing', 'ROUTINGS', 'RoutingResult', 'margin_loss', 'reconstruction_loss',
                'capsnet_loss', 'PrimaryCaps', 'CapsuleLayer', 'Decoder', 'CapsNet', 'BaselineCNN',
                'capsule_lengths', 'make_objective', 'OBJECTIVES', 'load_trained', 'Predictor', 'load_dataset',
                'register_source')

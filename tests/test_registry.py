@@ -25,10 +25,9 @@ from capsjax.routing import register_routing, squash, vector_norm
 
 
 @register_routing('uniform_mean', iterative=False)
-def uniform_mean(prediction_vectors, input_activations, num_iterations, *, max_iterations=None,
-                 unroll=False, scale=1.0):
+def uniform_mean(prediction_vectors, input_activations, *, scale=1.0):
   """Every child couples equally to every parent: v_j = squash(scale · mean_i û_j|i)."""
-  del input_activations, num_iterations, max_iterations, unroll
+  del input_activations   # not iterative: no loop arguments reach it
   parents = squash(scale * jnp.mean(prediction_vectors, axis=1))   # [batch, out, dim]
   return parents, vector_norm(parents)
 '''

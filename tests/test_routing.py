@@ -552,7 +552,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   (tmp_path / 'my_routing.py').write_text(
       "from capsjax.routing import register_routing, squash, vector_norm\n\n"
       "@register_routing('user_mean', iterative=False)\n"
-      "def user_mean(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False):\n"
+      "def user_mean(prediction_vectors, input_activations):\n"
       "  parents = squash(prediction_vectors.mean(axis=1))\n"
       "  return parents, vector_norm(parents)\n")
   spec = importlib.util.spec_from_file_location('my_routing', tmp_path / 'my_routing.py')
@@ -699,7 +699,8 @@ def test_each_shared_form_equals_its_routing_on_the_materialised_votes(name):
 
     def factored(capsules, transforms, options):
       form = routing.shared_form(name, options)
-      return loss(form(capsules, transforms, offsets, 3, **options))
+      loop, loop_options = routing.loop_arguments(name, 3)
+      return loss(routing.as_result(form(capsules, transforms, offsets, *loop, **loop_options, **options), options))
 
     value, grads = jax.value_and_grad(materialised, argnums=(0, 1, 2))(capsules, transforms, options)
     factored_value, factored_grads = jax.value_and_grad(factored, argnums=(0, 1, 2))(capsules, transforms, options)

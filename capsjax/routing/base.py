@@ -1,0 +1,232 @@
+"""The routing registry: one signature for every algorithm, its capabilities, `route`,
+and the options a config may set."""
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from capsjax.registry import Registry
+
+Array = jax.Array
+
+
+# ============================================================================= the registry
+# Every routing algorithm has one signature:
+#   function(prediction_vectors [batch, in, out, dim], input_activations [batch, in],
+#            [num_iterations, *, max_iterations=None, unroll=False,]   (iterative ones only)
+#            **options) → RoutingResult
+# and is registered with `@register_routing(name, ...)`, whose capabilities are:
+#   iterative        whether it loops: only then does it take num_iterations, max_iterations
+#                    and unroll (route and the capsule layer pass them to no other)
+#   learned          option → (shape from (in_caps, out_caps, dim), initial value): what a
+#                    model learns; `route` fills each one it is not given with its initial value
+#   returns_logits   accepts return_logits=True and then fills RoutingResult.logits, the
+#                    routing logits after every iteration [iterations, batch, in, out] (the
+#                    convergence probe and figure read them)
+#   returns_couplings accepts return_couplings=True and then fills RoutingResult.couplings,
+#                    the pair (couplings the first iteration used, couplings the last one
+#                    used), each [batch, in, out], a distribution over the parents per child
+#                    (the routing diagnostics read them; equal for a routing without iterations)
+#   layer_inputs     which of the capsule layer's own features it reads, passed as keyword
+#                    arguments when the model enables them: 'bias' ([out, dim], added to s_j),
+#                    'log_priors' ([in, out], initial logits), 'leaky' (bool), and
+#                    'stop_gradient_predictions' (bool); see capsjax.layers.LAYER_FEATURES
+#   shared           for class-capsule transforms shared over positions (one W per primary
+#                    type and class, û_{j|i} = W_{t(i)j} u_i + the position offset of i): the
+#                    same routing written without û, `shared(capsules [batch, positions,
+#                    types, in_dim], transforms [types, out, dim, in_dim], offsets
+#                    [positions, dim], [loop arguments as above,] **options)`
+#                    → as the routing; None: the layer materialises û (see shared_votes)
+# Every other keyword argument with a default is an option a config may set
+# (config.model.routing_options). Activations are what the margin loss, the explorer and
+# predict read.
+
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=['parents', 'activations', 'couplings', 'logits'], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class RoutingResult:
+  """What every routing returns. It unpacks and indexes as the pair `parents, activations`
+  (the two every routing has); the others by name, None where the routing has none or
+  was not asked for them.
+
+  Example:
+    >>> votes = jnp.ones((1, 4, 2, 3))                              # û [batch, in, out, dim]
+    >>> result = capsjax.route('dynamic', votes, num_iterations=2, return_couplings=True)
+    >>> parents, activations = result
+    >>> result.couplings[0].shape, result.logits is None            # (first, last) [batch, in, out]
+    ((1, 4, 2), True)
+  """
+  parents: Array                                   # v_j [batch, out, dim]
+  activations: Array                               # a_j [batch, out], in [0, 1]
+  couplings: Optional[Tuple[Array, Array]] = None  # (first, last) c_ij [batch, in, out]
+  logits: Optional[Array] = None                   # b_ij after each iteration [iterations, batch, in, out]
+
+  def __iter__(self):
+    return iter((self.parents, self.activations))
+
+  def __getitem__(self, index):   # result[0], result[1]: as the pair it unpacks as
+    return (self.parents, self.activations)[index]
+
+
+def loop_arguments(name: str, num_iterations, max_iterations=None, unroll: bool = False) -> Tuple[tuple, dict]:
+  """(positional, keyword) loop arguments for routing `name`: (num_iterations,) and
+  max_iterations, unroll if it is iterative; nothing otherwise."""
+  if not ROUTINGS[name].iterative:
+    return (), {}
+  return (num_iterations,), {'max_iterations': max_iterations, 'unroll': unroll}
+
+
+def as_result(output, options: Dict[str, Any]) -> RoutingResult:
+  """A routing's output as a RoutingResult: a routing of one's own may return the plain
+  (parents, activations) pair, and a third value, the logits or the couplings that
+  `options` asked for."""
+  if isinstance(output, RoutingResult):
+    return output
+  parents, activations, *extra = output
+  if not extra:
+    return RoutingResult(parents, activations)
+  if options.get('return_logits'):
+    return RoutingResult(parents, activations, logits=extra[0])
+  return RoutingResult(parents, activations, couplings=tuple(extra[0]))
+
+
+ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, returns_couplings=False,
+                    layer_inputs=(), shared=None,
+                    doc="""The routing algorithms by name (`config.model.routing`, `CapsuleLayer.routing`,
+`route(name, ...)`): each entry's value is the routing function, û [batch, in, out, dim] →
+RoutingResult (parents [batch, out, dim], activations [batch, out], …), and its capabilities say what it
+does (`iterative`, `learned`, `returns_logits`, `layer_inputs`, `shared`). Add one with
+`register_routing`.
+
+Example:
+  >>> capsjax.ROUTINGS.names()
+  ('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing', 'uniform', 'max_pooling', 'variational_bayes')
+  >>> capsjax.ROUTINGS['dynamic'].returns_logits, capsjax.ROUTINGS['em'].learned.keys()
+  (True, dict_keys(['beta_u', 'beta_a']))
+""")
+# The routing's own arguments: neither options nor learned.
+_OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll',
+                  'return_logits', 'return_couplings')
+
+
+def register_routing(name: str, *, iterative: bool = True,
+                     learned: Optional[Dict[str, Tuple[Callable[[int, int, int], tuple], float]]] = None,
+                     returns_logits: bool = False, returns_couplings: bool = False,
+                     layer_inputs: Tuple[str, ...] = (), shared: Optional[Callable[..., Any]] = None):
+  """Function decorator: `config.model.routing = name` routes with this function.
+
+  The function takes prediction_vectors û [batch, in_caps, out_caps, dim] and
+  input_activations [batch, in_caps]; an `iterative` one also num_iterations and the
+  keywords max_iterations and unroll (its loop: `capsjax.routing.iterate`). Options of its
+  own, each with a default, `config.model.routing_options` may set; `learned` ones become
+  parameters of the capsule layer. It returns a RoutingResult, or the plain pair
+  (parents [batch, out_caps, dim], activations [batch, out_caps]). `returns_logits`: it
+  accepts return_logits=True and then fills the logits per iteration; `returns_couplings`:
+  it accepts return_couplings=True and then fills the (first, last) couplings [batch, in,
+  out] (the routing diagnostics); `layer_inputs`: which of the capsule layer's
+  features (bias, log_priors, leaky, stop_gradient_predictions) it reads; `shared`: a form
+  that routes shared-transform votes without û (see the module's comment above ROUTINGS).
+
+  Example:
+    Uniform coupling: every child sends its vote to every parent equally.
+
+    >>> @capsjax.register_routing('uniform_example', iterative=False)
+    ... def uniform(prediction_vectors, input_activations):
+    ...   parents = capsjax.squash(prediction_vectors.mean(axis=1))   # [batch, out, dim]
+    ...   return parents, capsjax.vector_norm(parents)
+    >>> parents, activations = capsjax.route('uniform_example', jnp.ones((1, 4, 2, 3)))
+    >>> activations                                                  # |squash(1, 1, 1)| = 3 / 4
+    Array([[0.75, 0.75]], dtype=float32)
+    >>> capsjax.ROUTINGS.unregister('uniform_example')
+  """
+  return ROUTINGS.register(name, iterative=iterative, learned=dict(learned or {}), returns_logits=returns_logits,
+                           returns_couplings=returns_couplings, layer_inputs=tuple(layer_inputs), shared=shared)
+
+
+def shared_form(name: str, options: Dict[str, Any]) -> Optional[Callable[..., Any]]:
+  """Routing `name` written without û for shared transforms (its registered `shared`), if
+  it has one that takes every option in `options`; else None (the layer then materialises
+  û). Procedure 1's takes the bias but not the per-capsule features (log priors per input
+  capsule, leaky routing, stopped-gradient votes), nor return_logits."""
+  shared = ROUTINGS[name].shared
+  if shared is None:
+    return None
+  accepted = inspect.signature(shared).parameters
+  return shared if all(option in accepted for option in options) else None
+
+
+def route(name: str, prediction_vectors: Array, input_activations: Optional[Array] = None,
+          num_iterations: Union[int, Array] = 3, *, max_iterations: Optional[int] = None,
+          unroll: bool = False, **options) -> RoutingResult:
+  """RoutingResult (parents [batch, out, dim], activations [batch, out], …) of routing `name`.
+
+  prediction_vectors û [batch, in, out, dim]; input_activations [batch, in] (default ones;
+  Procedure 1 ignores them); num_iterations a Python int or, with `max_iterations=`, a
+  traced integer (vmap over r, with gradients); the loop arguments reach iterative
+  routings only. Learned options not given take their initial values.
+
+  Example:
+    >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
+    >>> for name in ('dynamic', 'em'):
+    ...   parents, activations = capsjax.route(name, votes, num_iterations=2)
+    ...   print(name, parents.shape, activations.shape)
+    dynamic (2, 3, 4) (2, 3)
+    em (2, 3, 4) (2, 3)
+  """
+  entry = ROUTINGS[name]
+  chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]
+  batch, in_caps, out_caps, dim = prediction_vectors.shape
+  if input_activations is None:
+    input_activations = jnp.ones((batch, in_caps), prediction_vectors.dtype)
+  for option, (shape, initial) in entry.learned.items():
+    if option not in options or options[option] is None:
+      options[option] = jnp.full(shape(in_caps, out_caps, dim), initial, prediction_vectors.dtype)
+  loop, loop_options = loop_arguments(name, num_iterations, max_iterations, unroll)
+  return as_result(entry.value(prediction_vectors, input_activations, *loop, **loop_options, **options), options)
+
+
+def routing_option_defaults(name: str) -> Dict[str, Any]:
+  """The options a config may set for routing `name` (keyword arguments that are neither
+  learned, nor the loop's own, nor the capsule layer's features), with their defaults."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  entry = ROUTINGS[name]
+  return {p.name: p.default for p in inspect.signature(entry.value).parameters.values()
+          if p.name not in _OWN_ARGUMENTS and p.name not in entry.learned and p.name not in entry.layer_inputs}
+
+
+def own_routing_options(name: str, options: Dict[str, Any], *, others_at_default: bool = False) -> Dict[str, Any]:
+  """The options in `options` that routing `name` takes; ValueError for any other (a typo,
+  another routing's option), naming what it takes. `others_at_default`: another routing's
+  option left at its default is dropped instead (a config's routing_options lists every
+  routing's options at their defaults, so that any of them can be set from the command line)."""
+  own = routing_option_defaults(name)
+  every = configurable_routing_options() if others_at_default else {}
+  kept = {}
+  for option, value in options.items():
+    if option in own:
+      kept[option] = value
+    elif not (option in every and _same_value(value, every[option])):
+      takes = f'its options are {", ".join(own)}' if own else 'it takes no options'
+      raise ValueError(f'routing {name!r} takes no option {option!r} ({takes})')
+  return kept
+
+
+def _same_value(a, b) -> bool:
+  try:
+    return bool(a == b)
+  except (TypeError, ValueError):
+    return False
+
+
+def configurable_routing_options() -> Dict[str, Any]:
+  """Every option of the registered routings, at its default: what
+  config.model.routing_options holds."""
+  options = {}
+  for name in ROUTINGS:
+    options.update(routing_option_defaults(name))
+  return options

@@ -1,0 +1,235 @@
+"""Routing-by-agreement, the paper's Procedure 1 (Sabour, Frosst, Hinton 2017): on û, on
+shared-transform votes without û, and the convergence probes of appendix A."""
+from typing import Optional, Union
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from capsjax.routing.base import RoutingResult, register_routing
+from capsjax.routing.core import (Array, coupling_coefficients, iterate, loop_length, pooled_votes, squash,
+                                  vector_norm, vote_dots)
+
+
+def _routing_iteration(predictions_by_parent, logits_by_parent, leaky, bias):
+  """One pass of Procedure 1's loop body: returns (parents v_j, updated logits b)."""
+  coupling = coupling_coefficients(logits_by_parent, leaky, axis=1)  # [batch, out_caps, in_caps]
+  # s_j = sum_i c_ij û_{j|i}                              # [batch, out_caps, out_dim]
+  total_input = jnp.einsum('bji,bjid->bjd', coupling, predictions_by_parent)
+  if bias is not None:
+    total_input = total_input + bias
+  parents = squash(total_input)
+  # a_ij = û_{j|i} · v_j                                  # [batch, out_caps, in_caps]
+  agreement = jnp.einsum('bjid,bjd->bji', predictions_by_parent, parents)
+  return parents, logits_by_parent + agreement
+
+
+def dynamic_routing(
+    prediction_vectors: Array,
+    num_iterations: Union[int, Array],
+    *,
+    max_iterations: Optional[int] = None,
+    stop_gradient_predictions: bool = False,
+    leaky: bool = False,
+    log_priors: Optional[Array] = None,
+    bias: Optional[Array] = None,
+    return_logits: bool = False,
+    unroll: bool = False,
+):
+  """Procedure 1 of the paper: routing by agreement.
+
+  b = log_priors (0 by default); repeat r times: c = softmax_j(b), s_j = Σ_i c_ij û_{j|i},
+  v_j = squash(s_j), b_ij += û_{j|i}·v_j. Returns v from the last iteration.
+
+  Args:
+    prediction_vectors: û, [batch, in_caps, out_caps, out_dim].
+    num_iterations: r ≥ 1. A Python int runs exactly r iterations. A traced integer (for
+      `jax.vmap` over r, or r as a jit argument) needs `max_iterations`, a static bound:
+      the loop then runs max_iterations times and iterations ≥ r leave the state as it
+      is, which keeps reverse-mode differentiation available (a loop with traced bounds
+      would be a while_loop, which cannot be reverse-differentiated).
+    max_iterations: static upper bound on r; required when r is traced.
+    stop_gradient_predictions: gradients reach û only through the last iteration, as in
+      the authors' later code; the earlier iterations only choose the coupling.
+    leaky: add a "none-of-the-above" parent with a constant zero logit (see
+      `coupling_coefficients`).
+    log_priors: initial logits, broadcastable to [batch, in_caps, out_caps]; learned
+      log priors (the paper's section 2) are passed here. Default zeros.
+    bias: optional [out_caps, out_dim] added to s_j before squash.
+    return_logits: also return the logits after every iteration,
+      [max_iterations or r, batch, in_caps, out_caps] (rows past r repeat the final
+      logits), for routing-convergence analysis.
+    unroll: unroll the fori_loop (`fori_loop(..., unroll=True)`): the same iterations as
+      straight-line code, which lets XLA fuse across them; same values (model option
+      `routing_loop`, resolved per backend by capsjax.formulations).
+
+  Returns:
+    parents [batch, out_caps, out_dim], or (parents, logits_per_iteration).
+
+  Example:
+    >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
+    >>> parents = capsjax.dynamic_routing(votes, num_iterations=3)
+    >>> parents.shape                                                 # v [batch, out, dim]
+    (2, 3, 4)
+    >>> bool(jnp.all(capsjax.vector_norm(parents) < 1))               # squashed
+    True
+    >>> # r traced under vmap, as the routing ablations do: one program for r = 1, 2, 3.
+    >>> route_r = lambda r: capsjax.dynamic_routing(votes, r, max_iterations=3)
+    >>> jax.vmap(route_r)(jnp.arange(1, 4)).shape                     # [r, batch, out, dim]
+    (3, 2, 3, 4)
+  """
+  chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]
+  batch, in_caps, out_caps, out_dim = prediction_vectors.shape
+  static_count = isinstance(num_iterations, int)
+  length = loop_length(num_iterations, max_iterations)
+  last_iteration = jnp.asarray(num_iterations) - 1
+
+  dtype = prediction_vectors.dtype
+  predictions_by_parent = jnp.transpose(prediction_vectors, (0, 2, 1, 3))  # [batch, out, in, dim]
+  # b, parent-major. Behind an optimization barrier: XLA would otherwise fold the unrolled
+  # first iteration's softmax over this constant at compile time, element by element.
+  routing_logits = jax.lax.optimization_barrier(jnp.zeros((batch, out_caps, in_caps), dtype))
+  if log_priors is not None:
+    priors = jnp.broadcast_to(log_priors.astype(dtype), (batch, in_caps, out_caps))
+    routing_logits = routing_logits + jnp.transpose(priors, (0, 2, 1))
+  parents = jnp.zeros((batch, out_caps, out_dim), dtype)
+  history = jnp.zeros((length, batch, in_caps, out_caps), dtype) if return_logits else None
+  frozen_predictions = jax.lax.stop_gradient(predictions_by_parent)
+
+  def body(t, carry):
+    parents, routing_logits, history = carry
+    predictions = predictions_by_parent
+    if stop_gradient_predictions:
+      # Forward values are identical; only the gradient path differs.
+      predictions = jnp.where(t == last_iteration, predictions_by_parent, frozen_predictions)
+    new_parents, new_logits = _routing_iteration(predictions, routing_logits, leaky, bias)
+    if not static_count:
+      active = t <= last_iteration
+      new_parents = jnp.where(active, new_parents, parents)
+      new_logits = jnp.where(active, new_logits, routing_logits)
+    if history is not None:
+      history = history.at[t].set(jnp.transpose(new_logits, (0, 2, 1)))
+    return new_parents, new_logits, history
+
+  parents, _, history = jax.lax.fori_loop(
+      0, length, body, (parents, routing_logits, history), unroll=unroll)
+  if return_logits:
+    return parents, history
+  return parents
+
+
+def routing_logit_changes(logits_per_iteration: Array, initial_logits: Optional[Array] = None) -> Array:
+  """Mean |b_t − b_{t−1}| for every routing iteration t (the paper's appendix A).
+
+  logits_per_iteration: [iterations, batch, in_caps, out_caps] from
+  `dynamic_routing(..., return_logits=True)`; b_0 = `initial_logits` (zeros by default,
+  Procedure 1). Returns [iterations].
+
+  Example:
+    >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # [batch, in, out, dim]
+    >>> _, logits = capsjax.dynamic_routing(votes, 4, return_logits=True)
+    >>> logits.shape                                                  # [iterations, batch, in, out]
+    (4, 2, 6, 3)
+    >>> capsjax.routing_logit_changes(logits).shape                   # one mean |Δb| per iteration
+    (4,)
+  """
+  initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
+      jnp.broadcast_to(initial_logits, logits_per_iteration.shape[1:])[None])
+  previous = jnp.concatenate([initial, logits_per_iteration[:-1]], axis=0)
+  return jnp.mean(jnp.abs(logits_per_iteration - previous), axis=(1, 2, 3))
+
+
+def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array] = None) -> Array:
+  """Mean |c_{t+1} − c_t| for every routing iteration t: how much iteration t moves the
+  coupling coefficients c = softmax_j(b).
+
+  Under Procedure 1 the logits keep growing (b_t − b_{t−1} = û·v_t tends to û·v*, not to
+  0), so |Δb| does not vanish at convergence; the couplings do settle, and this measures
+  that. Same arguments as `routing_logit_changes`; returns [iterations].
+  """
+  initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
+      jnp.broadcast_to(initial_logits, logits_per_iteration.shape[1:])[None])
+  logits = jnp.concatenate([initial, logits_per_iteration], axis=0)
+  couplings = jax.nn.softmax(logits, axis=-1)              # [iterations + 1, batch, in, out]
+  return jnp.mean(jnp.abs(couplings[1:] - couplings[:-1]), axis=(1, 2, 3))
+
+
+
+def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, num_iterations, *,
+                           max_iterations=None, unroll: bool = False, bias: Optional[Array] = None) -> Array:
+  """Procedure 1 on shared-transform votes without materialising û: the same values as
+  `dynamic_routing(shared_votes(capsules, transforms, offsets), …)`.
+
+  Both sums of Procedure 1 contract in the input pose space:
+    s_j = Σ_i c_ij û_{j|i} = Σ_t W_tj (Σ_p c_(p,t)j u_(p,t)) + Σ_(p,t) c_(p,t)j o_p
+    û_{j|i}·v_j = u_(p,t)·(W_tjᵀ v_j) + o_p·v_j
+  so the largest tensor is the logits [batch, positions, types, out], not û's
+  [batch, positions·types, out, dim]. Returns parents [batch, out, dim].
+  """
+  chex.assert_rank(capsules, 4)   # [batch, positions, types, in_dim]
+  batch, positions, types, _ = capsules.shape
+  out_caps, out_dim = transforms.shape[1], transforms.shape[2]
+  dtype = capsules.dtype
+  offsets = offsets.astype(dtype)
+
+  def body(t, carry):
+    _, logits = carry
+    coupling = jax.nn.softmax(logits, axis=-1)                                 # [batch, pos, types, out]
+    total_input = pooled_votes(coupling, capsules, transforms, offsets)        # s_j [batch, out, dim]
+    if bias is not None:
+      total_input = total_input + bias
+    parents = squash(total_input)                                              # [batch, out, dim]
+    agreement = vote_dots(parents, capsules, transforms, offsets)              # [batch, pos, types, out]
+    return parents, logits + agreement
+
+  state = (jnp.zeros((batch, out_caps, out_dim), dtype), jnp.zeros((batch, positions, types, out_caps), dtype))
+  parents, _ = iterate(body, state, num_iterations, max_iterations, unroll)
+  return parents
+
+
+
+def _dynamic_shared(capsules, transforms, offsets, num_iterations, *, max_iterations=None, unroll=False,
+                    bias=None):
+  """`dynamic` on shared-transform votes without û (the layer features other than the bias
+  need û or per-capsule logits: with them the layer materialises û, see shared_form)."""
+  parents = shared_dynamic_routing(capsules, transforms, offsets, num_iterations, max_iterations=max_iterations,
+                                   unroll=unroll, bias=bias)
+  return RoutingResult(parents, vector_norm(parents))
+
+
+def _couplings_used(logits, num_iterations, leaky, log_priors):
+  """(first, last): the couplings softmax(b) before the first and before the last
+  iteration [batch, in, out], from the logits after every iteration."""
+  initial = jnp.zeros(logits.shape[1:], logits.dtype)                       # b before iteration 1
+  if log_priors is not None:
+    initial = initial + jnp.broadcast_to(log_priors.astype(logits.dtype), initial.shape)
+  before = jnp.concatenate([initial[None], logits], axis=0)                 # b before iteration t + 1
+  last = jnp.asarray(num_iterations) - 1                                    # traced r too
+  couplings = lambda b: coupling_coefficients(b, leaky)                     # [batch, in, out]
+  # The first couplings from b's smallest shape, then broadcast: the same values, but XLA
+  # would fold a softmax over a [batch, in, out] constant at compile time, slowly.
+  distinct = jnp.zeros((1, 1, initial.shape[-1]), logits.dtype)
+  if log_priors is not None:
+    distinct = distinct + log_priors.astype(logits.dtype)
+  first = jnp.broadcast_to(couplings(distinct), initial.shape)
+  return first, couplings(before[last])
+
+
+@register_routing('dynamic', returns_logits=True, returns_couplings=True,
+                  layer_inputs=('bias', 'log_priors', 'leaky', 'stop_gradient_predictions'), shared=_dynamic_shared)
+def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False,
+            return_logits=False, return_couplings=False, stop_gradient_predictions=False, leaky=False,
+            log_priors=None, bias=None):
+  """Procedure 1 (`dynamic_routing`); input activations are ignored; activations |v_j|.
+  Couplings: softmax(b) before the first and before the last iteration (without the
+  leaky parent's share)."""
+  del input_activations
+  with_logits = return_logits or return_couplings
+  result = dynamic_routing(prediction_vectors, num_iterations, max_iterations=max_iterations,
+                           stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
+                           log_priors=log_priors, bias=bias, unroll=unroll, return_logits=with_logits)
+  parents, logits = result if with_logits else (result, None)
+  return RoutingResult(
+      parents, vector_norm(parents),
+      couplings=_couplings_used(logits, num_iterations, leaky, log_priors) if return_couplings else None,
+      logits=logits if return_logits else None)
