@@ -40,9 +40,9 @@ def capsnet_config() -> ml_collections.ConfigDict:
       init_scheme='default',
       primary_scale_by_types=False,
       # The routing algorithm (capsjax.routing.ROUTINGS: dynamic = the paper's Procedure 1,
-      # em, self_attention, inverted_dot_product) and its options (e.g. em's
-      # inverse_temperature): every routing's, at its default, so that
-      # --config.model.routing_options.KEY=V finds its key; a routing reads only its own.
+      # em, self_attention, inverted_dot_product, …) and its options, a section per routing
+      # at their defaults (--config.model.routing_options.em.inverse_temperature=2); the
+      # model reads its routing's section only.
       routing='dynamic',
       routing_options=ml_collections.ConfigDict(configurable_routing_options()),
       # Class-capsule transforms: 'per_capsule' (the paper) or 'per_type' (one W per primary

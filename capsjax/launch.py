@@ -206,7 +206,8 @@ def _routing_options_hint(argv, experiment: Optional[str]) -> str:
   if name not in ROUTINGS:
     return ''
   own = routing_option_defaults(name)
-  return f"; routing {name!r} takes " + (f'the options {", ".join(own)}' if own else 'no options')
+  return f"; routing {name!r} takes " + (
+      f'the options {", ".join(f"model.routing_options.{name}.{option}" for option in own)}' if own else 'no options')
 
 
 def parse_flags(argv, doc: Optional[str] = None):

@@ -10,8 +10,7 @@ from capsjax.layers import (LAYER_FEATURES, CapsuleLayer, Conv, DeconvDecoder, D
                             halved, stem_stages)
 from capsjax import formulations
 from capsjax.registry import Registry
-from capsjax.routing import (ROUTINGS, configurable_routing_options, own_routing_options, routing_option_defaults,
-                             vector_norm)
+from capsjax.routing import ROUTINGS, options_of, own_routing_options, routing_option_defaults, vector_norm
 
 Array = jax.Array
 
@@ -97,15 +96,34 @@ def _capsnet_problems(model, prefix: str) -> List[str]:
       readers = [e.name for e in ROUTINGS.entries() if feature in e.layer_inputs]
       problems.append(f'config.{prefix}{flag}=True: an option of routing={"|".join(readers)} only; '
                       f'routing={name!r}')
+  problems.extend(routing_options_problems(name, model.get('routing_options') or {}, prefix))
+  return problems
+
+
+def routing_options_problems(name: str, sections, prefix: str = 'model.') -> List[str]:
+  """config.model.routing_options (a section per routing) for `routing=name`: its own
+  section may hold only its options; another routing's may not change a default (it
+  would be silently unread); a bare option (the layout before sections) names its section."""
+  problems = []
   own = routing_option_defaults(name)
-  every = configurable_routing_options()
-  for option, value in dict(model.get('routing_options') or {}).items():
-    # Options of other routings may stay at their defaults (the base config lists them all).
-    if option not in own and (option not in every or value != every[option]):
-      flags = [flag for flag, feature in LAYER_FEATURES.items() if feature in entry.layer_inputs]
-      problems.append(f'config.{prefix}routing_options.{option}={value!r}: routing {name!r} has '
-                      + (f'the options {", ".join(own)}' if own else 'no options'
-                         + (f' (its variants are the model flags {", ".join(flags)})' if flags else '')))
+  flags = [flag for flag, feature in LAYER_FEATURES.items() if feature in ROUTINGS[name].layer_inputs]
+  takes = (f'the options {", ".join(own)}' if own else 'no options'
+           + (f' (its variants are the model flags {", ".join(flags)})' if flags else ''))
+  for section, options in dict(sections).items():
+    where = f'config.{prefix}routing_options.{section}'
+    if not hasattr(options, 'items'):
+      owners = [other for other in ROUTINGS if section in routing_option_defaults(other)]
+      problems.append(f'{where}={options!r}: options are per routing, '
+                      + (f'e.g. routing_options.{owners[0]}.{section}' if owners else f'routing {name!r} has {takes}'))
+    elif section == name:
+      problems.extend(f'{where}.{option}={value!r}: routing {name!r} has {takes}'
+                      for option, value in options.items() if option not in own)
+    elif section in ROUTINGS:
+      defaults = routing_option_defaults(section)
+      problems.extend(f'{where}.{option}={value!r}: an option of routing {section!r}, but routing={name!r}'
+                      for option, value in options.items() if option not in defaults or value != defaults[option])
+    elif options:
+      problems.append(f'{where}: no routing {section!r} is registered (routing={name!r})')
   return problems
 
 
@@ -368,9 +386,12 @@ def build_model(name: str, **fields) -> nn.Module:
       fields[key] = value.to_dict()
   if fields.get('dtype') is not None:
     fields['dtype'] = jnp.dtype(fields['dtype'])
-  if fields.get('routing_options'):   # a config's: every routing's options, the others' at their defaults
-    fields['routing_options'] = own_routing_options(fields.get('routing', 'dynamic'), fields['routing_options'],
-                                                    others_at_default=True)
+  if fields.get('routing_options'):
+    name = fields.get('routing', 'dynamic')
+    options = fields['routing_options']
+    # A config's holds a section per routing (its own is read); the API's, the routing's own.
+    sectioned = all(isinstance(value, dict) for value in options.values())
+    fields['routing_options'] = own_routing_options(name, options_of(name, options) if sectioned else options)
   return cls(**fields)
 
 

@@ -19,7 +19,7 @@ from capsjax.data.tasks import TASKS
 from capsjax.errors import CheckpointError
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
-from capsjax.workdir import MetricsLog, read_config, read_results
+from capsjax.workdir import MetricsLog, read_config, read_results, upgraded
 
 # The small MNIST CapsNet that ships with the package (experiments/explorer.py), exported
 # with its sample of test images: what predict and the explorer serve without --workdir.
@@ -202,7 +202,7 @@ def read_exported(directory: str):
   """(config, float32 params) written by `export`."""
   try:
     with open(os.path.join(directory, 'config.json')) as f:
-      config = ml_collections.ConfigDict(json.load(f))
+      config = ml_collections.ConfigDict(upgraded(json.load(f)))   # an export of any capsjax version
     with np.load(os.path.join(directory, 'params.npz')) as archive:
       flat = {name: np.asarray(archive[name], np.float32) for name in archive.files}
   except (OSError, ValueError, KeyError) as e:

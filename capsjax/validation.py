@@ -223,10 +223,11 @@ MODEL_RULES = {
     'dtype': one_of(DTYPES),
     'init_scheme': one_of(INITS),
     'routing': registered(ROUTINGS.names),
-    'routing_options': ((lambda v: hasattr(v, 'keys')), 'a dict of the routing\'s options'),
-    'routing_options.inverse_temperature': number_in(0, math.inf, low_open=True),
-    'routing_options.variance_epsilon': number_in(0, math.inf, low_open=True),
-    'routing_options.prior_extra_dof': number_in(0, math.inf, low_open=True),
+    'routing_options': ((lambda v: hasattr(v, 'keys')), 'a dict: routing name → its options'),
+    'routing_options.em.inverse_temperature': number_in(0, math.inf, low_open=True),
+    'routing_options.em.variance_epsilon': number_in(0, math.inf, low_open=True),
+    'routing_options.variational_bayes.inverse_temperature': number_in(0, math.inf, low_open=True),
+    'routing_options.variational_bayes.prior_extra_dof': number_in(0, math.inf, low_open=True),
     'digit_bias': boolean(),
     'primary_scale_by_types': boolean(),
     'learn_log_priors': boolean(),
@@ -371,10 +372,10 @@ def _zoo_options_problems(config, zoo_options) -> List[str]:
       problems.append(f'{where}={options!r}: allowed a dict of the routing\'s options')
       continue
     member = config.model.to_dict()
-    member.update(routing=name, routing_options=dict(options))
+    member.update(routing=name, routing_options={name: dict(options)})
     member_problems: List[str] = []
     _check_model(ml_collections.ConfigDict(member), 'model.', member_problems)
-    problems.extend(line.replace('config.model.routing_options.', f'{where}.') for line in member_problems)
+    problems.extend(line.replace(f'config.model.routing_options.{name}.', f'{where}.') for line in member_problems)
   return problems
 
 
@@ -493,14 +494,17 @@ DESCRIPTIONS = {
     'model.routing': 'the routing algorithm (dynamic: the paper\'s Procedure 1; em, self_attention, '
                      'inverted_dot_product, self_routing, variational_bayes, uniform, max_pooling: see '
                      'docs/results.md)',
-    'model.routing_options': 'options of the routing (em: inverse_temperature, variance_epsilon; '
-                             'variational_bayes: inverse_temperature, prior_extra_dof); its learned '
-                             'parameters are not options',
-    'model.routing_options.inverse_temperature': 'em: the final inverse temperature λ (λ rises linearly to it '
-                                                 'over the iterations); variational_bayes: λ of its activations',
-    'model.routing_options.prior_extra_dof': 'variational_bayes: the Wishart prior\'s degrees of freedom ν₀ '
-                                             'beyond the capsule dimension (ν₀ = D + this, > D − 1)',
-    'model.routing_options.variance_epsilon': 'em: added to every variance σ² (keeps log σ finite)',
+    'model.routing_options': 'the routings\' options, a section per routing (em: inverse_temperature, '
+                             'variance_epsilon; variational_bayes: inverse_temperature, prior_extra_dof); '
+                             'the model reads model.routing\'s; learned parameters are not options',
+    'model.routing_options.em': 'em\'s options',
+    'model.routing_options.em.inverse_temperature': 'the final inverse temperature λ (λ rises linearly to it '
+                                                    'over the iterations)',
+    'model.routing_options.em.variance_epsilon': 'added to every variance σ² (keeps log σ finite)',
+    'model.routing_options.variational_bayes': 'variational_bayes\'s options',
+    'model.routing_options.variational_bayes.inverse_temperature': 'λ of its activations',
+    'model.routing_options.variational_bayes.prior_extra_dof': 'the Wishart prior\'s degrees of freedom ν₀ '
+                                                               'beyond the capsule dimension (ν₀ = D + this, > D − 1)',
     'model.conv1_channels': 'channels of the first convolution (the paper: 256)',
     'model.conv1_kernel': 'kernel side of the first convolution (9)',
     'model.primary_types': 'primary capsule types (32)',

@@ -21,6 +21,7 @@ import ml_collections
 from capsjax import defaults
 
 from capsjax.errors import ConfigError, WorkdirError
+from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
 
 CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
@@ -161,7 +162,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise WorkdirError(f'cannot read the config in {workdir}: {e}') from None
   _check_stored(stored, path)
-  return ml_collections.ConfigDict(with_defaults(stored, defaults.base_config().to_dict()))
+  return ml_collections.ConfigDict(upgraded(stored))
 
 
 def _check_stored(stored, path: str) -> None:
@@ -171,9 +172,25 @@ def _check_stored(stored, path: str) -> None:
                        'start afresh')
 
 
-# Sections whose keys depend on another value (model.routing_options: the options of
-# model.routing): never completed from the base config's.
-OPEN_SECTIONS = ('routing_options',)
+def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
+  """A stored config in today's layout, with the keys added since at their defaults."""
+  return with_defaults(_sectioned_routing_options(stored), defaults.base_config().to_dict())
+
+
+def _sectioned_routing_options(tree: Dict[str, Any]) -> Dict[str, Any]:
+  """Routing options as one section per routing (since 2026-11-25). Before, one flat dict
+  held every routing's options: the recorded routing's become its section, the others'
+  (then at their defaults) today's defaults."""
+  tree = {key: _sectioned_routing_options(value) if isinstance(value, dict) else value
+          for key, value in tree.items()}
+  flat = tree.get('routing_options')
+  if isinstance(flat, dict) and flat and not all(isinstance(value, dict) for value in flat.values()):
+    name = tree.get('routing', 'dynamic')
+    sections = configurable_routing_options()
+    own = routing_option_defaults(name) if name in ROUTINGS else flat
+    sections[name] = {option: value for option, value in flat.items() if option in own}
+    tree['routing_options'] = {section: options for section, options in sections.items() if options}
+  return tree
 
 
 def with_defaults(stored: Dict[str, Any], fallback: Dict[str, Any]) -> Dict[str, Any]:
@@ -184,8 +201,6 @@ def with_defaults(stored: Dict[str, Any], fallback: Dict[str, Any]) -> Dict[str,
   for key, default in fallback.items():
     if key not in merged:
       merged[key] = default
-    elif key in OPEN_SECTIONS:
-      continue   # whatever keys it holds are the run's (the routing zoo gives each routing its own)
     elif isinstance(default, dict) and isinstance(merged[key], dict) and \
         merged[key].get('name') == default.get('name'):
       merged[key] = with_defaults(merged[key], default)
@@ -222,7 +237,7 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict) -> List[str]:
       raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
     _check_stored(saved, path)
     # Keys added to capsjax since the run started count as their defaults, not as changes.
-    differences = config_differences(with_defaults(saved, defaults.base_config().to_dict()), config)
+    differences = config_differences(upgraded(saved), config)
     if differences and not config.allow_config_change:
       shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
       raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '

@@ -23,7 +23,7 @@ def get_config():
       routings=('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing', 'variational_bayes',
                 'uniform', 'max_pooling'),
       seeds=(0, 1, 2),
-      # Per routing, its options (model.routing_options); none changed from their defaults.
+      # Per routing, options over its model.routing_options section; none changed here.
       options=ml_collections.ConfigDict({}),
       # Speed, measured after training in interleaved rounds (every routing once per round):
       # the median and range per routing, so that the machine's load cannot reorder them.

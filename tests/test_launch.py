@@ -37,9 +37,14 @@ def test_summary_follows_config_overrides():
      "error: unknown config key 'learning_rte' (did you mean 'learning_rate'?)"),
     (['--experiment=mnist', '--config.model.rouitng=em', '--summary'],
      "error: unknown config key 'model.rouitng' (did you mean 'model.routing'?)"),
-    (['--experiment=mnist', '--config.model.routing=em', '--config.model.routing_options.temperature=2', '--summary'],
-     "error: unknown config key 'model.routing_options.temperature'; routing 'em' takes the options "
-     "inverse_temperature, variance_epsilon"),
+    (['--experiment=mnist', '--config.model.routing=em', '--config.model.routing_options.em.temperature=2',
+      '--summary'],
+     "error: unknown config key 'model.routing_options.em.temperature'; routing 'em' takes the options "
+     "model.routing_options.em.inverse_temperature, model.routing_options.em.variance_epsilon"),
+    (['--experiment=mnist', '--config.model.routing=em', '--config.model.routing_options.inverse_temperature=2',
+      '--summary'],
+     "error: unknown config key 'model.routing_options.inverse_temperature'; routing 'em' takes the options "
+     "model.routing_options.em.inverse_temperature, model.routing_options.em.variance_epsilon"),
     (['--experiment=mnist', '--config.batch_size=abc', '--summary'],
      "error: config.batch_size='abc': allowed an integer >= 1"),
     (['--workdir=/tmp/x'], '--experiment=NAME is required'),

@@ -127,16 +127,18 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
   config.model.routing = 'nonexistent'
   assert 'uniform_mean' in problems_of(config)[0]   # the allowed list names it
   config.model.routing = 'uniform_mean'
-  config.model.routing_options = {'scale': 2.0}
+  config.model.routing_options = {'uniform_mean': {'scale': 2.0}}   # a section per routing
   assert problems_of(config) == []
-  config.model.routing_options = {'scale': 2.0, 'inverse_temperature': 3.0}   # em's, changed
-  assert "routing 'uniform_mean' has the options scale" in problems_of(config)[0]
-  config.model.routing_options = {'scale': 2.0}
+  config.model.routing_options = {'uniform_mean': {'sclae': 2.0}}
+  assert "routing_options.uniform_mean.sclae=2.0: routing 'uniform_mean' has the options scale" in problems_of(config)[0]
+  config.model.routing_options = {'uniform_mean': {'scale': 2.0}, 'em': {'inverse_temperature': 3.0}}
+  assert "an option of routing 'em', but routing='uniform_mean'" in problems_of(config)[0]   # unread
+  config.model.routing_options = {'uniform_mean': {'scale': 2.0}}
   config.model.leaky_routing = True   # Procedure 1's feature; this routing reads none
   assert 'an option of routing=dynamic only' in problems_of(config)[0]
   config.model.leaky_routing = False
-  # In the Python API a misspelt option is an error, not silently ignored (the config's
-  # other routings' options at their defaults are dropped by build_model).
+  # In the Python API a misspelt option is an error, not silently ignored (build_model reads
+  # the config's section of the model's routing).
   import jax  # pylint: disable=g-import-not-at-top
   from capsjax import CapsNet, build_model  # pylint: disable=g-import-not-at-top
   typo = CapsNet(conv1_channels=4, primary_types=2, routing='uniform_mean', routing_options={'sclae': 0.5})
@@ -194,4 +196,4 @@ def test_help_of_a_users_config_file_lists_the_users_routing(tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   routing_line = next(line for line in result.stdout.splitlines() if line.strip().startswith('model.routing ='))
   assert "'uniform_mean'" in routing_line and 'uniform_mean]' in routing_line
-  assert 'model.routing_options.scale = 1.0' in result.stdout
+  assert 'model.routing_options.uniform_mean.scale = 1.0' in result.stdout

@@ -229,3 +229,24 @@ def test_a_config_json_that_is_not_a_config_is_one_error(tmp_path):
                  lambda: workdir_lib.bind_config(str(tmp_path), mnist_smoke.get_config())):
       with pytest.raises(WorkdirError, match='config.json is not a capsjax config'):
         read()
+
+
+def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path):
+  """Before 2026-11-25 config.json held every routing's options in one flat dict (em's and
+  variational_bayes's `inverse_temperature` were one key): the recorded routing's values
+  become its section, and the same run resumes without a reported config change."""
+  from capsjax import defaults  # pylint: disable=g-import-not-at-top
+  config = defaults.base_config()
+  config.model.routing = 'em'
+  config.model.routing_options.em.inverse_temperature = 2.0
+  old = config.to_dict()
+  old['model']['routing_options'] = {'inverse_temperature': 2.0, 'variance_epsilon': 1e-8, 'prior_extra_dof': 1.0}
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  sections = workdir_lib.read_config(str(tmp_path)).model.routing_options.to_dict()
+  assert sections == {'em': {'inverse_temperature': 2.0, 'variance_epsilon': 1e-8},
+                      'variational_bayes': {'inverse_temperature': 1.0, 'prior_extra_dof': 1.0}}
+  assert workdir_lib.bind_config(str(tmp_path), config) == []
+  config.model.routing_options.em.inverse_temperature = 3.0
+  config.allow_config_change = True
+  assert workdir_lib.bind_config(str(tmp_path), config) == [
+      'model.routing_options.em.inverse_temperature: 2.0 → 3.0']

@@ -37,7 +37,9 @@ def routing_config(config, name: str) -> ml_collections.ConfigDict:
   member.program = 'train'
   member.experiment = f'{config.experiment}/{name}'
   member.model.routing = name
-  member.model.routing_options = ml_collections.ConfigDict(dict(config.routing_zoo.options.get(name, {})))
+  sections = (config.model.get('routing_options') or ml_collections.ConfigDict()).to_dict()
+  sections[name] = {**sections.get(name, {}), **dict(config.routing_zoo.options.get(name, {}))}
+  member.model.routing_options = ml_collections.ConfigDict(sections)   # its own section read
   member.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(config.routing_zoo.seeds)))
   return member
 

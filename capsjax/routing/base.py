@@ -199,34 +199,30 @@ def routing_option_defaults(name: str) -> Dict[str, Any]:
           if p.name not in _OWN_ARGUMENTS and p.name not in entry.learned and p.name not in entry.layer_inputs}
 
 
-def own_routing_options(name: str, options: Dict[str, Any], *, others_at_default: bool = False) -> Dict[str, Any]:
-  """The options in `options` that routing `name` takes; ValueError for any other (a typo,
-  another routing's option), naming what it takes. `others_at_default`: another routing's
-  option left at its default is dropped instead (a config's routing_options lists every
-  routing's options at their defaults, so that any of them can be set from the command line)."""
+def own_routing_options(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
+  """`options` checked against what routing `name` takes: ValueError for any other (a
+  typo, another routing's option), naming what it takes."""
   own = routing_option_defaults(name)
-  every = configurable_routing_options() if others_at_default else {}
-  kept = {}
-  for option, value in options.items():
-    if option in own:
-      kept[option] = value
-    elif not (option in every and _same_value(value, every[option])):
+  for option in options:
+    if option not in own:
       takes = f'its options are {", ".join(own)}' if own else 'it takes no options'
       raise ValueError(f'routing {name!r} takes no option {option!r} ({takes})')
-  return kept
+  return dict(options)
 
 
-def _same_value(a, b) -> bool:
-  try:
-    return bool(a == b)
-  except (TypeError, ValueError):
-    return False
-
-
-def configurable_routing_options() -> Dict[str, Any]:
-  """Every option of the registered routings, at its default: what
-  config.model.routing_options holds."""
-  options = {}
+def configurable_routing_options() -> Dict[str, Dict[str, Any]]:
+  """Every registered routing's options at their defaults, a section per routing that has
+  options: what config.model.routing_options holds (`--config.model.routing_options.em.
+  inverse_temperature=2`); two routings' options of one name cannot collide."""
+  sections = {}
   for name in ROUTINGS:
-    options.update(routing_option_defaults(name))
-  return options
+    own = routing_option_defaults(name)
+    if own:
+      sections[name] = own
+  return sections
+
+
+def options_of(name: str, sections: Dict[str, Any]) -> Dict[str, Any]:
+  """Routing `name`'s options from a config's routing_options (a section per routing): its
+  own section; the other sections are other routings' and are not read."""
+  return dict(sections.get(name) or {})
