@@ -41,9 +41,9 @@ Array = jax.Array
 #                    types, in_dim], transforms [types, out, dim, in_dim], offsets
 #                    [positions, dim], [loop arguments as above,] **options)`
 #                    → as the routing; None: the layer materialises û (see shared_votes)
-# Every other keyword argument with a default is an option a config may set
-# (config.model.routing_options). Activations are what the margin loss, the explorer and
-# predict read.
+# Every other keyword argument with a default is an option a config may set, in the
+# routing's own section (config.model.routing_options.NAME.OPTION). Activations are what
+# the margin loss, the explorer and predict read.
 
 
 @functools.partial(jax.tree_util.register_dataclass,
@@ -123,7 +123,8 @@ def register_routing(name: str, *, iterative: bool = True,
   The function takes prediction_vectors û [batch, in_caps, out_caps, dim] and
   input_activations [batch, in_caps]; an `iterative` one also num_iterations and the
   keywords max_iterations and unroll (its loop: `capsjax.routing.iterate`). Options of its
-  own, each with a default, `config.model.routing_options` may set; `learned` ones become
+  own, each with a default, its section of `config.model.routing_options` may set
+  (`config.model.routing_options.NAME.OPTION`); `learned` ones become
   parameters of the capsule layer. It returns a RoutingResult, or the plain pair
   (parents [batch, out_caps, dim], activations [batch, out_caps]). `returns_logits`: it
   accepts return_logits=True and then fills the logits per iteration; `returns_couplings`:
