@@ -70,7 +70,7 @@ case "${1:-}" in
     python3 -m pytest -v -rfE -p no:cacheprovider "${workers[@]}" --durations=15 \
       --ignore=tests/test_explorer_browser.py --ignore=tests/test_tfds.py tests > "$OUT/suite.log" 2>&1 \
       || status=$?
-    grep -E '(FAILED|ERROR) |^=+ .*(passed|failed|error)' "$OUT/suite.log" | sort -u | tail -n 60
+    grep -E '(FAILED|ERROR) |^=+ .*(passed|failed|error)' "$OUT/suite.log" | sort -u | tail -n 60 || true
     exit "${status:-0}"
     ;;
   leg)
