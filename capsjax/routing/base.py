@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.registry import Registry
-
-Array = jax.Array
+from capsjax.routing.core import Array
 
 
 # ============================================================================= the registry
