@@ -258,13 +258,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     >>> result.steps, 0.0 <= result.test_error <= 1.0
     (12, True)
   """
-  created = not os.path.exists(os.path.abspath(os.path.expanduser(workdir)))
-  _check_reevaluation(os.path.abspath(os.path.expanduser(workdir)), config)   # before the workdir is touched
+  absolute = os.path.abspath(os.path.expanduser(workdir))
+  created = not os.path.exists(absolute)
+  previous = workdir_lib.read_results(absolute)
+  newest = ckpt.newest_step_on_disk(os.path.join(absolute, 'checkpoints'))
+  run_status(absolute, config, previous, newest)   # refuses before the workdir is touched
   workdir = workdir_lib.prepare(workdir)
   is_writer = sharding.is_main_process()
-  finished = _finished(workdir, config)
-  if finished is not None:   # answered from its files: no data read, nothing compiled
-    return _complete(workdir, finished)
+  if _answered_from_files(workdir, config, previous, newest):   # no data read, nothing compiled
+    return _complete(workdir, previous)
   try:
     _log(f'{config.experiment}: reading the data ({config.dataset}) and tracing the model…')
     config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
@@ -309,15 +311,11 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
       state = program.place(state)
     first_step = ckpt.step_of(state)
     previous = workdir_lib.read_results(workdir)
-    complete = previous.get('completed') and previous.get('steps') == first_step and (
-        first_step >= num_steps or previous.get('stopped_early'))
-    if complete and not config.get('reevaluate'):
+    # As restored: the newest checkpoint may have been unreadable and an older one taken.
+    status = run_status(workdir, config, previous, first_step, num_steps, restored=True)
+    if status == 'finished':
       return _complete(workdir, previous)
-    if config.get('reevaluate') and previous.get('completed') and first_step != previous.get('steps'):
-      # The newest checkpoint was unreadable and an older one restored: training on from
-      # there would overwrite the finished run's results.
-      raise CheckpointError(_reevaluation_refused(workdir, previous, f'restored step {first_step}'))
-    if previous.get('stopped_early') and previous.get('steps') == first_step:
+    if status == 'reevaluate' and previous.get('stopped_early'):
       num_steps = first_step   # a run that stopped early is finished
     metrics_log = workdir_lib.MetricsLog(workdir, is_writer, EventWriter(workdir))
     metrics_log.truncate_after(first_step)   # rows after the checkpoint are trained again
@@ -441,44 +439,44 @@ def _reevaluation_refused(workdir: str, previous: Dict[str, Any], found: str) ->
           'nothing was changed')
 
 
-def _check_reevaluation(workdir: str, config) -> None:
-  """CheckpointError if `config.reevaluate` asks to evaluate a finished run whose final
-  checkpoint is gone: the run would otherwise train again from its newest checkpoint (or
-  from scratch) and overwrite the finished run's results."""
-  if not config.get('reevaluate'):
-    return
-  previous = workdir_lib.read_results(workdir)
-  if not previous.get('completed'):
-    return
-  newest = ckpt.newest_step_on_disk(os.path.join(workdir, 'checkpoints'))
-  if newest != previous.get('steps'):
-    found = ('it has no checkpoint' if newest is None
-             else f'its newest checkpoint is of step {newest}')
+def run_status(workdir: str, config, previous: Dict[str, Any], step: Optional[int],
+               num_steps: Optional[int] = None, restored: bool = False) -> str:
+  """What the run in `workdir` is for `config`: 'fresh' (no checkpoint), 'resume' (train on
+  from `step`), 'finished' (its results.json stands) or 'reevaluate' (finished, and
+  config.reevaluate asks for its final parameters to be evaluated again).
+
+  `previous`: its results.json ({} if none); `step`: its newest checkpoint's step (None:
+  none), on disk or as `restored`; `num_steps`: the run's length (None: the length it ran
+  to). CheckpointError where re-evaluation is asked of a finished run whose final
+  checkpoint is gone: training on from an older one would overwrite its results."""
+  completed = bool(previous.get('completed'))
+  at_final_step = completed and step == previous.get('steps')
+  if config.get('reevaluate') and completed and not at_final_step:
+    found = (f'restored step {step}' if restored else 'it has no checkpoint' if step is None
+             else f'its newest checkpoint is of step {step}')
     raise CheckpointError(_reevaluation_refused(workdir, previous, found))
+  if at_final_step and (num_steps is None or step >= num_steps or previous.get('stopped_early')):
+    return 'reevaluate' if config.get('reevaluate') else 'finished'
+  return 'resume' if step else 'fresh'
 
 
-def _finished(workdir: str, config) -> Optional[Dict[str, Any]]:
-  """results.json of a finished run of this same config in `workdir` whose newest
-  checkpoint is its last step, or None (then the full set-up decides). Keys the data fills
-  in (an open model.input_shape / num_classes, class_names) are not compared."""
-  previous = workdir_lib.read_results(workdir)
-  if not previous.get('completed') or config.get('reevaluate') or jax.process_count() > 1:
-    return None
-  steps = ckpt.newest_step_on_disk(os.path.join(workdir, 'checkpoints'))
-  saved = workdir_lib.read_config(workdir).to_dict() if steps == previous.get('steps') else None
-  if saved is None:
-    return None
+def _answered_from_files(workdir: str, config, previous: Dict[str, Any], newest: Optional[int]) -> bool:
+  """Whether the run is finished for this same config (run_status, at the length this
+  config gives) as its files say, so that nothing need be read or compiled. Keys the data
+  fills in (an open model.input_shape / num_classes, class_names) are not compared."""
+  if not previous.get('completed') or jax.process_count() > 1 or newest != previous.get('steps'):
+    return False
+  saved = workdir_lib.read_config(workdir).to_dict()
   open_keys = {key for key, is_open in (('model.input_shape', not tuple(config.model.get('input_shape', (1,)))),
                                          ('model.num_classes', config.model.get('num_classes') == 0),
                                          ('class_names', not tuple(config.get('class_names', ('',)))))
                if is_open} | {f'model.{key}' for key in sizing.open_keys(config.model)}
-  differences = [line for line in workdir_lib.config_differences(saved, config) if line.split(':')[0] not in open_keys]
-  if differences:
-    return None
+  if any(line.split(':')[0] not in open_keys for line in workdir_lib.config_differences(saved, config)):
+    return False
   if not config.num_steps and 'num_train_examples' not in previous:
-    return None
+    return False
   length = assemble.total_steps(config, previous.get('num_train_examples', 0))
-  return previous if previous['steps'] >= length or previous.get('stopped_early') else None
+  return run_status(workdir, config, previous, newest, length) == 'finished'
 
 
 def describe_devices() -> str:

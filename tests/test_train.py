@@ -202,3 +202,27 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_an_in
   assert 'resumed from checkpoint at step 2' in out and results.steps == 6
   assert os.path.isdir(tmp_path / 'damaged_checkpoints' / '4')   # set aside, never deleted
   assert _restore_params(str(tmp_path))[0] == 6
+
+
+@pytest.mark.parametrize('previous, step, num_steps, reevaluate, status', [
+    ({}, None, 10, False, 'fresh'),
+    ({}, 4, 10, False, 'resume'),
+    ({'completed': True, 'steps': 10}, 10, 10, False, 'finished'),
+    ({'completed': True, 'steps': 10}, 10, None, False, 'finished'),         # the length it ran to
+    ({'completed': True, 'steps': 10}, 10, 20, False, 'resume'),             # asked to train longer
+    ({'completed': True, 'steps': 6, 'stopped_early': True}, 6, 10, False, 'finished'),
+    ({'completed': True, 'steps': 10}, 10, 10, True, 'reevaluate'),
+    ({'completed': True, 'steps': 10}, 8, 10, False, 'resume'),              # final checkpoint gone
+])
+def test_run_status_from_results_checkpoint_and_length(previous, step, num_steps, reevaluate, status):
+  config = tiny_config('', reevaluate=reevaluate)
+  assert train.run_status('W', config, previous, step, num_steps) == status
+
+
+@pytest.mark.parametrize('step, restored, found', [
+    (None, False, 'it has no checkpoint'), (8, False, 'its newest checkpoint is of step 8'),
+    (8, True, 'restored step 8')])
+def test_run_status_refuses_reevaluating_without_the_final_checkpoint(step, restored, found):
+  config = tiny_config('', reevaluate=True)
+  with pytest.raises(CheckpointError, match=f'finished at step 10 but {found}, so its final parameters'):
+    train.run_status('W', config, {'completed': True, 'steps': 10}, step, 10, restored=restored)
