@@ -4,7 +4,7 @@
 
 For each file: the class name and every class's activation (the routing's activations:
 for Procedure 1, the capsule lengths).
-Without --workdir: the small MNIST CapsNet that ships with capsjax. A file of any size or
+Without --workdir: the paper's MNIST CapsNet that ships with capsjax. A file of any size or
 colour is converted as training converted the run's images (capsjax.data.images: grey or
 RGB, resized to the run's size), then preprocessed as the run's test images. --json
 prints one JSON object per line: {"file", "class", "class_index", "activations"}.

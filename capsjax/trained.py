@@ -21,8 +21,8 @@ from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.workdir import MetricsLog, read_config, read_results, upgraded
 
-# The small MNIST CapsNet that ships with the package (experiments/explorer.py), exported
-# with its sample of test images: what predict and the explorer serve without --workdir.
+# The paper's MNIST CapsNet that ships with the package (mnist_official, docs/results.md
+# "The capsule explorer"), exported with its sample of test images: what predict and the explorer serve without --workdir.
 SHIPPED = os.path.join(os.path.dirname(__file__), 'explorer', 'assets')
 
 

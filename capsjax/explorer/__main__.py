@@ -4,7 +4,7 @@
 
 With --workdir, the page explores that run (any CapsNet with a decoder, MNIST-like or
 MultiMNIST): its config and latest checkpoint, and its first --num_images test inputs.
-Without it, the small CapsNet that ships with the package (experiments/explorer.py).
+Without it, the paper's CapsNet that ships with the package (mnist_official, 0.41 % test error).
 """
 import errno
 import logging
