@@ -32,13 +32,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import sharding
-from capsjax.routing import ROUTINGS
+from capsjax.keys import boolean, declare, int_at_least, int_in
+from capsjax.routing import MAX_ROUTING_ITERATIONS, ROUTINGS
 
 Array = jax.Array
 # A capsule is inactive where its activation stays below this on every image (Everett et al.).
 INACTIVE_ACTIVATION = 0.1
 COUPLING_FIELDS = ('routing_coupling_entropy', 'routing_coupling_entropy_std', 'routing_coupling_movement',
                    'routing_consistency_same_class', 'routing_consistency_other_class')
+
+
+declare('routing_diagnostics', True, boolean(), 'routing diagnostics at each evaluation (coupling entropy and '
+        'movement, per-class consistency, capsule activity, accuracy for r = 1 … iterations)')
+declare('routing_diagnostics_examples', 1000, int_at_least(0), 'the first test images the routing diagnostics read '
+        '(0: the whole split)')
+declare('routing_diagnostics_iterations', 5, int_in(0, MAX_ROUTING_ITERATIONS), 'their test-time sweep: accuracy '
+        'for r = 1 … this (0: none)')
 
 
 def coupling_entropy(couplings: Array) -> Array:

@@ -7,7 +7,7 @@ one run: change an entry when a report says so, and name that report.
 """
 import contextlib
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 
@@ -23,6 +23,29 @@ PATCHES_INFERENCE = ('auto', 'chunked', 'whole_batch')
 # in float32 with float32 outputs (twice XLA:CPU's float32 matmul rate on CPUs with
 # AVX-512 BF16; docs/results.md "CPU speed"). Not the same values: an accuracy choice.
 CONV_INPUTS = ('float32', 'bfloat16')
+
+
+@dataclasses.dataclass(frozen=True)
+class Formulation:
+  """How a model computes the same math, handed to its layers as one object (a model
+  builds it once from its config keys of the same names; layers keep no such knobs of
+  their own). `conv_impl`, `patches_inference`, `routing_loop`: 'auto' resolves by backend,
+  and for convolutions on a CPU by the layer's shape, in `resolve` (called where the
+  convolution or the loop is traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the
+  convolutions' matmul inputs (CONV_INPUTS). `dtype`: the compute dtype of convolutions
+  and capsule predictions (None: the input's).
+
+  Example:
+    >>> fast = capsjax.Formulation(conv_impl='patches', routing_loop='unrolled')
+    >>> layer = capsjax.PrimaryCaps(num_types=4, dim=8, formulation=fast)
+    >>> layer.formulation.conv_impl, layer.formulation.conv_inputs
+    ('patches', 'float32')
+  """
+  conv_impl: str = 'auto'
+  patches_inference: str = 'auto'
+  conv_inputs: str = 'float32'
+  routing_loop: str = 'auto'
+  dtype: Optional[Any] = None
 
 
 def conv_inputs_problem(conv_impl: str, conv_inputs: str) -> Optional[str]:

@@ -23,7 +23,6 @@ from capsjax.checkpoints import Checkpoints
 from capsjax.errors import NaNLossError
 from capsjax.runtime import StopRequests
 from capsjax.steps import EvaluationInterrupted
-from capsjax.workdir import MetricsLog
 
 
 # Why a run stopped early because someone asked: Ctrl-C ('interrupted'), or SIGTERM / a
@@ -45,7 +44,7 @@ class Run:
   steps_per_epoch: int
   batch_size: int
   num_members: Optional[int]      # None for a single run
-  metrics: MetricsLog
+  metrics: Any                    # capsjax.workdir.MetricsLog: write(**row), images(step, tag, images)
   log: Callable[[str], None]
   evaluate: Callable[[Any], Dict[str, Any]]   # params → test metrics
   wall_time_before: float = 0.0   # training seconds of earlier invocations

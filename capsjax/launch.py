@@ -128,7 +128,7 @@ def print_keys(config, title: str) -> None:
   print(f'\n{title}')
   print('\nConfig keys, defaults, what each does [allowed values] (override with --config.KEY=VALUE):')
   for line in config_lines(config):
-    print(f'  {line}  — {key_help(line.split(" = ")[0])}')
+    print(f'  {line}  — {key_help(line.split(" = ")[0], config)}')
 
 
 def print_summary(config) -> None:

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
+from capsjax.formulations import Formulation
 from capsjax.routing import (ROUTINGS, as_result, coordinate_offsets, loop_arguments, route, own_routing_options,
                              shared_form, shared_votes, squash, vector_norm)
 
@@ -29,23 +30,19 @@ def same_padding(side: int, kernel_size: int, stride: int):
 
 
 class Conv(nn.Module):
-  """Convolution with a [kh, kw, in, out] kernel; `impl` and `patches_inference` pick the
-  formulation (ops.conv2d).
+  """Convolution with a [kh, kw, in, out] kernel, computed as `formulation` says
+  (capsjax.Formulation: conv_impl, patches_inference, conv_inputs, dtype; ops.conv2d).
 
   padding 'VALID' (CapsNet) or 'SAME' (zero padding: the output is ⌈size / stride⌉, the
   CNN baselines at stride 1 and the strided stem at stride 2).
-  `output_scale` multiplies the convolution before the bias is added. `conv_inputs`
-  'bfloat16' rounds the matmul inputs to bfloat16, accumulating in float32 (ops.conv2d).
+  `output_scale` multiplies the convolution before the bias is added.
   """
   features: int
   kernel_size: int
   stride: int = 1
   use_bias: bool = True
-  impl: str = 'auto'
-  patches_inference: str = 'auto'
   padding: str = 'VALID'
-  dtype: Optional[jnp.dtype] = None
-  conv_inputs: str = 'float32'
+  formulation: Formulation = Formulation()
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
   output_scale: float = 1.0
@@ -55,14 +52,15 @@ class Conv(nn.Module):
     in_features = images.shape[-1]
     kernel = self.param('kernel', self.kernel_init,
                         (self.kernel_size, self.kernel_size, in_features, self.features))
-    dtype = self.dtype or images.dtype
+    how = self.formulation
+    dtype = how.dtype or images.dtype
     if self.padding == 'SAME':
       pads = [same_padding(side, self.kernel_size, self.stride) for side in images.shape[1:3]]
       images = jnp.pad(images, ((0, 0), pads[0], pads[1], (0, 0)))
     elif self.padding != 'VALID':
       raise ValueError(f"padding must be 'VALID' or 'SAME', got {self.padding!r}")
-    outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, self.impl,
-                         self.patches_inference, self.conv_inputs)
+    outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, how.conv_impl,
+                         how.patches_inference, how.conv_inputs)
     if self.output_scale != 1.0:
       outputs = outputs * self.output_scale
     if self.use_bias:
@@ -89,10 +87,7 @@ class PrimaryCaps(nn.Module):
   dim: int = 8
   kernel_size: int = 9
   stride: int = 2
-  impl: str = 'auto'
-  patches_inference: str = 'auto'
-  dtype: Optional[jnp.dtype] = None
-  conv_inputs: str = 'float32'
+  formulation: Formulation = Formulation()
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
   scale_by_types: bool = False
@@ -100,8 +95,7 @@ class PrimaryCaps(nn.Module):
   @nn.compact
   def __call__(self, features: Array) -> Array:
     outputs = Conv(self.num_types * self.dim, self.kernel_size, self.stride,
-                   impl=self.impl, patches_inference=self.patches_inference, dtype=self.dtype,
-                   conv_inputs=self.conv_inputs, kernel_init=self.kernel_init,
+                   formulation=self.formulation, kernel_init=self.kernel_init,
                    bias_init=self.bias_init, output_scale=1.0 / self.num_types if self.scale_by_types else 1.0,
                    name='conv')(features)
     batch, height, width, _ = outputs.shape
@@ -119,8 +113,8 @@ class CapsuleLayer(nn.Module):
   û_{j|(p,t)} = (W_tj u_(p,t) + o_p) / √positions (capsjax.routing.coordinate_offsets): its parameters
   do not grow with the image, and a routing with a `shared` form (all but EM) routes
   without materialising û. [batch, in_caps, in_dim] → [batch, out_caps, out_dim].
-  `routing_loop` 'rolled' or 'unrolled' (same values; 'auto': the backend's faster one,
-  capsjax.formulations).
+  `formulation.routing_loop` 'rolled' or 'unrolled' (same values; 'auto': the backend's
+  faster one, capsjax.formulations).
 
   Example:
     >>> layer = capsjax.CapsuleLayer(num_capsules=10, dim=16, routing='dynamic')
@@ -139,10 +133,9 @@ class CapsuleLayer(nn.Module):
   learn_log_priors: bool = False
   leaky_routing: bool = False
   stop_gradient_predictions: bool = False
-  routing_loop: str = 'auto'
+  formulation: Formulation = Formulation()   # its routing_loop and dtype (of the predictions)
   weights_init: Initializer = nn.initializers.normal(0.01)
   bias_init: Initializer = nn.initializers.zeros
-  dtype: Optional[jnp.dtype] = None
   # The routing algorithm (capsjax.routing.ROUTINGS) and its options; the options it
   # learns (EM's β, self-attention's log priors, …) are parameters `routing_NAME`.
   routing: str = 'dynamic'
@@ -163,7 +156,7 @@ class CapsuleLayer(nn.Module):
     (returns_couplings: the routing diagnostics) its (first, last) `couplings` [batch, in,
     out]. `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
     batch, in_caps, in_dim = capsules.shape
-    dtype = self.dtype or capsules.dtype
+    dtype = self.formulation.dtype or capsules.dtype
     shared = None
     if self.transforms == 'per_type':
       weights = self.param('weights', self.weights_init, (self.types, self.num_capsules, self.dim, in_dim))
@@ -190,7 +183,7 @@ class CapsuleLayer(nn.Module):
     log_priors = (self.param('log_priors', nn.initializers.zeros, (in_caps, self.num_capsules))
                   if self.learn_log_priors else None)
     iterations = self.routing_iterations if routing_iterations is None else routing_iterations
-    unroll = formulations.resolve('routing_loop', self.routing_loop) == 'unrolled'
+    unroll = formulations.resolve('routing_loop', self.formulation.routing_loop) == 'unrolled'
     entry = ROUTINGS[self.routing]
     if return_logits and not entry.returns_logits:
       raise ValueError(f'routing {self.routing!r} has no routing logits (see ROUTINGS[name].returns_logits)')
@@ -284,10 +277,7 @@ class StridedStem(nn.Module):
   image stay near the paper model's. [batch, h, w, c] → [batch, ⌈h/2^s⌉, ⌈w/2^s⌉, channels]."""
   stages: int
   channels: int = 32
-  impl: str = 'auto'
-  patches_inference: str = 'auto'
-  dtype: Optional[jnp.dtype] = None
-  conv_inputs: str = 'float32'
+  formulation: Formulation = Formulation()
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
@@ -295,10 +285,9 @@ class StridedStem(nn.Module):
   def __call__(self, images: Array) -> Array:
     features = images
     for stage in range(self.stages):
-      features = nn.relu(Conv(self.channels, STEM_KERNEL, 2, padding='SAME', impl=self.impl,
-                              patches_inference=self.patches_inference, dtype=self.dtype,
-                              conv_inputs=self.conv_inputs, kernel_init=self.kernel_init,
-                              bias_init=self.bias_init, name=f'conv{stage}')(features))
+      features = nn.relu(Conv(self.channels, STEM_KERNEL, 2, padding='SAME', formulation=self.formulation,
+                              kernel_init=self.kernel_init, bias_init=self.bias_init,
+                              name=f'conv{stage}')(features))
     return features
 
 
@@ -311,12 +300,11 @@ DECONV_CHANNELS = (64, 32, 16)
 class TransposedConv(nn.Module):
   """flax.linen.ConvTranspose(features, (k, k), strides=(s, s), padding='SAME') with the same
   parameters ('kernel' [k, k, in, features], 'bias'), computed by ops.conv_transpose2d in
-  the formulation `impl` picks (same values)."""
+  the form `formulation.conv_impl` picks (same values; in float32)."""
   features: int
   kernel_size: int
   stride: int
-  impl: str = 'auto'
-  patches_inference: str = 'auto'
+  formulation: Formulation = Formulation()
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
@@ -325,7 +313,8 @@ class TransposedConv(nn.Module):
     kernel = self.param('kernel', self.kernel_init,
                         (self.kernel_size, self.kernel_size, images.shape[-1], self.features))
     bias = self.param('bias', self.bias_init, (self.features,))
-    return ops.conv_transpose2d(images, kernel, self.stride, self.impl, self.patches_inference) + bias
+    how = self.formulation
+    return ops.conv_transpose2d(images, kernel, self.stride, how.conv_impl, how.patches_inference) + bias
 
 
 class DeconvDecoder(nn.Module):
@@ -335,8 +324,7 @@ class DeconvDecoder(nn.Module):
   As DeepCaps (Rajasegaran et al., CVPR 2019) decodes; at 28×28 it has
   0.5M parameters where the paper's dense decoder has 1.4M, at 128×128×3 0.7M vs 50M."""
   output_shape: Sequence[int] = (28, 28, 1)
-  impl: str = 'auto'               # the transposed convolutions' formulation (TransposedConv)
-  patches_inference: str = 'auto'
+  formulation: Formulation = Formulation()   # the transposed convolutions' (TransposedConv)
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
@@ -353,7 +341,6 @@ class DeconvDecoder(nn.Module):
     for stage in range(stages):
       last = stage == stages - 1
       width_out = channels if last else DECONV_CHANNELS[min(stage + 1, len(DECONV_CHANNELS) - 1)]
-      grid = TransposedConv(width_out, 3, 2, impl=self.impl, patches_inference=self.patches_inference,
-                            kernel_init=self.kernel_init, bias_init=self.bias_init, name=f'deconv{stage}')(grid)
+      grid = TransposedConv(width_out, 3, 2, formulation=self.formulation, kernel_init=self.kernel_init, bias_init=self.bias_init, name=f'deconv{stage}')(grid)
       grid = grid if last else nn.relu(grid)
     return nn.sigmoid(grid[:, :height, :width, :])                               # [batch, h, w, c]

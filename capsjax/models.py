@@ -1,5 +1,5 @@
 """CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Annotated, Any, Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -9,8 +9,11 @@ import ml_collections
 from capsjax.layers import (LAYER_FEATURES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps, StridedStem,
                             halved, stem_stages)
 from capsjax import formulations
+from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least,
+                          number_in, one_of, registered)
 from capsjax.registry import Registry
-from capsjax.routing import ROUTINGS, options_of, own_routing_options, routing_option_defaults, vector_norm
+from capsjax.routing import (MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, options_of, own_routing_options,
+                             routing_option_defaults, vector_norm)
 
 Array = jax.Array
 
@@ -36,6 +39,21 @@ def longest_capsule_mask(lengths: Array) -> Array:
 
 
 INITS = ('default', 'official')
+DTYPES = ('float32', 'bfloat16', 'float16')
+
+# Keys every family has, declared once for all of them.
+INPUT_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) in (0, 3)
+                         and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v),
+                         '(height, width, channels), each >= 1, or () for the shape of the data'),
+                    'image height, width, channels the model reads; () = those of the data')
+NUM_CLASSES = About(Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and (v == 0 or v >= 2),
+                         'an integer >= 2, or 0 for the classes of the data'),
+                    'classes (digit capsules, or output units); 0 = those of the data')
+CONV_IMPL = About(one_of(formulations.CONV_IMPLS), "convolutions as XLA's, im2col + matmul, im2col by kernel "
+                  'rows, or products of Fourier transforms (same values; auto: faster on the backend, on a CPU '
+                  'per layer)')
+PATCHES_INFERENCE_ABOUT = About(one_of(formulations.PATCHES_INFERENCE), 'the im2col conv at inference a few '
+                                'images at a time or the whole batch (same values)')
 
 
 def initializers(name: str):
@@ -163,72 +181,90 @@ class CapsNet(nn.Module):
     reconstructions (2, 28, 28, 1)
     >>> capsules, activations = model.apply(params, images, method='classify')   # no decoder
   """
-  conv1_channels: int = 256
-  conv1_kernel: int = 9
-  primary_types: int = 32
-  primary_dim: int = 8
-  primary_kernel: int = 9
-  primary_stride: int = 2
-  num_classes: int = 10
-  digit_dim: int = 16
-  routing_iterations: int = 3
-  digit_bias: bool = False
-  learn_log_priors: bool = False
-  leaky_routing: bool = False
-  stop_gradient_predictions: bool = False
-  decoder_hidden: Sequence[int] = (512, 1024)
-  use_decoder: bool = True
-  input_shape: Sequence[int] = (28, 28, 1)
-  conv_impl: str = 'auto'
-  patches_inference: str = 'auto'
-  routing_loop: str = 'auto'
-  dtype: Optional[jnp.dtype] = None
-  conv_inputs: str = 'float32'   # formulations.CONV_INPUTS
-  init_scheme: str = 'default'
-  primary_scale_by_types: bool = False
-  routing: str = 'dynamic'                        # capsjax.routing.ROUTINGS
-  routing_options: Optional[Dict[str, Any]] = None
-  # Class-capsule transforms: 'per_capsule' (the paper: W_ij for every primary capsule) or
-  # 'per_type' (W_tj shared over positions, with coordinate addition; see CapsuleLayer).
-  transforms: str = 'per_capsule'
-  votes: str = 'factored'   # per_type: 'factored' (no û where the routing allows) or 'materialised'
-  # 'none' (the paper: conv1 sees the image) or 'strided': 3×3 stride-2 convolutions of
-  # `stem_channels` before conv1, as many as bring the image to at most 40 px (layers.StridedStem).
-  stem: str = 'none'
-  stem_channels: int = 32
-  # 'dense' (the paper's 512-1024-pixels) or 'deconv' (layers.DeconvDecoder: its size does
-  # not grow with the image).
-  decoder: str = 'dense'
+  conv1_channels: Annotated[int, About(int_at_least(1), 'channels of the first convolution (the paper: 256)')] = 256
+  conv1_kernel: Annotated[int, About(int_at_least(1), 'kernel side of the first convolution (9)')] = 9
+  primary_types: Annotated[int, About(int_at_least(1), 'primary capsule types (32)')] = 32
+  primary_dim: Annotated[int, About(int_at_least(1), 'primary capsule dimensions (8)')] = 8
+  primary_kernel: Annotated[int, About(int_at_least(1), "PrimaryCaps' kernel side (9)")] = 9
+  primary_stride: Annotated[int, About(int_at_least(1), "PrimaryCaps' stride (2)")] = 2
+  num_classes: Annotated[int, NUM_CLASSES] = 10
+  digit_dim: Annotated[int, About(int_at_least(1), 'digit capsule dimensions (16)')] = 16
+  routing_iterations: Annotated[int, About(int_in(1, MAX_ROUTING_ITERATIONS),
+                                           'routing-by-agreement iterations (3)')] = 3
+  digit_bias: Annotated[bool, About(boolean(), "a bias added to s_j in every routing iteration (the "
+                                    "authors' code)")] = False
+  learn_log_priors: Annotated[bool, About(boolean(), 'learned initial routing logits')] = False
+  leaky_routing: Annotated[bool, About(boolean(), "a 'none-of-the-above' parent in routing")] = False
+  stop_gradient_predictions: Annotated[bool, About(boolean(), 'gradients reach the predictions through the last '
+                                                   'routing iteration only')] = False
+  decoder_hidden: Annotated[Sequence[int], About(ints_at_least(1), "the decoder's hidden widths (512, 1024)")] = (
+      512, 1024)
+  use_decoder: Annotated[bool, About(boolean(), 'the reconstruction decoder (and its loss)')] = True
+  input_shape: Annotated[Sequence[int], INPUT_SHAPE] = (28, 28, 1)
+  # Formulations of the same math (capsjax.formulations); 'auto' = the backend's measured faster one.
+  conv_impl: Annotated[str, CONV_IMPL] = 'auto'
+  patches_inference: Annotated[str, PATCHES_INFERENCE_ABOUT] = 'auto'
+  routing_loop: Annotated[str, About(one_of(formulations.ROUTING_LOOPS), 'the routing loop rolled or unrolled '
+                                     '(same values; auto: faster on the backend)')] = 'auto'
+  dtype: Annotated[str, About(one_of(DTYPES), 'compute dtype of convolutions and predictions (routing, losses '
+                              'and decoder stay float32)')] = 'float32'
+  conv_inputs: Annotated[str, About(one_of(formulations.CONV_INPUTS), "the convolutions' matmul inputs: float32, "
+                                    'or bfloat16 accumulated in float32 (faster on AVX-512 BF16 CPUs; not the '
+                                    'same values)')] = 'float32'
+  # The authors' released code (experiments/mnist_official.py): 'official' truncated-normal
+  # weights and 0.1 biases; PrimaryCaps' pre-squash output ÷ types.
+  init_scheme: Annotated[str, About(one_of(INITS), "default initialisers, or the authors' code's "
+                                    '(official)')] = 'default'
+  primary_scale_by_types: Annotated[bool, About(boolean(), "PrimaryCaps' convolution ÷ types before its bias "
+                                                "(the authors' code)")] = False
+  routing: Annotated[str, About(registered(ROUTINGS.names), "the routing algorithm (capsjax.routing.ROUTINGS; "
+                                "dynamic: the paper's Procedure 1; see docs/results.md)")] = 'dynamic'
+  # The config holds a section per routing at its defaults (--config.model.routing_options.
+  # em.inverse_temperature=2); the module takes its own routing's options.
+  routing_options: Annotated[Optional[Dict[str, Any]], About(
+      Rule(lambda v: hasattr(v, 'keys'), 'a dict: routing name → its options'),
+      "the routings' options, a section per routing; the model reads model.routing's (learned parameters "
+      'are not options)', config_default=configurable_routing_options)] = None
+  transforms: Annotated[str, About(one_of(('auto', 'per_capsule', 'per_type')), (
+      'class-capsule transforms: per_capsule (the paper: W_ij for every primary capsule) or per_type (W_tj '
+      'shared over positions, with coordinate addition: parameters independent of the image size; see '
+      'CapsuleLayer); auto: by the image size and memory (capsjax.sizing)'))] = 'per_capsule'
+  votes: Annotated[str, About(one_of(('factored', 'materialised')), (
+      'per_type transforms: routing without û (factored) or with û built first (materialised); same '
+      'values'))] = 'factored'
+  stem: Annotated[str, About(one_of(('auto', 'none', 'strided')), (
+      'none (the paper: conv1 sees the image) or strided: 3×3 stride-2 convolutions of stem_channels before '
+      'conv1 halving the image to at most 40 px (layers.StridedStem); auto: by the image size'))] = 'none'
+  stem_channels: Annotated[int, About(int_at_least(1), "the strided stem's channels (32)")] = 32
+  decoder: Annotated[str, About(one_of(('auto', 'dense', 'deconv')), (
+      "dense (the paper's 512-1024-pixels) or deconv (transposed convolutions, layers.DeconvDecoder: its size "
+      'does not grow with the image); auto: by the image size'))] = 'dense'
 
   def setup(self):
     for key, value in (('transforms', self.transforms), ('stem', self.stem), ('decoder', self.decoder)):
       if value == 'auto':   # capsjax.sizing chooses, once the data's shape is known
         raise ValueError(f"CapsNet {key}='auto' must be resolved first (capsjax.assemble.choose_model)")
     inits = initializers(self.init_scheme)
+    # The formulation, one object for every layer ('auto' resolves where each is traced).
+    how = formulations.Formulation(self.conv_impl, self.patches_inference, self.conv_inputs, self.routing_loop,
+                                   None if self.dtype is None else jnp.dtype(self.dtype))
     if self.stem == 'strided':
-      self.strided_stem = StridedStem(stem_stages(*self.input_shape[:2]), self.stem_channels, impl=self.conv_impl,
-                                      patches_inference=self.patches_inference, dtype=self.dtype,
-                                      conv_inputs=self.conv_inputs, kernel_init=inits['conv1'],
-                                      bias_init=inits['bias'])
-    self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, impl=self.conv_impl,
-                      patches_inference=self.patches_inference, dtype=self.dtype,
-                      conv_inputs=self.conv_inputs, kernel_init=inits['conv1'], bias_init=inits['bias'])
-    self.primary_caps = PrimaryCaps(self.primary_types, self.primary_dim, self.primary_kernel,
-                                    self.primary_stride, impl=self.conv_impl,
-                                    patches_inference=self.patches_inference, dtype=self.dtype,
-                                    conv_inputs=self.conv_inputs, kernel_init=inits['primary'],
-                                    bias_init=inits['bias'],
+      self.strided_stem = StridedStem(stem_stages(*self.input_shape[:2]), self.stem_channels, formulation=how,
+                                      kernel_init=inits['conv1'], bias_init=inits['bias'])
+    self.conv1 = Conv(self.conv1_channels, self.conv1_kernel, formulation=how, kernel_init=inits['conv1'],
+                      bias_init=inits['bias'])
+    self.primary_caps = PrimaryCaps(self.primary_types, self.primary_dim, self.primary_kernel, self.primary_stride,
+                                    formulation=how, kernel_init=inits['primary'], bias_init=inits['bias'],
                                     scale_by_types=self.primary_scale_by_types)
     self.digit_caps = CapsuleLayer(
         self.num_classes, self.digit_dim, self.routing_iterations, use_bias=self.digit_bias,
         learn_log_priors=self.learn_log_priors, leaky_routing=self.leaky_routing,
-        stop_gradient_predictions=self.stop_gradient_predictions, routing_loop=self.routing_loop,
-        dtype=self.dtype, weights_init=inits['digit'], bias_init=inits['bias'], routing=self.routing,
+        stop_gradient_predictions=self.stop_gradient_predictions, formulation=how,
+        weights_init=inits['digit'], bias_init=inits['bias'], routing=self.routing,
         routing_options=dict(self.routing_options or {}), transforms=self.transforms, types=self.primary_types,
         votes=self.votes)
     if self.use_decoder and self.decoder == 'deconv':
-      self.reconstruction = DeconvDecoder(tuple(self.input_shape), impl=self.conv_impl,
-                                          patches_inference=self.patches_inference, kernel_init=inits['decoder'],
+      self.reconstruction = DeconvDecoder(tuple(self.input_shape), formulation=how, kernel_init=inits['decoder'],
                                           bias_init=inits['bias'], name='decoder')
     elif self.use_decoder:
       self.reconstruction = Decoder(tuple(self.decoder_hidden), tuple(self.input_shape),
@@ -311,22 +347,25 @@ class BaselineCNN(nn.Module):
     >>> cnn.apply(params, images)['logits'].shape
     (2, 10)
   """
-  conv_channels: Sequence[int] = (512, 256)
-  conv_kernels: Sequence[int] = (9, 5)
-  pool: bool = True
-  dense: Sequence[int] = (1024,)
-  dropout_rate: float = 0.0
-  num_classes: int = 10
-  input_shape: Sequence[int] = (36, 36, 1)
-  conv_impl: str = 'auto'
-  patches_inference: str = 'auto'
+  conv_channels: Annotated[Sequence[int], About(ints_at_least(1, allow_empty=False),
+                                                 "the CNN's convolution channels")] = (512, 256)
+  conv_kernels: Annotated[Sequence[int], About(ints_at_least(1, allow_empty=False), "the CNN's kernel sides")] = (
+      9, 5)
+  pool: Annotated[bool, About(boolean(), 'the CNN pools 2×2 after each convolution')] = True
+  dense: Annotated[Sequence[int], About(ints_at_least(1), "the CNN's fully connected widths")] = (1024,)
+  dropout_rate: Annotated[float, About(number_in(0, 1, high_open=True),
+                                       "dropout before the CNN's output layer")] = 0.0
+  num_classes: Annotated[int, NUM_CLASSES] = 10
+  input_shape: Annotated[Sequence[int], INPUT_SHAPE] = (36, 36, 1)
+  conv_impl: Annotated[str, CONV_IMPL] = 'auto'
+  patches_inference: Annotated[str, PATCHES_INFERENCE_ABOUT] = 'auto'
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
     features = images
+    how = formulations.Formulation(self.conv_impl, self.patches_inference)
     for channels, kernel in zip(self.conv_channels, self.conv_kernels):
-      features = nn.relu(Conv(channels, kernel, padding='SAME', impl=self.conv_impl,
-                              patches_inference=self.patches_inference)(features))
+      features = nn.relu(Conv(channels, kernel, padding='SAME', formulation=how)(features))
       if self.pool:
         features = nn.max_pool(features, (2, 2), strides=(2, 2))
     features = features.reshape(features.shape[0], -1)
@@ -365,9 +404,28 @@ def capsnet_geometry_problem(model) -> Optional[str]:
   return None
 
 
+def model_keys(name: str) -> Dict[str, Key]:
+  """config.model's keys for the family `name`: `name` itself and its module's annotated
+  fields (each field's default, rule and help: capsjax.keys)."""
+  family = Key('name', name, registered(MODELS.names), 'the model family (registered in capsjax.models / '
+               'capsjax.families)')
+  return {'name': family, **annotated_keys(MODELS.get(name))}
+
+
+def model_config(name: str = 'capsnet') -> ml_collections.ConfigDict:
+  """config.model of family `name` at its defaults (the paper's CapsNet: 8,215,568 parameters,
+  6,804,224 without the decoder).
+
+  Example:
+    >>> capsjax.model_config('cnn').conv_channels
+    (512, 256)
+  """
+  return ml_collections.ConfigDict({key.name: key.default for key in model_keys(name).values()})
+
+
 def build_model(name: str, **fields) -> nn.Module:
   """The model family `name` with `fields` (config.model's other keys: `build_model(**config.model)`)
-  as its sizes (lists become tuples, a `dtype` name becomes a dtype).
+  as its sizes (lists become tuples).
 
   Example:
     >>> model = capsjax.build_model('capsnet', conv1_channels=32, primary_types=8, routing='em')
@@ -384,8 +442,6 @@ def build_model(name: str, **fields) -> nn.Module:
       fields[key] = tuple(value)
     elif isinstance(value, ml_collections.ConfigDict):
       fields[key] = value.to_dict()
-  if fields.get('dtype') is not None:
-    fields['dtype'] = jnp.dtype(fields['dtype'])
   if fields.get('routing_options'):
     name = fields.get('routing', 'dynamic')
     options = fields['routing_options']

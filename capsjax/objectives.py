@@ -6,13 +6,15 @@ masked by the true label(s)); scores are the capsule lengths. 'sigmoid_xent' /
 'softmax_xent': the CNN baselines' losses on logits; scores are the logits.
 """
 import functools
-from typing import Callable, Dict, Tuple
+import math
+from typing import Annotated, Callable, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from capsjax import losses
+from capsjax.keys import About, Key, annotated_keys, number_in, one_of, registered
 from capsjax.registry import Registry
 
 Array = jax.Array
@@ -76,6 +78,13 @@ def make_objective(name: str, num_classes: int, **options) -> Objective:
   return functools.partial(OBJECTIVES.get(name), num_classes=num_classes, **options)
 
 
+def loss_keys(name: str) -> Dict[str, Key]:
+  """config.loss's keys for the objective `name`: `name` and its annotated options."""
+  objective = Key('name', name, registered(OBJECTIVES.names), 'the loss (capsnet: margin + reconstruction; '
+                  'cross-entropies for the CNNs)')
+  return {'name': objective, **annotated_keys(OBJECTIVES.get(name))}
+
+
 def _margin_problems(loss, prefix: str):
   if 'm_minus' in loss and loss.m_minus >= loss.m_plus:
     return [f'config.{prefix}m_minus={loss.m_minus!r}: allowed a value below m_plus={loss.m_plus!r}']
@@ -84,9 +93,15 @@ def _margin_problems(loss, prefix: str):
 
 @register_objective('capsnet', families=('capsnet',), knobs=('routing_iterations', 'reconstruction_weight'),
                     check=_margin_problems)
-def capsnet_objective(model, params, batch, train: bool, knobs=None, *, num_classes: int, m_plus: float = 0.9,
-                      m_minus: float = 0.1, negative_weight: float = 0.5, reconstruction_weight: float = 0.0005,
-                      margin_reduction: str = 'sum'):
+def capsnet_objective(
+    model, params, batch, train: bool, knobs=None, *, num_classes: int,
+    m_plus: Annotated[float, About(number_in(0, 1, low_open=True), 'margin loss m+ (0.9)')] = 0.9,
+    m_minus: Annotated[float, About(number_in(0, 1, high_open=True), 'margin loss m− (0.1)')] = 0.1,
+    negative_weight: Annotated[float, About(number_in(0, math.inf), 'margin loss λ for absent classes (0.5)')] = 0.5,
+    reconstruction_weight: Annotated[float, About(number_in(0, math.inf),
+                                                  'reconstruction loss weight (0.0005)')] = 0.0005,
+    margin_reduction: Annotated[str, About(one_of(losses.MARGIN_REDUCTIONS), (
+        "sum over classes (the paper, eq. 4) or official (the authors' code: 0.5 × mean)"))] = 'sum'):
   """Margin (+ reconstruction) loss of a CapsNet.
 
   `knobs` (see `capsjax.ensembles.member_knobs`) replaces the routing iteration count and

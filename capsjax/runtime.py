@@ -18,6 +18,7 @@ import time
 import jax
 
 from capsjax.errors import ConfigError
+from capsjax.keys import boolean, declare, host_port, int_at_least, int_in
 
 
 def cpu_model() -> str:
@@ -38,6 +39,17 @@ def device_name() -> str:
   if jax.default_backend() == 'cpu':
     return cpu_model()
   return jax.devices()[0].device_kind
+
+
+# Multi-host (capsjax.sharding): every process runs the same command; on Cloud TPU the
+# coordinator is found automatically, elsewhere give address, count and id.
+declare('distributed', False, boolean(), 'start jax.distributed (several hosts run the same command)')
+declare('coordinator_address', '', host_port(), 'HOST:PORT of process 0 (empty: detected on Cloud TPU, SLURM, '
+        'Open MPI)')
+declare('num_processes', 0, int_at_least(0), 'processes in a multi-host run (0: detected)')
+declare('process_id', -1, int_at_least(-1), "this process's index (-1: detected)")
+declare('distributed_timeout_s', 120, int_in(1, 3600), 'seconds to wait for the coordinator and the other '
+        'processes before giving up with one error line')
 
 
 def initialize_distributed(distributed: bool, coordinator_address: str = '', num_processes: int = 0,

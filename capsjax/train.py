@@ -10,6 +10,7 @@ data-parallel on one `data` mesh (see capsjax.sharding); only process 0 writes f
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -25,6 +26,8 @@ from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
 from capsjax.errors import CapsjaxError, CheckpointError, RunStopped
 from capsjax.events import EventWriter
+from capsjax.keys import boolean, declare, int_at_least, int_in, number_in, registered, text
+from capsjax.registry import Registry
 from capsjax.ensembles import member_knobs
 from capsjax.models import count_params
 from capsjax.runtime import StopRequests
@@ -189,6 +192,28 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
 
 
 RECONSTRUCTED_EXAMPLES = 8
+# An upper bound that only stops mistakes: an evaluation batch of 10⁹ images asked for
+# 730 GiB after the training steps (batches beyond a test set are padding anyway).
+MAX_EVAL_BATCH_SIZE = 65536
+
+declare('experiment', 'mnist', text('a name'), 'the experiment name written into results (set by '
+        'experiments/NAME.py)')
+declare('log_every_steps', 50, int_at_least(1), 'a progress line and a metrics.jsonl row every N steps')
+declare('eval_every_steps', 468, int_at_least(0), 'evaluate every N steps (0: only at the end; 468: one epoch of '
+        '60 000 // 128)')
+declare('eval_batch_size', 500, int_in(1, MAX_EVAL_BATCH_SIZE), 'examples per evaluation batch')
+declare('checkpoint_every_steps', 468, int_at_least(1), 'save a checkpoint every N steps')
+declare('keep_checkpoints', 3, int_at_least(1), 'checkpoints kept in the workdir')
+declare('checkpoint_every_secs', 600.0, number_in(0, math.inf), 'also save every N seconds of wall time (0: off)')
+declare('stop_at_step', 0, int_at_least(0), 'save and stop at this step, resumable, as a preemption would (0: run '
+        'to the end)')
+declare('stop_at_test_accuracy', 0.0, number_in(0, 1), 'the run is complete at the first evaluation reaching this '
+        'test accuracy (affNIST; 0: off)')
+declare('reevaluate', False, boolean(), 'running a finished workdir evaluates it again (otherwise it says it is '
+        'complete and exits at once)')
+# The run's peak memory is estimated before compiling (capsjax.memory) and shown in the header.
+declare('check_memory', True, boolean(), 'refuse a run whose estimated peak memory exceeds the memory available, '
+        'with one line (False: try anyway)')
 
 
 def _reconstructions(model, test: Pipeline):
@@ -286,6 +311,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if created and is_writer:   # a start that failed leaves no workdir behind
       workdir_lib.discard_unbound(workdir)
     raise
+
+
+
+# config.program → the function(config, workdir) that runs the experiment: this training
+# loop, or a program of capsjax.programs that composes it (registered there).
+PROGRAMS = Registry('program', doc="""The programs by name (`config.program`): each entry's value is the
+function (config, workdir) that runs an experiment; `train` is `train_and_evaluate`.""")
+PROGRAMS.register('train', train_and_evaluate)
+declare('program', 'train', registered(PROGRAMS.names), 'what runs: train, or an experiment program that calls '
+        'the training loop itself (capsjax.programs)')
 
 
 def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -> RunResult:

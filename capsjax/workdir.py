@@ -21,6 +21,7 @@ import ml_collections
 from capsjax import defaults
 
 from capsjax.errors import ConfigError, WorkdirError
+from capsjax.keys import boolean, declare
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
 
 CONFIG_FILE = 'config.json'
@@ -32,6 +33,9 @@ RUN_ENTRIES = {CONFIG_FILE: False, 'results.json': False, METRICS_FILE: False, L
 
 # Keys that say how a run is carried out, not what it computes: they may change between
 # invocations of one run (e.g. another data folder, another checkpoint cadence).
+declare('allow_config_change', False, boolean(), 'continue a workdir that holds another config (never across '
+        'parameter shapes); a workdir is otherwise bound to the config it was started with')
+
 RUNTIME_KEYS = frozenset({
     'data_dir', 'tfds_data_dir', 'host_images', 'log_every_steps', 'eval_every_steps', 'eval_batch_size',
     'checkpoint_every_steps', 'checkpoint_every_secs', 'keep_checkpoints', 'stop_at_step',

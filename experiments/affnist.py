@@ -10,8 +10,9 @@ W/capsnet and W/cnn (each resumable).
 """
 import ml_collections
 
-from capsjax.data.affine import AFFINE_RANGES
+from capsjax import defaults
 from capsjax.experiments import mnist
+from capsjax.programs import affnist as program  # pylint: disable=unused-import  (declares affnist.*)
 
 
 def affnist_cnn_model() -> ml_collections.ConfigDict:
@@ -27,12 +28,10 @@ def get_config():
   config.program = 'affnist'
   config.task = 'expanded'           # training and expanded-MNIST test digits on a 40×40 canvas
   config.model.input_shape = (40, 40, 1)
-  config.expanded_test_seed = 2
   # The paper stops CapsNet at 99.23 % (and the CNN at 99.22 %) expanded-MNIST test accuracy.
   config.stop_at_test_accuracy = 0.9923
   config.num_epochs = 50.0
-  config.affnist = ml_collections.ConfigDict(dict(
-      test_seed=3, ranges=dict(AFFINE_RANGES), mat_dir='', num_examples=0))
+  config.affnist = defaults.section('affnist')
   config.cnn = ml_collections.ConfigDict(dict(model=affnist_cnn_model(), loss=dict(name='softmax_xent')))
   config.routing_probe_iterations = 0
   return config

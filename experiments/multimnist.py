@@ -5,6 +5,7 @@ Margin loss with two positive classes; the decoder reconstructs each digit from 
 period is 10× the MNIST one (paper). Examples are generated on the fly from the 60M /
 10M-example virtual sets (`capsjax/data/multimnist.py`).
 """
+from capsjax import defaults
 from capsjax.experiments import mnist
 
 
@@ -12,7 +13,7 @@ def get_config():
   config = mnist.get_config()
   config.experiment = 'multimnist'
   config.task = 'multimnist'
-  config.multimnist = dict(examples_per_digit=1000, test_seed=1)
+  config.multimnist = defaults.section('multimnist')   # 1000 pairs per digit, as the paper
   config.max_shift = 0              # the generator shifts each digit by up to ±4 px itself
   config.model.input_shape = (36, 36, 1)   # 11,361,808 parameters (paper: 11.36M)
   config.lr_decay_steps = 20000     # 10× MNIST's 2000

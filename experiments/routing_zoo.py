@@ -9,9 +9,8 @@ inverted_dot_product (Tsai et al. 2020), self_routing (Hahn et al. 2019), variat
 (Ribeiro et al. 2020), and the two
 baselines without routing: uniform (every coupling 1/parents) and max_pooling.
 """
-import ml_collections
-
 from capsjax import defaults
+from capsjax.programs import routing_zoo as program  # pylint: disable=unused-import  (declares routing_zoo.*)
 
 
 def get_config():
@@ -19,15 +18,5 @@ def get_config():
   config.experiment = 'routing_zoo'
   config.program = 'routing_zoo'
   config.validation_examples = 5000
-  config.routing_zoo = ml_collections.ConfigDict(dict(
-      routings=('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing', 'variational_bayes',
-                'uniform', 'max_pooling'),
-      seeds=(0, 1, 2),
-      # Per routing, options over its model.routing_options section; none changed here.
-      options=ml_collections.ConfigDict({}),
-      # Speed, measured after training in interleaved rounds (every routing once per round):
-      # the median and range per routing, so that the machine's load cannot reorder them.
-      speed_rounds=5,
-      speed_steps=5,   # training steps per timed sample
-  ))
+  config.routing_zoo = defaults.section('routing_zoo')   # every routing, 3 seeds, options unchanged
   return config

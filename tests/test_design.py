@@ -18,16 +18,16 @@ PACKAGE = os.path.join(ROOT, 'capsjax')
 
 # Lowest first; a module may import its own layer and the layers below it.
 LAYERS = [
-    ('errors', 'registry', 'formulations', 'ops', 'cli', 'events', 'runtime', 'sharding', 'memory'),
+    ('errors', 'registry', 'keys', 'formulations', 'ops', 'cli', 'events', 'runtime', 'sharding', 'memory'),
     ('routing', 'losses'),
     ('layers',),
     ('models', 'sizing'),
     ('objectives',),
     ('data',),
-    ('ensembles', 'steps', 'diagnostics', 'hooks', 'checkpoints', 'workdir', 'reports', 'validation', 'defaults'),
+    ('ensembles', 'steps', 'diagnostics', 'hooks', 'checkpoints', 'reports'),
     ('assemble',),
-    ('train', 'trained', 'plots'),
-    ('predict', 'explorer', 'programs'),
+    ('train', 'trained', 'plots', 'workdir', 'defaults'),
+    ('predict', 'explorer', 'programs', 'validation'),
     ('launch', 'plan'),
     ('commands',),
     # The package itself (capsjax/__init__.py: the public API, loaded lazily) and

@@ -172,13 +172,13 @@ def test_same_padding_conv_equals_flax_conv(kernel):
   # The CNN baselines use capsjax's Conv with SAME padding so that the fast CPU
   # formulation applies to them too; it must equal flax's own SAME convolution.
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from capsjax.layers import Conv  # pylint: disable=g-import-not-at-top
+  from capsjax.layers import Conv, Formulation  # pylint: disable=g-import-not-at-top
   images = jax.random.normal(jax.random.key(4), (2, 11, 11, 3))
   reference = nn.Conv(6, (kernel, kernel), padding='SAME')
   params = reference.init(jax.random.key(5), images)['params']
   expected = reference.apply({'params': params}, images)
   for impl in ('xla', 'patches', 'kernel_rows', 'fourier'):
-    ours = Conv(6, kernel, padding='SAME', impl=impl)
+    ours = Conv(6, kernel, padding='SAME', formulation=Formulation(conv_impl=impl))
     np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
   assert expected.shape == (2, 11, 11, 6)
 
@@ -188,7 +188,7 @@ def test_transposed_conv_equals_flax_conv_transpose_in_value_and_gradient(side, 
   # The deconv decoder's layer: the same parameters as flax's ConvTranspose (checkpoints
   # load either way), the same values and gradients in every formulation.
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from capsjax.layers import TransposedConv  # pylint: disable=g-import-not-at-top
+  from capsjax.layers import Formulation, TransposedConv  # pylint: disable=g-import-not-at-top
   images = jax.random.normal(jax.random.key(6), (2, side, side + 1, 3))
   reference = nn.ConvTranspose(4, (kernel, kernel), strides=(stride, stride), padding='SAME')
   params = reference.init(jax.random.key(7), images)['params']
@@ -197,7 +197,7 @@ def test_transposed_conv_equals_flax_conv_transpose_in_value_and_gradient(side, 
   expected_grads = jax.grad(loss(reference), argnums=(0, 1))(params, images)
   assert expected.shape == (2, side * stride, (side + 1) * stride, 4)
   for impl in ('xla', 'patches'):
-    ours = TransposedConv(4, kernel, stride, impl=impl)
+    ours = TransposedConv(4, kernel, stride, formulation=Formulation(conv_impl=impl))
     assert jax.tree.map(jnp.shape, ours.init(jax.random.key(7), images)['params']) == jax.tree.map(jnp.shape, params)
     np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
     grads = jax.grad(loss(ours), argnums=(0, 1))(params, images)

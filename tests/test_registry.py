@@ -197,3 +197,79 @@ def test_help_of_a_users_config_file_lists_the_users_routing(tmp_path):
   routing_line = next(line for line in result.stdout.splitlines() if line.strip().startswith('model.routing ='))
   assert "'uniform_mean'" in routing_line and 'uniform_mean]' in routing_line
   assert 'model.routing_options.uniform_mean.scale = 1.0' in result.stdout
+
+
+# A model key and a routing option, each one annotated declaration in the user's one file.
+USER_DECLARATIONS = '''
+from typing import Annotated, Sequence
+import flax.linen as nn
+import jax.numpy as jnp
+from capsjax.keys import About, int_at_least, positive_number
+from capsjax.models import register_model
+from capsjax.routing import register_routing, squash, vector_norm
+
+
+@register_model('hidden_linear')
+class HiddenLinear(nn.Module):
+  hidden: Annotated[int, About(int_at_least(1), 'hidden units before the logits')] = 16
+  num_classes: int = 10
+  input_shape: Sequence[int] = (28, 28, 1)
+
+  @nn.compact
+  def __call__(self, images, train: bool = False):
+    features = nn.relu(nn.Dense(self.hidden)(images.reshape(images.shape[0], -1)))
+    return {'logits': nn.Dense(self.num_classes)(features)}
+
+
+@register_routing('scaled_mean', iterative=False)
+def scaled_mean(prediction_vectors, input_activations, *,
+                scale: Annotated[float, About(positive_number(), 'multiplies the mean vote')] = 1.0):
+  del input_activations
+  parents = squash(scale * jnp.mean(prediction_vectors, axis=1))   # [batch, out, dim]
+  return parents, vector_norm(parents)
+'''
+
+
+@pytest.fixture
+def user_declarations(tmp_path):
+  (tmp_path / 'user_declarations.py').write_text(USER_DECLARATIONS)
+  _import_file(tmp_path / 'user_declarations.py', 'user_declarations')
+  yield
+  MODELS.unregister('hidden_linear')
+  ROUTINGS.unregister('scaled_mean')
+  sys.modules.pop('user_declarations', None)
+
+
+def test_a_model_key_and_a_routing_option_are_one_declaration_each(user_declarations, capsys):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from capsjax.defaults import base_config  # pylint: disable=g-import-not-at-top
+  from capsjax.launch import print_keys  # pylint: disable=g-import-not-at-top
+  from capsjax.models import build_model, model_config  # pylint: disable=g-import-not-at-top
+  config = base_config()
+  assert config.model.routing_options.scaled_mean.to_dict() == {'scale': 1.0}   # the option, at its default
+  config.baseline = dict(model=model_config('hidden_linear').to_dict())
+  assert config.baseline.model.hidden == 16                                         # the key, at its default
+  assert problems_of(config) == []
+  print_keys(config, 'keys')                                                        # --help
+  shown = capsys.readouterr().out
+  assert ('baseline.model.hidden = 16  — hidden units before the logits [an integer >= 1]' in shown
+          and 'model.routing_options.scaled_mean.scale = 1.0  — multiplies the mean vote [a finite number > 0]'
+          in shown)
+  config.baseline.model.hidden, config.model.routing_options.scaled_mean.scale = 0, -1.0   # validation
+  assert problems_of(config)[:2] == ['config.model.routing_options.scaled_mean.scale=-1.0: allowed a finite '
+                                     'number > 0', 'config.baseline.model.hidden=0: allowed an integer >= 1']
+  config.baseline.model.hidden = 24                                                 # the built model
+  params = build_model(**config.baseline.model).init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+  assert params['params']['Dense_0']['kernel'].shape == (784, 24)
+  config.model.update(routing='scaled_mean', conv1_channels=8, primary_types=2, use_decoder=False)
+  images = jax.random.uniform(jax.random.key(1), (2, 28, 28, 1))
+  lengths = {}
+  for scale in (1.0, 4.0):
+    config.model.routing_options.scaled_mean.scale = scale
+    model = build_model(**config.model)
+    variables = model.init(jax.random.key(0), images)
+    lengths[scale] = model.apply(variables, images)['lengths']
+  # squash: |v| = |s|² / (1 + |s|²), so |s| = sqrt(|v| / (1 − |v|)); the option scales |s| by 4.
+  norm = lambda v: jnp.sqrt(v / (1 - v))
+  assert jnp.allclose(norm(lengths[4.0]), 4 * norm(lengths[1.0]), rtol=1e-3)

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from capsjax import assemble, defaults, sizing
+from capsjax.formulations import Formulation
 from capsjax.layers import Conv, DeconvDecoder, StridedStem, same_padding, stem_stages
 from capsjax.models import CapsNet, count_params
 
@@ -30,7 +31,7 @@ def _params(model, shape):
 def test_same_padding_at_stride_two_is_xlas_same():
   images = jax.random.normal(jax.random.key(0), (2, 13, 16, 3))
   kernel = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
-  conv = Conv(4, 3, 2, padding='SAME', impl='patches')
+  conv = Conv(4, 3, 2, padding='SAME', formulation=Formulation(conv_impl='patches'))
   with jax.default_matmul_precision('float32'):
     reference = jax.lax.conv_general_dilated(images, kernel, (2, 2), 'SAME',
                                              dimension_numbers=('NHWC', 'HWIO', 'NHWC'))

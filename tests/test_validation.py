@@ -25,7 +25,7 @@ def test_every_experiment_default_is_valid_and_every_key_is_described(name):
   assert problems_of(config) == []
   for line in config_lines(config):   # what --help prints: a meaning and the allowed values
     key = line.split(' = ')[0]
-    assert re.fullmatch(r'.+ \[.+\]', key_help(key)), key
+    assert re.fullmatch(r'.+ \[.+\]', key_help(key, config)), key
 
 
 def test_experiment_help_explains_each_key():

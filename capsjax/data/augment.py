@@ -1,5 +1,6 @@
 """On-device preprocessing and augmentation: pure functions of (images, key), so a
 training batch is a function of (seed, step) wherever it is built."""
+import math
 from typing import Any, Dict, Optional
 
 import jax
@@ -7,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.data import affine
+from capsjax.keys import declare, describe_section, number_in, section_defaults
 
 Array = jax.Array
 
@@ -14,7 +16,16 @@ Array = jax.Array
 # recipe). rotation in degrees either way, scale as the largest fraction either way, shear
 # as the largest shear factor either way; an elastic distortion of elastic_alpha px smoothed
 # over elastic_sigma px (Simard, Steinkraus, Platt 2003 used 34 and 4 on MNIST).
-AUGMENT = {'rotation': 0.0, 'scale': 0.0, 'shear': 0.0, 'elastic_alpha': 0.0, 'elastic_sigma': 4.0}
+describe_section('augment', "training augmentation beyond the shifts (all 0: the paper's recipe)")
+declare('augment.rotation', 0.0, number_in(0, 180), 'training images rotated by up to ± this many degrees')
+declare('augment.scale', 0.0, number_in(0, 1, high_open=True), 'training images scaled by a factor in '
+        '[1 − scale, 1 + scale]')
+declare('augment.shear', 0.0, number_in(0, 1), 'training images sheared by a factor in [−shear, shear]')
+declare('augment.elastic_alpha', 0.0, number_in(0, math.inf), 'elastic distortion of training images: '
+        'displacements of this many pixels (0: none)')
+declare('augment.elastic_sigma', 4.0, number_in(0, math.inf, low_open=True), 'elastic distortion: the Gaussian '
+        'smoothing of the displacement field, in pixels')
+AUGMENT = section_defaults('augment')
 
 
 def shift_image(image: Array, dy: Array, dx: Array, max_shift: int) -> Array:

@@ -21,6 +21,11 @@ from capsjax.data import affine, augment, multimnist
 from capsjax.data.datasets import DATASETS, Preprocessing
 from capsjax.data.rows import ImageRows
 from capsjax.data.sources import Dataset
+from capsjax.keys import Rule, declare
+
+# Checked against the image's side by capsjax.validation's rules across keys.
+declare('max_shift', 2, Rule(lambda v: True, 'an integer in [0, a quarter of the image side]'),
+        'training images shifted by up to ± this many pixels (zero padding)')
 
 HostBatch = Tuple[np.ndarray, ...]
 

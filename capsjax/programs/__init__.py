@@ -8,17 +8,11 @@ imports the built-in ones. An inner run that stops
 (a signal, --config.stop_at_step) raises capsjax.errors.RunStopped through the program:
 the command exits 75 and the same command resumes every run where it stopped.
 """
-from capsjax import train
-from capsjax.registry import Registry
-
-PROGRAMS = Registry('program')
+from capsjax.train import PROGRAMS
 
 
 def register_program(name: str):
   return PROGRAMS.register(name)
-
-
-PROGRAMS.register('train', train.train_and_evaluate)
 
 
 # The experiments that run each built-in program (what `python -m capsjax.programs.NAME`,

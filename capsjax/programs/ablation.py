@@ -18,6 +18,7 @@ from capsjax.plots import pyplot, save_figure
 from capsjax.programs.common import with_model_of
 from capsjax.reports import markdown_table, mean_std, seed_groups
 from capsjax.errors import ConfigError
+from capsjax.keys import boolean, declare
 from capsjax.programs import not_a_command, register_program
 
 # The paper's Table 1, MNIST test error in % (mean ± std of 3 trials where given).
@@ -25,6 +26,10 @@ PAPER_TABLE1 = {
     'baseline': '0.39', (1, False): '0.34 ± 0.032', (1, True): '0.29 ± 0.011',
     (3, False): '0.35 ± 0.036', (3, True): '0.25 ± 0.005',
 }
+
+
+declare('baseline.enabled', True, boolean(), 'also train the baseline CNN (baseline.model, baseline.loss) over the '
+        'same seeds', in_base=False)
 
 
 def baseline_config(config) -> ml_collections.ConfigDict:

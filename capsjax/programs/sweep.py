@@ -20,11 +20,18 @@ from typing import Any, Dict, List, Tuple
 import ml_collections
 import numpy as np
 
-from capsjax import train, validation
+from capsjax import train
 from capsjax.errors import ConfigError
+from capsjax.keys import Rule, declare, describe_section
 from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.programs import not_a_command, register_program
+
+
+describe_section('sweep', 'the sweep program: one run per variant')
+declare('sweep.variants', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v),
+                                   'a tuple of override strings'),
+        'the sweep: one run per variant, KEY=VALUE overrides separated by commas', in_base=False)
 
 
 def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
@@ -143,10 +150,11 @@ def run(config, workdir: str) -> Dict[str, Any]:
   names = [name for name, _ in variants]
   if len(set(names)) != len(names):
     raise ConfigError(f'sweep variant names repeat: {names}')
+  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top  (validation imports this module)
   configs = [variant_config(config, overrides) for _, overrides in variants]  # validate all first
   for name, variant in zip(names, configs):
     try:
-      validation.validate(variant)
+      validate(variant)
     except ConfigError as e:
       raise ConfigError(f'sweep variant {name!r}: {e}') from None
   os.makedirs(workdir, exist_ok=True)

@@ -9,6 +9,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from capsjax.keys import Key, annotated_keys
 from capsjax.registry import Registry
 from capsjax.routing.core import Array
 
@@ -193,10 +194,18 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
 def routing_option_defaults(name: str) -> Dict[str, Any]:
   """The options a config may set for routing `name` (keyword arguments that are neither
   learned, nor the loop's own, nor the capsule layer's features), with their defaults."""
-  import inspect  # pylint: disable=g-import-not-at-top
   entry = ROUTINGS[name]
   return {p.name: p.default for p in inspect.signature(entry.value).parameters.values()
           if p.name not in _OWN_ARGUMENTS and p.name not in entry.learned and p.name not in entry.layer_inputs}
+
+
+def routing_option_keys(name: str) -> Dict[str, Key]:
+  """Routing `name`'s options as config keys: each keyword argument's default, and its rule
+  and help where its signature annotates them (`Annotated[float, keys.About(rule, help)]`;
+  a routing written without annotations still has its options, with any value allowed)."""
+  declared = annotated_keys(ROUTINGS[name].value)
+  return {option: declared.get(option, Key(option, default, None, f'an option of routing {name!r}'))
+          for option, default in routing_option_defaults(name).items()}
 
 
 def own_routing_options(name: str, options: Dict[str, Any]) -> Dict[str, Any]:

@@ -13,6 +13,10 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
+# An upper bound on a config's iteration counts that only stops mistakes: a routing of 10⁶
+# iterations compiles and then runs for hours (the paper's appendix goes to 10).
+MAX_ROUTING_ITERATIONS = 100
+
 def vector_norm(vectors: Array, axis: int = -1, keepdims: bool = False) -> Array:
   """|v| along `axis`, exact (no ε), with gradient 0 at the zero vector.
 

@@ -1,7 +1,11 @@
 """EM routing (Hinton, Sabour, Frosst, ICLR 2018) on vector poses."""
+import math
+from typing import Annotated
+
 import jax
 import jax.numpy as jnp
 
+from capsjax.keys import About, number_in
 from capsjax.routing.base import RoutingResult, register_routing
 from capsjax.routing.core import iterate
 
@@ -9,7 +13,11 @@ from capsjax.routing.core import iterate
 @register_routing('em', learned={'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)},
                   returns_couplings=True)
 def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a, max_iterations=None,
-       unroll=False, return_couplings=False, inverse_temperature=1.0, variance_epsilon=1e-8):
+       unroll=False, return_couplings=False,
+       inverse_temperature: Annotated[float, About(number_in(0, math.inf, low_open=True), (
+           'the final inverse temperature λ (λ rises linearly to it over the iterations)'))] = 1.0,
+       variance_epsilon: Annotated[float, About(number_in(0, math.inf, low_open=True), (
+           'added to every variance σ² (keeps log σ finite)'))] = 1e-8):
   """EM routing (Hinton, Sabour, Frosst, ICLR 2018, Procedure 1) on vector poses.
 
   Votes V_ij = û_{j|i}, input activations a_i. R_ij = 1/|out|; r times: M-step

@@ -1,7 +1,11 @@
 """Variational-Bayes routing (Ribeiro, Leontidis, Kollias, AAAI 2020) on vector poses."""
+import math
+from typing import Annotated
+
 import jax
 import jax.numpy as jnp
 
+from capsjax.keys import About, number_in
 from capsjax.routing.base import RoutingResult, register_routing
 from capsjax.routing.core import iterate
 
@@ -13,7 +17,12 @@ from capsjax.routing.core import iterate
                            'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)})
 def variational_bayes(prediction_vectors, input_activations, num_iterations, *, prior_log_alpha, prior_log_kappa,
                       prior_log_inverse_scale, beta_u, beta_a, max_iterations=None, unroll=False,
-                      return_couplings=False, prior_extra_dof=1.0, inverse_temperature=1.0):
+                      return_couplings=False,
+                      prior_extra_dof: Annotated[float, About(number_in(0, math.inf, low_open=True), (
+                          "the Wishart prior's degrees of freedom ν₀ beyond the capsule dimension (ν₀ = D + this, "
+                          '> D − 1)'))] = 1.0,
+                      inverse_temperature: Annotated[float, About(number_in(0, math.inf, low_open=True),
+                                                                  'λ of its activations')] = 1.0):
   """Variational-Bayes routing (Ribeiro, Leontidis, Kollias, AAAI 2020) on vector poses.
 
   Each parent j is a Gaussian with diagonal precision Λ_j over the votes V_ij = û_{j|i},

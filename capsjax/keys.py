@@ -1,0 +1,222 @@
+"""Config keys, each declared once where the code that reads it lives: default, rule and help.
+
+Three forms, one meaning:
+- a run-level key: `declare('batch_size', 128, int_at_least(1), 'training examples per step')`
+  in the module that reads it (capsjax.steps, capsjax.train, capsjax.data.…);
+- a model key: a field of the model family's Flax module, its type `Annotated` with
+  `About(rule, help)` (`conv1_channels: Annotated[int, About(int_at_least(1), '…')] = 256`);
+- a routing's or an objective's option: a keyword argument of the routing or objective
+  function, `Annotated` the same way.
+
+`capsjax.defaults.base_config()`, `capsjax.validation` and `--help` are generated from these
+declarations; nothing else repeats a default, a rule or a help line. This module imports
+nothing of capsjax, so any module may declare its keys at import time.
+"""
+import dataclasses
+import inspect
+import math
+import re
+import sys
+import typing
+from typing import Any, Callable, Dict, Iterable, Optional, Union
+
+
+# ----------------------------------------------------------------------------- rules
+
+class Rule:
+  """A check on a value and the words for what it allows (`str(rule)`; a function giving
+  them where they name what is registered when the config is checked)."""
+
+  def __init__(self, check: Callable[[Any], bool], allowed: Union[str, Callable[[], str]]):
+    self.check, self._allowed = check, allowed
+
+  def __call__(self, value) -> bool:
+    return bool(self.check(value))
+
+  def __str__(self) -> str:
+    return self._allowed() if callable(self._allowed) else self._allowed
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def int_at_least(low: int) -> Rule:
+  return Rule(lambda v: _is_int(v) and v >= low, f'an integer >= {low}')
+
+
+def int_in(low: int, high: int) -> Rule:
+  return Rule(lambda v: _is_int(v) and low <= v <= high, f'an integer in [{low}, {high}]')
+
+
+def number_in(low: float, high: float, low_open: bool = False, high_open: bool = False) -> Rule:
+  def check(v):
+    return _is_number(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+  return Rule(check, f'a finite number in {"(" if low_open else "["}{low}, {high}{")" if high_open else "]"}')
+
+
+def positive_number() -> Rule:
+  return Rule(lambda v: _is_number(v) and v > 0, 'a finite number > 0')
+
+
+def boolean() -> Rule:
+  return Rule(lambda v: isinstance(v, bool), 'True or False')
+
+
+def one_of(choices: Iterable[str]) -> Rule:
+  choices = tuple(choices)
+  return Rule(lambda v: v in choices, f'one of {", ".join(choices)}')
+
+
+def text(allowed: str = 'a string') -> Rule:
+  return Rule(lambda v: isinstance(v, str), allowed)
+
+
+def ints_at_least(low: int, allow_empty: bool = True) -> Rule:
+  def check(v):
+    return isinstance(v, (tuple, list)) and (allow_empty or len(v) > 0) and all(_is_int(x) and x >= low for x in v)
+  return Rule(check, f'a tuple of integers >= {low}' + ('' if allow_empty else ' (at least one)'))
+
+
+def numbers_at_least(low: float) -> Rule:
+  return Rule(lambda v: isinstance(v, (tuple, list)) and all(_is_number(x) and x >= low for x in v),
+              f'a tuple of finite numbers >= {low}')
+
+
+def host_port() -> Rule:
+  return Rule(lambda v: isinstance(v, str) and (not v or re.fullmatch(r'\S+:\d{1,5}', v) is not None),
+              'HOST:PORT, or empty (detected)')
+
+
+class Registered(Rule):
+  """'one of …' over a registry read when a config is checked (families may add names)."""
+
+  def __init__(self, names: Callable[[], Iterable[str]]):
+    super().__init__(lambda v: v in tuple(names()), '')
+    self.names = names
+
+  def __str__(self) -> str:
+    return f'one of {", ".join(self.names())}'
+
+
+class RegisteredTuple(Registered):
+  """A non-empty tuple of distinct registered names; on the command line also one
+  comma-separated word (`--config.routing_zoo.routings=dynamic,em`, validation.split_name_lists)."""
+
+  def __init__(self, names: Callable[[], Iterable[str]], what: str):
+    super().__init__(names)
+    self.what = what
+    self.check = lambda v: (isinstance(v, (tuple, list)) and len(v) > 0 and len(set(v)) == len(v)
+                            and all(x in tuple(names()) for x in v))
+
+  def __str__(self) -> str:
+    return f'a tuple of distinct {self.what} ({", ".join(self.names())})'
+
+
+def registered(names: Callable[[], Iterable[str]]) -> Rule:
+  return Registered(names)
+
+
+def registered_tuple(names: Callable[[], Iterable[str]], what: str) -> Rule:
+  return RegisteredTuple(names, what)
+
+
+# ----------------------------------------------------------------------------- declarations
+
+@dataclasses.dataclass(frozen=True)
+class About:
+  """What an `Annotated` field or keyword argument carries: its rule (None: any value the
+  code accepts) and its help line. `config_default`: where the config's default is not the
+  code's (a model's routing_options: every routing's section in the config, the module's
+  own routing's options in the code), a function giving the config's."""
+  rule: Optional[Rule]
+  help: str
+  config_default: Optional[Callable[[], Any]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """A declared config key: its dotted name (relative to its section), default, rule, help.
+  `in_base`: whether the base config has it (False: a key of some experiments only, e.g.
+  multimnist.*, set by the experiments that use it); `owner`: the declaring module."""
+  name: str
+  default: Any
+  rule: Optional[Rule]
+  help: str
+  in_base: bool = True
+  owner: str = ''
+
+
+# Run-level keys by dotted name (capsjax.defaults imports their owners).
+RUN_KEYS: Dict[str, Key] = {}
+SECTION_HELP: Dict[str, str] = {}   # a section of keys (augment, multimnist, …) → its help line
+
+
+def declare(name: str, default: Any, rule: Optional[Rule], help: str, *,  # pylint: disable=redefined-builtin
+            in_base: bool = True) -> None:
+  """Declares the run-level key `name` (dotted for a key inside a section), in the module
+  that reads it."""
+  owner = sys._getframe(1).f_globals.get('__name__', '')  # pylint: disable=protected-access
+  key = Key(name, default, rule, help, in_base, owner)
+  if name in RUN_KEYS and RUN_KEYS[name].owner != owner:
+    raise ValueError(f'config key {name!r} is declared by {RUN_KEYS[name].owner} and {owner}')
+  RUN_KEYS[name] = key
+
+
+def describe_section(name: str, help: str) -> None:  # pylint: disable=redefined-builtin
+  """The help line of a section of keys (`augment`, `multimnist`, …)."""
+  SECTION_HELP[name] = help
+
+
+def _nested(keys: Iterable[Key], strip: str = '') -> Dict[str, Any]:
+  values: Dict[str, Any] = {}
+  for key in keys:
+    *parents, leaf = key.name[len(strip):].split('.')
+    node = values
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = key.default
+  return values
+
+
+def section_defaults(name: str) -> Dict[str, Any]:
+  """The declared defaults of section `name`'s keys, nested as a dict (what an experiment
+  that uses the section starts from: `config.multimnist = keys.section_defaults('multimnist')`)."""
+  return _nested([key for key in RUN_KEYS.values() if key.name.startswith(name + '.')], name + '.')
+
+
+def base_values(owners: Iterable[str]) -> Dict[str, Any]:
+  """The base config's run-level keys as a nested dict, grouped by owner in `owners`' order."""
+  order = {owner: i for i, owner in enumerate(owners)}
+  chosen = sorted((key for key in RUN_KEYS.values() if key.in_base), key=lambda key: order.get(key.owner, len(order)))
+  return _nested(chosen)
+
+
+def _about(annotation) -> Optional[About]:
+  for extra in getattr(annotation, '__metadata__', ()):
+    if isinstance(extra, About):
+      return extra
+  return None
+
+
+def annotated_keys(owner) -> Dict[str, Key]:
+  """The keys a dataclass (a Flax module: its fields) or a function (its keyword-only
+  arguments with defaults) declares, by name, in their order, at the config's defaults; the
+  rule and help from `Annotated[…, About(…)]` (none: any value, no help line)."""
+  if dataclasses.is_dataclass(owner):
+    hints = typing.get_type_hints(owner, include_extras=True)
+    found = [(field.name, hints.get(field.name), field.default) for field in dataclasses.fields(owner)
+             if field.name not in ('parent', 'name')]   # Flax's own fields
+  else:
+    found = [(p.name, p.annotation, p.default) for p in inspect.signature(owner).parameters.values()
+             if p.kind == p.KEYWORD_ONLY and p.default is not p.empty]
+  declared = {}
+  for name, annotation, default in found:
+    about = _about(annotation) or About(None, '')
+    default = about.config_default() if about.config_default else default
+    declared[name] = Key(name, default, about.rule, about.help)
+  return declared
