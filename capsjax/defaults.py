@@ -1,9 +1,10 @@
 """The base config: every key a run has, at its declared default — the paper's MNIST setup
 (section 5). Each key is declared once, where the code that reads it lives (capsjax.keys):
 the model's keys are its Flax fields, the loss's the objective's keyword arguments, a
-routing's options its signature's, the run's `keys.declare(...)` in their modules. Experiments (experiments/NAME.py) start from `base_config()` and change what
-they need; the library reads its defaults here (a workdir made before a key existed ran
-with that key's default), never from an experiment.
+routing's options its signature's, the run's `keys.declare(...)` in their modules.
+Experiments (experiments/NAME.py) start from `base_config()` and change what they need;
+the library reads its defaults here (a workdir made before a key existed ran with that
+key's default), never from an experiment.
 """
 from typing import Dict
 
@@ -12,19 +13,20 @@ import ml_collections
 from capsjax import keys
 from capsjax.data.datasets import dataset_info
 
-# The base config lists the run's keys by their modules, in this order.
-_OWNERS = ('capsjax.train', 'capsjax.data.tasks', 'capsjax.data.sources', 'capsjax.data.images',
-           'capsjax.data.rows', 'capsjax.data.pipeline', 'capsjax.data.augment', 'capsjax.steps', 'capsjax.ensembles',
-           'capsjax.workdir', 'capsjax.runtime', 'capsjax.diagnostics')
+
+def _owners():
+  """The modules that declare the base config's run-level keys."""
+  # pylint: disable=g-import-not-at-top
+  from capsjax import diagnostics, ensembles, runtime, steps, train, workdir
+  from capsjax.data import augment, images, pipeline, rows, sources, tasks
+  return (train, tasks, sources, images, rows, pipeline, augment, steps, ensembles, workdir, runtime, diagnostics)
 
 
 def run_keys() -> Dict[str, keys.Key]:
-  """Every declared run-level key by dotted name: those of the base config (their modules
-  imported here, in the order the base config lists them) and those of any experiment
-  section whose module is imported (capsjax.programs.*: validation imports them)."""
-  # pylint: disable=g-import-not-at-top,unused-import
-  from capsjax import train, data, steps, ensembles, workdir, runtime, diagnostics
-  from capsjax.data import tasks, sources, images, rows, pipeline, augment
+  """Every declared run-level key by dotted name: the base config's (their modules
+  imported here) and those of any experiment section whose module is imported
+  (capsjax.programs.*: validation imports them)."""
+  _owners()
   return keys.RUN_KEYS
 
 
@@ -46,7 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
   """
   from capsjax.objectives import loss_keys  # pylint: disable=g-import-not-at-top
   run_keys()
-  config = ml_collections.ConfigDict(keys.base_values(_OWNERS))
+  config = ml_collections.ConfigDict(keys.base_values())
   config.loss = ml_collections.ConfigDict({key.name: key.default for key in loss_keys('capsnet').values()})
   config.model = capsnet_config()
   return config

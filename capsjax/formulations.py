@@ -196,11 +196,11 @@ def choices(option: str, backend: str = '') -> tuple:
 # (capsjax.train); `auto` never resolves to one (tests/test_models.py checks).
 SLOW_CHOICES = {
     ('conv_impl', 'xla', 'cpu'): (
-        "XLA:CPU's strided-convolution gradient trained the paper's model 20-24x slower than "
-        "'patches' (AMD EPYC 2026-11-23, Intel Xeon 2026-11-24; docs/results.md)"),
+        "XLA:CPU's strided-convolution gradient trains the paper's model about 20x slower than "
+        "'patches' (docs/results.md, \"CPU speed\")"),
     ('dtype', 'bfloat16', 'cpu'): (
-        'bfloat16 outputs take a slow XLA:CPU path (training 2.5x slower than float32 on an Intel Xeon, '
-        "2026-11-24); model.conv_inputs='bfloat16' gets the bfloat16 matmul rate with float32 outputs"),
+        'bfloat16 outputs take a slow XLA:CPU path (training slower than float32; docs/results.md, '
+        "\"CPU speed\"); model.conv_inputs='bfloat16' gets the bfloat16 matmul rate with float32 outputs"),
     ('dtype', 'float16', 'cpu'): 'XLA:CPU has no fast float16 matmul; float32 is faster',
 }
 

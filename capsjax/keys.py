@@ -189,11 +189,9 @@ def section_defaults(name: str) -> Dict[str, Any]:
   return _nested([key for key in RUN_KEYS.values() if key.name.startswith(name + '.')], name + '.')
 
 
-def base_values(owners: Iterable[str]) -> Dict[str, Any]:
-  """The base config's run-level keys as a nested dict, grouped by owner in `owners`' order."""
-  order = {owner: i for i, owner in enumerate(owners)}
-  chosen = sorted((key for key in RUN_KEYS.values() if key.in_base), key=lambda key: order.get(key.owner, len(order)))
-  return _nested(chosen)
+def base_values() -> Dict[str, Any]:
+  """The base config's run-level keys (those declared so far with in_base) as a nested dict."""
+  return _nested(key for key in RUN_KEYS.values() if key.in_base)
 
 
 def _about(annotation) -> Optional[About]:

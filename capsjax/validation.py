@@ -12,9 +12,7 @@ from typing import Dict, Iterator, List, Tuple
 import ml_collections
 
 from capsjax import defaults
-# The modules declaring experiment sections (affnist.*, routing_zoo.*, sweep.*, baseline.*):
-# their rules and help lines are checked and shown with the base config's.
-from capsjax.programs import ablation, affnist, routing_zoo, sweep  # pylint: disable=unused-import
+from capsjax.programs import ablation, affnist, routing_zoo, sweep
 from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
 from capsjax.formulations import conv_inputs_problem
@@ -23,6 +21,9 @@ from capsjax.models import MODELS, model_keys
 from capsjax.objectives import OBJECTIVES, loss_keys
 from capsjax.routing import ROUTINGS, routing_option_keys
 
+# The modules declaring experiment sections (baseline.*, affnist.*, routing_zoo.*, sweep.*):
+# imported here, their rules and help lines are checked and shown with the base config's.
+SECTION_OWNERS = (ablation, affnist, routing_zoo, sweep)
 # Sections holding a comparison model (their own `model` and `loss`, checked as the run's).
 COMPARISON_MODELS = ('baseline', 'cnn')
 

@@ -93,9 +93,9 @@ def mnist_dir():
       pytest.fail(str(e))
     pytest.skip(f'needs the MNIST IDX files: set CAPSJAX_MNIST_DIR to a folder of them ({e})')
 
-# The tests that took 20 s or more (call or fixture set-up) in the suite of 2026-11-25 on a
-# 2-core AMD EPYC (`--durations`): they train, compile paper-size models or run programs
-# end to end. `python -m pytest -q -n 2 -m "not slow" tests` leaves them out (a quick loop
+# The tests that take 20 s or more on a 2-core CPU (call or fixture set-up, `--durations`;
+# docs/results.md, "The test suite in CI"): they train, compile paper-size models or run
+# programs end to end. `python -m pytest -q -n 2 -m "not slow" tests` leaves them out (a quick loop
 # while editing; CI runs every test). A test that grows slow joins this list.
 SLOW = frozenset((
     'tests/test_ablation.py::test_ablation_command_writes_table_and_loss_figure',

@@ -60,7 +60,7 @@ def test_auto_formulations_come_from_the_one_table():
     assert formulations.resolve('conv_impl', 'auto', backend, paper_primary) == expected
     assert formulations.resolve('routing_loop', 'auto', backend) == entry['routing_loop']
     assert formulations.resolve('patches_inference', 'auto', backend) == entry['patches_inference']
-  assert formulations.resolve('conv_impl', 'auto', 'gpu') == 'patches'   # measured on an H100, 2026-11-23
+  assert formulations.resolve('conv_impl', 'auto', 'gpu') == 'patches'   # FASTEST['gpu'], from the H100 report
   assert formulations.resolve('routing_loop', 'unrolled', 'cpu') == 'unrolled'   # explicit values stay
   assert ops.resolve_conv_impl('auto', paper_primary) == formulations.resolve('conv_impl', 'auto', layer=paper_primary)
   with pytest.raises(ValueError, match='routing_loop must be one of'):

@@ -22,8 +22,21 @@ class Preprocessing:
   standardize: bool = False                  # per image: zero mean, unit variance
 
 
+class DescribesImages:
+  """What a description with `image_shape`, `class_names` and `preprocessing` says of the
+  model it feeds (DatasetInfo, sources.SourceInfo)."""
+
+  @property
+  def num_classes(self) -> int:
+    return len(self.class_names)
+
+  @property
+  def input_shape(self) -> Tuple[int, int, int]:
+    return model_input_shape(self.image_shape, self.preprocessing)
+
+
 @dataclasses.dataclass(frozen=True)
-class DatasetInfo:
+class DatasetInfo(DescribesImages):
   tfds_name: str                      # the TFDS builder (the default source)
   image_shape: Tuple[int, int, int]   # [height, width, channels] of one stored image
   class_names: Tuple[str, ...]
@@ -40,14 +53,6 @@ class DatasetInfo:
   # (training, test) examples in the source's splits: what a plan (capsjax.plan) sizes the
   # data by without reading it.
   split_sizes: Tuple[int, int] = (0, 0)
-
-  @property
-  def num_classes(self) -> int:
-    return len(self.class_names)
-
-  @property
-  def input_shape(self) -> Tuple[int, int, int]:
-    return model_input_shape(self.image_shape, self.preprocessing)
 
 
 def model_input_shape(image_shape: Tuple[int, int, int], preprocessing: Preprocessing) -> Tuple[int, int, int]:

@@ -76,7 +76,7 @@ def coupling_coefficients(routing_logits: Array, leaky: bool = False, axis: int 
 # Inside the loop the arrays are kept parent-major ([batch, out_caps, in_caps, ...]): both
 # per-iteration contractions are then batched mat-vecs over contiguous memory, where the
 # public [batch, in_caps, out_caps, dim] layout made XLA transpose û twice per iteration
-# (measured: routing forward 206 → 118 ms at the paper's size on a 2-core CPU).
+# (docs/results.md, "CPU speed": the routing loop's layout).
 
 
 def loop_length(num_iterations, max_iterations) -> int:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Tuple
 import numpy as np
 
 from capsjax.data import images as image_files
-from capsjax.data.datasets import DATASETS, Preprocessing, model_input_shape
+from capsjax.data.datasets import DATASETS, DescribesImages, Preprocessing
 from capsjax.data.rows import ImageRows
 from capsjax.errors import ConfigError, DataError
 from capsjax.keys import Rule, declare, int_in, text
@@ -65,7 +65,7 @@ class DataSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class SourceInfo:
+class SourceInfo(DescribesImages):
   """What a source says about itself: the images as the host holds them (after
   config.image_size), the classes, and how training and test inputs are made from them."""
   name: str
@@ -73,14 +73,6 @@ class SourceInfo:
   class_names: Tuple[str, ...]
   preprocessing: Preprocessing = Preprocessing()
   background: str = image_files.DEFAULT_BACKGROUND   # transparency composited onto (capsjax.data.images)
-
-  @property
-  def num_classes(self) -> int:
-    return len(self.class_names)
-
-  @property
-  def input_shape(self) -> Tuple[int, int, int]:
-    return model_input_shape(self.image_shape, self.preprocessing)
 
 
 class Source:
