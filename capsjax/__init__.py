@@ -8,10 +8,12 @@ runnable example; tests/test_api.py runs every example):
   routing by name) and what it returns, `RoutingResult`; `routing_logit_changes`,
   `register_routing` and the registry `ROUTINGS`;
 - losses (per example): `margin_loss`, `reconstruction_loss`, `capsnet_loss`;
-- Flax linen layers: `PrimaryCaps`, `CapsuleLayer`, `Decoder`; models: `CapsNet`,
-  `BaselineCNN`, `build_model`, `capsule_lengths`, the registry `MODELS`;
+- Flax linen layers: `PrimaryCaps`, `CapsuleLayer`, `Decoder`, and how they compute,
+  `Formulation`; models: `CapsNet`, `BaselineCNN`, `build_model`, `model_config`,
+  `capsule_lengths`, the registry `MODELS`;
 - objectives (a model's loss and metrics for a batch): `make_objective`, `OBJECTIVES`;
-- training: `base_config`, `train_and_evaluate` → `RunResult` (the experiments' configs
+- training: `base_config`, the evaluators `EVALUATORS` and `register_evaluator`,
+  `train_and_evaluate` → `RunResult` (the experiments' configs
   are the package `capsjax.experiments`, e.g. `capsjax.experiments.mnist.get_config()`);
   `plan_run`: the run's steps compiled for a TPU slice that is not here (capsjax-plan);
 - trained models: `load_trained`, `TrainedModel`, `Predictor`;
@@ -34,7 +36,8 @@ _EXPORTS = {
     'CapsNet': 'models', 'BaselineCNN': 'models', 'build_model': 'models', 'model_config': 'models', 'capsule_lengths': 'models',
     'MODELS': 'models',
     'make_objective': 'objectives', 'OBJECTIVES': 'objectives',
-    'base_config': 'defaults', 'train_and_evaluate': 'train', 'RunResult': 'train', 'plan_run': 'plan',
+    'base_config': 'defaults', 'EVALUATORS': 'evaluators', 'register_evaluator': 'evaluators',
+    'train_and_evaluate': 'train', 'RunResult': 'train', 'plan_run': 'plan',
     'load_trained': 'trained', 'TrainedModel': 'trained', 'Predictor': 'predict',
     'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
 }

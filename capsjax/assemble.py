@@ -11,7 +11,7 @@ import jax
 import ml_collections
 import optax
 
-from capsjax import diagnostics, memory, sizing, steps
+from capsjax import evaluators, memory, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
 from capsjax.data.images import DEFAULT_BACKGROUND
@@ -21,7 +21,6 @@ from capsjax.data.tasks import TASKS, Splits, Task, at_most
 from capsjax.errors import ConfigError
 from capsjax.models import MODELS, build_model
 from capsjax.objectives import OBJECTIVES, Objective, make_objective
-from capsjax.routing import ROUTINGS
 
 
 def objective(config) -> Objective:
@@ -91,24 +90,12 @@ def has_decoder(config) -> bool:
   return MODELS[config.model.name].has_decoder(config.model)
 
 
-def routing_probe(config, model_module, pipeline):
-  """capsjax.steps.make_routing_probe for this run, or None where it does not apply: only a
-  single run of a family and routing that expose routing logits, with probe iterations."""
-  if not (config.get('routing_probe_iterations') and not config.get('ensemble')
-          and MODELS[config.model.name].routing_probe and ROUTINGS[config.model.routing].returns_logits):
-    return None
-  return steps.make_routing_probe(model_module, pipeline, config.routing_probe_iterations,
-                                  config.routing_probe_examples, config.eval_batch_size)
-
-
-def routing_diagnostics(config, model_module, pipeline, ensemble: bool):
-  """capsjax.diagnostics.make_routing_diagnostics for this run, or None where it does not
-  apply (config.routing_diagnostics off, or a model family without routing)."""
-  if not (config.get('routing_diagnostics') and MODELS[config.model.name].routing_probe):
-    return None
-  return diagnostics.make_routing_diagnostics(model_module, pipeline, config.routing_diagnostics_examples,
-                                              config.eval_batch_size, config.routing_diagnostics_iterations,
-                                              ensemble)
+def evaluations(config, model_module, pipeline, source, mesh, knobs) -> List[Any]:
+  """config.evals built for this run (capsjax.evaluators): those enabled that apply to its
+  family, routing and ensemble, over the test `pipeline` (`source` on the mesh)."""
+  context = evaluators.EvalContext(model_module, config.model.name, has_decoder(config), pipeline, source, mesh,
+                                   knobs, bool(config.get('ensemble')), config.eval_batch_size)
+  return evaluators.build(config.get('evals'), context)
 
 
 # ----------------------------------------------------------------------------- data

@@ -46,9 +46,11 @@ def base_config() -> ml_collections.ConfigDict:
     >>> config.batch_size, config.model.routing_iterations, config.loss.m_plus, config.loss.m_minus
     (128, 3, 0.9, 0.1)
   """
+  from capsjax.evaluators import evals_config  # pylint: disable=g-import-not-at-top
   from capsjax.objectives import loss_keys  # pylint: disable=g-import-not-at-top
   run_keys()
   config = ml_collections.ConfigDict(keys.base_values())
+  config.evals = ml_collections.ConfigDict(evals_config())
   config.loss = ml_collections.ConfigDict({key.name: key.default for key in loss_keys('capsnet').values()})
   config.model = capsnet_config()
   return config

@@ -1,7 +1,7 @@
 """Routing diagnostics: what the critical literature asks of a routing, for any registered one.
 
-At every evaluation of a CapsNet run (a probe of the Evaluator, like the convergence
-probe) on the first `routing_diagnostics_examples` test images (0: the whole test split):
+At the evaluations of a CapsNet run (the `routing_diagnostics` evaluator, capsjax.evaluators;
+`config.evals.routing_diagnostics`) on the first `examples` test images (0: the whole split):
 
 - coupling entropy: per child, the entropy of its couplings over the parents divided by
   log(parents) (1 = uniform, 0 = all to one parent), its mean and standard deviation over
@@ -18,7 +18,7 @@ probe) on the first `routing_diagnostics_examples` test images (0: the whole tes
   length; a class capsule's is what the routing reports as its presence: the length for
   the routings that code presence in it, the separate activation a_j for `em` and
   `variational_bayes` (whose poses are not squashed: their lengths say nothing of it);
-- test-time iterations: accuracy with r = 1 … `routing_diagnostics_iterations` routing
+- test-time iterations: accuracy with r = 1 … `iterations` routing
   iterations, as one vmapped evaluation, for an iterative routing.
 
 A routing without couplings (ROUTINGS[name].returns_couplings False) reports the coupling
@@ -32,22 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import sharding
-from capsjax.keys import boolean, declare, int_at_least, int_in
-from capsjax.routing import MAX_ROUTING_ITERATIONS, ROUTINGS
+from capsjax.routing import ROUTINGS
 
 Array = jax.Array
 # A capsule is inactive where its activation stays below this on every image (Everett et al.).
 INACTIVE_ACTIVATION = 0.1
 COUPLING_FIELDS = ('routing_coupling_entropy', 'routing_coupling_entropy_std', 'routing_coupling_movement',
                    'routing_consistency_same_class', 'routing_consistency_other_class')
-
-
-declare('routing_diagnostics', True, boolean(), 'routing diagnostics at each evaluation (coupling entropy and '
-        'movement, per-class consistency, capsule activity, accuracy for r = 1 … iterations)')
-declare('routing_diagnostics_examples', 1000, int_at_least(0), 'the first test images the routing diagnostics read '
-        '(0: the whole split)')
-declare('routing_diagnostics_iterations', 5, int_in(0, MAX_ROUTING_ITERATIONS), 'their test-time sweep: accuracy '
-        'for r = 1 … this (0: none)')
 
 
 def coupling_entropy(couplings: Array) -> Array:

@@ -208,16 +208,17 @@ class ProgressLogger(Hook):
 
 class Evaluator(Hook):
   """Evaluates every `every_steps` steps (0: only at the end of the run) and at the last
-  step of the run, writing a `test` row; `probes` (params → dict, e.g. the routing
-  probe) add their fields to the same row. `validate` (params → metrics on the held-out
-  validation split) writes a `validation` row at the same steps."""
+  step of the run, writing a `test` row; `evaluations` (capsjax.evaluators.Evaluation,
+  the config's `evals`) add their fields to the same row, or their images to TensorBoard,
+  at the evaluations their own cadence makes due. `validate` (params → metrics on the
+  held-out validation split) writes a `validation` row at the same steps."""
 
-  def __init__(self, every_steps: int, probes=(),
+  def __init__(self, every_steps: int, evaluations=(),
                validate: Optional[Callable[[Any], Dict[str, Any]]] = None,
                before: Optional[Callable[[Run, int], None]] = None,
                should_stop: Optional[Callable[[], bool]] = None):
     self.every_steps = every_steps
-    self.probes = list(probes)
+    self.evaluations = list(evaluations)
     self.validate = validate
     self.before = before   # called before each evaluation: the checkpointer saves there
     self.should_stop = should_stop   # a stop request ends an evaluation between its batches
@@ -247,8 +248,9 @@ class Evaluator(Hook):
     average = run.state.get('ema_params')   # config.ema_decay: the average evaluated beside them
     if average is not None:
       metrics.update({f'ema_{name}': value for name, value in run.evaluate(average, **stop).items()})
-    for probe in self.probes:
-      metrics.update(probe(run.state['params']))
+    for evaluation in self.evaluations:
+      if not evaluation.images and evaluation.due(step, run.num_steps):
+        metrics.update(evaluation.evaluate(run.state['params']))
     if self.validate is not None:
       run.last_validation = self.validate(run.state['params'], **stop)
       if average is not None:
@@ -283,18 +285,9 @@ class Evaluator(Hook):
     run.log(f'step {step} test: {run.describe_test(results)}{took}')
     run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=run.last_eval_seconds,
                       **results)
-
-
-class ReconstructionImages(Hook):
-  """After each evaluation: a few test inputs beside their reconstructions, for
-  TensorBoard (`reconstruct`: params → uint8 [n, h, 2w + 2, c])."""
-
-  def __init__(self, reconstruct: Callable[[Any], np.ndarray]):
-    self.reconstruct = reconstruct
-
-  def __call__(self, run, step, metrics):
-    if run.last_eval_step == step:
-      run.metrics.images(step, 'test/reconstructions', self.reconstruct(run.state['params']))
+    for evaluation in self.evaluations:
+      if evaluation.images and evaluation.due(step, run.num_steps):
+        run.metrics.images(step, f'test/{evaluation.name}', evaluation.evaluate(run.state['params']))
 
 
 class KeepBestCheckpoint(Hook):

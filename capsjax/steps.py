@@ -13,9 +13,9 @@ import numpy as np
 import optax
 
 from capsjax import sharding
-from capsjax.keys import boolean, declare, int_at_least, int_in, number_in, one_of, positive_number
+from capsjax.keys import boolean, declare, int_at_least, number_in, one_of, positive_number
 from capsjax.objectives import top_k_correct
-from capsjax.routing import MAX_ROUTING_ITERATIONS, coupling_changes, routing_logit_changes
+from capsjax.routing import coupling_changes, routing_logit_changes
 
 State = Dict[str, Any]
 
@@ -248,12 +248,6 @@ def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None
     metrics['ensemble_accuracy'] = totals['ensemble_correct'] / count[0]
     metrics['ensemble_error'] = 1.0 - metrics['ensemble_accuracy']
   return {name: value.tolist() for name, value in metrics.items()}
-
-
-# Routing convergence (appendix A): mean |Δb| per iteration at every evaluation.
-declare('routing_probe_iterations', 6, int_in(0, MAX_ROUTING_ITERATIONS), 'routing iterations of the convergence '
-        'probe at each evaluation (0: off)')
-declare('routing_probe_examples', 100, int_at_least(1), 'test images the convergence probe routes')
 
 
 def make_routing_probe(model, pipeline, iterations: int, examples: int, batch_size: int):

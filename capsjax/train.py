@@ -22,7 +22,6 @@ from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
 from capsjax import assemble, formulations, memory, reports, runtime, sharding, sizing, steps
 from capsjax import workdir as workdir_lib
-from capsjax.data.images import side_by_side
 from capsjax.data.pipeline import Pipeline
 from capsjax.errors import CapsjaxError, CheckpointError, RunStopped
 from capsjax.events import EventWriter
@@ -85,11 +84,9 @@ class RunSteps:
   step_arguments: Callable[[Any, int], tuple]
   evaluate: Callable[[Any], Dict[str, Any]]  # params → test metrics
   validate: Optional[Callable[[Any], Dict[str, Any]]]   # params → validation metrics
-  probes: List[Callable[[Any], Dict[str, Any]]]
+  evaluations: List[Any]               # capsjax.evaluators.Evaluation: config.evals that apply
   make_state: Callable[[], Any]        # the fresh state (allocated when first asked for)
   members: Optional[List[Dict[str, Any]]]
-  # params → uint8 [n, h, 2w + 2, c]: test inputs | reconstructions (TensorBoard), or None
-  reconstruct: Optional[Callable[[Any], np.ndarray]] = None
   # abstract state → {what: (estimated peak bytes per device, the setting that lowers it)}
   # (capsjax.memory): traced, nothing allocated
   memory_estimates: Optional[Callable[[Any], Dict[str, Tuple[int, str]]]] = None
@@ -154,16 +151,7 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
     validate = lambda params, should_stop=None: steps.evaluate(
         validation_step, params, validation, config.eval_batch_size, knobs, mesh, validation_source, should_stop)
 
-  probes = []
-  routing_probe = assemble.routing_probe(config, model, test)
-  if routing_probe is not None:
-    probes.append(lambda params: routing_probe(params, mesh, test_source))
-  diagnose = assemble.routing_diagnostics(config, model, test, ensemble)
-  if diagnose is not None:
-    probes.append(lambda params: diagnose(params, mesh, test_source, knobs))
-  reconstruct = None
-  if not ensemble and assemble.has_decoder(config):
-    reconstruct = _reconstructions(model, test)
+  evaluations = assemble.evaluations(config, model, test, test_source, mesh, knobs)
 
   def memory_estimates(abstract_state):
     """Peak bytes per device of a training step and of an evaluation batch, from their
@@ -186,12 +174,11 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
     return {'training': train_step.lower(*step_arguments(state, 0)),
             'evaluation': eval_step.lower(state['params'], test_source, host_batch, weights, knobs)}
 
-  return RunSteps(train_step, step_arguments, evaluate, validate, probes,
-                 lambda: assemble.initial_state(config, model, optimizer), members, reconstruct,
+  return RunSteps(train_step, step_arguments, evaluate, validate, evaluations,
+                 lambda: assemble.initial_state(config, model, optimizer), members,
                  memory_estimates, mesh, lower)
 
 
-RECONSTRUCTED_EXAMPLES = 8
 # An upper bound that only stops mistakes: an evaluation batch of 10⁹ images asked for
 # 730 GiB after the training steps (batches beyond a test set are padding anyway).
 MAX_EVAL_BATCH_SIZE = 65536
@@ -216,25 +203,8 @@ declare('check_memory', True, boolean(), 'refuse a run whose estimated peak memo
         'with one line (False: try anyway)')
 
 
-def _reconstructions(model, test: Pipeline):
-  """params → the first test inputs beside their reconstructions (masked by the most
-  active capsule, as at test time), for a model with a decoder; None on several processes."""
-  if jax.process_count() > 1:
-    return None
-  host_batch, weights = next(iter(test.eval_batches(RECONSTRUCTED_EXAMPLES)))
-  batch = test.device_batch(test.source, host_batch, None)
-  shown = np.asarray(batch.get('reconstruction_targets', batch['images']))[weights > 0]
-  reconstruct = jax.jit(lambda params, images: model.apply({'params': params}, images)['reconstructions'])
-
-  def pairs(params):
-    rebuilt = np.asarray(reconstruct(params, batch['images']))[weights > 0]
-    inputs = np.uint8(np.round(np.clip(shown, 0.0, 1.0) * 255))
-    return np.stack([side_by_side(image, r) for image, r in zip(inputs, rebuilt)])
-  return pairs
-
-
-def default_hooks(config, run: hooks_lib.Run, checkpoints, requests, multi_process: bool, probes=(),
-                  validate=None, reconstruct=None, validation_rows=()):
+def default_hooks(config, run: hooks_lib.Run, checkpoints, requests, multi_process: bool, evaluations=(),
+                  validate=None, validation_rows=()):
   """(the hooks in order, the evaluator among them), wired through `run` (its divergence
   check and evaluation schedule). `validation_rows`: metrics.jsonl rows from before this
   invocation (a resumed run's best validation step keeps its checkpoint)."""
@@ -242,7 +212,7 @@ def default_hooks(config, run: hooks_lib.Run, checkpoints, requests, multi_proce
   # Last in the order (it saves where anyone asked to stop), and first at evaluation steps.
   checkpointer = hooks_lib.Checkpointer(checkpoints, config.checkpoint_every_steps,
                                         0.0 if multi_process else config.checkpoint_every_secs)
-  evaluator = hooks_lib.Evaluator(config.eval_every_steps, probes, validate=validate,
+  evaluator = hooks_lib.Evaluator(config.eval_every_steps, evaluations, validate=validate,
                                   before=checkpointer.save_before_evaluation,
                                   should_stop=None if multi_process else (lambda: requests.raised))
   run.check = guard.check
@@ -251,8 +221,6 @@ def default_hooks(config, run: hooks_lib.Run, checkpoints, requests, multi_proce
   hooks = [guard, hooks_lib.ProgressLogger(config.log_every_steps), evaluator]
   if validate is not None:
     hooks.append(hooks_lib.KeepBestCheckpoint(checkpoints, validation_rows))
-  if reconstruct is not None:
-    hooks.append(hooks_lib.ReconstructionImages(reconstruct))
   if config.stop_at_test_accuracy and not config.ensemble:
     hooks.append(hooks_lib.EarlyStop(config.stop_at_test_accuracy))
   hooks.append(hooks_lib.Preemption(requests, checkpoints, multi_process))
@@ -368,9 +336,8 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
          f'examples, {num_steps} steps of {config.batch_size} ({run.epoch(num_steps):.2f} epochs)'
          + (f', {len(members)} members in one vmapped program' if members else '')
          + f'; {describe_devices()}; {memory.describe(memory_estimates, available)}')
-    hooks, evaluator = default_hooks(config, run, checkpoints, requests, multi_process, program.probes,
-                                     program.validate, program.reconstruct,
-                                     metrics_log.read() if program.validate else ())
+    hooks, evaluator = default_hooks(config, run, checkpoints, requests, multi_process, program.evaluations,
+                                     program.validate, metrics_log.read() if program.validate else ())
     if first_step < run.last_step:
       _log('compiling the training step…')
 

@@ -15,6 +15,7 @@ from capsjax import defaults
 from capsjax.programs import ablation, affnist, routing_zoo, sweep
 from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
+from capsjax.evaluators import EVALUATORS, evaluator_keys
 from capsjax.formulations import conv_inputs_problem
 from capsjax.keys import Key, RegisteredTuple
 from capsjax.models import MODELS, model_keys
@@ -33,6 +34,9 @@ def declared(config) -> Iterator[Tuple[str, Key]]:
   model and loss (and a comparison model's, `baseline.model`, `cnn.loss`) those of the
   family and objective it names, with each routing's options under model.routing_options."""
   yield from defaults.run_keys().items()
+  for name in EVALUATORS:
+    for key in evaluator_keys(name).values():
+      yield f'evals.{name}.{key.name}', key
   for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS):
     found, model = _get(config, prefix + 'model')
     if found and hasattr(model, 'keys'):
@@ -111,10 +115,31 @@ def _check_loss(loss, model, prefix: str, problems: List[str]) -> None:
   problems.extend(objective.check(loss, prefix))
 
 
+def _check_evals(evals, problems: List[str]) -> None:
+  """config.evals: a section per registered evaluator, each of its declared keys."""
+  if not hasattr(evals, 'items'):
+    problems.append(f'config.evals={evals!r}: allowed a dict: evaluator name → its section')
+    return
+  for name, section in evals.items():
+    if name not in EVALUATORS:
+      problems.append(f'config.evals.{name}: no evaluator {name!r} is registered (allowed: '
+                      f'{", ".join(EVALUATORS.names())})')
+      continue
+    declared = evaluator_keys(name)
+    unknown = [key for key in (section.keys() if hasattr(section, 'keys') else ()) if key not in declared]
+    if unknown:
+      problems.append(f'config.evals.{name}.{unknown[0]}: not a key of the {name!r} evaluator (its keys: '
+                      f'{", ".join(declared)})')
+    _check_keys(section, declared, problems, f'evals.{name}.')
+
+
 def problems_of(config) -> List[str]:
   """Every rule `config` breaks, one line each (empty when it is valid)."""
   problems: List[str] = []
   _check_keys(config, defaults.run_keys(), problems)
+  found, evals = _get(config, 'evals')
+  if found and evals is not None:
+    _check_evals(evals, problems)
   for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS):
     found, model = _get(config, prefix + 'model')
     if found and model is not None:

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import ml_collections
 
-from capsjax import defaults
+from capsjax import defaults, evaluators
 
 from capsjax.errors import ConfigError, WorkdirError
 from capsjax.keys import boolean, declare
@@ -31,16 +31,16 @@ METRICS_FILE = 'metrics.jsonl'
 RUN_ENTRIES = {CONFIG_FILE: False, 'results.json': False, METRICS_FILE: False, LOCK_FILE: False,
                'table.md': False, 'checkpoints': True}
 
-# Keys that say how a run is carried out, not what it computes: they may change between
-# invocations of one run (e.g. another data folder, another checkpoint cadence).
 declare('allow_config_change', False, boolean(), 'continue a workdir that holds another config (never across '
         'parameter shapes); a workdir is otherwise bound to the config it was started with')
 
+# Keys that say how a run is carried out, not what it computes: they may change between
+# invocations of one run (e.g. another data folder, another checkpoint cadence).
 RUNTIME_KEYS = frozenset({
     'data_dir', 'tfds_data_dir', 'host_images', 'log_every_steps', 'eval_every_steps', 'eval_batch_size',
     'checkpoint_every_steps', 'checkpoint_every_secs', 'keep_checkpoints', 'stop_at_step',
     'distributed', 'coordinator_address', 'num_processes', 'process_id', 'distributed_timeout_s',
-    'allow_config_change', 'reevaluate', 'check_memory', 'routing_probe_examples', 'routing_probe_iterations',
+    'allow_config_change', 'reevaluate', 'check_memory', 'evals',
     # Names only: a run started before class names were recorded has none.
     'class_names',
 })
@@ -178,7 +178,35 @@ def _check_stored(stored, path: str) -> None:
 
 def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
   """A stored config in today's layout, with the keys added since at their defaults."""
-  return with_defaults(_sectioned_routing_options(stored), defaults.base_config().to_dict())
+  return with_defaults(_evaluators_as_sections(_sectioned_routing_options(stored)), defaults.base_config().to_dict())
+
+
+# Before config.evals (2026-11-25) the evaluators' options were run-level keys:
+# old key → (evaluator, its key, the value's translation).
+_FLAT_EVALUATOR_KEYS = {
+    'routing_probe_iterations': ('routing_probe', 'iterations', lambda n: n or None),
+    'routing_probe_examples': ('routing_probe', 'examples', lambda n: n),
+    'routing_diagnostics': ('routing_diagnostics', 'enabled', bool),
+    'routing_diagnostics_examples': ('routing_diagnostics', 'examples', lambda n: n),
+    'routing_diagnostics_iterations': ('routing_diagnostics', 'iterations', lambda n: n),
+}
+
+
+def _evaluators_as_sections(tree: Dict[str, Any]) -> Dict[str, Any]:
+  """The evaluators' flat keys of a config recorded before config.evals as its sections
+  (a convergence probe of 0 iterations was the probe switched off)."""
+  tree = dict(tree)
+  evals = {name: dict(section) for name, section in dict(tree.get('evals') or {}).items()}
+  for old, (name, key, translate) in _FLAT_EVALUATOR_KEYS.items():
+    if old in tree:
+      value = translate(tree.pop(old))
+      if value is None:
+        evals.setdefault(name, {})['enabled'] = False
+      else:
+        evals.setdefault(name, {})[key] = value
+  if evals:
+    tree['evals'] = with_defaults(evals, evaluators.evals_config())
+  return tree
 
 
 def _sectioned_routing_options(tree: Dict[str, Any]) -> Dict[str, Any]:

@@ -34,5 +34,5 @@ def get_config():
   config.num_epochs = 50.0
   config.affnist = defaults.section('affnist')
   config.cnn = ml_collections.ConfigDict(dict(model=affnist_cnn_model(), loss=dict(name='softmax_xent')))
-  config.routing_probe_iterations = 0
+  config.evals.routing_probe.enabled = False
   return config

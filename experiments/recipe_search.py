@@ -26,8 +26,8 @@ def get_config():
   config.eval_every_steps = 0        # at the end of each variant
   config.checkpoint_every_steps = 430
   config.log_every_steps = 100
-  config.routing_probe_iterations = 0
-  config.routing_diagnostics = False
+  config.evals.routing_probe.enabled = False
+  config.evals.routing_diagnostics.enabled = False
   config.sweep = ml_collections.ConfigDict(dict(variants=(
       'paper:',                                        # Adam 1e-3, ×0.96 every 200 steps, ±2 px shifts
       'paper_seed_1: seed=1',                          # the same, other seeds: the noise level

@@ -21,7 +21,7 @@ def get_config():
   config.lr_decay_steps = 200
   config.log_every_steps = 50
   config.checkpoint_every_steps = 250
-  config.routing_probe_iterations = 0
+  config.evals.routing_probe.enabled = False
   config.sweep = ml_collections.ConfigDict(dict(variants=(
       'base:',
       'seed_1: seed=1',            # the same config, another seed: the noise level

@@ -16,7 +16,7 @@ def get_config():
   config.program = 'sweep'
   config.validation_examples = 5000
   config.ensemble = ml_collections.ConfigDict(dict(seeds=(0, 1, 2)))
-  config.routing_probe_iterations = 0
+  config.evals.routing_probe.enabled = False
   config.sweep = ml_collections.ConfigDict(dict(variants=(
       "paper: model.transforms='per_capsule'",
       "per_type: model.transforms='per_type'",

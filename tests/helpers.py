@@ -22,7 +22,7 @@ def tiny_config(data_dir, **overrides):
   config.checkpoint_every_steps = 2
   # The routing diagnostics compile their own programs at the evaluation; tests/test_train.py
   # (real MNIST), tests/test_diagnostics.py and the zoo's test assert on them.
-  config.routing_diagnostics = False
+  config.evals.routing_diagnostics.enabled = False
   for key, value in overrides.items():
     setattr(config, key, value)
   return config

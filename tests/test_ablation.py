@@ -97,7 +97,7 @@ def test_ablation_command_writes_table_and_loss_figure(mnist_dir, tmp_path):
   tiny = _ensemble_config(mnist_dir)
   for key in ('data_dir', 'model', 'num_train_examples', 'num_test_examples', 'batch_size', 'num_steps',
               'log_every_steps', 'eval_every_steps', 'eval_batch_size', 'checkpoint_every_steps',
-              'routing_diagnostics'):
+              'evals'):
     setattr(config, key, tiny[key])
   config.ensemble.seeds = (0, 1)
   config.ensemble.reconstruction_weights = (0.0005,)

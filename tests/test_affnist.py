@@ -126,7 +126,7 @@ def test_affnist_command_reports_both_models_on_all_test_sets(mnist_dir, tmp_pat
   config.model.conv1_channels, config.model.primary_types = 8, 2
   config.model.decoder_hidden = (16, 32)
   config.cnn.model.conv_channels, config.cnn.model.dense = (4, 4, 4), (16, 8)
-  config.routing_diagnostics = False   # asserted in test_diagnostics / test_train (a suite-time trim)
+  config.evals.routing_diagnostics.enabled = False   # asserted in test_diagnostics / test_train (a suite-time trim)
   os.makedirs(tmp_path / 'mat')
   rng = np.random.default_rng(1)
   _write_affnist_mat(str(tmp_path / 'mat' / 'test.mat'),

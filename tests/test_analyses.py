@@ -40,7 +40,7 @@ def test_figures_command_on_a_trained_run(mnist_dir, tmp_path, capsys, monkeypat
   train.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     probes = [r for r in map(json.loads, f) if r['split'] == 'test']
-  assert len(probes) == 2 and len(probes[0]['coupling_changes']) == config.routing_probe_iterations
+  assert len(probes) == 2 and len(probes[0]['coupling_changes']) == config.evals.routing_probe.iterations
   # The run's data folder is gone (another machine, offline): this machine's is a flag, spelled
   # as run.py's error lines spell it; it does not change the run's config.json.
   stored = json.loads(open(os.path.join(workdir, 'config.json')).read())

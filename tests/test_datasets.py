@@ -169,8 +169,9 @@ def test_each_new_experiment_trains_beyond_chance(name, mnist_dir, monkeypatch, 
   config.model.decoder_hidden = (32, 64)
   config.batch_size, config.eval_batch_size, config.num_steps = 32, 100, 80
   config.lr_decay_steps, config.log_every_steps = 200, 40
-  config.eval_every_steps, config.checkpoint_every_steps, config.routing_probe_iterations = 0, 80, 0
-  config.routing_diagnostics = False   # asserted in test_diagnostics / test_train (a suite-time trim)
+  config.eval_every_steps, config.checkpoint_every_steps = 0, 80
+  config.evals.routing_probe.enabled = False
+  config.evals.routing_diagnostics.enabled = False   # asserted in test_diagnostics / test_train (a suite-time trim)
   if config.ensemble:
     config.ensemble.seeds = (0, 1)
   results = train.train_and_evaluate(config, str(tmp_path / name))

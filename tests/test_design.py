@@ -24,7 +24,7 @@ LAYERS = [
     ('models', 'sizing'),
     ('objectives',),
     ('data',),
-    ('ensembles', 'steps', 'diagnostics', 'hooks', 'checkpoints', 'reports'),
+    ('ensembles', 'steps', 'diagnostics', 'evaluators', 'hooks', 'checkpoints', 'reports'),
     ('assemble',),
     ('train', 'trained', 'plots', 'workdir', 'defaults'),
     ('predict', 'explorer', 'programs', 'validation'),

@@ -12,6 +12,7 @@ import pytest
 
 from capsjax import hooks, steps
 from capsjax.errors import NaNLossError
+from capsjax.evaluators import Evaluation
 from capsjax.runtime import StopRequests
 from capsjax.workdir import MetricsLog
 
@@ -109,16 +110,22 @@ def test_progress_logger_stops_on_divergence(tmp_path):
     logger(run, 1, metrics())
 
 
-def test_evaluator_runs_periodically_and_at_the_end_with_probes(tmp_path):
-  calls = []
+def test_evaluator_runs_periodically_and_at_the_end_with_its_evaluators(tmp_path):
+  calls, pictures = [], []
   run, lines = fake_run(tmp_path, evaluate=lambda p: calls.append(1) or {'accuracy': 0.75, 'error': 0.25})
-  evaluator = hooks.Evaluator(4, probes=[lambda params: {'probe': [1.0, 2.0]}])
+  run.metrics.images = lambda step, tag, images: pictures.append((step, tag))
+  evaluator = hooks.Evaluator(4, [Evaluation('probe', 0, lambda params: {'probe': [1.0, 2.0]}, False),
+                                  Evaluation('sparse', 8, lambda params: {'sparse': 1}, False),   # its own cadence
+                                  Evaluation('pictures', 0, lambda params: 'images', True)])
   for step in range(1, 11):
     evaluator(run, step, metrics())
   assert [row['step'] for row in run.metrics.read()] == [4, 8, 10]
+  assert ['sparse' in row for row in run.metrics.read()] == [False, True, True]   # 8, and the last step
+  assert pictures == [(4, 'test/pictures'), (8, 'test/pictures'), (10, 'test/pictures')]
   last = run.metrics.read()[-1]
   assert last.pop('eval_seconds') >= 0
-  assert last == {'split': 'test', 'step': 10, 'epoch': 2.0, 'accuracy': 0.75, 'error': 0.25, 'probe': [1.0, 2.0]}
+  assert last == {'split': 'test', 'step': 10, 'epoch': 2.0, 'accuracy': 0.75, 'error': 0.25, 'probe': [1.0, 2.0],
+                  'sparse': 1}
   assert run.last_eval_step == 10 and len(calls) == 3
   assert re.fullmatch(r'step 10 test: accuracy 0\.7500 \(error 25\.00%\) \(\d+\.\d s\)', lines[-1])
   assert lines[-2].startswith('step 10: evaluating')   # every evaluation is announced

@@ -151,7 +151,7 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   config.eval_every_steps = 0
   config.log_every_steps = 50
   config.checkpoint_every_steps = 1000
-  config.routing_diagnostics = False   # asserted in test_diagnostics / test_train (a suite-time trim)
+  config.evals.routing_diagnostics.enabled = False   # asserted in test_diagnostics / test_train (a suite-time trim)
   results = train.train_and_evaluate(config, str(tmp_path))
   # Chance for an unordered pair of different digits is 1/45 ≈ 2 %, for each digit of
   # the pair 2/10 (measured on CPU after 150 steps: 24.6 % and 56.1 %; after 120, the

@@ -158,7 +158,7 @@ def test_a_family_and_a_source_from_their_own_files_train(user_modules, mnist_di
   for split, count in (('train', 512), ('test', 200)):
     real = load_dataset('mnist', split, mnist_dir).take(count)
     np.savez(data / f'{split}.npz', images=np.asarray(real.images), labels=np.asarray(real.labels))
-  config = tiny_config(str(data), num_steps=60, eval_every_steps=0, routing_probe_iterations=0,
+  config = tiny_config(str(data), num_steps=60, eval_every_steps=0,
                        num_train_examples=0, num_test_examples=0)
   config.dataset = 'npz_digits'
   config.model = dict(name='linear', num_classes=10, input_shape=(28, 28, 1))

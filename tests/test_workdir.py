@@ -233,18 +233,26 @@ def test_a_config_json_that_is_not_a_config_is_one_error(tmp_path):
 
 def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path):
   """Before 2026-11-25 config.json held every routing's options in one flat dict (em's and
-  variational_bayes's `inverse_temperature` were one key): the recorded routing's values
-  become its section, and the same run resumes without a reported config change."""
+  variational_bayes's `inverse_temperature` were one key), and the evaluators' options as
+  run-level keys: the recorded routing's values become its section, the evaluators' theirs
+  (a probe of 0 iterations: off), and the same run resumes without a reported change."""
   from capsjax import defaults  # pylint: disable=g-import-not-at-top
   config = defaults.base_config()
   config.model.routing = 'em'
   config.model.routing_options.em.inverse_temperature = 2.0
+  config.evals.routing_probe.enabled = False
+  config.evals.routing_diagnostics.examples = 200
   old = config.to_dict()
   old['model']['routing_options'] = {'inverse_temperature': 2.0, 'variance_epsilon': 1e-8, 'prior_extra_dof': 1.0}
+  del old['evals']
+  old.update(routing_probe_iterations=0, routing_probe_examples=100, routing_diagnostics=True,
+             routing_diagnostics_examples=200, routing_diagnostics_iterations=5)
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  sections = workdir_lib.read_config(str(tmp_path)).model.routing_options.to_dict()
+  read = workdir_lib.read_config(str(tmp_path))
+  sections = read.model.routing_options.to_dict()
   assert sections == {'em': {'inverse_temperature': 2.0, 'variance_epsilon': 1e-8},
                       'variational_bayes': {'inverse_temperature': 1.0, 'prior_extra_dof': 1.0}}
+  assert read.evals.to_dict() == config.evals.to_dict() and 'routing_probe_iterations' not in read
   assert workdir_lib.bind_config(str(tmp_path), config) == []
   config.model.routing_options.em.inverse_temperature = 3.0
   config.allow_config_change = True

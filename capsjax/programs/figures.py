@@ -104,7 +104,7 @@ def draw_routing_convergence(metrics_path, final_changes, path):
       during.set_yscale('log')
       during.legend(fontsize=7)
     else:
-      during.text(0.5, 0.5, 'not recorded in metrics.jsonl\n(routing_probe_iterations = 0)',
+      during.text(0.5, 0.5, 'not recorded in metrics.jsonl\n(evals.routing_probe.enabled = False)',
                   ha='center', va='center', transform=during.transAxes)
     during.set_xlabel('training step')
     during.set_ylabel(name)

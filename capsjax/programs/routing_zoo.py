@@ -243,7 +243,7 @@ def render(config, rows) -> str:
   if any(row.get('diagnostics') for row in rows):
     sweep = max((len(row['diagnostics'].get('accuracy_by_routing_iterations') or []) for row in rows), default=0)
     lines += ['', '## Routing diagnostics', '',
-              f'At the last evaluation, on the first {config.routing_diagnostics_examples or "all"} test images, '
+              f'At the last evaluation, on the first {config.evals.routing_diagnostics.examples or "all"} test images, '
               'mean over the seeds (capsjax.diagnostics): coupling entropy over the parents / log(parents) '
               '(1 = uniform); movement = total-variation distance between the first and the last '
               "iteration's couplings per child; consistency = mean cosine similarity of two images' "
@@ -321,7 +321,7 @@ def run(config, workdir: str) -> Dict[str, Any]:
                  'test_error_at_best_validation': list(np.atleast_1d(selected['test_error'])) if selected else None})
     curves[name] = error_curve(metrics)
     last_test = test_rows(metrics)
-    if last_test and 'primary_capsules_inactive' in last_test[-1]:   # config.routing_diagnostics
+    if last_test and 'primary_capsules_inactive' in last_test[-1]:   # config.evals.routing_diagnostics
       rows[-1]['diagnostics'] = diagnostics_of(last_test[-1])
       diagnostic_curves[name] = diagnostics_curves(metrics)
   zoo = config.routing_zoo
