@@ -154,8 +154,7 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   config.evals.routing_diagnostics.enabled = False   # asserted in test_diagnostics / test_train (a suite-time trim)
   results = train.train_and_evaluate(config, str(tmp_path))
   # Chance for an unordered pair of different digits is 1/45 ≈ 2 %, for each digit of
-  # the pair 2/10 (measured on CPU after 150 steps: 24.6 % and 56.1 %; after 120, the
-  # suite's length since session 8: 21.6 % and 51.9 %).
+  # the pair 2/10; what this length reaches: docs/results.md, "MultiMNIST".
   assert results['test_accuracy'] > 0.12, results
   assert results['test_digit_accuracy'] > 0.4, results
   assert json.loads((tmp_path / 'results.json').read_text())['config']['task'] == 'multimnist'
