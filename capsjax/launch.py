@@ -272,10 +272,7 @@ def main(argv):
     return 0
   if not FLAGS.workdir:
     cli.fail('--workdir is required to train')
-  programs = registered_programs()
-  if config.program not in programs:
-    cli.fail(f'unknown program {config.program!r}; available: {", ".join(sorted(programs))}')
-  program = programs.get(config.program)
+  program = registered_programs().get(config.program)   # a registered name (validation)
   from capsjax.runtime import check_backend, initialize_distributed  # pylint: disable=g-import-not-at-top
   initialize_distributed(config.get('distributed', False), config.get('coordinator_address', ''),   # before any
                          config.get('num_processes', 0), config.get('process_id', -1),       # JAX computation

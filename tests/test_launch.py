@@ -48,7 +48,8 @@ def test_summary_follows_config_overrides():
     (['--experiment=mnist', '--config.batch_size=abc', '--summary'],
      "error: config.batch_size='abc': allowed an integer >= 1"),
     (['--workdir=/tmp/x'], '--experiment=NAME is required'),
-    (['--experiment=ablation', '--workdir=/tmp/x', '--config.program=nope'], "unknown program 'nope'"),
+    (['--experiment=ablation', '--workdir=/tmp/x', '--config.program=nope'],
+     "config.program='nope': allowed one of train, ablation"),
     (['--experiment=sweep_smoke', '--workdir=/tmp/x', '--config.sweep.variants=("a: learning_rat=1",)'],
      "sweep override 'learning_rat': no such config key"),
 ])
