@@ -1,8 +1,8 @@
 """`validate(config)`: every value checked before any data is read or anything compiled.
 
 Each config key's rule is declared with the key, where the code that reads it lives
-(capsjax.keys; `capsjax.defaults.declared` lists them for a config: the run's keys, and
-the model's and loss's of the family and objective the config names). A config that breaks
+(capsjax.keys; `declared(config)` below lists them for a config: the run's keys, the
+evaluators', and the model's and loss's of the family and objective the config names). A config that breaks
 one raises ConfigError with one line: `config.KEY=VALUE: allowed ...`. Below the rules of
 single keys, the rules across keys. Comparison models (`baseline.model`, `cnn.model`) are
 checked as the run's model is.
