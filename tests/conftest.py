@@ -112,6 +112,7 @@ SLOW = frozenset((
     'tests/test_explorer.py::test_example_is_the_model_encoding_of_the_test_image',
     'tests/test_explorer.py::test_multimnist_mode_decodes_the_two_capsules_separately',
     'tests/test_explorer.py::test_shipped_model_is_the_paper_model_and_classifies_its_test_sample',
+    'tests/test_explorer_browser.py::test_a_run_of_100_classes_with_long_names_shows_every_class_named',
     'tests/test_gpu_readiness.py::test_capsnet_routing_loop_option_keeps_the_outputs',
     'tests/test_gpu_readiness.py::test_device_report_smoke_runs_every_row_on_the_cpu',
     'tests/test_images.py::test_another_tfds_builder_downloads_prepares_and_trains',
@@ -127,6 +128,7 @@ SLOW = frozenset((
     'tests/test_nnx.py::test_an_nnx_model_with_capsjax_layers_trains',
     'tests/test_plan.py::test_the_runs_own_step_compiles_for_a_tpu_slice_and_matches_hand_counts',
     'tests/test_recipes.py::test_a_run_with_the_recipe_options_resumes_bit_identical',
+    'tests/test_recipes.py::test_the_moving_average_is_the_hand_update_of_the_parameters',
     'tests/test_recipes.py::test_seeds_with_validation_train_as_one_program_and_report_mean_std',
     'tests/test_registry.py::test_a_routing_from_its_own_file_trains_and_is_listed',
     'tests/test_routing.py::test_every_routing_drives_the_capsnet_and_its_loss',
@@ -145,6 +147,7 @@ SLOW = frozenset((
     'tests/test_tfds.py::test_prepared_tfds_data_equals_the_idx_files',
     'tests/test_tfds.py::test_readme_command_downloads_prepares_and_trains',
     'tests/test_torch_peer.py::test_the_peer_equals_capsjax_for_the_same_weights',
+    'tests/test_train.py::test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_an_intact_one',
     'tests/test_train.py::test_a_finished_run_says_so_and_reevaluates_only_when_asked',
     'tests/test_train.py::test_corrupt_checkpoint_is_reported_and_left_in_place',
     'tests/test_train.py::test_divergence_stops_with_step_named_and_checkpoint_kept',
@@ -155,8 +158,18 @@ SLOW = frozenset((
 ))
 
 
+# Fixtures that train a run, prepare a dataset or serve a trained model (30 s or more to
+# set up on a 2-core CPU, `--durations`): every test that uses one is slow too.
+SLOW_FIXTURES = frozenset((
+    'tests/test_images.py::trained', 'tests/test_tfds.py::prepared', 'tests/test_explorer.py::trained_workdir',
+    'tests/test_explorer_browser.py::page', 'tests/test_plan.py::tiny_plan',
+))
+
+
 def pytest_collection_modifyitems(config, items):
   del config
   for item in items:
-    if item.nodeid.split('[')[0] in SLOW:
+    module = item.nodeid.split('::')[0]
+    if (item.nodeid.split('[')[0] in SLOW
+        or any(f'{module}::{name}' in SLOW_FIXTURES for name in getattr(item, 'fixturenames', ()))):
       item.add_marker(pytest.mark.slow)
