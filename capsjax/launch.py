@@ -185,7 +185,18 @@ def unknown_key_problem(error: Exception, argv=(), experiment: Optional[str] = N
   prefix = dotted[:dotted.index(name)] if name in dotted else ''
   return (f'unknown config key {dotted!r}'
           + (f" (did you mean '{prefix}{suggestion.group(1)}'?)" if suggestion else '')
+          + _renamed_key_hint(dotted)
           + (_routing_options_hint(argv, experiment) if 'routing_options.' in dotted else ''))
+
+
+def _renamed_key_hint(dotted: str) -> str:
+  """Where a key renamed by the config's layout lives now (the evaluators' flat keys)."""
+  from capsjax.workdir import FLAT_EVALUATOR_KEYS  # pylint: disable=g-import-not-at-top
+  if dotted not in FLAT_EVALUATOR_KEYS:
+    return ''
+  name, key, _ = FLAT_EVALUATOR_KEYS[dotted]
+  off = f'; 0 (off) is --config.evals.{name}.enabled=False' if dotted == 'routing_probe_iterations' else ''
+  return f' (it is config.evals.{name}.{key} now{off})'
 
 
 def _routing_options_hint(argv, experiment: Optional[str]) -> str:

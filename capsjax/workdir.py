@@ -183,7 +183,7 @@ def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
 
 # Before config.evals (2026-11-25) the evaluators' options were run-level keys:
 # old key → (evaluator, its key, the value's translation).
-_FLAT_EVALUATOR_KEYS = {
+FLAT_EVALUATOR_KEYS = {
     'routing_probe_iterations': ('routing_probe', 'iterations', lambda n: n or None),
     'routing_probe_examples': ('routing_probe', 'examples', lambda n: n),
     'routing_diagnostics': ('routing_diagnostics', 'enabled', bool),
@@ -197,7 +197,7 @@ def _evaluators_as_sections(tree: Dict[str, Any]) -> Dict[str, Any]:
   (a convergence probe of 0 iterations was the probe switched off)."""
   tree = dict(tree)
   evals = {name: dict(section) for name, section in dict(tree.get('evals') or {}).items()}
-  for old, (name, key, translate) in _FLAT_EVALUATOR_KEYS.items():
+  for old, (name, key, translate) in FLAT_EVALUATOR_KEYS.items():
     if old in tree:
       value = translate(tree.pop(old))
       if value is None:

@@ -48,6 +48,9 @@ def test_summary_follows_config_overrides():
     (['--experiment=mnist', '--config.batch_size=abc', '--summary'],
      "error: config.batch_size='abc': allowed an integer >= 1"),
     (['--workdir=/tmp/x'], '--experiment=NAME is required'),
+    (['--experiment=mnist', '--workdir=/tmp/x', '--config.routing_probe_iterations=0'],
+     "unknown config key 'routing_probe_iterations' (it is config.evals.routing_probe.iterations now; 0 (off) is "
+     '--config.evals.routing_probe.enabled=False)'),
     (['--experiment=ablation', '--workdir=/tmp/x', '--config.program=nope'],
      "config.program='nope': allowed one of train, ablation"),
     (['--experiment=sweep_smoke', '--workdir=/tmp/x', '--config.sweep.variants=("a: learning_rat=1",)'],
