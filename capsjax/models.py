@@ -52,7 +52,7 @@ NUM_CLASSES = About(Rule(lambda v: isinstance(v, int) and not isinstance(v, bool
 CONV_IMPL = About(one_of(formulations.CONV_IMPLS), "convolutions as XLA's, im2col + matmul, im2col by kernel "
                   'rows, or products of Fourier transforms (same values; auto: faster on the backend, on a CPU '
                   'per layer)')
-PATCHES_INFERENCE_ABOUT = About(one_of(formulations.PATCHES_INFERENCE), 'the im2col conv at inference a few '
+PATCHES_INFERENCE = About(one_of(formulations.PATCHES_INFERENCE), 'the im2col conv at inference a few '
                                 'images at a time or the whole batch (same values)')
 
 
@@ -203,7 +203,7 @@ class CapsNet(nn.Module):
   input_shape: Annotated[Sequence[int], INPUT_SHAPE] = (28, 28, 1)
   # Formulations of the same math (capsjax.formulations); 'auto' = the backend's measured faster one.
   conv_impl: Annotated[str, CONV_IMPL] = 'auto'
-  patches_inference: Annotated[str, PATCHES_INFERENCE_ABOUT] = 'auto'
+  patches_inference: Annotated[str, PATCHES_INFERENCE] = 'auto'
   routing_loop: Annotated[str, About(one_of(formulations.ROUTING_LOOPS), 'the routing loop rolled or unrolled '
                                      '(same values; auto: faster on the backend)')] = 'auto'
   dtype: Annotated[str, About(one_of(DTYPES), 'compute dtype of convolutions and predictions (routing, losses '
@@ -358,7 +358,7 @@ class BaselineCNN(nn.Module):
   num_classes: Annotated[int, NUM_CLASSES] = 10
   input_shape: Annotated[Sequence[int], INPUT_SHAPE] = (36, 36, 1)
   conv_impl: Annotated[str, CONV_IMPL] = 'auto'
-  patches_inference: Annotated[str, PATCHES_INFERENCE_ABOUT] = 'auto'
+  patches_inference: Annotated[str, PATCHES_INFERENCE] = 'auto'
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
