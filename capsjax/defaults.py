@@ -66,10 +66,11 @@ def section(name: str) -> ml_collections.ConfigDict:
     <BLANKLINE>
   """
   run_keys()
-  if name not in keys.SECTION_HELP:
+  values = keys.section_defaults(name)
+  if not values:
     raise KeyError(f'no config section {name!r} is declared: import the module that declares it '
                    '(capsjax.programs.affnist declares affnist)')
-  return ml_collections.ConfigDict(keys.section_defaults(name))
+  return ml_collections.ConfigDict(values)
 
 
 def dataset_config(name: str) -> ml_collections.ConfigDict:

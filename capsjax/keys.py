@@ -37,7 +37,8 @@ class Rule:
     return self._allowed() if callable(self._allowed) else self._allowed
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+  """An int that is not a bool (True is an int to Python, never a count to a config)."""
   return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -46,11 +47,11 @@ def _is_number(value) -> bool:
 
 
 def int_at_least(low: int) -> Rule:
-  return Rule(lambda v: _is_int(v) and v >= low, f'an integer >= {low}')
+  return Rule(lambda v: is_int(v) and v >= low, f'an integer >= {low}')
 
 
 def int_in(low: int, high: int) -> Rule:
-  return Rule(lambda v: _is_int(v) and low <= v <= high, f'an integer in [{low}, {high}]')
+  return Rule(lambda v: is_int(v) and low <= v <= high, f'an integer in [{low}, {high}]')
 
 
 def number_in(low: float, high: float, low_open: bool = False, high_open: bool = False) -> Rule:
@@ -78,7 +79,7 @@ def text(allowed: str = 'a string') -> Rule:
 
 def ints_at_least(low: int, allow_empty: bool = True) -> Rule:
   def check(v):
-    return isinstance(v, (tuple, list)) and (allow_empty or len(v) > 0) and all(_is_int(x) and x >= low for x in v)
+    return isinstance(v, (tuple, list)) and (allow_empty or len(v) > 0) and all(is_int(x) and x >= low for x in v)
   return Rule(check, f'a tuple of integers >= {low}' + ('' if allow_empty else ' (at least one)'))
 
 
@@ -153,7 +154,6 @@ class Key:
 
 # Run-level keys by dotted name (capsjax.defaults imports their owners).
 RUN_KEYS: Dict[str, Key] = {}
-SECTION_HELP: Dict[str, str] = {}   # a section of keys (augment, multimnist, …) → its help line
 
 
 def declare(name: str, default: Any, rule: Optional[Rule], help: str, *,  # pylint: disable=redefined-builtin
@@ -165,11 +165,6 @@ def declare(name: str, default: Any, rule: Optional[Rule], help: str, *,  # pyli
   if name in RUN_KEYS and RUN_KEYS[name].owner != owner:
     raise ValueError(f'config key {name!r} is declared by {RUN_KEYS[name].owner} and {owner}')
   RUN_KEYS[name] = key
-
-
-def describe_section(name: str, help: str) -> None:  # pylint: disable=redefined-builtin
-  """The help line of a section of keys (`augment`, `multimnist`, …)."""
-  SECTION_HELP[name] = help
 
 
 def _nested(keys: Iterable[Key], strip: str = '') -> Dict[str, Any]:

@@ -9,7 +9,7 @@ import ml_collections
 from capsjax.layers import (LAYER_FEATURES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps, StridedStem,
                             halved, stem_stages)
 from capsjax import formulations
-from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least,
+from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
                           number_in, one_of, registered)
 from capsjax.registry import Registry
 from capsjax.routing import (MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, options_of, own_routing_options,
@@ -43,10 +43,10 @@ DTYPES = ('float32', 'bfloat16', 'float16')
 
 # Keys every family has, declared once for all of them.
 INPUT_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) in (0, 3)
-                         and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v),
+                         and all(is_int(x) and x >= 1 for x in v),
                          '(height, width, channels), each >= 1, or () for the shape of the data'),
                     'image height, width, channels the model reads; () = those of the data')
-NUM_CLASSES = About(Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and (v == 0 or v >= 2),
+NUM_CLASSES = About(Rule(lambda v: is_int(v) and (v == 0 or v >= 2),
                          'an integer >= 2, or 0 for the classes of the data'),
                     'classes (digit capsules, or output units); 0 = those of the data')
 CONV_IMPL = About(one_of(formulations.CONV_IMPLS), "convolutions as XLA's, im2col + matmul, im2col by kernel "

@@ -17,7 +17,7 @@ from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
 from capsjax.evaluators import EVALUATORS, evaluator_keys
 from capsjax.formulations import conv_inputs_problem
-from capsjax.keys import Key, RegisteredTuple
+from capsjax.keys import Key, RegisteredTuple, is_int
 from capsjax.models import MODELS, model_keys
 from capsjax.objectives import OBJECTIVES, loss_keys
 from capsjax.routing import ROUTINGS, routing_option_keys
@@ -61,10 +61,6 @@ def _get(config, dotted: str):
       return False, None
     node = node[part]
   return True, node
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_keys(config, declared: Dict[str, Key], problems: List[str], prefix: str = '') -> None:
@@ -156,7 +152,7 @@ def problems_of(config) -> List[str]:
   if 'max_shift' in config:
     side = min(config.model.input_shape[:2] or (28,)) if 'model' in config else 28
     limit = side // 4   # beyond a quarter of the side, shifts cut off much of a digit
-    if not (_is_int(config.max_shift) and 0 <= config.max_shift <= limit):
+    if not (is_int(config.max_shift) and 0 <= config.max_shift <= limit):
       problems.append(f'config.max_shift={config.max_shift!r}: allowed an integer in [0, {limit}] '
                       f'(a quarter of the {side}-pixel image side)')
   task = config.get('task')

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.data import affine
-from capsjax.keys import declare, describe_section, number_in, section_defaults
+from capsjax.keys import declare, number_in, section_defaults
 
 Array = jax.Array
 
@@ -16,7 +16,7 @@ Array = jax.Array
 # recipe). rotation in degrees either way, scale as the largest fraction either way, shear
 # as the largest shear factor either way; an elastic distortion of elastic_alpha px smoothed
 # over elastic_sigma px (Simard, Steinkraus, Platt 2003 used 34 and 4 on MNIST).
-describe_section('augment', "training augmentation beyond the shifts (all 0: the paper's recipe)")
+# augment: training augmentation beyond the shifts (all 0: the paper's recipe)
 declare('augment.rotation', 0.0, number_in(0, 180), 'training images rotated by up to ± this many degrees')
 declare('augment.scale', 0.0, number_in(0, 1, high_open=True), 'training images scaled by a factor in '
         '[1 − scale, 1 + scale]')

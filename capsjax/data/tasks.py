@@ -13,7 +13,7 @@ from capsjax.data import affine
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, multimnist_pipeline
 from capsjax.data.sources import Dataset, SourceInfo
 from capsjax.errors import ConfigError
-from capsjax.keys import declare, describe_section, int_at_least, registered
+from capsjax.keys import declare, int_at_least, registered
 from capsjax.registry import Registry
 
 # config.task → the Task class, and what callers ask of a task:
@@ -130,7 +130,7 @@ declare('num_test_examples', 0, int_at_least(0), 'evaluate on the first N test e
 declare('validation_examples', 0, int_at_least(0), 'hold out the last N training images as a validation split, '
         'evaluated beside the test set (results.json: the test error at the best validation evaluation too)')
 declare('expanded_test_seed', 2, int_at_least(0), "seed of the expanded task's fixed test placements")
-describe_section('multimnist', 'MultiMNIST pair generation (task=multimnist)')
+# multimnist: MultiMNIST pair generation (task=multimnist)
 declare('multimnist.examples_per_digit', 1000, int_at_least(1), 'MultiMNIST pairs per source digit (the paper: 1000)',
         in_base=False)
 declare('multimnist.test_seed', 1, int_at_least(0), "seed of MultiMNIST's fixed test pairs", in_base=False)

@@ -22,12 +22,11 @@ from capsjax.programs.common import with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.sources import Dataset
-from capsjax.keys import boolean, declare, describe_section, int_at_least, number_in, positive_number, text
+from capsjax.keys import boolean, declare, int_at_least, number_in, positive_number, text
 from capsjax.data.affine import AFFINE_RANGES
 from capsjax.programs import not_a_command, register_program
 
-# Each run (a workdir name): its label and the paper's expanded MNIST and affNIST accuracies (%).
-describe_section('affnist', 'the affine test set (section 5.2): MNIST test digits under random affine maps')
+# affnist: the affine test set (section 5.2): MNIST test digits under random affine maps
 declare('affnist.test_seed', 3, int_at_least(0), 'seed of the fixed affine test transformations', in_base=False)
 declare('affnist.ranges.rotation_degrees', AFFINE_RANGES['rotation_degrees'], number_in(0, 180),
         'affine test digits: rotation up to ± this many degrees', in_base=False)
@@ -42,6 +41,7 @@ declare('affnist.mat_dir', '', text('a folder, or empty'), 'a folder of the real
 declare('affnist.num_examples', 0, int_at_least(0), 'affine test digits (0: the whole MNIST test set)', in_base=False)
 declare('cnn.enabled', True, boolean(), 'also train the comparison CNN (cnn.model, cnn.loss)', in_base=False)
 
+# Each run (a workdir name): its label and the paper's expanded MNIST and affNIST accuracies (%).
 RUNS = {'capsnet': ('CapsNet', (99.23, 79.0)), 'cnn': ('CNN', (99.22, 66.0))}
 
 

@@ -24,14 +24,14 @@ import numpy as np
 from capsjax import assemble, runtime, sharding, train
 from capsjax.trained import load_trained, select_member
 from capsjax.errors import ConfigError
-from capsjax.keys import declare, describe_section, int_at_least, ints_at_least, registered_tuple
+from capsjax.keys import declare, int_at_least, ints_at_least, registered_tuple
 from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.routing import ROUTINGS
 from capsjax.workdir import MetricsLog
 from capsjax.programs import not_a_command, register_program
 
-describe_section('routing_zoo', 'the routing zoo: every routing algorithm on the same CapsNet')
+# routing_zoo: the routing zoo: every routing algorithm on the same CapsNet
 declare('routing_zoo.routings', ('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing',
                                  'variational_bayes', 'uniform', 'max_pooling'), registered_tuple(ROUTINGS.names, 'routing names'),
         'the routing algorithms the zoo trains, each over routing_zoo.seeds', in_base=False)

@@ -22,13 +22,13 @@ import numpy as np
 
 from capsjax import train
 from capsjax.errors import ConfigError
-from capsjax.keys import Rule, declare, describe_section
+from capsjax.keys import Rule, declare
 from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.programs import not_a_command, register_program
 
 
-describe_section('sweep', 'the sweep program: one run per variant')
+# sweep: the sweep program: one run per variant
 declare('sweep.variants', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v),
                                    'a tuple of override strings'),
         'the sweep: one run per variant, KEY=VALUE overrides separated by commas', in_base=False)
