@@ -69,6 +69,27 @@ HUGE_PAGES_TUNABLE = 'glibc.malloc.hugetlb=1'
 THP_MODE_FILE = '/sys/kernel/mm/transparent_hugepage/enabled'
 
 
+def start_jax_quietly() -> None:
+  """Imports JAX and starts its backends with the process's native stderr closed: where JAX's
+  CUDA plugin is installed on a machine without a GPU driver (capsjax-plan's GPU targets),
+  its libraries log their driver probe from C++ as they load. A failure here is not
+  hidden: the next call into JAX meets it again and reports it."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.devices()
+  except Exception:  # pylint: disable=broad-except
+    pass
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
 def huge_pages_environment(environ=None, thp_mode: Optional[str] = None, libc=None) -> Optional[dict]:
   """The environment this process should restart with so that its large buffers get
   transparent huge pages, or None when that would change nothing or was declined.

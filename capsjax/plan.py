@@ -1,19 +1,23 @@
-"""Plan a run on TPUs that are not here: `capsjax-plan` (also `python -m capsjax.plan`).
+"""Plan a run on TPUs or GPUs that are not here: `capsjax-plan` (also `python -m capsjax.plan`).
 
   capsjax-plan --experiment=mnist --target=v5e:16x16 [--config.KEY=VALUE …]
   capsjax-plan --experiment=mnist --target=v5litepod-256      # Cloud's accelerator-type name
-  capsjax-plan --target=list                                  # what this libtpu can describe
+  capsjax-plan --experiment=mnist --target=h100:8             # 8 H100s in one host (h100:2x8: two hosts)
+  capsjax-plan --target=list                                  # what can be described here
 
 The run's own jitted training step and evaluation step (capsjax.train.build_program: the
 same config, shardings and donation as `train_and_evaluate`) are lowered from shapes alone
-and compiled by the real TPU compiler for the compile-only devices of a TPU topology that
-libtpu describes (`jax.experimental.topologies`), with every formulation that the config
-leaves at 'auto' chosen for the TPU (capsjax.formulations.target_backend). Nothing is
-placed or run. The report gives, per device: the compiled program's memory against the
-chip's HBM, XLA's FLOPs and bytes, the collectives in the compiled HLO, an estimated step
-time (a roofline from the chip's published figures: an estimate, never a measurement), and
-the largest per-device batch that fits, from compilations. `capsjax.plan_run(config,
-target)` is the same in Python. Needs libtpu: `pip install 'capsjax[tpu]'`.
+and compiled by the real compiler for compile-only devices (`jax.experimental.topologies`):
+a TPU topology that libtpu describes, or NVIDIA GPUs that JAX's CUDA plugin compiles for
+from a device description written here from NVIDIA's published figures (`GPUS`), with every
+formulation that the config leaves at 'auto' chosen for that platform
+(capsjax.formulations.target_backend). Nothing is placed or run. The report gives, per
+device: the compiled program's memory against the device's memory, the FLOPs and bytes of
+memory traffic, the collectives in the compiled HLO, an estimated step time (a roofline
+from the chip's published figures: an estimate, never a measurement), and the largest
+per-device batch that fits, from compilations. `capsjax.plan_run(config, target)` is the
+same in Python. TPUs need libtpu (`pip install 'capsjax[tpu]'`), GPUs the CUDA plugin and
+ptxas (`pip install 'capsjax[gpu-plan]'`).
 """
 import dataclasses
 import math
@@ -33,15 +37,27 @@ GIB = 2 ** 30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-  """One TPU generation's published figures, per chip."""
+  """One TPU generation's or GPU's published figures, per chip."""
   kind: str                  # as jax names its devices' kind
   hbm_bytes: float
   hbm_bytes_per_s: float
-  bf16_flops_per_s: float    # peak dense bf16 (what the MXUs do)
+  bf16_flops_per_s: float    # peak dense bf16 (what the MXUs / tensor cores do)
   # What one chip sends per second in an all-reduce: the pod's published all-reduce bandwidth
-  # over its chips, or half the bidirectional inter-chip interconnect bandwidth.
+  # over its chips, or half the bidirectional inter-chip interconnect bandwidth (NVLink).
   allreduce_bytes_per_s: float
   source: str
+  platform: str = 'tpu'
+  # Float32 matmuls in bf16-rate passes, at JAX's default precision and at 'highest': a TPU
+  # runs the default as one bf16 pass and 'highest' as about 6; a GPU the default as TF32
+  # (half the bf16 rate) and 'highest' on its float32 units.
+  float32_passes: Tuple[float, float] = (1.0, 6.0)
+  # The share of the memory JAX lets a run use: on a GPU it preallocates 75 %
+  # (XLA_PYTHON_CLIENT_MEM_FRACTION's default).
+  usable_fraction: float = 1.0
+  # GPUs: what one GPU sends per second to another host (its network adapter), and the
+  # device description XLA compiles for (GpuDeviceInfoProto's fields besides memory).
+  interhost_bytes_per_s: Optional[float] = None
+  device_info: Optional[Tuple[Tuple[str, Any], ...]] = None
 
 
 # Cloud TPU's documentation pages (docs.cloud.google.com/tpu/docs/<generation>), read 2026-11-25.
@@ -59,6 +75,32 @@ CHIPS = {
     'tpu7x': Chip('TPU7x', 192 * GIB, 7380e9, 2307e12, 1200e9 / 2,
                   'tpu/docs/tpu7x: 2307 TFLOPs bf16, 192 GiB at 7380 GB/s; ICI 1200 GB/s bidirectional'),
 }
+# NVIDIA's data sheets (nvidia.com/en-us/data-center/h100, …/h200, SXM boards), the CUDA
+# C++ Programming Guide's table for compute capability 9.0 and the Hopper tuning guide,
+# read 2026-11-25. Both are Hopper GPUs of 132 SMs; they differ in their memory.
+_HOPPER_SXM = (('threads_per_block_limit', 1024), ('threads_per_warp', 32),
+               ('shared_memory_per_block', 48 * 1024), ('shared_memory_per_core', 228 * 1024),
+               ('threads_per_core_limit', 2048), ('core_count', 132), ('fpus_per_core', 128),
+               ('block_dim_limit_x', 2 ** 31 - 1), ('block_dim_limit_y', 65535), ('block_dim_limit_z', 65535),
+               ('l2_cache_size', 50 * 2 ** 20), ('clock_rate_ghz', 1.98),
+               ('shared_memory_per_block_optin', 227 * 1024), ('registers_per_core_limit', 65536),
+               ('registers_per_block_limit', 65536))
+GPUS = {
+    'h100': Chip('NVIDIA H100 80GB HBM3', 80 * GIB, 3.35e12, 989e12, 900e9 / 2,
+                 'H100 SXM data sheet: 989 TFLOPS bf16 dense, 67 float32, 80 GB at 3.35 TB/s; NVLink 900 GB/s',
+                 platform='gpu', float32_passes=(2.0, 989 / 67), usable_fraction=0.75,
+                 interhost_bytes_per_s=400e9 / 8, device_info=_HOPPER_SXM),
+    'h200': Chip('NVIDIA H200', 141 * GIB, 4.8e12, 989e12, 900e9 / 2,
+                 'H200 SXM data sheet: 989 TFLOPS bf16 dense, 67 float32, 141 GB at 4.8 TB/s; NVLink 900 GB/s',
+                 platform='gpu', float32_passes=(2.0, 989 / 67), usable_fraction=0.75,
+                 interhost_bytes_per_s=400e9 / 8, device_info=_HOPPER_SXM),
+}
+# An HGX board's GPUs share one NVLink domain; between hosts each GPU has its own 400 Gb/s
+# adapter (the DGX H100 / H200 design), which `interhost_bytes_per_s` is.
+GPUS_PER_HOST = 8
+# What the CUDA plugin is told besides the device (jaxlib 0.10's CUDA 12 plugin: cuDNN ≥ 9.8).
+_GPU_SOFTWARE = 'platform_name: "CUDA"\ndnn_version_info { major: 9 minor: 8 }\nruntime_version { major: 12 minor: 9 }\n'
+
 # TPU generations whose topologies are compiled with both TensorCores of a chip as one
 # device (megacore), as JAX runs them on those chips.
 MEGACORE = ('v4', 'v5p')
@@ -75,15 +117,19 @@ ACCELERATOR_TYPES = {  # prefix → (generation, chips per count unit, chip shap
 }
 _TOPOLOGY = re.compile(r'^(v2|v3|v4|v5e|v5p|v6e|tpu7x):(\d+(?:x\d+){1,2})$')
 _ACCELERATOR_TYPE = re.compile(r'^(v5litepod|v6e|v3|v4|v5p)-(\d+)$')
+_GPU = re.compile(r'^(' + '|'.join(GPUS) + r')(?::(?:(\d+)x)?(\d+))?$')
 LIST_EXAMPLES = ('v5e:2x2', 'v5e:4x4', 'v5e:16x16', 'v4:2x2x4', 'v5p:4x4x4', 'v6e:16x16', 'v3:4x4', 'tpu7x:2x2x1')
+GPU_EXAMPLES = ('h100', 'h100:8', 'h100:4x8', 'h200:8')
 INSTALL = "pip install 'capsjax[tpu]' (libtpu, as jax[tpu] pins it)"
+GPU_INSTALL = ("pip install 'capsjax[gpu-plan]' (JAX's CUDA plugin without the CUDA libraries, and ptxas; in "
+               "an environment of its own on a machine without a GPU: there JAX logs the plugin's failed start)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
   name: str          # as given
-  generation: str    # 'v5e'
-  topology: str      # '4x4'
+  generation: str    # 'v5e', 'h100'
+  topology: str      # '4x4'; a GPU's 'HOSTSxGPUS' ('1x8')
   chip: Chip
 
   @property
@@ -94,20 +140,36 @@ class Target:
   def chips(self) -> int:
     return math.prod(int(side) for side in self.topology.split('x'))
 
+  @property
+  def platform(self) -> str:
+    return self.chip.platform
+
+
+def _parse_gpu_target(name: str, match) -> Target:
+  generation, hosts, gpus = match.group(1), int(match.group(2) or 1), int(match.group(3) or 1)
+  if not 1 <= gpus <= GPUS_PER_HOST or hosts < 1:
+    raise ConfigError(f'--target={name}: a host holds 1 to {GPUS_PER_HOST} {generation.upper()}s; give '
+                      f'HOSTSxGPUS for more, e.g. {generation}:4x8')
+  return Target(name, generation, f'{hosts}x{gpus}', GPUS[generation])
+
 
 def parse_target(name: str) -> Target:
-  """A target by the names people use: 'v5e:4x4' (topology) or 'v5litepod-16' (Cloud's
-  accelerator type); ConfigError naming the forms otherwise."""
+  """A target by the names people use: 'v5e:4x4' (topology), 'v5litepod-16' (Cloud's
+  accelerator type), 'h100', 'h100:8' or 'h100:2x8' (GPUs: one, one host's eight, two
+  hosts of eight); ConfigError naming the forms otherwise."""
   name = name.strip()
+  match = _GPU.match(name.lower())
+  if match:
+    return _parse_gpu_target(name, match)
   match = _TOPOLOGY.match(name)
   if match:
     generation, topology = match.groups()
   else:
     match = _ACCELERATOR_TYPE.match(name)
     if not match:
-      raise ConfigError(f'--target={name!r}: not a TPU topology (e.g. v5e:4x4, v4:2x2x4, tpu7x:2x2x1) nor a '
-                        'Cloud accelerator type (e.g. v5litepod-16, v4-32, v5p-128, v6e-256); --target=list '
-                        'shows them')
+      raise ConfigError(f'--target={name!r}: not a TPU topology (e.g. v5e:4x4, v4:2x2x4, tpu7x:2x2x1), a '
+                        'Cloud accelerator type (e.g. v5litepod-16, v4-32, v5p-128, v6e-256) nor GPUs (h100, '
+                        'h100:8, h200:2x8); --target=list shows them')
     prefix, count = match.group(1), int(match.group(2))
     generation, per_unit, shapes = ACCELERATOR_TYPES[prefix]
     chips = count // per_unit
@@ -129,8 +191,54 @@ def require_libtpu() -> None:
     raise ConfigError(f'planning for a TPU needs libtpu, which is not installed: {INSTALL}')
 
 
+def have_cuda_plugin() -> bool:
+  """Whether JAX's CUDA 12 plugin is installed (jax[cuda12] or capsjax[gpu-plan])."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  try:
+    return importlib.util.find_spec('jax_plugins.xla_cuda12') is not None
+  except ImportError:   # no jax_plugins package at all
+    return False
+
+
+def require_cuda_plugin() -> None:
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  if not have_cuda_plugin():
+    raise ConfigError(f'planning for a GPU needs JAX\'s CUDA plugin, which is not installed: {GPU_INSTALL}')
+  if importlib.util.find_spec('nvidia.cuda_nvcc') is None and shutil.which('ptxas') is None:
+    raise ConfigError(f'planning for a GPU needs ptxas (nvidia-cuda-nvcc-cu12), which is not installed: {GPU_INSTALL}')
+
+
+def gpu_target_config(chip: Chip) -> str:
+  """The device description (XLA's GpuTargetConfigProto, text format) that the CUDA plugin
+  compiles for: `chip`'s published figures, compute capability 9.0."""
+  fields = dict(chip.device_info, memory_bandwidth=int(chip.hbm_bytes_per_s), device_memory_size=int(chip.hbm_bytes))
+  lines = [f'  {key}: {value}' for key, value in fields.items()]
+  return ('gpu_device_info {\n' + '\n'.join(lines) + '\n  cuda_compute_capability { major: 9 minor: 0 }\n}\n'
+          + _GPU_SOFTWARE + f'device_description_str: "{chip.kind}"\n')
+
+
+def _compile_only_gpus(target: Target):
+  require_cuda_plugin()
+  # The plugin's own start needs a driver; the compile-only devices need none. JAX stays on
+  # the CPU here (capsjax-plan sets JAX_PLATFORMS=cpu before JAX starts) and the plugin is
+  # only asked for a topology.
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  hosts, gpus = target.topology.split('x')
+  try:
+    return topologies.get_topology_desc(platform='cuda', topology=f'1x{hosts}x{gpus}',
+                                        target_config=gpu_target_config(target.chip)).devices
+  except Exception as e:  # pylint: disable=broad-except
+    detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise ConfigError(f'--target={target.name}: JAX\'s CUDA plugin cannot describe {target.topology_name} '
+                      f'({detail})') from None
+
+
 def compile_only_devices(target: Target):
-  """The compile-only devices of `target`'s topology (libtpu), or ConfigError."""
+  """The compile-only devices of `target`'s topology (libtpu) or GPUs (the CUDA plugin), or
+  ConfigError."""
+  if target.platform == 'gpu':
+    return _compile_only_gpus(target)
   require_libtpu()
   cli.quiet_libtpu_environment()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
@@ -143,10 +251,10 @@ def compile_only_devices(target: Target):
                       f'({detail})') from None
 
 
-def available_topologies() -> List[str]:
-  """Lines for --target=list: each example topology and whether this libtpu describes it."""
+def available_topologies(names=LIST_EXAMPLES) -> List[str]:
+  """Lines for --target=list: each example topology and whether it can be described here."""
   lines = []
-  for name in LIST_EXAMPLES:
+  for name in names:
     target = parse_target(name)
     try:
       devices = compile_only_devices(target)
@@ -184,12 +292,88 @@ def collectives(hlo_text: str) -> Dict[str, Tuple[int, int]]:
   return found
 
 
-def analyse(compiled) -> Dict[str, Any]:
+# HLO instructions that launch no kernel of their own.
+_NO_KERNEL = frozenset({'parameter', 'constant', 'bitcast', 'get-tuple-element', 'tuple', 'after-all', 'opt-barrier',
+                        'partition-id', 'replica-id', 'while', 'call', 'conditional'})
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$')
+_COMPUTATION = re.compile(r'^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$')
+
+
+def _shape_bytes(shapes: str) -> int:
+  return sum(_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(',') if d)
+             for dtype, dims in _SHAPE.findall(shapes))
+
+
+def kernel_traffic(hlo_text: str) -> Tuple[int, int]:
+  """(kernels launched, bytes they read and write) of a compiled GPU module: each kernel
+  (a fusion, a library call, a copy, a collective …) reads its operands and writes its
+  result once, as the memory traffic a roofline counts after fusion; a while loop's body
+  counts its known trip count times (once where the count is not known)."""
+  computations, name = {}, None
+  for line in hlo_text.splitlines():
+    match = _COMPUTATION.match(line)
+    if match:
+      name = 'ENTRY' if match.group(1) else match.group(2)
+      computations[name] = []
+    elif line.startswith('}'):
+      name = None
+    elif name:
+      computations[name].append(line)
+  totals = [0, 0]
+
+  def walk(computation, times):
+    shapes = {}
+    for line in computations.get(computation, ()):
+      match = _INSTRUCTION.match(line)
+      if not match:
+        continue
+      result, shape, op, rest = match.groups()
+      shapes[result] = shape
+      if op == 'while':
+        body = re.search(r'body=%([\w.\-]+)', rest)
+        trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', rest)
+        if body:
+          walk(body.group(1), times * (int(trips.group(1)) if trips else 1))
+        continue
+      if op in _NO_KERNEL or op.endswith('-done'):
+        continue
+      depth, end = 1, 0
+      while depth and end < len(rest):
+        depth += {'(': 1, ')': -1}.get(rest[end], 0)
+        end += 1
+      operands = re.findall(r'%([\w.\-]+)', rest[:end])
+      totals[0] += times
+      totals[1] += times * (_shape_bytes(shape) + sum(_shape_bytes(shapes.get(o, '')) for o in operands))
+
+  walk('ENTRY', 1)
+  return totals[0], totals[1]
+
+
+def _hlo_flops(lowered, devices: int) -> float:
+  """FLOPs per device of a lowered program, from XLA's HLO cost analysis of the program
+  before it is partitioned (run by the CPU client: the CUDA plugin's compile-only devices
+  give no cost analysis), split evenly over the data-parallel devices."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+  module = lowered._lowering.hlo().as_hlo_module()  # pylint: disable=protected-access
+  cost = _jax.hlo_module_cost_analysis(jax.devices('cpu')[0].client, module)
+  return float(cost.get('flops', 0.0)) / devices
+
+
+def analyse(compiled, lowered=None, devices: int = 1) -> Dict[str, Any]:
   """Per device: the compiled program's memory (arguments, outputs, temporaries, code; the
-  donated state aliased), XLA's FLOPs, bytes accessed and own time estimate, the collectives."""
+  donated state aliased), its FLOPs, bytes accessed and XLA's own time estimate, the
+  collectives. A TPU's from XLA's cost analysis of the compiled program; a GPU's (whose
+  compile-only devices give none) FLOPs from the lowered program's (`lowered`, split over
+  `devices`) and bytes from its kernels (`kernel_traffic`, with their count)."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
+  text = compiled.as_text()
+  kernels = None
+  if not cost and lowered is not None:
+    kernels, traffic = kernel_traffic(text)
+    cost = {'flops': _hlo_flops(lowered, devices), 'bytes accessed': traffic}
   arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
   aliased, temporaries, code = memory.alias_size_in_bytes, memory.temp_size_in_bytes, memory.generated_code_size_in_bytes
   return {'arguments': arguments, 'outputs': outputs, 'aliased': aliased, 'temporaries': temporaries,
@@ -197,7 +381,7 @@ def analyse(compiled) -> Dict[str, Any]:
           'flops': float(cost.get('flops', 0.0)), 'bytes_accessed': float(cost.get('bytes accessed', 0.0)),
           # XLA's own estimate, where it gives a usable one (it has been negative).
           'xla_seconds': float(cost.get('optimal_seconds', 0.0)) if float(cost.get('optimal_seconds', 0.0)) > 0 else None,
-          'collectives': collectives(compiled.as_text())}
+          'kernels': kernels, 'collectives': collectives(text)}
 
 
 @dataclasses.dataclass
@@ -220,19 +404,21 @@ class Plan:
 
   @property
   def hbm_per_device(self) -> float:
-    return self.target.chip.hbm_bytes / self.devices_per_chip
+    """The memory a run may use per device (a GPU's: the share JAX preallocates)."""
+    chip = self.target.chip
+    return chip.hbm_bytes * chip.usable_fraction / self.devices_per_chip
 
   def fits(self, analysis: Dict[str, Any]) -> bool:
     return analysis['total'] <= self.hbm_per_device
 
-  def estimate(self, precision_passes: int = 1, training: Optional[Dict[str, Any]] = None,
+  def estimate(self, precision_passes: float = 1, training: Optional[Dict[str, Any]] = None,
                global_batch: Optional[int] = None) -> Dict[str, float]:
     """An estimated training step (seconds) from the chip's published figures: compute at the
-    bf16 peak (float32 matmuls as `precision_passes` bf16 passes: 1 at JAX's default
-    precision on a TPU, about 6 at 'highest'), or HBM traffic, whichever is longer, plus the
-    gradient all-reduce over the interconnect (a ring: 2(n−1)/n of its bytes per device), not
-    overlapped. `training`, `global_batch`: another compiled step's analysis and batch (the
-    largest batch's) instead of the configured one."""
+    bf16 peak (float32 matmuls as `precision_passes` bf16 passes: Chip.float32_passes), or
+    HBM traffic, whichever is longer, plus the gradient all-reduce over the interconnect (a
+    ring: 2(n−1)/n of its bytes per device; GPUs on several hosts at their network
+    adapter's rate), not overlapped. `training`, `global_batch`: another compiled step's
+    analysis and batch (the largest batch's) instead of the configured one."""
     training = training or self.training
     global_batch = global_batch or self.global_batch
     chip, share = self.target.chip, self.devices_per_chip
@@ -240,7 +426,8 @@ class Plan:
     memory = training['bytes_accessed'] / (chip.hbm_bytes_per_s / share)
     reduced = training['collectives'].get('all-reduce', (0, 0))[1]
     n = self.devices
-    network = (2 * (n - 1) / n * reduced / (chip.allreduce_bytes_per_s / share)) if n > 1 else 0.0
+    link = chip.interhost_bytes_per_s if self.hosts > 1 and chip.interhost_bytes_per_s else chip.allreduce_bytes_per_s
+    network = (2 * (n - 1) / n * reduced / (link / share)) if n > 1 else 0.0
     step = max(compute, memory) + network
     return {'compute_s': compute, 'memory_s': memory, 'allreduce_s': network, 'step_s': step,
             'images_per_s': global_batch / step if step else float('inf')}
@@ -254,17 +441,21 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -
   """The plan as lines for the console."""
   target, chip = plan.target, plan.target.chip
   per_device = plan.global_batch // plan.devices
+  platform = target.platform.upper()
   lines = [
-      f'target: {target.name} = {target.topology_name}: {target.chips} chips of {chip.kind}, {plan.devices} devices '
-      f'({plan.devices_per_chip} per chip), {plan.hosts} hosts; mesh data={plan.devices}',
+      f'target: {target.name} = {target.topology_name}: {target.chips} {"GPUs" if platform == "GPU" else "chips"} '
+      f'of {chip.kind}, {plan.devices} devices ({plan.devices_per_chip} per chip), {plan.hosts} hosts; '
+      f'mesh data={plan.devices}',
       f'batch: {plan.global_batch} global, {per_device} per device (evaluation: {plan.eval_batch} global, '
       f'{plan.eval_batch // plan.devices} per device); {plan.num_params:,} parameters, {_gb(plan.param_bytes)} as '
       'float32',
-      'formulations for the TPU: ' + '; '.join(plan.formulations),
+      f'formulations for the {platform}: ' + '; '.join(plan.formulations),
   ]
   if plan.model_choice:
     lines.append(plan.model_choice)
-  lines.append(f'per device, from the compiled programs (HBM {_gb(plan.hbm_per_device)} per device, '
+  usable = (f', {chip.usable_fraction:.0%} of {_gb(chip.hbm_bytes)}: what JAX preallocates'
+            if chip.usable_fraction < 1 else '')
+  lines.append(f'per device, from the compiled programs (HBM {_gb(plan.hbm_per_device)} per device{usable}; '
                f'{chip.source}):')
   for name, analysis in (('training step', plan.training), ('evaluation batch', plan.evaluation)):
     verdict = 'fits' if plan.fits(analysis) else 'DOES NOT FIT'
@@ -273,18 +464,27 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -
                  f'{_gb(analysis["code"])}: {_gb(analysis["total"])} = '
                  f'{100 * analysis["total"] / plan.hbm_per_device:.1f} % of HBM, {verdict}')
   training = plan.training
-  lines.append(f'  training step: {training["flops"] / 1e9:.1f} GFLOP and {_gb(training["bytes_accessed"])} of memory '
-               'traffic (XLA\'s cost analysis)')
+  if training.get('kernels') is None:
+    lines.append(f'  training step: {training["flops"] / 1e9:.1f} GFLOP and {_gb(training["bytes_accessed"])} of '
+                 'memory traffic (XLA\'s cost analysis)')
+  else:
+    lines.append(f'  training step: {training["flops"] / 1e9:.1f} GFLOP (XLA\'s cost analysis of the program), '
+                 f'{training["kernels"]} kernels reading and writing {_gb(training["bytes_accessed"])} (each its '
+                 f'operands and result once); an evaluation batch {plan.evaluation["kernels"]} kernels')
   moved = ', '.join(f'{count} {kind} ({_gb(size)})' for kind, (count, size) in sorted(training['collectives'].items()))
   lines.append(f'  collectives in the training step: {moved or "none"}; the gradients are '
                f'{_gb(plan.param_bytes)} (the parameters\' bytes)')
-  default, highest = plan.estimate(1), plan.estimate(6)
+  default_passes, highest_passes = chip.float32_passes
+  default, highest = plan.estimate(default_passes), plan.estimate(highest_passes)
+  as_default = ('float32 matmuls as TF32, at half the bf16 peak' if platform == 'GPU'
+                else 'float32 matmuls as one bf16 pass, JAX\'s default precision')
   lines.append(
       f'ESTIMATE (not a measurement): a training step ≈ {1e3 * default["step_s"]:.2f} ms → '
-      f'{default["images_per_s"]:,.0f} images/s over the slice (compute {1e3 * default["compute_s"]:.2f} ms at the '
-      f'bf16 peak, HBM traffic {1e3 * default["memory_s"]:.2f} ms, all-reduce {1e3 * default["allreduce_s"]:.2f} ms, '
-      f'not overlapped); with float32 matmuls at \'highest\' precision (≈ 6 bf16 passes) ≈ '
-      f'{1e3 * highest["step_s"]:.2f} ms → {highest["images_per_s"]:,.0f} images/s'
+      f'{default["images_per_s"]:,.0f} images/s over the {"GPUs" if platform == "GPU" else "slice"} (compute '
+      f'{1e3 * default["compute_s"]:.2f} ms with {as_default}, HBM traffic {1e3 * default["memory_s"]:.2f} ms, '
+      f'all-reduce {1e3 * default["allreduce_s"]:.2f} ms, not overlapped); with float32 matmuls at \'highest\' '
+      f'precision (≈ {highest_passes:.0f} bf16 passes) ≈ {1e3 * highest["step_s"]:.2f} ms → '
+      f'{highest["images_per_s"]:,.0f} images/s'
       + (f'; XLA\'s own estimate {1e3 * training["xla_seconds"]:.2f} ms' if training['xla_seconds'] else ''))
   if plan.largest_batch:
     largest = plan.largest_batch
@@ -293,18 +493,28 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -
                  f'{", ".join(str(b) for b in largest["tried"])} per device)'
                  + ('; the whole training split: a larger batch would not fit an epoch' if largest['capped'] else ''))
     if largest.get('analysis'):
-      at_largest = plan.estimate(1, largest['analysis'], largest['per_device'] * plan.devices)
+      over = 'GPUs' if platform == 'GPU' else 'slice'
+      at_largest = plan.estimate(default_passes, largest['analysis'], largest['per_device'] * plan.devices)
       lines.append(f'ESTIMATE at that batch (not a measurement): a training step ≈ {1e3 * at_largest["step_s"]:.2f} ms → '
-                   f'{at_largest["images_per_s"]:,.0f} images/s over the slice (compute '
+                   f'{at_largest["images_per_s"]:,.0f} images/s over the {over} (compute '
                    f'{1e3 * at_largest["compute_s"]:.2f} ms, HBM traffic {1e3 * at_largest["memory_s"]:.2f} ms, '
                    f'all-reduce {1e3 * at_largest["allreduce_s"]:.2f} ms)')
   batch = f' --config.batch_size={plan.global_batch}'
-  lines += ['launch (every host of the slice runs the same command):',
-            f'  gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command \\',
-            f'    "cd capsjax && python run.py --experiment={experiment} --workdir={workdir_hint} '
-            f'--config.distributed=True{batch}"',
-            f'(compiled in {plan.compile_seconds:.0f} s on this machine; XLA\'s analyses are an aid whose exact '
-            'values may change between versions)']
+  if platform == 'GPU' and plan.hosts == 1:
+    lines += ['launch (one process sees all the host\'s GPUs):',
+              f'  python run.py --experiment={experiment} --workdir={workdir_hint}{batch}']
+  elif platform == 'GPU':
+    lines += [f'launch (each of the {plan.hosts} hosts runs the same command, with its own process id):',
+              f'  python run.py --experiment={experiment} --workdir={workdir_hint} --config.distributed=True{batch} '
+              f'--config.coordinator_address=HOST0:1234 --config.num_processes={plan.hosts} '
+              '--config.process_id=I   # (SLURM: detected)']
+  else:
+    lines += ['launch (every host of the slice runs the same command):',
+              '  gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command \\',
+              f'    "cd capsjax && python run.py --experiment={experiment} --workdir={workdir_hint} '
+              f'--config.distributed=True{batch}"']
+  lines += [f'(compiled in {plan.compile_seconds:.0f} s on this machine; XLA\'s analyses are an aid whose exact '
+             'values may change between versions)']
   return lines
 
 
@@ -347,8 +557,9 @@ def _describe_choices(choices) -> List[str]:
 def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch: bool = True,
              log=lambda line: None) -> Plan:
   """Compiles config's training step and evaluation batch for `target` ('v5e:4x4',
-  'v5litepod-16', …) without its hardware and returns what they need. ConfigError for a bad
-  target, a missing libtpu, or a batch that does not divide over the devices.
+  'v5litepod-16', 'h100:8', …) without its hardware and returns what they need. ConfigError
+  for a bad target, a missing libtpu or CUDA plugin, or a batch that does not divide over
+  the devices.
 
   Example:
     A CapsNet of `mnist_smoke`'s recipe, shrunk, planned for a 2×2 TPU v5e slice:
@@ -371,11 +582,11 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   devices_per_chip = max(1, len(devices) // parsed.chips)
-  hbm_per_device = parsed.chip.hbm_bytes / devices_per_chip
+  hbm_per_device = parsed.chip.hbm_bytes * parsed.chip.usable_fraction / devices_per_chip
   config = ml_collections.ConfigDict(config.to_dict())
   config.host_images = 'rows'   # a source without split sizes is read lazily, never whole
   started = time.time()
-  with formulations.target_backend('tpu') as choices:
+  with formulations.target_backend(parsed.platform) as choices:
     config = assemble.resolve_data(config)
     config, model_choice = assemble.choose_model(config, None, available=hbm_per_device)
     program, train_examples = _program(config, mesh)
@@ -383,8 +594,8 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
     log(f'compiling the training step and an evaluation batch for {parsed.topology_name} '
         f'({len(devices)} devices)…')
     lowered = program.lower(abstract_state)
-    training = analyse(lowered['training'].compile())
-    evaluation = analyse(lowered['evaluation'].compile())
+    training = analyse(lowered['training'].compile(), lowered['training'], len(devices))
+    evaluation = analyse(lowered['evaluation'].compile(), lowered['evaluation'], len(devices))
     members = len(program.members) if program.members else 1
     params = abstract_state['params']
     num_params = models.count_params(params) // members
@@ -402,7 +613,8 @@ def _training_memory(config, mesh, per_device: int) -> Dict[str, Any]:
   config = ml_collections.ConfigDict(config.to_dict())
   config.batch_size = per_device * mesh.size
   program, _ = _program(config, mesh)
-  return analyse(program.lower(program.abstract_state)['training'].compile())
+  lowered = program.lower(program.abstract_state)['training']
+  return analyse(lowered.compile(), lowered, mesh.size)
 
 
 def _largest_batch(config, mesh, result: Plan, most: int, log, compilations: int = 5) -> Dict[str, Any]:
@@ -458,8 +670,8 @@ def main(argv) -> int:
     cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   target = flag_values.target
   if not target:
-    cli.fail('--target=NAME is required (a TPU topology such as v5e:4x4, or an accelerator type such as '
-             'v5litepod-16; --target=list shows them)')
+    cli.fail('--target=NAME is required (a TPU topology such as v5e:4x4, an accelerator type such as '
+             'v5litepod-16, or GPUs such as h100:8; --target=list shows them)')
   config = flag_values.config
   if config is None:
     cli.fail(f'--experiment=NAME is required; available: {", ".join(launch.available_experiments())}')
@@ -483,12 +695,26 @@ def main(argv) -> int:
 
 @cli.main_wrapper
 def list_targets(argv=None) -> int:
+  """The TPU topologies libtpu describes and the GPUs the CUDA plugin compiles for, each
+  section where its package is installed; one error line where neither is."""
   del argv
-  require_libtpu()
-  print('TPU topologies this libtpu describes (any AxB or AxBxC of a generation works; Cloud\'s accelerator '
-        'types v5litepod-N, v6e-N, v4-N, v5p-N, v3-N too):')
-  for line in available_topologies():
-    print(line)
+  missing = []
+  for needs, heading, names in (
+      (require_libtpu, 'TPU topologies this libtpu describes (any AxB or AxBxC of a generation works; Cloud\'s '
+       'accelerator types v5litepod-N, v6e-N, v4-N, v5p-N, v3-N too):', LIST_EXAMPLES),
+      (require_cuda_plugin, f'GPUs the CUDA plugin compiles for ({", ".join(GPUS)}; NAME:GPUS in one host, '
+       f'NAME:HOSTSxGPUS across hosts, up to {GPUS_PER_HOST} per host):', GPU_EXAMPLES)):
+    try:
+      needs()
+    except ConfigError as e:
+      missing.append(str(e))
+      print(f'{heading.split(" ", 1)[0]}: none here, {e}')
+      continue
+    print(heading)
+    for line in available_topologies(names):
+      print(line)
+  if len(missing) == 2:
+    cli.fail(missing[0] + '; ' + missing[1].replace('planning for a GPU', 'for a GPU'))
   return 0
 
 
@@ -497,14 +723,21 @@ def entry_point(experiments_dir: Optional[str] = None) -> None:
   --target and --find_largest_batch."""
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from capsjax import launch  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string('target', None, 'A TPU topology (v5e:4x4) or accelerator type (v5litepod-16), or list.')
+  flags.DEFINE_string('target', None, 'A TPU topology (v5e:4x4), an accelerator type (v5litepod-16), GPUs '
+                      '(h100, h100:8, h200:2x8), or list.')
   flags.DEFINE_bool('find_largest_batch', True, 'Compile two or three more times to find the largest batch.')
   launch.set_experiments_dir(experiments_dir)
   argv = list(sys.argv)
+  # GPUs are compile-only devices of JAX's CUDA plugin, which needs no driver for them; a
+  # plan runs nothing, so JAX itself stays on the CPU (where the plugin would otherwise log
+  # its failed start into every plan).
+  if have_cuda_plugin():
+    os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+    cli.start_jax_quietly()
   cli.as_program()
   if '--target=list' in argv[1:]:   # needs no experiment
     sys.exit(list_targets())
-  remaining = launch.parse_flags(argv, __doc__ + '\n  --target=NAME          a TPU topology, an accelerator type, or list\n'
+  remaining = launch.parse_flags(argv, __doc__ + '\n  --target=NAME          a TPU topology, an accelerator type, GPUs, or list\n'
                                  '  --nofind_largest_batch skip the two or three compilations that find the largest batch')
   app.run(main, argv=remaining)
 

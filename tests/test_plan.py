@@ -1,5 +1,5 @@
-"""capsjax.plan: the run's own steps compiled for a TPU topology that is not here, against
-hand counts; targets by both names; bad input as one line."""
+"""capsjax.plan: the run's own steps compiled for a TPU topology and for GPUs that are not
+here, against hand counts; targets by their names; bad input as one line."""
 import importlib.util
 import os
 import subprocess
@@ -14,22 +14,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
 needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU and os.environ.get('CI', '').lower() != 'true',
                                   reason="needs libtpu: pip install 'capsjax[tpu]'")
+# JAX's CUDA plugin and ptxas, in a folder of their own that only the GPU plans put on their
+# path (.ci/run fills it): installed beside JAX on a machine without a GPU driver, the
+# plugin would log its failed start into every other test's output.
+GPU_PLAN = os.path.join(ROOT, '.gpu-plan')
+needs_gpu_plan = pytest.mark.skipif(
+    not os.path.isdir(GPU_PLAN) and os.environ.get('CI', '').lower() != 'true',
+    reason='needs the CUDA plugin in .gpu-plan: pip install -c constraints.txt --no-deps --target .gpu-plan '
+           'jax-cuda12-plugin jax-cuda12-pjrt nvidia-cuda-nvcc-cu12')
 
 
 @pytest.mark.parametrize('name, topology, chips', [
     ('v5e:4x4', 'v5e:4x4', 16), ('v5litepod-16', 'v5e:4x4', 16), ('v5litepod-256', 'v5e:16x16', 256),
     ('v4-32', 'v4:2x2x4', 16), ('v5p-128', 'v5p:4x4x4', 64), ('v6e-256', 'v6e:16x16', 256),
     ('tpu7x:2x2x1', 'tpu7x:2x2x1', 4), ('v3-32', 'v3:4x4', 16),
+    ('h100', 'h100:1x1', 1), ('H100:8', 'h100:1x8', 8), ('h200:4x8', 'h200:4x8', 32),
 ])
-def test_targets_by_topology_and_by_accelerator_type(name, topology, chips):
+def test_targets_by_topology_by_accelerator_type_and_gpus(name, topology, chips):
   target = plan_lib.parse_target(name)
   assert (target.topology_name, target.chips) == (topology, chips)
+  assert target.platform == ('gpu' if name.lower().startswith('h') else 'tpu')
 
 
 @pytest.mark.parametrize('name, message', [
     ('v9:2x2', 'not a TPU topology'), ('v5litepod-12', 'knows no v5e slice of 12 chips'),
     ('v4-30', 'knows no v4 slice of 30 TensorCores'), ('v2:4x4', 'no published figures for its chip'),
-    ('h100', 'not a TPU topology'),
+    ('a100', 'not a TPU topology'), ('h100:16', 'a host holds 1 to 8 H100s'), ('h100:0', 'a host holds 1 to 8'),
 ])
 def test_unknown_targets_are_named(name, message):
   with pytest.raises(ConfigError, match=message):
@@ -46,6 +56,41 @@ def test_collectives_are_counted_with_the_bytes_they_move():
       '%add = f32[] add(%x, %y)'])
   assert plan_lib.collectives(hlo) == {'all-reduce': (3, 256 * 256 * 4 + 10 * 4 + 4 * 8 * 2 + 16 * 4),
                                        'all-gather': (1, 8 * 2 * 4)}
+
+
+def test_gpu_kernels_and_their_memory_traffic_are_counted_from_the_compiled_module():
+  hlo = '\n'.join([
+      'HloModule m',
+      '%body (p: (s32[], f32[64])) -> (s32[], f32[64]) {',
+      '  %p = (s32[], f32[64]{0}) parameter(0)',
+      '  %i = s32[] get-tuple-element(%p), index=0',
+      '  %x = f32[64]{0} get-tuple-element(%p), index=1',
+      '  %loop_add_fusion = f32[64]{0} fusion(%x), kind=kLoop, calls=%add',
+      '  ROOT %t = (s32[], f32[64]{0}) tuple(%i, %loop_add_fusion)',
+      '}',
+      'ENTRY %main (a: f32[128,256], b: f32[256,10]) -> f32[128,10] {',
+      '  %a = f32[128,256]{1,0} parameter(0)',
+      '  %b = f32[256,10]{1,0} parameter(1)',
+      '  %flat = f32[32768]{0} bitcast(%a)',
+      '  %gemm_fusion_dot = f32[128,10]{1,0} fusion(%a, %b), kind=kCustom, calls=%dot',
+      '  %pair = (f32[128,10]{1,0}, s32[128]{0}) fusion(%gemm_fusion_dot), kind=kInput, calls=%r',
+      '  %w = (s32[], f32[64]{0}) while(%init), condition=%c, body=%body, '
+      'backend_config={"known_trip_count":{"n":"3"}}',
+      '  ROOT %copy = f32[128,10]{1,0} copy(%gemm_fusion_dot)',
+      '}'])
+  dot = 4 * (128 * 256 + 256 * 10 + 128 * 10)
+  pair = 4 * 128 * 10 + (4 * 128 * 10 + 4 * 128)
+  loop = 3 * 4 * (64 + 64)
+  copy = 2 * 4 * 128 * 10
+  assert plan_lib.kernel_traffic(hlo) == (1 + 1 + 3 + 1, dot + pair + loop + copy)
+
+
+def test_the_gpu_target_describes_the_published_hopper_figures():
+  text = plan_lib.gpu_target_config(plan_lib.GPUS['h200'])
+  for field in ('core_count: 132', 'memory_bandwidth: 4800000000000', f'device_memory_size: {141 * 2 ** 30}',
+                'cuda_compute_capability { major: 9 minor: 0 }', 'platform_name: "CUDA"',
+                'device_description_str: "NVIDIA H200"'):
+    assert field in text, field
 
 
 def _tiny_config():
@@ -138,6 +183,58 @@ def test_a_run_that_cannot_fit_is_one_line(tiny_plan, monkeypatch, capsys):
   assert exited.value.code == 2
   assert capsys.readouterr().err.strip().splitlines() == [
       'error: the run does not fit v5e:2x2: lower config.batch_size or config.eval_batch_size']
+
+
+_GPU_PLAN_SCRIPT = """
+import json, sys
+from capsjax import cli
+cli.start_jax_quietly()
+from capsjax import plan
+from capsjax.experiments import mnist_smoke
+config = mnist_smoke.get_config()
+config.model.update(conv1_channels=16, primary_types=4, primary_dim=4, digit_dim=8, decoder_hidden=(32,),
+                    routing_loop='rolled')   # the GPU's unrolled loop compiles 3× longer
+config.batch_size, config.eval_batch_size = 32, 64
+result = plan.plan_run(config, 'h100:2x2', find_largest_batch=False)
+print(json.dumps({'shape': [result.devices, result.hosts, result.global_batch], 'param_bytes': result.param_bytes,
+                  'formulations': result.formulations, 'training': result.training,
+                  'evaluation_kernels': result.evaluation['kernels'], 'hbm': result.hbm_per_device,
+                  'estimate': result.estimate(2.0), 'report': plan.report(result, 'mnist_smoke')}))
+"""
+
+
+@pytest.mark.slow
+@needs_gpu_plan
+def test_the_runs_own_step_compiles_for_gpus_on_two_hosts_and_matches_hand_counts():
+  from benchmarks.timing import capsnet_flops  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.pathsep.join([GPU_PLAN, ROOT]))
+  result = subprocess.run([sys.executable, '-c', _GPU_PLAN_SCRIPT], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert not result.stderr, result.stderr[-2000:]   # the plugin's driver probe stays quiet
+  found = json.loads(result.stdout.strip().splitlines()[-1])
+  assert found['shape'] == [4, 2, 32]
+  assert any(line.startswith('conv_impl') and line.endswith(' patches') for line in found['formulations'])  # the GPU's
+  training = found['training']
+  # The gradient all-reduce moves the parameters' bytes (plus the metrics' scalars).
+  count, reduced = training['collectives']['all-reduce']
+  assert count >= 1 and found['param_bytes'] <= reduced <= found['param_bytes'] + 4096
+  # FLOPs per device: the project's count for 8 images (patches compute the direct form),
+  # within what it leaves out (elementwise work, the squash, the loss).
+  flops = capsnet_flops(_tiny_config().model, 'gpu', batch=8)['train'] * 8
+  assert 0.9 * flops <= training['flops'] <= 1.6 * flops, (training['flops'], flops)
+  # Kernels read their operands and write their results: at least the state that the
+  # step reads and returns (parameters, Adam's two moments: read and written).
+  assert training['kernels'] > 10 and found['evaluation_kernels'] > 3
+  assert training['bytes_accessed'] >= 2 * 3 * found['param_bytes']
+  assert found['hbm'] == pytest.approx(0.75 * 80 * 2 ** 30)
+  # Two hosts: the all-reduce crosses each GPU's 400 Gb/s adapter, not NVLink.
+  estimate = found['estimate']
+  assert estimate['allreduce_s'] == pytest.approx(2 * 3 / 4 * reduced / 50e9)
+  report = '\n'.join(found['report'])
+  assert 'target: h100:2x2 = h100:2x2: 4 GPUs of NVIDIA H100 80GB HBM3, 4 devices' in report
+  assert 'ESTIMATE (not a measurement)' in report and '--config.num_processes=2' in report
 
 
 def dataclass_replace(result, chip):
