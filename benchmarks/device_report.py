@@ -121,6 +121,9 @@ def cell_device(settings) -> dict:
       'memory_bytes': stats.get('bytes_limit') or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'),
       'memory_source': 'memory_stats bytes_limit' if stats.get('bytes_limit') else 'host RAM',
       'host_cpus': os.cpu_count(), 'python': platform.python_version(), 'versions': versions,
+      # What capsjax-plan's GPU description (capsjax.plan.GPUS) assumes of this device.
+      'core_count': getattr(device, 'core_count', None),
+      'compute_capability': getattr(device, 'compute_capability', None),
   }
   if shutil.which('nvidia-smi'):
     query = subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version,memory.total,clocks.max.sm',
@@ -488,7 +491,11 @@ def markdown(report: dict) -> str:
            '- matmul peak (measured now, ' + f'{device.get("matmul_size")}³): '
            + ', '.join(f'{k} {v:,.2f} TFLOP/s' for k, v in peaks.items()),
            f'- device-to-device copy: {device.get("copy_gb_per_s", 0):,.1f} GB/s (bytes read + written, '
-           f'{device.get("copy_mib")} MiB)', '']
+           f'{device.get("copy_mib")} MiB)']
+  if device.get('core_count'):
+    lines.append(f'- as capsjax-plan describes GPUs: {device["core_count"]} SMs, compute capability '
+                 f'{device.get("compute_capability")}')
+  lines.append('')
   header = ['impl', 'mode', 'variant', 'batch', 'images/s', '× fastest peer', '% of peak', 'peak memory MiB', 'memory from']
   table = []
   for row in sorted(report['rows'], key=lambda r: (r['mode'] != 'train', r['impl'] != 'capsjax', -r['images_per_s'])):

@@ -221,6 +221,24 @@ def _routing_options_hint(argv, experiment: Optional[str]) -> str:
       f'the options {", ".join(f"model.routing_options.{name}.{option}" for option in own)}' if own else 'no options')
 
 
+def missing_section_problem(section: str, argv, name: Optional[str]) -> str:
+  """One line for an override inside a section that the experiment leaves None (such as
+  --config.ensemble.seeds on `mnist`): which experiments have the section."""
+  spelt = next((arg.split('=')[0] for arg in argv if arg.startswith(f'--config.{section}.')), f'--config.{section}')
+  having = []
+  for other in available_experiments():
+    try:
+      value = load_experiment(other)
+      for part in section.split('.'):
+        value = value[part]
+    except Exception:  # pylint: disable=broad-except
+      continue
+    if value is not None:
+      having.append(other)
+  return (f'{spelt}: experiment {name!r} has no {section!r} section (config.{section} is None there); '
+          + (f'experiments with one: {", ".join(having)}' if having else 'no experiment has one'))
+
+
 def parse_flags(argv, doc: Optional[str] = None):
   """absl parses --experiment first (known flags only); experiments/NAME.py then becomes
   the default of the ml_collections config-file flag --config, whose --config.KEY=VALUE
@@ -248,6 +266,11 @@ def parse_flags(argv, doc: Optional[str] = None):
     cli.fail(override_problem(str(e)))
   except (AttributeError, KeyError) as e:
     cli.fail(unknown_key_problem(e, argv, name))
+  except ValueError as e:   # ml_collections: an override below a section that is None here
+    section = re.search(r'field "([\w.]+)" is None', str(e))
+    if not section:
+      raise
+    cli.fail(missing_section_problem(section.group(1), argv, name))
   if FLAGS.config is None:
     cli.fail(f'--experiment=NAME is required; available: {", ".join(available_experiments())}')
   return remaining

@@ -48,6 +48,9 @@ def test_summary_follows_config_overrides():
     (['--experiment=mnist', '--config.batch_size=abc', '--summary'],
      "error: config.batch_size='abc': allowed an integer >= 1"),
     (['--workdir=/tmp/x'], '--experiment=NAME is required'),
+    (['--experiment=mnist', '--workdir=/tmp/x', '--config.ensemble.seeds=(0,1,2)'],
+     "error: --config.ensemble.seeds: experiment 'mnist' has no 'ensemble' section (config.ensemble is None there); "
+     'experiments with one: ablation, '),
     (['--experiment=mnist', '--workdir=/tmp/x', '--config.routing_probe_iterations=0'],
      "unknown config key 'routing_probe_iterations' (it is config.evals.routing_probe.iterations now; 0 (off) is "
      '--config.evals.routing_probe.enabled=False)'),
