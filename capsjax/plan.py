@@ -401,6 +401,7 @@ class Plan:
   compile_seconds: float
   largest_batch: Optional[Dict[str, Any]] = None
   model_choice: Optional[str] = None
+  members: int = 1   # an ensemble's members, trained side by side on each batch (vmapped)
 
   @property
   def hbm_per_device(self) -> float:
@@ -429,8 +430,9 @@ class Plan:
     link = chip.interhost_bytes_per_s if self.hosts > 1 and chip.interhost_bytes_per_s else chip.allreduce_bytes_per_s
     network = (2 * (n - 1) / n * reduced / (link / share)) if n > 1 else 0.0
     step = max(compute, memory) + network
+    # Images of all the ensemble's members: each sees the whole batch.
     return {'compute_s': compute, 'memory_s': memory, 'allreduce_s': network, 'step_s': step,
-            'images_per_s': global_batch / step if step else float('inf')}
+            'images_per_s': self.members * global_batch / step if step else float('inf')}
 
 
 def _gb(value: float) -> str:
@@ -448,7 +450,8 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -
       f'mesh data={plan.devices}',
       f'batch: {plan.global_batch} global, {per_device} per device (evaluation: {plan.eval_batch} global, '
       f'{plan.eval_batch // plan.devices} per device); {plan.num_params:,} parameters, {_gb(plan.param_bytes)} as '
-      'float32',
+      'float32' + (f'; {plan.members} ensemble members side by side (images/s below count each member\'s)'
+                   if plan.members > 1 else ''),
       f'formulations for the {platform}: ' + '; '.join(plan.formulations),
   ]
   if plan.model_choice:
@@ -602,7 +605,7 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
     param_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
     result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
                   config.batch_size, config.eval_batch_size, num_params, param_bytes,
-                  _describe_choices(choices), training, evaluation, 0.0, model_choice=model_choice)
+                  _describe_choices(choices), training, evaluation, 0.0, model_choice=model_choice, members=members)
     if find_largest_batch:
       result.largest_batch = _largest_batch(config, mesh, result, train_examples // len(devices), log)
   result.compile_seconds = time.time() - started
