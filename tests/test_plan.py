@@ -93,6 +93,16 @@ def test_the_gpu_target_describes_the_published_hopper_figures():
     assert field in text, field
 
 
+def test_the_plans_stand_in_data_has_every_class_for_multimnist_pairs():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from capsjax.data.datasets import dataset_info  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import multimnist  # pylint: disable=g-import-not-at-top
+  config = multimnist.get_config()
+  test = plan_lib._zeros_loader(config)(dataset_info(config.dataset), 'test')  # pylint: disable=protected-access
+  assert len(test.labels) == 10000 and not test.images.any()
+  assert set(np.unique(test.labels)) == set(range(10))   # a pair needs two classes
+
+
 def _tiny_config():
   from capsjax.experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
   config = mnist_smoke.get_config()
