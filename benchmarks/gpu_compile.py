@@ -13,7 +13,8 @@ the compiled module: the kernels per call and the bytes they read and write
 computes (benchmarks/timing.py: XLA's cost analysis counts a loop's body once, and the
 chunked inference and the rolled routing loop are loops). The measured time per call is then fitted, by non-negative least squares, as
 
-    seconds ≈ traffic / bandwidth_fit + kernels × seconds_per_kernel + flops / flops_fit
+    seconds ≈ traffic / bandwidth_fit + kernels × seconds_per_kernel
+              + float32 flops / float32_rate_fit + bfloat16 flops / bfloat16_rate_fit
 
 and every variant of `--predict` (inference at batch 128 by default, the GPU issue's gap)
 gets the fitted time: a prediction, printed as one, for the next lent GPU to check. Needs
@@ -71,27 +72,33 @@ def compiled_figures(config, mode: str, batch: int, mesh) -> dict:
   return {'kernels': kernels, 'traffic_bytes': traffic, 'flops': per_image * batch * members}
 
 
+def _columns(row) -> list:
+  """TB moved, millions of kernels, PFLOP in float32, PFLOP in bfloat16: columns of similar size."""
+  bf16 = row['dtype'] == 'bfloat16'
+  return [row['traffic_bytes'] / 1e12, row['kernels'] / 1e6, 0.0 if bf16 else row['flops'] / 1e15,
+          row['flops'] / 1e15 if bf16 else 0.0]
+
+
 def fit(rows):
-  """Non-negative least squares of the measured seconds per call on (traffic, kernels, flops)."""
+  """Non-negative least squares of the measured seconds per call on the four columns,
+  weighted for relative error (a 0.6 ms and a 10 ms call count alike)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from scipy.optimize import nnls  # pylint: disable=g-import-not-at-top
-  scale = np.array([1e12, 1e6, 1e15])   # TB, μs-kernels, PFLOP: columns of similar size
-  design = np.array([[r['traffic_bytes'] / scale[0], r['kernels'] / scale[1], r['flops'] / scale[2]] for r in rows])
+  design = np.array([_columns(r) for r in rows])
   seconds = np.array([r['measured_s'] for r in rows])
-  weights = 1 / seconds   # relative error: a 0.6 ms and a 10 ms call count alike
+  weights = 1 / seconds
   coefficients, _ = nnls(design * weights[:, None], seconds * weights)
   predicted = design @ coefficients
-  return {'seconds_per_tb': coefficients[0], 'seconds_per_kernel': coefficients[1] / scale[1],
-          'seconds_per_pflop': coefficients[2],
-          'bandwidth_fit_tb_s': 1 / coefficients[0] if coefficients[0] else None,
-          'flops_fit_tflop_s': 1e3 / coefficients[2] if coefficients[2] else None,
+  rate = lambda c, unit: unit / c if c else None
+  return {'coefficients': coefficients.tolist(), 'seconds_per_kernel': coefficients[1] / 1e6,
+          'bandwidth_fit_tb_s': rate(coefficients[0], 1.0), 'float32_fit_tflop_s': rate(coefficients[2], 1e3),
+          'bfloat16_fit_tflop_s': rate(coefficients[3], 1e3),
           'median_relative_error': float(np.median(np.abs(predicted - seconds) / seconds)),
           'predicted_s': predicted.tolist()}
 
 
-def predict(coefficients: dict, figures: dict) -> float:
-  return (figures['traffic_bytes'] / 1e12 * coefficients['seconds_per_tb']
-          + figures['kernels'] * coefficients['seconds_per_kernel'] + figures['flops'] / 1e15 * coefficients['seconds_per_pflop'])
+def predict(result: dict, figures: dict) -> float:
+  return sum(c * x for c, x in zip(result['coefficients'], _columns(figures)))
 
 
 def main() -> int:
@@ -128,25 +135,33 @@ def main() -> int:
       print(f'{row["mode"]:5s} {row["variant"][:45]:45s}: not compiled here ({type(e).__name__}: {e})', flush=True)
       continue
     per_call = row['batch'] * members / row['images_per_s']
-    rows.append(dict(mode=row['mode'], variant=row['variant'], batch=row['batch'], members=members,
+    rows.append(dict(mode=row['mode'], variant=row['variant'], batch=row['batch'], members=members, dtype=dtype,
                      measured_s=per_call, **figures))
     print(f'{row["mode"]:5s} {row["variant"][:45]:45s} {row["batch"]:4d}×{members}: {figures["kernels"]:4d} kernels, '
           f'{figures["traffic_bytes"] / 1e9:6.2f} GB, {figures["flops"] / 1e9:7.1f} GFLOP; measured '
           f'{1e3 * per_call:6.2f} ms  (compiled in {time.time() - started:.0f} s)', flush=True)
   result = fit(rows)
+  shown = lambda value, digits: f'{value:.{digits}f}' if value else '∞ (not needed)'
   print(f'fit over {len(rows)} rows: {1e6 * result["seconds_per_kernel"]:.2f} μs per kernel, traffic at '
-        f'{result["bandwidth_fit_tb_s"] or float("inf"):.2f} TB/s, FLOPs at {result["flops_fit_tflop_s"] or float("inf"):.0f} '
-        f'TFLOP/s; median relative error {100 * result["median_relative_error"]:.0f} %')
+        f'{shown(result["bandwidth_fit_tb_s"], 2)} TB/s, float32 FLOPs at {shown(result["float32_fit_tflop_s"], 0)} '
+        f'TFLOP/s, bfloat16 at {shown(result["bfloat16_fit_tflop_s"], 0)}; median relative error '
+        f'{100 * result["median_relative_error"]:.0f} %')
+  for row, fitted in zip(rows, result['predicted_s']):
+    print(f'  {row["mode"]:5s} {row["variant"][:45]:45s} measured {1e3 * row["measured_s"]:6.2f} ms, fitted '
+          f'{1e3 * fitted:6.2f} ms')
   predictions = []
   batch = args.predict_batch
   for conv, dtype, loop, inference in itertools.product(('patches', 'xla'), ('float32', 'bfloat16'),
                                                        ('rolled', 'unrolled'), ('chunked', 'whole_batch')):
     if conv == 'xla' and inference == 'whole_batch':
       continue   # patches_inference applies to patches only
+    if not any(row['dtype'] == dtype for row in rows):
+      print(f'not predicted: infer {conv} {dtype} {loop} {inference} (no measured {dtype} row to fit)')
+      continue
     formulation = dict(conv_impl=conv, routing_loop=loop, patches_inference=inference)
     figures = compiled_figures(config_for('mnist', batch, 1, formulation, dtype), 'infer', batch, mesh)
-    seconds = predict(result, figures)
-    predictions.append(dict(formulation, dtype=dtype, batch=batch, predicted_s=seconds, **figures))
+    seconds = predict(result, dict(figures, dtype=dtype))
+    predictions.append(dict(formulation, batch=batch, predicted_s=seconds, dtype=dtype, **figures))
     print(f'PREDICTED (not measured): infer {conv} {dtype} {loop} {inference} at {batch}: {figures["kernels"]} kernels, '
           f'{figures["traffic_bytes"] / 1e9:.2f} GB → {1e3 * seconds:.3f} ms, {batch / seconds:,.0f} images/s', flush=True)
   if args.out:

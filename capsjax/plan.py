@@ -75,9 +75,10 @@ CHIPS = {
     'tpu7x': Chip('TPU7x', 192 * GIB, 7380e9, 2307e12, 1200e9 / 2,
                   'tpu/docs/tpu7x: 2307 TFLOPs bf16, 192 GiB at 7380 GB/s; ICI 1200 GB/s bidirectional'),
 }
-# NVIDIA's data sheets (nvidia.com/en-us/data-center/h100, …/h200, SXM boards), the CUDA
-# C++ Programming Guide's table for compute capability 9.0 and the Hopper tuning guide,
-# read 2026-11-25. Both are Hopper GPUs of 132 SMs; they differ in their memory.
+# NVIDIA's published figures: the H100 and H200 SXM data sheets, the CUDA C++ Programming
+# Guide's limits for compute capability 9.0 and the Hopper tuning guide (written down
+# 2026-11-25 on a machine that cannot reach them: the device report of a lent GPU checks
+# its SMs and compute capability). Both are Hopper GPUs of 132 SMs; their memory differs.
 _HOPPER_SXM = (('threads_per_block_limit', 1024), ('threads_per_warp', 32),
                ('shared_memory_per_block', 48 * 1024), ('shared_memory_per_core', 228 * 1024),
                ('threads_per_core_limit', 2048), ('core_count', 132), ('fpus_per_core', 128),
