@@ -148,7 +148,9 @@ class Target:
 
 def _parse_gpu_target(name: str, match) -> Target:
   generation, hosts, gpus = match.group(1), int(match.group(2) or 1), int(match.group(3) or 1)
-  if not 1 <= gpus <= GPUS_PER_HOST or hosts < 1:
+  if hosts < 1:
+    raise ConfigError(f'--target={name}: HOSTSxGPUS needs at least one host, e.g. {generation}:2x8')
+  if not 1 <= gpus <= GPUS_PER_HOST:
     raise ConfigError(f'--target={name}: a host holds 1 to {GPUS_PER_HOST} {generation.upper()}s; give '
                       f'HOSTSxGPUS for more, e.g. {generation}:4x8')
   return Target(name, generation, f'{hosts}x{gpus}', GPUS[generation])

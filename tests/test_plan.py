@@ -39,7 +39,7 @@ def test_targets_by_topology_by_accelerator_type_and_gpus(name, topology, chips)
 @pytest.mark.parametrize('name, message', [
     ('v9:2x2', 'not a TPU topology'), ('v5litepod-12', 'knows no v5e slice of 12 chips'),
     ('v4-30', 'knows no v4 slice of 30 TensorCores'), ('v2:4x4', 'no published figures for its chip'),
-    ('a100', 'not a TPU topology'), ('h100:16', 'a host holds 1 to 8 H100s'), ('h100:0', 'a host holds 1 to 8'),
+    ('a100', 'not a TPU topology'), ('h100:16', 'a host holds 1 to 8 H100s'), ('h100:0', 'a host holds 1 to 8'), ('h200:0x8', 'needs at least one host'),
 ])
 def test_unknown_targets_are_named(name, message):
   with pytest.raises(ConfigError, match=message):
