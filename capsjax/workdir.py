@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import time
 from typing import Any, Dict, Iterator, List, Tuple
 
 import ml_collections
@@ -313,15 +314,18 @@ class MetricsLog:
     os.replace(temporary, self.path)
 
   def write(self, **record) -> None:
+    """Appends one row, with `time`: the wall clock (Unix seconds) when it was written, so
+    that curves can be read against time as well as steps."""
     if not self.is_writer:
       return
+    record = dict(record, time=round(time.time(), 3))
     try:
       with open(self.path, 'a') as f:
         f.write(json.dumps(record) + '\n')
     except OSError as e:
       raise WorkdirError(f'cannot append to {self.path}: {_describe_os_error(e)}') from None
     if self.events is not None:
-      fields = {k: v for k, v in record.items() if k not in ('split', 'step', 'epoch')}
+      fields = {k: v for k, v in record.items() if k not in ('split', 'step', 'epoch', 'time')}   # events keep their own
       self.events.scalars(record.get('step', 0), record.get('split', 'metrics'), fields)
 
   def images(self, step: int, tag: str, images) -> None:

@@ -149,6 +149,9 @@ def test_truncate_after_drops_later_and_cut_off_rows(tmp_path):
     f.write('{"split": "train", "st')   # cut off by a crash
   log.truncate_after(2)
   assert [row['step'] for row in log.read()] == [1, 2]
+  started = time.time()
+  log.write(split='test', step=3)
+  assert started - 1 <= log.read()[-1]['time'] <= time.time() + 1   # each row's wall clock
 
 
 # ----------------------------------------------------------------------------- checkpoint failures
