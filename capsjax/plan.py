@@ -449,9 +449,9 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -
   target, chip = plan.target, plan.target.chip
   per_device = plan.global_batch // plan.devices
   platform = target.platform.upper()
+  units, over = ('GPUs', 'GPUs') if platform == 'GPU' else ('chips', 'slice')   # what the lines call them
   lines = [
-      f'target: {target.name} = {target.topology_name}: {target.chips} {"GPUs" if platform == "GPU" else "chips"} '
-      f'of {chip.kind}, {plan.devices} devices ({plan.devices_per_chip} per chip), {plan.hosts} hosts; '
+      f'target: {target.name} = {target.topology_name}: {target.chips} {units} of {chip.kind}, {plan.devices} devices ({plan.devices_per_chip} per chip), {plan.hosts} hosts; '
       f'mesh data={plan.devices}',
       f'batch: {plan.global_batch} global, {per_device} per device (evaluation: {plan.eval_batch} global, '
       f'{plan.eval_batch // plan.devices} per device); {plan.num_params:,} parameters, {_gb(plan.param_bytes)} as '
@@ -488,7 +488,7 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -
                 else 'float32 matmuls as one bf16 pass, JAX\'s default precision')
   lines.append(
       f'ESTIMATE (not a measurement): a training step ≈ {1e3 * default["step_s"]:.2f} ms → '
-      f'{default["images_per_s"]:,.0f} images/s over the {"GPUs" if platform == "GPU" else "slice"} (compute '
+      f'{default["images_per_s"]:,.0f} images/s over the {over} (compute '
       f'{1e3 * default["compute_s"]:.2f} ms with {as_default}, HBM traffic {1e3 * default["memory_s"]:.2f} ms, '
       f'all-reduce {1e3 * default["allreduce_s"]:.2f} ms, not overlapped); with float32 matmuls at \'highest\' '
       f'precision (≈ {highest_passes:.0f} bf16 passes) ≈ {1e3 * highest["step_s"]:.2f} ms → '
@@ -501,7 +501,6 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -
                  f'{", ".join(str(b) for b in largest["tried"])} per device)'
                  + ('; the whole training split: a larger batch would not fit an epoch' if largest['capped'] else ''))
     if largest.get('analysis'):
-      over = 'GPUs' if platform == 'GPU' else 'slice'
       at_largest = plan.estimate(default_passes, largest['analysis'], largest['per_device'] * plan.devices)
       lines.append(f'ESTIMATE at that batch (not a measurement): a training step ≈ {1e3 * at_largest["step_s"]:.2f} ms → '
                    f'{at_largest["images_per_s"]:,.0f} images/s over the {over} (compute '
