@@ -24,7 +24,14 @@ Names load on first use: `import capsjax` itself imports no JAX, so the commands
 """
 import importlib
 
+from capsjax.cli import quiet_libtpu_environment as _quiet_libtpu_environment
+
 __version__ = '0.1.0'
+
+# With the `tpu` extra (capsjax-plan) on a machine without TPUs, libtpu prints a start-up
+# error banner when JAX starts its backends; its environment, set before that happens
+# (JAX starts them lazily: `import jax; import capsjax` is early enough), keeps it quiet.
+_quiet_libtpu_environment()
 
 # Exported name → the module that defines it (one definition; this file only points).
 _EXPORTS = {

@@ -8,7 +8,9 @@ names the last complete checkpoint on disk (command lines then exit without inte
 teardown, see `capsjax.cli.fail`). Orbax's own multi-line error logs are kept off the console for such failures.
 """
 import contextlib
+import ast
 import errno
+import json
 import logging
 import os
 import sys
@@ -53,6 +55,43 @@ def _first_shape_mismatch(restored, template):
     shape = expected[name]
     if saved.get(name) != shape:
       return name, saved.get(name, 'nothing'), shape
+  return None
+
+
+# A part of the training state, as a config change that reshapes it is told.
+STATE_PARTS = {'params': 'the parameters', 'opt_state': 'the optimizer state (config.optimizer, grad_clip_norm, '
+               'weight_decay)', 'ema_params': 'the moving average of the parameters (config.ema_decay)'}
+
+
+def _saved_paths(step_directory: str) -> Optional[set]:
+  """The leaf paths of the state saved in a checkpoint's folder (orbax's metadata file),
+  as tuples of names; None where it cannot be read."""
+  try:
+    with open(os.path.join(step_directory, 'state', '_METADATA')) as f:
+      return {tuple(ast.literal_eval(key)) for key in json.load(f)['tree_metadata']}
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _template_paths(template) -> set:
+  name = lambda key: str(getattr(key, 'key', getattr(key, 'idx', getattr(key, 'name', key))))
+  return {tuple(map(name, path)) for path, _ in jax.tree_util.tree_flatten_with_path(template)[0]}
+
+
+def structure_change(step_directory: str, template) -> Optional[str]:
+  """Which part of the state the saved checkpoint holds in another structure than the
+  config's (the optimizer state of another optimizer, a moving average added or dropped),
+  as words; None when they agree or the saved structure cannot be read."""
+  saved = _saved_paths(step_directory)
+  if saved is None:
+    return None
+  expected = _template_paths(template)
+  for part in sorted({path[0] for path in saved | expected}, key=lambda part: part != 'params'):
+    mine = {path for path in expected if path[0] == part}
+    theirs = {path for path in saved if path[0] == part}
+    if mine != theirs:
+      what = STATE_PARTS.get(part, f'the state\'s {part!r}')
+      return (f'{what}: the config ' + ('has none' if not mine else 'adds it' if not theirs else 'changes its form'))
   return None
 
 
@@ -146,6 +185,11 @@ class Checkpoints:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
     except Exception as e:  # orbax raises many types for unreadable / mismatched files.
+      changed = structure_change(os.path.join(self.directory, str(step)), template)
+      if changed:   # no damage: a config change the saved state cannot continue
+        raise CheckpointError(
+            f'checkpoint step {step} in {self.directory} cannot continue with this config: {changed} '
+            '(a changed optimizer or moving average cannot resume this run; use another --workdir)') from None
       error = CheckpointError(
           f'cannot restore checkpoint step {step} in {self.directory} ({_reason(e)}); '
           'it was left in place: move it away to start afresh')
@@ -173,7 +217,7 @@ class Checkpoints:
       try:
         restored = self.restore(template, step)
       except CheckpointError as e:
-        if 'this config\'s model' in str(e):
+        if 'this config' in str(e):   # shapes or state of another config: no damage
           raise
         failures.append((step, e))
         continue

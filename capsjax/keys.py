@@ -57,6 +57,8 @@ def int_in(low: int, high: int) -> Rule:
 def number_in(low: float, high: float, low_open: bool = False, high_open: bool = False) -> Rule:
   def check(v):
     return _is_number(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+  if math.isinf(high):   # '(0, inf]' would read as if inf were allowed
+    return Rule(check, f'a finite number {">" if low_open else ">="} {low}')
   return Rule(check, f'a finite number in {"(" if low_open else "["}{low}, {high}{")" if high_open else "]"}')
 
 

@@ -221,6 +221,33 @@ def _routing_options_hint(argv, experiment: Optional[str]) -> str:
       f'the options {", ".join(f"model.routing_options.{name}.{option}" for option in own)}' if own else 'no options')
 
 
+def malformed_key_problem(argv, name: Optional[str]) -> Optional[str]:
+  """One line for an override whose key path is not made of Python names
+  (`--config.batch-size=1`: ml_collections would end in a traceback), with the key it
+  likely means (hyphens as underscores) where the experiment has that one."""
+  for arg in argv[1:]:
+    if not arg.startswith('--config.'):
+      continue
+    dotted = arg[len('--config.'):].split('=', 1)[0]
+    if re.fullmatch(r'[A-Za-z_]\w*(\.[A-Za-z_]\w*)*', dotted, flags=re.ASCII):
+      continue
+    guess = '.'.join(re.sub(r'\W', '_', part, flags=re.ASCII) for part in dotted.split('.'))
+    return f'unknown config key {dotted!r}' + (f" (did you mean '{guess}'?)" if _has_key(argv, name, guess) else '')
+  return None
+
+
+def _has_key(argv, name: Optional[str], dotted: str) -> bool:
+  """Whether the experiment's (or --config file's) config has the key `dotted`."""
+  try:
+    path = config_file_argument(argv)
+    value = load_config_file(path, 'capsjax_user_config') if path else load_experiment(name) if name else None
+    for part in dotted.split('.'):
+      value = value[part]
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
 def missing_section_problem(section: str, argv, name: Optional[str]) -> str:
   """One line for an override inside a section that the experiment leaves None (such as
   --config.ensemble.seeds on `mnist`): which experiments have the section."""
@@ -258,6 +285,9 @@ def parse_flags(argv, doc: Optional[str] = None):
   if name is not None and name not in available_experiments():
     cli.fail(f'unknown experiment {name!r}; available: {", ".join(available_experiments())}')
   FLAGS.unparse_flags()
+  malformed = malformed_key_problem(argv, name)
+  if malformed:
+    cli.fail(malformed)
   try:
     config_flags.DEFINE_config_file('config', default=experiment_path(name) if name else None,
                                     help_string='Experiment config file.', sys_argv=argv)

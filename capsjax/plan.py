@@ -23,9 +23,10 @@ import dataclasses
 import math
 import os
 import re
+import shlex
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import ml_collections
 
@@ -116,9 +117,9 @@ ACCELERATOR_TYPES = {  # prefix → (generation, chips per count unit, chip shap
     'v5litepod': ('v5e', 1, _TWO_D), 'v6e': ('v6e', 1, _TWO_D),
     'v3': ('v3', 2, _TWO_D), 'v4': ('v4', 2, _THREE_D), 'v5p': ('v5p', 2, _THREE_D),
 }
-_TOPOLOGY = re.compile(r'^(v2|v3|v4|v5e|v5p|v6e|tpu7x):(\d+(?:x\d+){1,2})$')
-_ACCELERATOR_TYPE = re.compile(r'^(v5litepod|v6e|v3|v4|v5p)-(\d+)$')
-_GPU = re.compile(r'^(' + '|'.join(GPUS) + r')(?::(?:(\d+)x)?(\d+))?$')
+_TOPOLOGY = re.compile(r'^(v2|v3|v4|v5e|v5p|v6e|tpu7x):(\d+(?:x\d+){1,2})$', re.ASCII)
+_ACCELERATOR_TYPE = re.compile(r'^(v5litepod|v6e|v3|v4|v5p)-(\d+)$', re.ASCII)
+_GPU = re.compile(r'^(' + '|'.join(GPUS) + r')(?::(?:(\d+)x)?(\d+))?$', re.ASCII)
 LIST_EXAMPLES = ('v5e:2x2', 'v5e:4x4', 'v5e:16x16', 'v4:2x2x4', 'v5p:4x4x4', 'v6e:16x16', 'v3:4x4', 'tpu7x:2x2x1')
 GPU_EXAMPLES = ('h100', 'h100:8', 'h100:4x8', 'h200:8')
 INSTALL = "pip install 'capsjax[tpu]' (libtpu, as jax[tpu] pins it)"
@@ -444,17 +445,18 @@ def _gb(value: float) -> str:
   return f'{value / 1e9:.2f} GB'
 
 
-def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -> List[str]:
-  """The plan as lines for the console."""
+def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', overrides: Sequence[str] = ()) -> List[str]:
+  """The plan as lines for the console; the launch line carries `overrides` (the
+  command line's --config.KEY=VALUE, but the batch size the plan sets)."""
   target, chip = plan.target, plan.target.chip
   per_device = plan.global_batch // plan.devices
   platform = target.platform.upper()
   units, over = ('GPUs', 'GPUs') if platform == 'GPU' else ('chips', 'slice')   # what the lines call them
   lines = [
-      f'target: {target.name} = {target.topology_name}: {target.chips} {units} of {chip.kind}, {plan.devices} devices ({plan.devices_per_chip} per chip), {plan.hosts} hosts; '
+      f'target: {target.name} = {target.topology_name}: {target.chips} {units} of {chip.kind}, {plan.devices} devices ({plan.devices_per_chip} per chip), {plan.hosts} host{"s" if plan.hosts != 1 else ""}; '
       f'mesh data={plan.devices}',
       f'batch: {plan.global_batch} global, {per_device} per device (evaluation: {plan.eval_batch} global, '
-      f'{plan.eval_batch // plan.devices} per device); {plan.num_params:,} parameters, {_gb(plan.param_bytes)} as '
+      f'{-(-plan.eval_batch // plan.devices)} per device); {plan.num_params:,} parameters, {_gb(plan.param_bytes)} as '
       'float32' + (f'; {plan.members} ensemble members side by side (images/s below count each member\'s)'
                    if plan.members > 1 else ''),
       f'formulations for the {platform}: ' + '; '.join(plan.formulations),
@@ -506,7 +508,9 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN') -
                    f'{at_largest["images_per_s"]:,.0f} images/s over the {over} (compute '
                    f'{1e3 * at_largest["compute_s"]:.2f} ms, HBM traffic {1e3 * at_largest["memory_s"]:.2f} ms, '
                    f'all-reduce {1e3 * at_largest["allreduce_s"]:.2f} ms)')
-  batch = f' --config.batch_size={plan.global_batch}'
+  kept = [shlex.quote(flag) for flag in overrides
+          if not flag.startswith(('--config.batch_size=', '--config.distributed='))]
+  batch = ''.join(f' {flag}' for flag in kept) + f' --config.batch_size={plan.global_batch}'
   if platform == 'GPU' and plan.hosts == 1:
     lines += ['launch (one process sees all the host\'s GPUs):',
               f'  python run.py --experiment={experiment} --workdir={workdir_hint}{batch}']
@@ -588,7 +592,6 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   devices = compile_only_devices(parsed)
   mesh = sharding.data_mesh(devices)
   sharding.check_batch_size(config.batch_size, mesh)
-  sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   devices_per_chip = max(1, len(devices) // parsed.chips)
   hbm_per_device = parsed.chip.hbm_bytes * parsed.chip.usable_fraction / devices_per_chip
   config = ml_collections.ConfigDict(config.to_dict())
@@ -692,7 +695,9 @@ def main(argv) -> int:
     cli.fail(f'--experiment={flag_values.experiment}: its program ({config.program}) trains several models; '
              'plan one of them (e.g. its member config) with --config.program=train')
   result = plan_run(config, target, flag_values.find_largest_batch, log=cli.say)
-  for line in report(result, flag_values.experiment or 'NAME', f'/mnt/shared/{flag_values.experiment or "run"}'):
+  overrides = [arg for arg in sys.argv[1:] if arg.startswith('--config.')]
+  for line in report(result, flag_values.experiment or 'NAME', f'/mnt/shared/{flag_values.experiment or "run"}',
+                     overrides):
     print(line)
   if not result.fits(result.training) or not result.fits(result.evaluation):
     cli.fail(f'the run does not fit {result.target.name}: lower config.batch_size or config.eval_batch_size'

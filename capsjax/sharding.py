@@ -63,6 +63,12 @@ def check_batch_size(batch_size: int, mesh, what: str = 'batch_size') -> None:
     raise ConfigError(f'{devices} devices do not split evenly over {jax.process_count()} processes')
 
 
+def padded_batch_size(batch_size: int, mesh) -> int:
+  """`batch_size` rounded up to a multiple of the mesh's devices (an evaluation batch:
+  its padding rows weigh 0)."""
+  return -(-batch_size // mesh.devices.size) * mesh.devices.size
+
+
 def process_rows(batch_size: int) -> slice:
   """This process's rows of a global batch: an equal, contiguous share per process."""
   per_process = batch_size // jax.process_count()

@@ -214,13 +214,15 @@ def make_eval_step(objective, model, pipeline, ensemble: bool = False):
 
 
 def eval_batches(pipeline, batch_size: int, mesh):
-  """The evaluation batches; with `mesh`, global arrays of which this process read only
-  its rows."""
+  """The evaluation batches of `batch_size` examples; with `mesh`, each padded to a
+  multiple of its devices (the padding weighs 0 in every sum: any batch size evaluates on
+  any device count), global arrays of which this process read only its rows."""
   if mesh is None:
     yield from pipeline.eval_batches(batch_size)
     return
-  for host_batch, weights in pipeline.eval_batches(batch_size, sharding.process_rows(batch_size)):
-    yield sharding.global_batch(mesh, (host_batch, weights), batch_size)
+  padded = sharding.padded_batch_size(batch_size, mesh)
+  for host_batch, weights in pipeline.eval_batches(batch_size, sharding.process_rows(padded), padded):
+    yield sharding.global_batch(mesh, (host_batch, weights), padded)
 
 
 class EvaluationInterrupted(Exception):

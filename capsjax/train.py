@@ -23,7 +23,7 @@ from capsjax import hooks as hooks_lib
 from capsjax import assemble, formulations, memory, reports, runtime, sharding, sizing, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.pipeline import Pipeline
-from capsjax.errors import CapsjaxError, CheckpointError, RunStopped
+from capsjax.errors import CapsjaxError, CheckpointError, ConfigError, RunStopped
 from capsjax.events import EventWriter
 from capsjax.keys import boolean, declare, int_at_least, int_in, number_in, registered, text
 from capsjax.registry import Registry
@@ -294,9 +294,12 @@ declare('program', 'train', registered(PROGRAMS.names), 'what runs: train, or an
 def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -> RunResult:
   mesh = sharding.data_mesh()
   sharding.check_batch_size(config.batch_size, mesh)
-  sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   train, test, validation = assemble.splits(config)
   num_steps = assemble.total_steps(config, train.num_examples)
+  if config.get('warmup_steps', 0) >= num_steps > 0:   # a length in epochs, known from the data
+    raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
+                      f'({config.num_epochs} epochs of {train.num_examples} examples): the run would end inside '
+                      'the warm-up, below the configured learning rate')
   model = assemble.model(config)
   program = build_program(config, model, train, test, mesh, validation)
   members = program.members

@@ -9,6 +9,8 @@ checked as the run's model is.
 """
 from typing import Dict, Iterator, List, Tuple
 
+import math
+
 import ml_collections
 
 from capsjax import defaults
@@ -178,9 +180,14 @@ def problems_of(config) -> List[str]:
   if config.get('weight_decay') and config.get('optimizer', 'adam') == 'adam':
     problems.append(f'config.weight_decay={config.weight_decay!r}: Adam has no decoupled weight decay; '
                     "use --config.optimizer=adamw (or lion)")
-  if config.get('lr_schedule', 'exponential') != 'exponential' and config.get('lr_min', 0) >= config.get('learning_rate', 1):
+  if config.get('lr_min', 0) and config.lr_min >= config.get('learning_rate', math.inf):
+    schedule = config.get('lr_schedule', 'exponential')
     problems.append(f'config.lr_min={config.lr_min!r}: allowed below learning_rate={config.learning_rate!r} '
-                    f'(the {config.lr_schedule} schedule decays to it)')
+                    + ('(the exponential decay is floored at it: above the rate it would raise it)'
+                       if schedule == 'exponential' else f'(the {schedule} schedule decays to it)'))
+  if config.get('warmup_steps') and config.get('num_steps') and config.warmup_steps >= config.num_steps:
+    problems.append(f'config.warmup_steps={config.warmup_steps!r}: allowed below num_steps={config.num_steps!r} '
+                    '(the run would end inside the warm-up, below the configured learning rate)')
   found, zoo_options = _get(config, 'routing_zoo.options')
   if found and zoo_options is not None and 'model' in config:
     problems.extend(_zoo_options_problems(config, zoo_options))

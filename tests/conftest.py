@@ -136,7 +136,7 @@ SLOW = frozenset((
     'tests/test_routing.py::test_routing_zoo_writes_a_row_per_algorithm',
     'tests/test_routing.py::test_shared_transforms_in_the_capsnet_route_without_votes_and_do_not_grow_with_the_image',
     'tests/test_routing.py::test_the_capsnet_routes_the_newer_algorithms_without_votes_too',
-    'tests/test_sharding.py::test_eight_simulated_devices_train_like_one',
+    'tests/test_sharding.py::test_sixteen_simulated_devices_train_and_evaluate_like_one',
     'tests/test_sharding.py::test_two_processes_preempted_then_resumed_under_slurm_train_like_one_device',
     'tests/test_signals.py::test_ctrl_c_before_training_is_one_line',
     'tests/test_signals.py::test_ctrl_c_saves_and_the_run_resumes',

@@ -226,6 +226,24 @@ def test_checkpoints_keep_the_named_steps_beside_the_latest(tmp_path):
       checkpoints.restore(template, step=3)
 
 
+def test_a_state_of_another_optimizer_or_moving_average_is_named_not_taken_for_damage(tmp_path):
+  from capsjax.checkpoints import Checkpoints   # pylint: disable=g-import-not-at-top
+  from capsjax.errors import CheckpointError    # pylint: disable=g-import-not-at-top
+  params = {'w': np.zeros(2, np.float32)}
+  saved = {'params': params, 'opt_state': ({'mu': params},), 'step': np.zeros((), np.int32)}
+  with Checkpoints(str(tmp_path), keep=2) as checkpoints:
+    for step in (1, 2):
+      checkpoints.save(dict(saved, step=jnp.asarray(step)), {'wall_time_s': 0.0})
+      checkpoints.wait()
+    for template, words in (
+        (dict(saved, ema_params=params), 'the moving average of the parameters (config.ema_decay): the config adds it'),
+        (dict(saved, opt_state=({'mu': params, 'nu': params},)), 'the optimizer state (config.optimizer, '
+         'grad_clip_norm, weight_decay): the config changes its form')):
+      with pytest.raises(CheckpointError, match=re.escape(f'cannot continue with this config: {words}')):
+        checkpoints.restore_newest_intact(template, warn=pytest.fail)   # nothing set aside as damaged
+    assert checkpoints.all_steps() == [1, 2]
+
+
 def test_preemption_stops_after_a_signal_or_the_service_notice(tmp_path):
   run, lines = fake_run(tmp_path)
   requests = StopRequests(install=False)

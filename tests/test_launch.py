@@ -58,6 +58,17 @@ def test_summary_follows_config_overrides():
      "config.program='nope': allowed one of train, ablation"),
     (['--experiment=sweep_smoke', '--workdir=/tmp/x', '--config.sweep.variants=("a: learning_rat=1",)'],
      "sweep override 'learning_rat': no such config key"),
+    # A key path that is not made of Python names: ml_collections would end in a traceback.
+    (['--experiment=mnist', '--config.batch-size=1', '--summary'],
+     "error: unknown config key 'batch-size' (did you mean 'batch_size'?)"),
+    (['--experiment=mnist', '--config.evals.routing-probe.enabled=False', '--summary'],
+     "error: unknown config key 'evals.routing-probe.enabled' (did you mean 'evals.routing_probe.enabled'?)"),
+    (['--experiment=mnist', '--config.model.routing_options.variational-bayes.prior_extra_dof=2', '--summary'],
+     "error: unknown config key 'model.routing_options.variational-bayes.prior_extra_dof'"),
+    (['--experiment=mnist_smoke', '--workdir=/tmp/x', '--config.warmup_steps=100', '--config.num_steps=2'],
+     'error: config.warmup_steps=100: allowed below num_steps=2 (the run would end inside the warm-up'),
+    (['--experiment=mnist', '--workdir=/tmp/x', '--config.lr_min=0.1'],
+     'error: config.lr_min=0.1: allowed below learning_rate=0.001 (the exponential decay is floored at it'),
 ])
 def test_bad_arguments_give_one_line(args, message):
   result = run(*args)

@@ -251,6 +251,10 @@ def test_optimizers_weight_decay_and_clipping_against_hand_updates():
                                  '--config.optimizer=adamw (or lion)']
   config.weight_decay, config.lr_schedule, config.lr_min = 0.0, 'cosine', 0.5
   assert problems_of(config)[0].startswith('config.lr_min=0.5: allowed below learning_rate=0.1')
+  config.lr_schedule = 'exponential'   # optax's floor would raise the rate to lr_min from step 0
+  assert problems_of(config)[0].startswith('config.lr_min=0.5: allowed below learning_rate=0.1 (the exponential')
+  config.lr_min, config.warmup_steps, config.num_steps = 0.0, 10, 10
+  assert problems_of(config)[0].startswith('config.warmup_steps=10: allowed below num_steps=10')
 
 
 def test_a_run_with_the_recipe_options_resumes_bit_identical(mnist_dir, tmp_path):

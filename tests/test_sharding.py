@@ -4,6 +4,7 @@ Every run here is a subprocess: the device count is fixed when JAX starts, and
 jax.distributed needs one process per participant.
 """
 import gzip
+import json
 import os
 import shutil
 import signal
@@ -114,17 +115,34 @@ def mnist_files(tmp_path_factory, mnist_dir):
   return str(folder)
 
 
+def _test_metrics(workdir):
+  with open(os.path.join(workdir, 'results.json')) as f:
+    results = json.load(f)
+  return results['test_accuracy'], results['test_loss']
+
+
 @pytest.fixture(scope='module')
-def one_device_params(tmp_path_factory, mnist_files):
-  params, logs = _run(tmp_path_factory.mktemp('one'), 'one', mnist_files)
+def one_device_run(tmp_path_factory, mnist_files):
+  folder = tmp_path_factory.mktemp('one')
+  params, logs = _run(folder, 'one', mnist_files)
   assert 'rows_on_demand False' in logs[0]   # one process loads the splits whole
-  return params
+  return params, _test_metrics(folder / 'one')
 
 
-def test_eight_simulated_devices_train_like_one(one_device_params, mnist_files, tmp_path):
-  params, logs = _run(tmp_path, 'eight', mnist_files, devices=8)
-  assert 'devices 8' in logs[0]
-  _assert_same_params(params, one_device_params)
+@pytest.fixture(scope='module')
+def one_device_params(one_device_run):
+  return one_device_run[0]
+
+
+def test_sixteen_simulated_devices_train_and_evaluate_like_one(one_device_run, mnist_files, tmp_path):
+  # The default evaluation batch (500) does not divide by 16: padded to 512, the padding
+  # weighs nothing, and the test metrics are one device's.
+  params, logs = _run(tmp_path, 'sixteen', mnist_files, devices=16)
+  assert 'devices 16' in logs[0]
+  _assert_same_params(params, one_device_run[0])
+  accuracy, loss = _test_metrics(tmp_path / 'sixteen')
+  assert accuracy == pytest.approx(one_device_run[1][0], abs=1e-9)   # the same examples right
+  assert loss == pytest.approx(one_device_run[1][1], rel=1e-4)
 
 
 def test_two_processes_preempted_then_resumed_under_slurm_train_like_one_device(one_device_params, mnist_files,
@@ -196,13 +214,12 @@ def test_process_rows_split_a_batch_evenly():
      "error: config.coordinator_address='no-such-host.invalid:1234': the host 'no-such-host.invalid' does not "
      'resolve (Name or service not known)'),
 ])
-def test_distributed_start_up_problems_are_one_line_within_the_timeout(flags, message, mnist_dir, tmp_path):
+def test_distributed_start_up_problems_are_one_line(flags, message, mnist_dir, tmp_path):
+  # A hang (JAX waiting for a coordinator forever) is caught by the generous timeout.
   port = _free_port()   # nothing listens there
-  started = time.time()
   result = subprocess.run(
       [sys.executable, 'run.py', '--experiment=mnist_smoke', f'--workdir={tmp_path}', f'--config.data_dir={mnist_dir}',
        '--config.distributed=True', *[flag.format(port=port) for flag in flags]],
-      env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+      env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [message.format(port=port)]
-  assert time.time() - started < 30

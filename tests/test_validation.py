@@ -192,7 +192,7 @@ def test_a_formulation_that_cannot_take_the_inputs_is_refused_before_the_model_i
     (('dynamic', 'em'), {'dynamic': {'nope': 1}}, "config.routing_zoo.options.dynamic.nope=1: routing 'dynamic' "
                                                   "has no options"),
     (('dynamic', 'em'), {'em': {'inverse_temperature': 0}},
-     'config.routing_zoo.options.em.inverse_temperature=0: allowed a finite number in (0, inf]'),
+     'config.routing_zoo.options.em.inverse_temperature=0: allowed a finite number > 0'),
     (('dynamic', 'em'), {'em': {'temperature': 2.0}}, "config.routing_zoo.options.em.temperature=2.0: routing "
                                                       "'em' has the options inverse_temperature, variance_epsilon"),
 ])

@@ -36,7 +36,8 @@ class Pipeline:
   source: Any                       # device pytree passed to device_batch
   # training: (step, seed=config's, rows=all) → host arrays of those rows of the step's batch
   host_batch: Callable[..., HostBatch]
-  # (batch size, rows=all) → (arrays, weights) of those rows of each padded batch
+  # (batch size, rows=all, padded size=batch size) → (arrays, weights) of those rows of
+  # each batch, padded
   eval_batches: Callable[..., Iterator[Tuple[HostBatch, np.ndarray]]]
   device_batch: Callable[..., dict]  # (source, host_batch, key or None) → batch dict
 
@@ -45,11 +46,15 @@ def preprocess(images_uint8: jax.Array) -> jax.Array:
   return images_uint8.astype(jnp.float32) / 255.0
 
 
-def _batch_rows(num_examples: int, start: int, batch_size: int, rows: slice) -> Tuple[np.ndarray, np.ndarray]:
-  """`rows` of the evaluation batch that starts at example `start`, padded to
-  `batch_size` (one compilation): (example indices, 0 where padding; weights, 1 or 0)."""
-  indices = start + np.arange(batch_size)[rows]
-  valid = indices < num_examples
+def _batch_rows(num_examples: int, start: int, batch_size: int, rows: slice,
+                padded_size: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+  """`rows` of the evaluation batch of `batch_size` examples that starts at example
+  `start`, padded to `padded_size` rows (default `batch_size`; more when the devices need
+  a multiple of their count), the last batch too (one compilation): (example indices, 0
+  where padding; weights, 1 or 0)."""
+  offsets = np.arange(padded_size or batch_size)[rows]
+  indices = start + offsets
+  valid = (indices < num_examples) & (offsets < batch_size)
   return np.where(valid, indices, 0).astype(np.int32), valid.astype(np.float32)
 
 
@@ -110,9 +115,9 @@ def dataset_pipeline(dataset: Dataset, training: bool, *, batch_size: int, seed:
   if isinstance(dataset.images, ImageRows):
     host_batch = ReadAhead(host_batch)
 
-  def eval_batches(eval_batch_size, rows=slice(None)):
+  def eval_batches(eval_batch_size, rows=slice(None), padded_size=None):
     for start in range(0, len(dataset), eval_batch_size):
-      indices, weights = _batch_rows(len(dataset), start, eval_batch_size, rows)
+      indices, weights = _batch_rows(len(dataset), start, eval_batch_size, rows, padded_size)
       images = np.zeros((len(indices),) + tuple(dataset.images.shape[1:]), np.uint8)
       images[weights > 0] = dataset.images[indices[weights > 0]]   # reads only these rows
       yield (images, dataset.labels[indices] * (weights > 0), indices), weights
@@ -151,11 +156,11 @@ def multimnist_pipeline(dataset: Dataset, seed: int, num_examples: int, *, batch
     order_seed = seed if run_seed is None else run_seed
     return (np.random.default_rng([order_seed, step]).integers(0, total, batch_size)[rows],)
 
-  def eval_batches(eval_batch_size, rows=slice(None)):
+  def eval_batches(eval_batch_size, rows=slice(None), padded_size=None):
     # Indices 0..n−1: with index mod N as the first digit, a subset of n ≤ N examples
     # still uses n different source digits.
     for start in range(0, num_examples, eval_batch_size):
-      indices, weights = _batch_rows(num_examples, start, eval_batch_size, rows)
+      indices, weights = _batch_rows(num_examples, start, eval_batch_size, rows, padded_size)
       yield (indices,), weights
 
   def device_batch(source, batch, key):
