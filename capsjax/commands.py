@@ -7,7 +7,7 @@
   capsjax-figures       the paper's figures of a run       (python -m capsjax.programs.figures)
   capsjax-segmentation  MultiMNIST segmentation figures    (python -m capsjax.programs.segmentation)
   capsjax-multimnist    export MultiMNIST examples         (python -m capsjax.data.multimnist)
-  capsjax-plan          plan a TPU run without TPUs        (python -m capsjax.plan)
+  capsjax-plan          plan a TPU or GPU run without them (python -m capsjax.plan)
 
 Each imports its module only when it runs, so a command's bad flag is reported before
 JAX (or anything else heavy) is imported.

@@ -22,7 +22,7 @@ from capsjax.formulations import conv_inputs_problem
 from capsjax.keys import Key, RegisteredTuple, is_int
 from capsjax.models import MODELS, model_keys
 from capsjax.objectives import OBJECTIVES, loss_keys
-from capsjax.routing import ROUTINGS, routing_option_keys
+from capsjax.routing import ROUTINGS, routing_option_defaults, routing_option_keys
 
 # The modules declaring experiment sections (baseline.*, affnist.*, routing_zoo.*, sweep.*):
 # imported here, their rules and help lines are checked and shown with the base config's.
@@ -141,7 +141,7 @@ def problems_of(config) -> List[str]:
   for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS):
     found, model = _get(config, prefix + 'model')
     if found and model is not None:
-      _check_model(model, prefix + 'model.', problems)
+      _check_model(_zoo_sections_at_defaults(config, model) if not prefix else model, prefix + 'model.', problems)
       found_loss, loss = _get(config, prefix + 'loss')
       if found_loss and loss is not None:
         _check_loss(loss, model, prefix + 'loss.', problems)
@@ -191,11 +191,48 @@ def problems_of(config) -> List[str]:
   found, zoo_options = _get(config, 'routing_zoo.options')
   if found and zoo_options is not None and 'model' in config:
     problems.extend(_zoo_options_problems(config, zoo_options))
+    problems.extend(_zoo_sections_problems(config))
   found, iterations = _get(config, 'ensemble.routing_iterations')
   if found and iterations and config.model.get('routing_iterations') is not None:
     if max(iterations) > config.model.routing_iterations:
       problems.append(f'config.ensemble.routing_iterations={tuple(iterations)!r}: allowed at most '
                       f'model.routing_iterations={config.model.routing_iterations} each')
+  return problems
+
+
+def _zoo_routings(config) -> Tuple[str, ...]:
+  found, routings = _get(config, 'routing_zoo.routings')
+  return tuple(routings) if found and routings else ()
+
+
+def _zoo_sections_at_defaults(config, model):
+  """The model as the base config's check sees it: the sections of the routings the zoo
+  trains beside model.routing are their members' (checked there), at their defaults here."""
+  sections = model.get('routing_options')
+  others = [name for name in _zoo_routings(config) if name != model.get('routing') and name in ROUTINGS]
+  if not others or not hasattr(sections, 'keys') or not any(name in sections for name in others):
+    return model
+  checked = ml_collections.ConfigDict(model.to_dict())
+  for name in others:
+    if name in checked.routing_options:
+      checked.routing_options[name] = routing_option_defaults(name)
+  return checked
+
+
+def _zoo_sections_problems(config) -> List[str]:
+  """model.routing_options.NAME of a routing the zoo trains, checked as its member's own
+  section (the options it takes, the values their rules allow)."""
+  sections = config.model.get('routing_options')
+  problems = []
+  for name in _zoo_routings(config):
+    if name == config.model.get('routing') or name not in ROUTINGS or not hasattr(sections, 'keys') \
+        or name not in sections or not hasattr(sections[name], 'items'):
+      continue
+    member = config.model.to_dict()
+    member.update(routing=name, routing_options={name: dict(sections[name])})
+    member_problems: List[str] = []
+    _check_model(ml_collections.ConfigDict(member), 'model.', member_problems)
+    problems.extend(line for line in member_problems if f'routing_options.{name}.' in line)
   return problems
 
 

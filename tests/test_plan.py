@@ -2,6 +2,7 @@
 here, against hand counts; targets by their names; bad input as one line."""
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 
@@ -245,6 +246,24 @@ def test_the_runs_own_step_compiles_for_gpus_on_two_hosts_and_matches_hand_count
   report = '\n'.join(found['report'])
   assert 'target: h100:2x2 = h100:2x2: 4 GPUs of NVIDIA H100 80GB HBM3, 4 devices' in report
   assert 'ESTIMATE (not a measurement)' in report and '--config.num_processes=2' in report
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_the_default_experiment_plans_for_a_16_chip_slice_and_its_launch_line_keeps_the_overrides():
+  # docs/planning.md's first example at a small model's size: mnist's evaluation batch of
+  # 500 does not divide by 16 devices (padded, as the run pads it).
+  overrides = ['--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.model.digit_dim=8',
+               '--config.model.decoder_hidden=(32,)', '--config.num_test_examples=600']
+  result = subprocess.run([sys.executable, '-m', 'capsjax.plan', '--experiment=mnist', '--target=v5litepod-16',
+                           '--nofind_largest_batch', *overrides], capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.splitlines()
+  assert 'batch: 128 global, 8 per device (evaluation: 500 global, 32 per device)' in result.stdout
+  launch = lines[lines.index('launch (every host of the slice runs the same command):') + 2]
+  assert launch.strip() == ('"cd capsjax && python run.py --experiment=mnist --workdir=/mnt/shared/mnist '
+                            '--config.distributed=True ' + ' '.join(map(shlex.quote, overrides))
+                            + ' --config.batch_size=128"')
 
 
 def dataclass_replace(result, chip):

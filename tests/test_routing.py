@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import routing
+from capsjax import routing, validation
 from capsjax.errors import RunStopped
 from capsjax.routing import coupling_coefficients, dynamic_routing, squash
 
@@ -552,12 +552,16 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   (tmp_path / 'my_routing.py').write_text(
       "from capsjax.routing import register_routing, squash, vector_norm\n\n"
       "@register_routing('user_mean', iterative=False)\n"
-      "def user_mean(prediction_vectors, input_activations):\n"
-      "  parents = squash(prediction_vectors.mean(axis=1))\n"
+      "def user_mean(prediction_vectors, input_activations, *, scale=1.0):\n"
+      "  parents = squash(scale * prediction_vectors.mean(axis=1))\n"
       "  return parents, vector_norm(parents)\n")
   spec = importlib.util.spec_from_file_location('my_routing', tmp_path / 'my_routing.py')
   spec.loader.exec_module(importlib.util.module_from_spec(spec))
   config.routing_zoo.routings = ('dynamic', 'user_mean')
+  # An option of the user's routing, which is not the base model.routing (dynamic): valid,
+  # given to its own members only, and named in the table.
+  config.model.routing_options.user_mean = {'scale': 2.0}
+  validation.validate(config)
   config.model.update(conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
   config.update(num_train_examples=600, validation_examples=200, num_test_examples=200, num_steps=10,
                 eval_every_steps=5, log_every_steps=5, checkpoint_every_steps=5, eval_batch_size=100,
@@ -578,6 +582,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   table = (tmp_path / 'routing.md').read_text()
   assert all(table.count(f'| {name} |') == 3 for name in rows)   # accuracy, speed, diagnostics tables
   assert '| vs dynamic |' in table and '| vs uniform |' not in table   # the baselines that ran
+  assert 'Routing options other than their defaults: `user_mean` scale=2.0.' in table
   assert '2 interleaved rounds' in table and all(
       row['train_speed']['min'] <= row['train_speed']['median'] <= row['train_speed']['max'] for row in rows.values())
   assert (tmp_path / 'routing_test_error.png').stat().st_size > 0

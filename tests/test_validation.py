@@ -205,3 +205,14 @@ def test_the_routing_zoo_names_each_routing_once_and_only_options_it_takes(routi
   assert problems and problems[0].startswith(message), problems
   config.routing_zoo.routings, config.routing_zoo.options = ('dynamic', 'em'), {'em': {'inverse_temperature': 2.0}}
   assert not problems_of(config)
+  # The option in model.routing_options of a routing the zoo trains beside model.routing:
+  # its members' own section, checked by its rules (outside the zoo: another routing's).
+  config.routing_zoo.options = {}
+  config.model.routing_options.em.inverse_temperature = 2.0
+  assert not problems_of(config)
+  config.model.routing_options.em.inverse_temperature = 0.0
+  assert problems_of(config) == ['config.model.routing_options.em.inverse_temperature=0.0: allowed a finite number > 0']
+  config.model.routing_options.em.inverse_temperature = 2.0
+  config.routing_zoo.routings = ('dynamic', 'uniform')
+  assert problems_of(config)[0].startswith("config.model.routing_options.em.inverse_temperature=2.0: an option of "
+                                           "routing 'em', but routing='dynamic'")

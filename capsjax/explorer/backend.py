@@ -95,9 +95,11 @@ class Explorer:
     self.images = np.asarray(images, np.float32)
     self.labels = np.asarray(labels)
     # (capsules, the routing's activations: Procedure 1's are the capsule lengths)
-    self._encode = jax.jit(lambda x: model.apply({'params': params}, x, method='classify'))
-    self._decode = jax.jit(lambda capsules, mask: model.apply({'params': params}, capsules, mask,
-                                                              method='decode'))
+    # The parameters are arguments of the compiled programs, not constants XLA would fold.
+    encode = jax.jit(lambda params, x: model.apply({'params': params}, x, method='classify'))
+    decode = jax.jit(lambda params, capsules, mask: model.apply({'params': params}, capsules, mask, method='decode'))
+    self._encode = lambda x: encode(params, x)
+    self._decode = lambda capsules, mask: decode(params, capsules, mask)
     self._figure_lock = threading.Lock()   # matplotlib is not thread-safe
     self.capsules, self.activations = self._encode_all(self.images, show_progress)   # [n, classes, dim], [n, classes]
     self.predictions = self._most_active(self.activations)                # [n, k]

@@ -27,7 +27,7 @@ from capsjax.errors import ConfigError
 from capsjax.keys import declare, int_at_least, ints_at_least, registered_tuple
 from capsjax.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
-from capsjax.routing import ROUTINGS
+from capsjax.routing import ROUTINGS, routing_option_defaults
 from capsjax.workdir import MetricsLog
 from capsjax.programs import not_a_command, register_program
 
@@ -56,8 +56,12 @@ def routing_config(config, name: str) -> ml_collections.ConfigDict:
   member.experiment = f'{config.experiment}/{name}'
   member.model.routing = name
   sections = (config.model.get('routing_options') or ml_collections.ConfigDict()).to_dict()
-  sections[name] = {**sections.get(name, {}), **dict(config.routing_zoo.options.get(name, {}))}
-  member.model.routing_options = ml_collections.ConfigDict(sections)   # its own section read
+  own = {**sections.get(name, {}), **dict(config.routing_zoo.options.get(name, {}))}
+  # Its own section is read; the other routings' (set for their own members) stay at their
+  # defaults here, as a model of this routing reads none of them.
+  sections = {section: routing_option_defaults(section) for section in sections if section in ROUTINGS}
+  sections[name] = own
+  member.model.routing_options = ml_collections.ConfigDict(sections)
   member.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(config.routing_zoo.seeds)))
   return member
 
@@ -209,6 +213,15 @@ def _speed(measured: Dict[str, float]) -> str:
   return f'{measured["median"]:.0f} ({measured["min"]:.0f}–{measured["max"]:.0f})'
 
 
+def _options_used(config, name: str) -> str:
+  """The options routing `name` trained with that differ from its defaults, 'KEY=VALUE, …'."""
+  if name not in ROUTINGS:
+    return ''
+  defaults = routing_option_defaults(name)
+  own = routing_config(config, name).model.routing_options.get(name) or {}
+  return ', '.join(f'{key}={value!r}' for key, value in sorted(dict(own).items()) if defaults.get(key) != value)
+
+
 def render(config, rows) -> str:
   seeds = ', '.join(map(str, config.routing_zoo.seeds))
   zoo = config.routing_zoo
@@ -220,6 +233,10 @@ def render(config, rows) -> str:
            f'{config.num_test_examples or "all"} test images; {config.model.routing_iterations} routing '
            'iterations where a routing iterates. Test error in %, mean ± sample std over the seeds; '
            '"at best validation": each seed\'s test error at its lowest validation error.', '']
+  used = [f'`{row["routing"]}` {options}' for row in rows for options in [_options_used(config, row['routing'])]
+          if options]
+  if used:
+    lines[-2] += ' Routing options other than their defaults: ' + '; '.join(used) + '.'
   baselines = {name: next((row for row in rows if row['routing'] == name), None) for name in BASELINES}
   compared = [name for name in BASELINES if baselines[name] is not None]
   if compared:   # lines[-2]: the paragraph above (lines[-1] is the blank line after it)

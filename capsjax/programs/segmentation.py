@@ -71,7 +71,9 @@ def main(argv=None):
   bar = cli.progress(what='reconstructing', total=test.num_examples, unit='pairs')
 
   num_classes = config.model.num_classes
-  apply = jax.jit(lambda images, masks: reconstruct_pairs(model, params, images, masks))
+  # The parameters are an argument, not constants of the program (XLA would fold them).
+  compiled = jax.jit(lambda params, images, masks: reconstruct_pairs(model, params, images, masks))
+  apply = lambda images, masks: compiled(params, images, masks)
   ious, ious_correct, examples = [], [], []
   for host_batch, weights in test.eval_batches(config.eval_batch_size):
     batch = test.device_batch(test.source, host_batch, None)
