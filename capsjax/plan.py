@@ -24,7 +24,9 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -568,8 +570,42 @@ def _describe_choices(choices) -> List[str]:
   return lines
 
 
+def _silent(line: str) -> None:
+  del line
+
+
+def _compile(lowered, what: str, show: bool = True):
+  """`lowered.compile()` on a worker thread, its elapsed time shown as it goes (a bar after
+  a few seconds): the main thread stays free for a signal (capsjax-plan's SIGTERM or
+  Ctrl-C end the plan at once, not after the compilation)."""
+  outcome = {}
+
+  def work():
+    try:
+      outcome['compiled'] = lowered.compile()
+    except BaseException as e:  # pylint: disable=broad-except
+      outcome['error'] = e
+
+  worker = threading.Thread(target=work, name=f'compile {what}', daemon=True)
+  started = time.time()
+  worker.start()
+  with cli.progress(what=f'compiling {what}', unit='s', total=None, disable=not show) as bar:
+    bar.bar_format = '{desc}: {elapsed} so far'
+    while worker.is_alive():
+      worker.join(0.5)
+      bar.update(int(time.time() - started) - bar.n)
+  if 'error' in outcome:
+    raise outcome['error']
+  return outcome['compiled']
+
+
+def _memory_line(what: str, analysis: Dict[str, Any], hbm: float) -> str:
+  return (f'{what}: {_gb(analysis["total"])} per device = {100 * analysis["total"] / hbm:.1f} % of HBM, '
+          + ('fits' if analysis['total'] <= hbm else 'DOES NOT FIT'))
+
+
 def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch: bool = True,
-             log=lambda line: None) -> Plan:
+             log=_silent) -> Plan:
   """Compiles config's training step and evaluation batch for `target` ('v5e:4x4',
   'v5litepod-16', 'h100:8', …) without its hardware and returns what they need. ConfigError
   for a bad target, a missing libtpu or CUDA plugin, or a batch that does not divide over
@@ -607,8 +643,11 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
     log(f'compiling the training step and an evaluation batch for {parsed.topology_name} '
         f'({len(devices)} devices)…')
     lowered = program.lower(abstract_state)
-    training = analyse(lowered['training'].compile(), lowered['training'], len(devices))
-    evaluation = analyse(lowered['evaluation'].compile(), lowered['evaluation'], len(devices))
+    training = analyse(_compile(lowered['training'], 'the training step', log is not _silent), lowered['training'], len(devices))
+    log(_memory_line(f'the training step at {config.batch_size // len(devices)} per device', training,
+                     hbm_per_device) + f'; {training["flops"] / 1e9:.1f} GFLOP')
+    evaluation = analyse(_compile(lowered['evaluation'], 'an evaluation batch', log is not _silent), lowered['evaluation'], len(devices))
+    log(_memory_line('an evaluation batch', evaluation, hbm_per_device))
     members = len(program.members) if program.members else 1
     params = abstract_state['params']
     num_params = models.count_params(params) // members
@@ -622,12 +661,12 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   return result
 
 
-def _training_memory(config, mesh, per_device: int) -> Dict[str, Any]:
+def _training_memory(config, mesh, per_device: int, show: bool = False) -> Dict[str, Any]:
   config = ml_collections.ConfigDict(config.to_dict())
   config.batch_size = per_device * mesh.size
   program, _ = _program(config, mesh)
   lowered = program.lower(program.abstract_state)['training']
-  return analyse(lowered.compile(), lowered, mesh.size)
+  return analyse(_compile(lowered, f'the training step at {per_device} per device', show), lowered, mesh.size)
 
 
 def _largest_batch(config, mesh, result: Plan, most: int, log, compilations: int = 5) -> Dict[str, Any]:
@@ -643,7 +682,8 @@ def _largest_batch(config, mesh, result: Plan, most: int, log, compilations: int
 
   def compile_at(batch):
     log(f'finding the largest batch: compiling the training step at {batch} per device…')
-    analyses[batch] = _training_memory(config, mesh, batch)
+    analyses[batch] = _training_memory(config, mesh, batch, log is not _silent)
+    log('  ' + _memory_line(f'at {batch} per device', analyses[batch], hbm))
 
   if min(2 * first, most) > first:
     compile_at(min(2 * first, most))
@@ -673,6 +713,13 @@ def _largest_batch(config, mesh, result: Plan, most: int, log, compilations: int
 _EXPERIMENTS_DIR = None
 
 
+def _stopped(signum, frame) -> None:
+  del frame
+  sys.stdout.flush()
+  cli.fail(f'capsjax-plan stopped by {signal.Signals(signum).name} before the plan was complete', 128 + signum,
+           hard=True)
+
+
 @cli.main_wrapper
 def main(argv) -> int:
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -690,7 +737,11 @@ def main(argv) -> int:
     cli.fail(f'--experiment=NAME is required; available: {", ".join(launch.available_experiments())}')
   from capsjax.validation import split_name_lists  # pylint: disable=g-import-not-at-top
   split_name_lists(config)
-  parse_target(target)   # a bad target is one line before anything is compiled
+  parsed = parse_target(target)   # a bad target is one line before anything is compiled
+  # libtpu installs its own SIGTERM handler as it loads (a crash dump on every stop): load
+  # it now, then stop in one line (compilations run on a worker thread, so at once).
+  compile_only_devices(parsed)
+  signal.signal(signal.SIGTERM, _stopped)
   from capsjax import train  # pylint: disable=g-import-not-at-top
   programs = launch.registered_programs()
   if programs.get(config.program) is not train.train_and_evaluate:

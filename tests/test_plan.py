@@ -3,6 +3,7 @@ here, against hand counts; targets by their names; bad input as one line."""
 import importlib.util
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -156,7 +157,7 @@ def test_the_largest_batch_is_found_where_the_compiled_memory_meets_the_hbm(tiny
   # rule never needs more than the third compilation.
   compiled = []
   monkeypatch.setattr(plan_lib, '_training_memory',
-                      lambda config, mesh, per_device: compiled.append(per_device) or {'total': 1e9 + 1e8 * per_device})
+                      lambda config, mesh, per_device, *_: compiled.append(per_device) or {'total': 1e9 + 1e8 * per_device})
   largest = plan_lib._largest_batch(None, None, tiny_plan_shape, 10000, lambda line: None)
   assert compiled == [16, 144] and largest == {'per_device': 144, 'total': 1e9 + 1e8 * 144, 'tried': [8, 16, 144],
                                                 'fits': True, 'capped': False, 'analysis': {'total': 1e9 + 1e8 * 144}}
@@ -166,7 +167,7 @@ def test_the_largest_batch_is_found_where_the_compiled_memory_meets_the_hbm(tiny
   # Memory that grows slower than the first line says (a compiler that reuses buffers at
   # large batches): each further compilation refits the line, until within 10 % of the HBM.
   memory = lambda per_device: 1e9 + 1e8 * 8 * (per_device / 8) ** 0.6
-  monkeypatch.setattr(plan_lib, '_training_memory', lambda config, mesh, per_device: {'total': memory(per_device)})
+  monkeypatch.setattr(plan_lib, '_training_memory', lambda config, mesh, per_device, *_: {'total': memory(per_device)})
   largest = plan_lib._largest_batch(None, None, tiny_plan_shape, 10 ** 6, lambda line: None)
   assert 0.9 * 16e9 <= largest['total'] <= 16e9 and largest['fits']
   assert len(largest['tried']) <= 7 and largest['per_device'] % 8 == 0
@@ -264,6 +265,23 @@ def test_the_default_experiment_plans_for_a_16_chip_slice_and_its_launch_line_ke
   assert launch.strip() == ('"cd capsjax && python run.py --experiment=mnist --workdir=/mnt/shared/mnist '
                             '--config.distributed=True ' + ' '.join(map(shlex.quote, overrides))
                             + ' --config.batch_size=128"')
+
+
+@needs_libtpu
+def test_a_stopped_plan_says_so_in_one_line():
+  # libtpu's own SIGTERM handler would print a crash dump; the plan's says it stopped.
+  plan = subprocess.Popen([sys.executable, '-m', 'capsjax.plan', '--experiment=mnist', '--target=v5e:2x2',
+                           '--nofind_largest_batch'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  try:
+    assert plan.stdout.readline().startswith('compiling the training step and an evaluation batch for v5e:2x2')
+    plan.send_signal(signal.SIGTERM)
+    _, err = plan.communicate(timeout=300)
+  finally:
+    plan.kill()
+  assert plan.returncode == 128 + signal.SIGTERM
+  assert err.strip().splitlines()[-1] == 'error: capsjax-plan stopped by SIGTERM before the plan was complete'
+  assert 'SIGTERM received' not in err and 'Traceback' not in err
 
 
 def dataclass_replace(result, chip):
