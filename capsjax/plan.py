@@ -17,7 +17,7 @@ memory traffic, the collectives in the compiled HLO, an estimated step time (a r
 from the chip's published figures: an estimate, never a measurement), and the largest
 per-device batch that fits, from compilations. `capsjax.plan_run(config, target)` is the
 same in Python. TPUs need libtpu (`pip install 'capsjax[tpu]'`), GPUs the CUDA plugin and
-ptxas (`pip install 'capsjax[gpu-plan]'`).
+ptxas in a folder of their own (`gpu_install()` says the command).
 """
 import dataclasses
 import math
@@ -125,8 +125,35 @@ _GPU = re.compile(r'^(' + '|'.join(GPUS) + r')(?::(?:(\d+)x)?(\d+))?$', re.ASCII
 LIST_EXAMPLES = ('v5e:2x2', 'v5e:4x4', 'v5e:16x16', 'v4:2x2x4', 'v5p:4x4x4', 'v6e:16x16', 'v3:4x4', 'tpu7x:2x2x1')
 GPU_EXAMPLES = ('h100', 'h100:8', 'h100:4x8', 'h200:8')
 INSTALL = "pip install 'capsjax[tpu]' (libtpu, as jax[tpu] pins it)"
-GPU_INSTALL = ("pip install 'capsjax[gpu-plan]' (JAX's CUDA plugin without the CUDA libraries, and ptxas; in "
-               "an environment of its own on a machine without a GPU: there JAX logs the plugin's failed start)")
+# JAX's CUDA plugin and ptxas in a folder of their own beside the environment (installed
+# into it, the plugin would log its failed start into every JAX process of a machine
+# without a GPU driver): capsjax-plan puts the folder on its path for GPU plans only.
+GPU_PLAN_ENV = 'CAPSJAX_GPU_PLAN'
+
+
+def gpu_plan_folder() -> str:
+  """Where capsjax-plan looks for the CUDA plugin: $CAPSJAX_GPU_PLAN, else
+  ~/.cache/capsjax/gpu-plan."""
+  return os.path.expanduser(os.environ.get(GPU_PLAN_ENV) or os.path.join('~', '.cache', 'capsjax', 'gpu-plan'))
+
+
+def use_gpu_plan_folder() -> None:
+  """The plugin's folder on this process's path (before JAX looks for plugins), if it exists."""
+  folder = gpu_plan_folder()
+  if os.path.isdir(folder) and folder not in sys.path:
+    sys.path.insert(0, folder)
+
+
+def gpu_install() -> str:
+  """The command that installs what GPU plans add, next to this environment."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  try:
+    version = f'=={importlib.metadata.version("jaxlib")}'
+  except importlib.metadata.PackageNotFoundError:
+    version = ''
+  return (f'pip install --no-deps --target {gpu_plan_folder()} jax-cuda12-plugin{version} '
+          f'jax-cuda12-pjrt{version} nvidia-cuda-nvcc-cu12 (JAX\'s CUDA plugin without the CUDA libraries, and '
+          f'ptxas, in a folder of their own that capsjax-plan finds; ${GPU_PLAN_ENV} names another)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +225,7 @@ def require_libtpu() -> None:
 
 
 def have_cuda_plugin() -> bool:
-  """Whether JAX's CUDA 12 plugin is installed (jax[cuda12] or capsjax[gpu-plan])."""
+  """Whether JAX's CUDA 12 plugin is importable (gpu_install(), jax[cuda12] or capsjax[gpu-plan])."""
   import importlib.util  # pylint: disable=g-import-not-at-top
   try:
     return importlib.util.find_spec('jax_plugins.xla_cuda12') is not None
@@ -210,9 +237,10 @@ def require_cuda_plugin() -> None:
   import importlib.util  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
   if not have_cuda_plugin():
-    raise ConfigError(f'planning for a GPU needs JAX\'s CUDA plugin, which is not installed: {GPU_INSTALL}')
+    raise ConfigError(f'planning for a GPU needs JAX\'s CUDA plugin, which is not installed: {gpu_install()}')
   if importlib.util.find_spec('nvidia.cuda_nvcc') is None and shutil.which('ptxas') is None:
-    raise ConfigError(f'planning for a GPU needs ptxas (nvidia-cuda-nvcc-cu12), which is not installed: {GPU_INSTALL}')
+    raise ConfigError(f'planning for a GPU needs ptxas (nvidia-cuda-nvcc-cu12), which is not installed: '
+                      f'{gpu_install()}')
 
 
 def gpu_target_config(chip: Chip) -> str:
@@ -797,6 +825,7 @@ def entry_point(experiments_dir: Optional[str] = None) -> None:
   # GPUs are compile-only devices of JAX's CUDA plugin, which needs no driver for them; a
   # plan runs nothing, so JAX itself stays on the CPU (where the plugin would otherwise log
   # its failed start into every plan).
+  use_gpu_plan_folder()
   if have_cuda_plugin():
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
     cli.start_jax_quietly()

@@ -250,21 +250,32 @@ def test_the_runs_own_step_compiles_for_gpus_on_two_hosts_and_matches_hand_count
 
 
 @pytest.mark.slow
-@needs_libtpu
-def test_the_default_experiment_plans_for_a_16_chip_slice_and_its_launch_line_keeps_the_overrides():
-  # docs/planning.md's first example at a small model's size: mnist's evaluation batch of
-  # 500 does not divide by 16 devices (padded, as the run pads it).
+@pytest.mark.parametrize('target, devices, launch', [
+    pytest.param('v5litepod-16', 16, 'launch (every host of the slice runs the same command):', marks=needs_libtpu),
+    pytest.param('h100:8', 8, "launch (one process sees all the host's GPUs):", marks=needs_gpu_plan),
+])
+def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_the_overrides(target, devices, launch):
+  # docs/planning.md's examples at a small model's size: mnist's evaluation batch of 500
+  # does not divide by 16 devices (padded, as the run pads it). GPU plans find the CUDA
+  # plugin in the folder $CAPSJAX_GPU_PLAN names (README's install, next to this environment).
   overrides = ['--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.model.digit_dim=8',
-               '--config.model.decoder_hidden=(32,)', '--config.num_test_examples=600']
-  result = subprocess.run([sys.executable, '-m', 'capsjax.plan', '--experiment=mnist', '--target=v5litepod-16',
-                           '--nofind_largest_batch', *overrides], capture_output=True, text=True, timeout=600, cwd=ROOT)
+               '--config.model.decoder_hidden=(32,)', '--config.num_test_examples=600',
+               '--config.model.routing_loop=rolled']
+  env = dict(os.environ, CAPSJAX_GPU_PLAN=GPU_PLAN)
+  result = subprocess.run([sys.executable, '-m', 'capsjax.plan', '--experiment=mnist', f'--target={target}',
+                           '--nofind_largest_batch', *overrides], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.splitlines()
-  assert 'batch: 128 global, 8 per device (evaluation: 500 global, 32 per device)' in result.stdout
-  launch = lines[lines.index('launch (every host of the slice runs the same command):') + 2]
-  assert launch.strip() == ('"cd capsjax && python run.py --experiment=mnist --workdir=/mnt/shared/mnist '
-                            '--config.distributed=True ' + ' '.join(map(shlex.quote, overrides))
-                            + ' --config.batch_size=128"')
+  assert (f'batch: 128 global, {128 // devices} per device (evaluation: 500 global, {-(-500 // devices)} per device)'
+          in result.stdout)
+  # Printed as it was known, before the report.
+  assert any(line.startswith(f'the training step at {128 // devices} per device: ') and ', fits; ' in line
+             for line in lines[:lines.index(launch)])
+  command = ('python run.py --experiment=mnist --workdir=/mnt/shared/mnist '
+             + ('--config.distributed=True ' if devices == 16 else '')
+             + ' '.join(map(shlex.quote, overrides)) + ' --config.batch_size=128')
+  assert command in lines[lines.index(launch) + (2 if devices == 16 else 1)]
 
 
 @needs_libtpu
