@@ -163,11 +163,13 @@ class DivergenceGuard(Hook):
 
 
 class ProgressLogger(Hook):
-  """A console line and a `train` row in metrics.jsonl every `every_steps` steps, after
-  the first step (which includes compilation) and at the last step of the invocation."""
+  """A console line and a `train` row in metrics.jsonl every `every_steps` steps (and when
+  `every_seconds` have passed since the last one), after the first step (which includes
+  compilation) and at the last step of the invocation."""
 
-  def __init__(self, every_steps: int):
+  def __init__(self, every_steps: int, every_seconds: float = 0.0):
     self.every_steps = every_steps
+    self.every_seconds = every_seconds   # and at least this often (0: steps only)
     self.window_start = time.time()
     self.window_steps = 0
     self.window_eval_seconds = 0.0   # run.eval_seconds_total when the window started
@@ -187,7 +189,8 @@ class ProgressLogger(Hook):
   def __call__(self, run, step, metrics):
     self.window_steps += 1
     first = step == run.first_step + 1
-    if not (first or step % self.every_steps == 0 or step == run.last_step):
+    overdue = bool(self.every_seconds) and time.time() - self.window_start >= self.every_seconds
+    if not (first or step % self.every_steps == 0 or step == run.last_step or overdue):
       return
     run.check()
     host = {k: np.asarray(v).tolist() for k, v in sharding.to_host(metrics).items()}
@@ -222,6 +225,8 @@ class Evaluator(Hook):
     self.validate = validate
     self.before = before   # called before each evaluation: the checkpointer saves there
     self.should_stop = should_stop   # a stop request ends an evaluation between its batches
+    self.compiled = False       # whether an evaluation ran (and compiled) in this process
+    self.last_seconds = 0.0     # how long the last evaluation took, compilation included
 
   def due(self, step: int, num_steps: int) -> bool:
     return bool(self.every_steps and step % self.every_steps == 0) or step == num_steps
@@ -241,7 +246,8 @@ class Evaluator(Hook):
     """Test (and validation) metrics of the current parameters, announced on the console
     (an evaluation can take minutes) and timed (`last_seconds`, for the ETA)."""
     run.log(f'step {step}: evaluating' + (' (test and validation)' if self.validate is not None else '')
-            + (f', ≈ {run.last_eval_seconds:.0f} s' if run.last_eval_seconds else '') + '…')
+            + (f', ≈ {run.last_eval_seconds:.0f} s' if run.last_eval_seconds else '')
+            + ('' if self.compiled else '; the first evaluation compiles its programs') + '…')
     start = time.time()
     stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
     metrics = run.evaluate(run.state['params'], **stop)
@@ -256,8 +262,11 @@ class Evaluator(Hook):
       if average is not None:
         run.last_validation.update({f'ema_{name}': value for name, value in self.validate(average, **stop).items()})
     run.last_eval, run.last_eval_step = metrics, step
-    run.last_eval_seconds = time.time() - start
-    run.eval_seconds_total += run.last_eval_seconds
+    self.last_seconds = time.time() - start
+    if self.compiled:   # the first one's compilations would make every later estimate too long
+      run.last_eval_seconds = self.last_seconds
+    self.compiled = True
+    run.eval_seconds_total += self.last_seconds
     return metrics
 
   def __call__(self, run, step, metrics):
@@ -278,12 +287,12 @@ class Evaluator(Hook):
               'is saved; run again to resume)')
       run.request_stop(run.stop_requested_as(), step)
       return
-    took = f' ({run.last_eval_seconds:.1f} s)'
+    took = f' ({self.last_seconds:.1f} s)'
     if self.validate is not None:
       run.log(f'step {step} validation: {run.describe_test(run.last_validation)}')
       run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
     run.log(f'step {step} test: {run.describe_test(results)}{took}')
-    run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=run.last_eval_seconds,
+    run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds,
                       **results)
     for evaluation in self.evaluations:
       if evaluation.images and evaluation.due(step, run.num_steps):

@@ -7,6 +7,7 @@ checkpoints), then results. A single run and a vmapped ensemble share this path:
 `RunSteps` below hides which one it is. Every device of every process trains
 data-parallel on one `data` mesh (see capsjax.sharding); only process 0 writes files.
 """
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -182,10 +183,15 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
 # An upper bound that only stops mistakes: an evaluation batch of 10⁹ images asked for
 # 730 GiB after the training steps (batches beyond a test set are padding anyway).
 MAX_EVAL_BATCH_SIZE = 65536
+# Steps dispatched but not yet computed: enough to keep the device busy while the host
+# prepares the next batch, few enough that a stop is acted on at once.
+RUN_AHEAD_STEPS = 2
 
 declare('experiment', 'mnist', text('a name'), 'the experiment name written into results (set by '
         'experiments/NAME.py)')
 declare('log_every_steps', 50, int_at_least(1), 'a progress line and a metrics.jsonl row every N steps')
+declare('log_every_seconds', 15.0, number_in(0, 86400), 'a progress line and a metrics.jsonl row at least this '
+        'often as well (a slow run shows its speed early; 0: every log_every_steps steps only)')
 declare('eval_every_steps', 468, int_at_least(0), 'evaluate every N steps (0: only at the end; 468: one epoch of '
         '60 000 // 128)')
 declare('eval_batch_size', 500, int_in(1, MAX_EVAL_BATCH_SIZE), 'examples per evaluation batch')
@@ -218,7 +224,7 @@ def default_hooks(config, run: hooks_lib.Run, checkpoints, requests, multi_proce
   run.check = guard.check
   run.stop_requested_as = lambda: hooks_lib.stop_reason(requests.signal_name)
   run.evaluations_left = lambda step: evaluator.remaining(step, run.num_steps)
-  hooks = [guard, hooks_lib.ProgressLogger(config.log_every_steps), evaluator]
+  hooks = [guard, hooks_lib.ProgressLogger(config.log_every_steps, config.log_every_seconds), evaluator]
   if validate is not None:
     hooks.append(hooks_lib.KeepBestCheckpoint(checkpoints, validation_rows))
   if config.stop_at_test_accuracy and not config.ensemble:
@@ -348,8 +354,14 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     record_config = (lambda: workdir_lib.record_config(workdir, config)) if is_writer else (lambda: None)
     if first_step >= run.last_step:
       record_config()   # nothing to train: the restore has shown that the config fits
+    in_flight = collections.deque()
     for step in range(first_step, run.last_step):
       run.state, train_metrics = program.train_step(run.state, step)
+      # The host runs at most RUN_AHEAD_STEPS steps ahead of the device: a stop request
+      # (Ctrl-C, SIGTERM) is acted on at the next step, not after a queue of them.
+      in_flight.append(jax.tree.leaves(train_metrics)[0])
+      if len(in_flight) > RUN_AHEAD_STEPS:
+        jax.block_until_ready(in_flight.popleft())
       if step == first_step:   # data, model and checkpoint fit: now the config binds the workdir
         record_config()
         requests.arm()   # compiled: from here a Ctrl-C saves after the step

@@ -17,6 +17,7 @@ def tiny_config(data_dir, **overrides):
   config.batch_size = 32
   config.num_steps = 6
   config.log_every_steps = 2
+  config.log_every_seconds = 0.0   # the rows at the steps the tests name, on a loaded machine too
   config.eval_every_steps = 0
   config.eval_batch_size = 100
   config.checkpoint_every_steps = 2

@@ -100,6 +100,19 @@ def test_progress_logger_writes_every_n_steps_and_reports_the_first_at_once(tmp_
   assert run.metrics.read()[0]['loss'] == 3.0 and run.metrics.read()[0]['epoch'] == 0.6
 
 
+def test_progress_logger_also_writes_when_its_seconds_have_passed(tmp_path, monkeypatch):
+  run, lines = fake_run(tmp_path, last_step=100, num_steps=100)
+  clock = [1000.0]
+  monkeypatch.setattr(hooks.time, 'time', lambda: clock[0])
+  logger = hooks.ProgressLogger(50, every_seconds=15.0)
+  for step in range(1, 12):
+    clock[0] += 4.0   # a slow step: 4 s each
+    logger(run, step, metrics(loss=step))
+  # The first step at once, then every fourth step (16 s ≥ 15 s), long before step 50.
+  assert [row['step'] for row in run.metrics.read()] == [5, 9]
+  assert len(lines) == 3 and '1.0 img/s' in lines[1]   # 4 steps of 4 images in 16 s
+
+
 def test_progress_logger_stops_on_divergence(tmp_path):
   run, _ = fake_run(tmp_path)
   guard = hooks.DivergenceGuard()
@@ -152,10 +165,14 @@ def test_eta_includes_the_evaluations_still_to_come(tmp_path):
     evaluator(run, step, metrics())
   before = [line for line in lines if line.startswith('step 4/')][0]
   assert re.search(r'ETA \d+m\d+s$', before)   # one duration, evaluations included
-  assert 'step 8: evaluating…' in lines and run.last_eval_seconds >= 1.1 and run.eval_seconds_total >= 1.1
+  # The first evaluation says it compiles; its time (compilation included) is no estimate.
+  assert 'step 8: evaluating; the first evaluation compiles its programs…' in lines and 'step 16: evaluating…' in lines
+  assert run.last_eval_seconds >= 1.1 and run.eval_seconds_total >= 2.2
   # Training is instant here: the ETA is the evaluations left, 1.1 s each at least; the
   # last progress line's is the final evaluation's, which follows it.
-  for step, evaluations in ((10, 2), (20, 1)):
+  # (At step 10 only the first evaluation, compilation included, has been timed: the ETA
+  # still estimates evaluations from the training speed.)
+  for step, evaluations in ((20, 1),):
     line = [line for line in lines if line.startswith(f'step {step}/')][0]
     minutes, seconds = re.search(r'ETA (\d+)m(\d+)s$', line).groups()
     assert 60 * int(minutes) + int(seconds) >= evaluations, line
@@ -328,7 +345,7 @@ def test_an_evaluation_that_fails_never_loses_the_steps_before_it(tmp_path):
   with pytest.raises(MemoryError):
     evaluator(run, 3, metrics())
   assert [step for step, _ in checkpoints.saved] == [3]   # saved, then the evaluation failed
-  assert lines == ['step 3: evaluating…']
+  assert lines == ['step 3: evaluating; the first evaluation compiles its programs…']
   saver(run, 3, metrics())   # had it succeeded: no second save of the same step
   assert len(checkpoints.saved) == 1
 
