@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import capsjax
+from capsjax import routing
 from capsjax.data import idx
 
 # Names that take or return arrays: their docstrings give the shapes ([batch, …]).
@@ -54,7 +55,8 @@ def test_every_docstring_example_runs(mnist_dir, tmp_path):
                'workdir': str(tmp_path / 'run')}
   finder = doctest.DocTestFinder(recurse=False)
   runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-  documented = [(name, getattr(capsjax, name)) for name in capsjax.__all__] + [('find_mnist', idx.find_mnist)]
+  documented = [(name, getattr(capsjax, name)) for name in capsjax.__all__] + [('find_mnist', idx.find_mnist),
+                                                                             ('iterate', routing.iterate)]
   ran = 0
   for name, value in documented:
     for test in finder.find(value, name, globs={}):

@@ -92,9 +92,23 @@ def loop_length(num_iterations, max_iterations) -> int:
 
 
 def iterate(body, state, num_iterations, max_iterations, unroll):
-  """state after body(t, state) for t = 0 … r−1 (a fori_loop). A traced r runs
-  max_iterations times and iterations ≥ r keep the state (as dynamic_routing does), so
-  reverse-mode gradients stay available."""
+  """state after body(t, state) for t = 0 … r−1 (a fori_loop): the loop of an iterative
+  routing of your own (registered with `iterative=True`, it receives `num_iterations,
+  max_iterations, unroll` and hands them on here). A traced r runs max_iterations times
+  and iterations ≥ r keep the state (as dynamic_routing does), so `jax.vmap` over r and
+  reverse-mode gradients stay available. `state`: any pytree, e.g. the routing logits
+  [batch, in_caps, out_caps].
+
+  Example:
+    >>> from capsjax.routing import iterate
+    >>> logits = jnp.zeros((1, 2, 3))                   # [batch, in_caps, out_caps]
+    >>> step = lambda t, b: b + 1.0                      # one routing iteration
+    >>> iterate(step, logits, 3, None, False)[0, 0]     # r = 3, a Python int
+    Array([3., 3., 3.], dtype=float32)
+    >>> counts = jnp.array([1, 2])                       # r traced: vmap over it, at most 3
+    >>> jax.vmap(lambda r: iterate(step, logits, r, 3, False)[0, 0, 0])(counts)
+    Array([1., 2.], dtype=float32)
+  """
   length = loop_length(num_iterations, max_iterations)
   static = isinstance(num_iterations, int)
 
