@@ -2,6 +2,7 @@
 input (flags, data, workdirs), argparse types that validate numbers, and `main_wrapper`.
 """
 import argparse
+import contextlib
 import functools
 import os
 import platform
@@ -9,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from typing import Callable, NoReturn, Optional, Sequence
 
 import tqdm
@@ -88,6 +90,68 @@ def start_jax_quietly() -> None:
     os.dup2(saved, 2)
     os.close(saved)
     os.close(devnull)
+
+
+# XLA's banners for a compilation or constant folding that takes long (slow_operation_alarm.cc,
+# logged as errors: a user reads them as one); each ends with the advice to dump and attach.
+_ALARM = 'slow_operation_alarm.cc'
+_ALARM_END = 'attach the results'
+_ALARM_MAX_LINES = 40
+
+
+def without_xla_alarms(text: str) -> str:
+  """`text` (native stderr) less XLA's slow-operation banners: from a line naming
+  slow_operation_alarm.cc to the line with its advice (and a row of '*' after it)."""
+  kept, left, closing = [], 0, False
+  for line in text.splitlines(keepends=True):
+    if left:   # inside a banner
+      left -= 1
+      if _ALARM_END in line:
+        left, closing = 0, True
+      continue
+    if closing:   # the row of '*' that may close it
+      closing = False
+      if line.strip() and not line.strip().strip('*'):
+        continue
+    if _ALARM in line:
+      left = _ALARM_MAX_LINES
+      continue
+    kept.append(line)
+  return ''.join(kept)
+
+
+@contextlib.contextmanager
+def xla_alarms_dropped():
+  """Native stderr written inside (XLA compiling: a run's first step, its first evaluation)
+  is held and written out afterwards without XLA's slow-operation banners; Python's own
+  stderr writes go out at once, as before (an error line is never held)."""
+  try:
+    sys.stderr.flush()
+    saved = os.dup(2)
+  except (OSError, ValueError):   # no real stderr (a test's capture): nothing to filter
+    yield
+    return
+  previous = sys.stderr
+  held = tempfile.TemporaryFile()
+  try:
+    sys.stderr = os.fdopen(os.dup(saved), 'w', buffering=1, encoding=getattr(previous, 'encoding', None) or 'utf-8',
+                           errors='backslashreplace')
+    os.dup2(held.fileno(), 2)
+    yield
+  finally:
+    try:
+      sys.stderr.flush()
+      sys.stderr.close()
+    finally:
+      sys.stderr = previous
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      text = without_xla_alarms(held.read().decode('utf-8', errors='replace'))
+      held.close()
+      if text:
+        previous.write(text)
+        previous.flush()
 
 
 def huge_pages_environment(environ=None, thp_mode: Optional[str] = None, libc=None) -> Optional[dict]:

@@ -12,13 +12,14 @@ Hooks hold no references to each other: what one needs of another goes through t
 `run.last_eval_seconds`, `run.eval_seconds_total`: the evaluation schedule and its cost,
 for the ETA and the throughput window), wired by train.default_hooks.
 """
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from capsjax import reports, sharding
+from capsjax import cli, reports, sharding
 from capsjax.checkpoints import Checkpoints
 from capsjax.errors import NaNLossError
 from capsjax.runtime import StopRequests
@@ -250,7 +251,8 @@ class Evaluator(Hook):
             + ('' if self.compiled else '; the first evaluation compiles its programs') + '…')
     start = time.time()
     stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
-    metrics = run.evaluate(run.state['params'], **stop)
+    with cli.xla_alarms_dropped() if not self.compiled else contextlib.nullcontext():   # it compiles
+      metrics = run.evaluate(run.state['params'], **stop)
     average = run.state.get('ema_params')   # config.ema_decay: the average evaluated beside them
     if average is not None:
       metrics.update({f'ema_{name}': value for name, value in run.evaluate(average, **stop).items()})

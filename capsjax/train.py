@@ -21,7 +21,7 @@ import numpy as np
 
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import assemble, formulations, memory, reports, runtime, sharding, sizing, steps
+from capsjax import assemble, cli, formulations, memory, reports, runtime, sharding, sizing, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.pipeline import Pipeline
 from capsjax.errors import CapsjaxError, CheckpointError, ConfigError, RunStopped
@@ -356,7 +356,10 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
       record_config()   # nothing to train: the restore has shown that the config fits
     in_flight = collections.deque()
     for step in range(first_step, run.last_step):
-      run.state, train_metrics = program.train_step(run.state, step)
+      # The first call compiles: XLA's slow-compile banners stay out of the run's output
+      # (the first progress line says how long it took).
+      with cli.xla_alarms_dropped() if step == first_step else contextlib.nullcontext():
+        run.state, train_metrics = program.train_step(run.state, step)
       # The host runs at most RUN_AHEAD_STEPS steps ahead of the device: a stop request
       # (Ctrl-C, SIGTERM) is acted on at the next step, not after a queue of them.
       in_flight.append(jax.tree.leaves(train_metrics)[0])

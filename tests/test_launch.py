@@ -229,3 +229,29 @@ def test_python_m_of_a_program_module_names_the_command_that_runs_it():
       'error: python -m capsjax.programs.affnist is not a command: the affnist program runs as an experiment, '
       'capsjax --experiment=affnist --workdir=W (or python run.py …; experiments running it: affnist, '
       'affnist_smoke)'], result.stderr
+
+
+_ALARMS = """E0000 00:00:1 slow_operation_alarm.cc:73] 
+********************************
+[Compiling module jit_step] Very slow compile? If you want to file a bug, run with envvar XLA_FLAGS=--xla_dump_to=/tmp/foo and attach the results.
+********************************
+kept: a native line of its own
+E0000 00:00:2 slow_operation_alarm.cc:140] The operation took 2m12.8s
+Constant folding an instruction is taking > 1s:
+
+  %pad.0 = f32[10,10,256,256]{3,2,1,0} pad(f32[9,9,256,256]{3,2,1,0} %p, f32[] %c)
+
+This isn't necessarily a bug; constant-folding is inherently a trade-off between compilation time and speed.
+
+If you'd like to file a bug, run with envvar XLA_FLAGS=--xla_dump_to=/tmp/foo and attach the results.
+"""
+
+
+def test_xla_slow_operation_banners_stay_out_of_a_compilation_s_output(capfd):
+  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  assert cli.without_xla_alarms(_ALARMS) == 'kept: a native line of its own\n'
+  with cli.xla_alarms_dropped():
+    os.write(2, _ALARMS.encode())          # XLA, from C++, while it compiles
+    print('error: a line of ours', file=sys.stderr)   # Python's own: at once, never held
+  err = capfd.readouterr().err
+  assert err == 'error: a line of ours\nkept: a native line of its own\n'
