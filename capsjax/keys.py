@@ -42,8 +42,14 @@ def is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
+# The largest finite float32: a config number reaches the computation as float32, where a
+# larger one would be infinite ('a finite number' means finite there).
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+  return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and abs(value) <= FLOAT32_MAX)
 
 
 def int_at_least(low: int) -> Rule:

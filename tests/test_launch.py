@@ -67,6 +67,9 @@ def test_summary_follows_config_overrides():
      "error: unknown config key 'model.routing_options.variational-bayes.prior_extra_dof'"),
     (['--experiment=mnist_smoke', '--workdir=/tmp/x', '--config.warmup_steps=100', '--config.num_steps=2'],
      'error: config.warmup_steps=100: allowed below num_steps=2 (the run would end inside the warm-up'),
+    # Finite in float64, infinite as the float32 the computation uses: refused, no warnings.
+    (['--experiment=mnist', '--workdir=/tmp/x', '--config.loss.reconstruction_weight=1e300'],
+     'error: config.loss.reconstruction_weight=1e+300: allowed a finite number >= 0'),
     (['--experiment=mnist', '--workdir=/tmp/x', '--config.lr_min=0.1'],
      'error: config.lr_min=0.1: allowed below learning_rate=0.001 (the exponential decay is floored at it'),
 ])
