@@ -68,7 +68,9 @@ VARIANTS = [(conv, dtype, loop) for conv in ('patches', 'xla') for dtype in ('fl
             for loop in ('rolled', 'unrolled')]
 # The convolutions without a whole-batch patch matrix (capsjax.ops), timed in the full
 # report only, float32 ('fourier' has no bfloat16 inputs), the design card's rolled loop.
-ROW_AND_FOURIER_VARIANTS = [('kernel_rows', 'float32', 'rolled'), ('fourier', 'float32', 'rolled')]
+ROW_AND_FOURIER_VARIANTS = [('kernel_rows', 'float32', 'rolled'), ('fourier', 'float32', 'rolled'),
+                            # the strided convolution as a unit-stride one (capsjax.ops), the GPU's loop
+                            ('space_to_depth', 'float32', 'unrolled'), ('space_to_depth', 'bfloat16', 'unrolled')]
 # The smoke rehearses the code path: every value of each of the three choices once (2 of
 # the 8 variants; each one's compile is most of a cell's time on the CPU, and the lease
 # runs all 8 through the same code).

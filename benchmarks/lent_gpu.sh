@@ -3,8 +3,11 @@
 # repository root; on the device machine through the device tool, with `.carry` carried.
 #
 #   bash benchmarks/lent_gpu.sh carry                 # HERE, once: fill .carry (git-ignored)
-#   bash benchmarks/lent_gpu.sh report [FLAGS]        # call 1: benchmarks/device_report.py
-#   bash benchmarks/lent_gpu.sh suite                 # call 2: the test suite
+#   bash benchmarks/lent_gpu.sh speed [--smoke]       # call 1 (≤ 5 min): the environment, then
+#                                                     # gpu_speed.py (the primary convolution) and
+#                                                     # the steps and peers (device_report.py --only)
+#   bash benchmarks/lent_gpu.sh report [FLAGS]        # benchmarks/device_report.py, every row
+#   bash benchmarks/lent_gpu.sh suite                 # the test suite (alone, never beside a leg)
 #   bash benchmarks/lent_gpu.sh leg NAME RUN_FLAGS…   # start a training leg (setsid: outlives the call)
 #   bash benchmarks/lent_gpu.sh wait NAME [SECONDS]   # wait up to SECONDS (default 0) for it to end,
 #                                                     # then its log, results and metrics → $OUT/NAME
@@ -43,7 +46,36 @@ environment() {
   export CAPSJAX_MNIST_DIR=$PWD/$CARRY/mnist
 }
 
+# What a lease's first seconds print: a wrong environment shows before anything long starts.
+check_environment() {
+  python3 - <<'PY'
+import importlib.metadata, jax
+versions = {p: importlib.metadata.version(p) for p in ('jax', 'jaxlib', 'flax', 'optax', 'ml-collections')}
+import capsjax.experiments  # the checkout, installed
+print(f'environment: {jax.devices()[0].device_kind} ({jax.default_backend()}), {versions}', flush=True)
+PY
+  [ -d "$CAPSJAX_MNIST_DIR" ] && echo "environment: MNIST at $CAPSJAX_MNIST_DIR" \
+    || echo "environment: no MNIST at $CAPSJAX_MNIST_DIR (carry .carry)"
+}
+
 case "${1:-}" in
+  speed)
+    shift
+    environment
+    check_environment
+    # The primary convolution alone (its own budget), then the whole steps in each
+    # formulation, the 3-seed vmapped step and the peer's torch.compile rows (theirs).
+    conv_budget=180; steps_budget=100; smoke=()
+    steps='capsjax (patches|xla|space_to_depth) (float32|bfloat16) unrolled|capsjax mnist_seeds|peer compile'
+    if [ "${1:-}" = --smoke ]; then   # the CPU rehearsal: the same commands, small and short
+      smoke=(--smoke); conv_budget=40; steps_budget=60
+      steps='capsjax patches float32 rolled|peer compile fp32 infer'
+    fi
+    python3 benchmarks/gpu_speed.py --out "$OUT/speed" --budget_s "$conv_budget" "${smoke[@]}" 2>&1 \
+      | tee "$OUT/speed.log"
+    python3 benchmarks/device_report.py --out "$OUT/speed_steps" --only "$steps" --budget_s "$steps_budget" \
+      "${smoke[@]}" 2>&1 | tee -a "$OUT/speed.log"
+    ;;
   carry)
     mkdir -p "$CARRY/mnist" "$CARRY/whl"
     cp ../shared/data/mnist/*-ubyte* "$CARRY/mnist/"
@@ -111,7 +143,7 @@ case "${1:-}" in
       2>&1 | tee "$OUT/$name/export.log"
     ;;
   *)
-    sed -n '2,16p' "$0"
+    sed -n '2,19p' "$0"
     exit 2
     ;;
 esac

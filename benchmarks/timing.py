@@ -72,8 +72,8 @@ def capsnet_flops(model_config, backend: str = '', batch: int = 128) -> dict:
   'forward' / 'train' count the convolutions in the direct form (the paper's arithmetic,
   what the PyTorch peer computes); 'forward_performed' / 'train_performed' as the
   formulation `conv_impl` resolves to on `backend` computes them ('fourier' needs fewer:
-  capsjax.formulations.ConvLayer.fourier_multiply_adds; its backward counted as twice
-  its forward, like a matmul's)."""
+  capsjax.formulations.ConvLayer.fourier_multiply_adds; 'space_to_depth' more, its zero
+  taps; a backward counted as twice its forward, like a matmul's)."""
   from capsjax import formulations  # pylint: disable=g-import-not-at-top
   height, width, channels = model_config.input_shape
   layers = conv_layers(model_config, batch)
@@ -84,7 +84,8 @@ def capsnet_flops(model_config, backend: str = '', batch: int = 128) -> dict:
   performed = {}
   for name, layer in layers.items():
     impl = formulations.resolve('conv_impl', model_config.get('conv_impl', 'auto'), backend, layer)
-    performed[name] = 2 * layer.fourier_multiply_adds() if impl == 'fourier' else direct[name]
+    performed[name] = (2 * layer.fourier_multiply_adds() if impl == 'fourier' else
+                       2 * layer.space_to_depth_multiply_adds() if impl == 'space_to_depth' else direct[name])
   predictions = 2 * in_caps * classes * dim * model_config.primary_dim
   routing = 2 * 2 * in_caps * classes * dim * model_config.routing_iterations  # s_j and û·v
   decoder = 0

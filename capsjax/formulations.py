@@ -13,8 +13,10 @@ import jax
 
 # 'patches': im2col of the whole kernel, one matmul; 'kernel_rows': im2col one kernel row
 # and a few images at a time, rebuilt in the backward pass; 'fourier': a product per
-# frequency of the stride phases' discrete Fourier transforms (capsjax.ops).
-CONV_IMPLS = ('auto', 'xla', 'patches', 'kernel_rows', 'fourier')
+# frequency of the stride phases' discrete Fourier transforms; 'space_to_depth': the
+# strided convolution as a unit-stride one on s×s pixel blocks folded into channels
+# (capsjax.ops).
+CONV_IMPLS = ('auto', 'xla', 'patches', 'kernel_rows', 'fourier', 'space_to_depth')
 ROUTING_LOOPS = ('auto', 'rolled', 'unrolled')
 # The im2col ('patches') convolution without gradients: a few images at a time
 # (capsjax.ops.PATCHES_CHUNK, through lax.map) or the whole batch as one matmul.
@@ -79,6 +81,13 @@ class ConvLayer(NamedTuple):
     """Per image, as im2col (or any direct form) computes it."""
     out_h, out_w = self.output_size()
     return out_h * out_w * self.kernel_size ** 2 * self.channels * self.features
+
+  def space_to_depth_multiply_adds(self) -> float:
+    """Per image, as capsjax.ops.space_to_depth_conv2d computes it: the kernel zero-padded
+    to ⌈k/s⌉·s taps a side (PrimaryCaps: 10×10 for 9×9, 23 % more than direct)."""
+    out_h, out_w = self.output_size()
+    taps = -(-self.kernel_size // self.stride) * self.stride
+    return out_h * out_w * taps ** 2 * self.channels * self.features
 
   def fourier_multiply_adds(self) -> float:
     """Per image, as capsjax.ops.fourier_conv2d computes it: the image's transform, the

@@ -50,8 +50,8 @@ NUM_CLASSES = About(Rule(lambda v: is_int(v) and (v == 0 or v >= 2),
                          'an integer >= 2, or 0 for the classes of the data'),
                     'classes (digit capsules, or output units); 0 = those of the data')
 CONV_IMPL = About(one_of(formulations.CONV_IMPLS), "convolutions as XLA's, im2col + matmul, im2col by kernel "
-                  'rows, or products of Fourier transforms (same values; auto: faster on the backend, on a CPU '
-                  'per layer)')
+                  'rows, products of Fourier transforms, or unit-stride on pixel blocks folded into channels '
+                  '(space_to_depth) (same values; auto: faster on the backend, on a CPU per layer)')
 PATCHES_INFERENCE = About(one_of(formulations.PATCHES_INFERENCE), 'the im2col conv at inference a few '
                                 'images at a time or the whole batch (same values)')
 

@@ -38,7 +38,8 @@ declare('allow_config_change', False, boolean(), 'continue a workdir that holds 
 # Keys that say how a run is carried out, not what it computes: they may change between
 # invocations of one run (e.g. another data folder, another checkpoint cadence).
 RUNTIME_KEYS = frozenset({
-    'data_dir', 'tfds_data_dir', 'host_images', 'log_every_steps', 'eval_every_steps', 'eval_batch_size',
+    'data_dir', 'tfds_data_dir', 'host_images', 'log_every_steps', 'log_every_seconds', 'eval_every_steps',
+    'eval_batch_size',
     'checkpoint_every_steps', 'checkpoint_every_secs', 'keep_checkpoints', 'stop_at_step',
     'distributed', 'coordinator_address', 'num_processes', 'process_id', 'distributed_timeout_s',
     'allow_config_change', 'reevaluate', 'check_memory', 'evals',

@@ -46,7 +46,7 @@ def test_conv_formulations_agree_in_value_and_gradient(stride, height, width, ke
   xla = ops.conv2d(images, weights, stride, 'xla')
   loss = lambda x, w, impl: jnp.sum(jnp.sin(ops.conv2d(x, w, stride, impl)))
   g_xla = jax.grad(loss, argnums=(0, 1))(images, weights, 'xla')
-  for impl in ('patches', 'kernel_rows', 'fourier'):
+  for impl in ('patches', 'kernel_rows', 'fourier', 'space_to_depth'):
     np.testing.assert_allclose(jax.jit(ops.conv2d, static_argnums=(2, 3))(images, weights, stride, impl), xla,
                                rtol=1e-5, atol=2e-5, err_msg=impl)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(images, weights, impl)
