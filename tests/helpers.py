@@ -5,6 +5,20 @@ from capsjax.data.idx import write_idx
 from capsjax.experiments import mnist
 
 
+# The evaluators (capsjax.evaluators) compile their own programs at a run's first
+# evaluation, seconds each: a test that does not assert on them turns them off.
+EVALUATORS = ('routing_probe', 'routing_diagnostics', 'reconstructions')
+EVALUATORS_OFF_FLAGS = tuple(f'--config.evals.{name}.enabled=False' for name in EVALUATORS)
+
+
+def evaluators_off(config, keep=()):
+  """Every evaluator but those in `keep` off in `config` (in place; returned)."""
+  for name in EVALUATORS:
+    if name not in keep:
+      config.evals[name].enabled = False
+  return config
+
+
 def tiny_config(data_dir, **overrides):
   """A CapsNet small enough for a few CPU seconds per run."""
   config = mnist.get_config()
@@ -21,9 +35,11 @@ def tiny_config(data_dir, **overrides):
   config.eval_every_steps = 0
   config.eval_batch_size = 100
   config.checkpoint_every_steps = 2
-  # The routing diagnostics compile their own programs at the evaluation; tests/test_train.py
-  # (real MNIST), tests/test_diagnostics.py and the zoo's test assert on them.
-  config.evals.routing_diagnostics.enabled = False
+  # The evaluators compile their own programs at the first evaluation (seconds each):
+  # off here; the tests that assert on them turn them on (the diagnostics: test_train's real
+  # MNIST run, test_diagnostics, the zoo's test; the routing probe: test_analyses; the
+  # reconstruction images: test_images; their schedule: test_hooks).
+  evaluators_off(config)
   for key, value in overrides.items():
     setattr(config, key, value)
   return config

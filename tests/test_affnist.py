@@ -12,7 +12,7 @@ from capsjax.data import affine
 from capsjax import assemble
 from capsjax.errors import DataError, RunStopped
 from capsjax.experiments import affnist_smoke
-from helpers import tiny_config
+from helpers import evaluators_off, tiny_config
 
 
 def _digit():
@@ -126,7 +126,7 @@ def test_affnist_command_reports_both_models_on_all_test_sets(mnist_dir, tmp_pat
   config.model.conv1_channels, config.model.primary_types = 8, 2
   config.model.decoder_hidden = (16, 32)
   config.cnn.model.conv_channels, config.cnn.model.dense = (4, 4, 4), (16, 8)
-  config.evals.routing_diagnostics.enabled = False   # asserted in test_diagnostics / test_train (a suite-time trim)
+  evaluators_off(config)   # asserted elsewhere (a suite-time trim)
   os.makedirs(tmp_path / 'mat')
   rng = np.random.default_rng(1)
   _write_affnist_mat(str(tmp_path / 'mat' / 'test.mat'),

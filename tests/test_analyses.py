@@ -36,6 +36,7 @@ def test_reconstruction_columns_show_each_failure_from_label_and_prediction():
 def test_figures_command_on_a_trained_run(mnist_dir, tmp_path, capsys, monkeypatch):
   config = tiny_config(mnist_dir, num_steps=4)
   config.eval_every_steps = 2                # the routing probe runs at every evaluation
+  config.evals.routing_probe.enabled = True
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:

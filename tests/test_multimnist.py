@@ -12,6 +12,7 @@ from capsjax.data.sources import load_idx_split
 from capsjax.models import build_model, count_params
 from capsjax.experiments import multimnist as multimnist_config
 from capsjax.experiments import multimnist_baseline
+from helpers import evaluators_off
 
 
 @pytest.fixture(scope='module')
@@ -151,7 +152,7 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   config.eval_every_steps = 0
   config.log_every_steps = 50
   config.checkpoint_every_steps = 1000
-  config.evals.routing_diagnostics.enabled = False   # asserted in test_diagnostics / test_train (a suite-time trim)
+  evaluators_off(config)   # asserted elsewhere (a suite-time trim)
   results = train.train_and_evaluate(config, str(tmp_path))
   # Chance for an unordered pair of different digits is 1/45 ≈ 2 %, for each digit of
   # the pair 2/10; what this length reaches: docs/results.md, "MultiMNIST".

@@ -333,3 +333,51 @@ def test_elastic_distortion_displaces_smoothly_and_keeps_the_ink():
   rows, cols = np.nonzero(digit[0, ..., 0])
   centre = np.array([np.average(np.arange(28), weights=moved.sum(1)), np.average(np.arange(28), weights=moved.sum(0))])
   assert not np.allclose(moved, digit[0, ..., 0]) and np.hypot(*(centre - [rows.mean(), cols.mean()])) < 3.0
+
+
+def _orientation_from_vertical(image) -> float:
+  """Degrees between the ink's principal axis (intensity-weighted moments) and the vertical."""
+  ink = np.asarray(image)[..., 0]
+  rows, cols = np.indices(ink.shape)
+  weights = ink / ink.sum()
+  r, c = (weights * rows).sum(), (weights * cols).sum()
+  crr, ccc, crc = (weights * (rows - r) ** 2).sum(), (weights * (cols - c) ** 2).sum(), (weights * (rows - r) * (cols - c)).sum()
+  return np.degrees(0.5 * np.arctan2(2 * crc, crr - ccc))   # 0 for a vertical bar
+
+
+def test_byerly_augmentation_on_drawn_images():
+  from capsjax.data import augment  # pylint: disable=g-import-not-at-top
+  bars = np.zeros((64, 28, 28, 1), np.float32)
+  bars[:, 6:22, 12:16] = 1.0                          # a vertical bar; margins 6 above and below, 12 beside
+  # Rotation from a normal of 10°, clipped at ±20°, on a random half of the images.
+  turned = np.asarray(augment.random_normal_rotation(jnp.asarray(bars), jax.random.key(0), 10.0))
+  unchanged = np.all(np.abs(turned - bars) < 1e-6, axis=(1, 2, 3))
+  assert 16 <= unchanged.sum() <= 48, unchanged.sum()
+  angles = np.array([_orientation_from_vertical(image) for image in turned[~unchanged]])
+  assert np.all(np.abs(angles) <= 21.0) and np.abs(angles).max() > 2.0, angles
+  # A shift by a random fraction (at most 1/2) of the free margin: whole pixels, the ink inside.
+  shifted = np.asarray(augment.random_margin_shift(jnp.asarray(bars), jax.random.key(1), 0.5))
+  np.testing.assert_allclose(shifted.sum(axis=(1, 2, 3)), bars[0].sum())   # nothing cut off, nothing blurred
+  tops = np.array([np.nonzero(image[..., 0].any(axis=1))[0][0] for image in shifted])
+  lefts = np.array([np.nonzero(image[..., 0].any(axis=0))[0][0] for image in shifted])
+  assert tops.min() >= 3 and tops.max() <= 9 and lefts.min() >= 6 and lefts.max() <= 18   # ±½ of 6 and of 12
+  assert len(set(tops)) > 2 and len(set(lefts)) > 2
+  margins = np.asarray(augment.ink_margins(jnp.asarray(bars[0])))
+  assert margins.tolist() == [6, 6, 12, 12]
+  # A horizontal squish by 1 … 8 px: a wide bar's ink shrinks by (28 − k) / 28, its rows stay.
+  wide = np.zeros((64, 28, 28, 1), np.float32)
+  wide[:, 10:18, 2:26] = 1.0
+  squished = np.asarray(augment.random_squish(jnp.asarray(wide), jax.random.key(2), 8))
+  pixels = 28 * (1 - squished.sum(axis=(1, 2, 3)) / wide[0].sum())
+  assert pixels.min() >= 0.5 and pixels.max() <= 8.5 and np.ptp(pixels) > 3, pixels
+  np.testing.assert_array_equal(squished[..., 0].any(axis=2), wide[..., 0].any(axis=2))   # the same rows
+  # One random 4×4 square erased.
+  erased = np.asarray(augment.random_erase(jnp.ones((8, 28, 28, 1)), jax.random.key(3), 4))
+  for image in erased[..., 0]:
+    rows, cols = np.nonzero(image == 0)
+    assert len(rows) == 16 and np.ptp(rows) == 3 and np.ptp(cols) == 3
+  # Through the config's keys (all four at once), as a training batch takes them.
+  options = dict(augment.AUGMENT, rotation_std=10.0, margin_shift=0.5, squish=8, erase=4)
+  out = jax.jit(lambda x, k: augment.augment(x, k, options))(jnp.asarray(bars), jax.random.key(4))
+  assert out.shape == bars.shape and bool(jnp.all(jnp.isfinite(out)))
+  assert not np.allclose(np.asarray(out), bars)

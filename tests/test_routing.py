@@ -14,6 +14,7 @@ import pytest
 from capsjax import routing, validation
 from capsjax.errors import RunStopped
 from capsjax.routing import coupling_coefficients, dynamic_routing, squash
+from helpers import evaluators_off
 
 pytestmark = pytest.mark.float32_matmuls
 
@@ -545,6 +546,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   from capsjax.experiments import routing_zoo_smoke  # pylint: disable=g-import-not-at-top
   config = routing_zoo_smoke.get_config()
   config.data_dir = mnist_dir
+  evaluators_off(config, keep=('routing_diagnostics',))   # the zoo's table reads the diagnostics
   assert set(config.routing_zoo.routings) == set(routing.ROUTINGS)   # the smoke has a row per algorithm
   # Two here (the program's mechanics; each algorithm trains in the smoke, docs/results.md):
   # Procedure 1 and a user's own routing from a file of theirs, README's example, which

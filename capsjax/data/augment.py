@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.data import affine
-from capsjax.keys import declare, number_in, section_defaults
+from capsjax.keys import declare, int_in, number_in, section_defaults
 
 Array = jax.Array
 
@@ -25,6 +25,16 @@ declare('augment.elastic_alpha', 0.0, number_in(0, math.inf), 'elastic distortio
         'displacements of this many pixels (0: none)')
 declare('augment.elastic_sigma', 4.0, number_in(0, math.inf, low_open=True), 'elastic distortion: the Gaussian '
         'smoothing of the displacement field, in pixels')
+# The augmentation of the strongest MNIST capsule results (Byerly, Kalganova, Dear 2020, "No
+# routing needed between capsules"; reused by Efficient-CapsNet), each a key of its own.
+declare('augment.rotation_std', 0.0, number_in(0, 90), 'a random half of the training images rotated by an '
+        'angle drawn from a normal of this std in degrees, clipped at ± 2 std (0: none)')
+declare('augment.margin_shift', 0.0, number_in(0, 1), 'training images shifted by whole pixels, up to this '
+        'fraction of the free margin around their ink on each side (0: none; 1: the whole margin)')
+declare('augment.squish', 0, int_in(0, 16), 'training images squeezed horizontally by 1 … this many pixels '
+        '(0: none; Byerly et al.: 8)')
+declare('augment.erase', 0, int_in(0, 16), 'one random square of this side in pixels set to 0 in each '
+        'training image (0: none; Byerly et al.: 4)')
 AUGMENT = section_defaults('augment')
 
 
@@ -141,15 +151,84 @@ def elastic_distortion(images: Array, key: Array, alpha: float, sigma: float) ->
   return jax.vmap(one)(images, fields)
 
 
+# ----------------------------------------------------------------------------- Byerly et al.'s
+# The augmentation of the strongest MNIST capsule results (Byerly, Kalganova, Dear 2020,
+# "No routing needed between capsules"; reused by Efficient-CapsNet), each its own key.
+
+def random_normal_rotation(images: Array, key: Array, std: float) -> Array:
+  """A random half of the images [batch, h, w, c] rotated by an angle drawn from a normal
+  of `std` degrees clipped at ±2 std; the other half unchanged."""
+  batch = images.shape[0]
+  rotate = jax.random.bernoulli(jax.random.fold_in(key, 0), 0.5, (batch,))
+  angles = jnp.clip(std * jax.random.normal(jax.random.fold_in(key, 1), (batch,)), -2 * std, 2 * std)
+  ones, zeros = jnp.ones(batch), jnp.zeros(batch)
+  rotated = jax.vmap(affine_warp)(images, angles, ones, zeros)
+  return jnp.where(rotate[:, None, None, None], rotated, images)
+
+
+def ink_margins(image: Array, threshold: float = 0.0) -> Array:
+  """(top, bottom, left, right): the empty rows and columns around the ink (pixels above
+  `threshold`) of one image [h, w, c]; an image without ink has no margin."""
+  height, width = image.shape[:2]
+  x_min, x_max, y_min, y_max = affine.ink_box(image, threshold)
+  margins = jnp.stack([y_min, height - 1 - y_max, x_min, width - 1 - x_max])
+  return jnp.where(jnp.any(image > threshold), margins, 0)
+
+
+def random_margin_shift(images: Array, key: Array, fraction: float) -> Array:
+  """Each image [batch, h, w, c] shifted by a random whole number of pixels in each axis,
+  up to `fraction` of the free margin on that side of its ink (the ink stays inside)."""
+  batch, height, width, _ = images.shape
+  margins = jax.vmap(ink_margins)(images).astype(jnp.float32)        # [batch, 4]
+  u = jax.random.uniform(key, (batch, 2), minval=-1.0, maxval=1.0)    # [batch, (rows, columns)]
+  # Down by up to the bottom margin, up by up to the top one (likewise right / left).
+  reach = jnp.where(u >= 0, margins[:, jnp.array([1, 3])], margins[:, jnp.array([0, 2])])
+  shifts = jnp.trunc(u * fraction * reach).astype(jnp.int32)          # [batch, 2]
+  side = max(height, width)
+  return jax.vmap(shift_image, in_axes=(0, 0, 0, None))(images, shifts[:, 0], shifts[:, 1], side)
+
+
+def random_squish(images: Array, key: Array, most: int) -> Array:
+  """Each image [batch, h, w, c] squeezed horizontally by a whole number of pixels drawn
+  from 1 … `most`, about its centre (bilinear, zero fill)."""
+  batch, _, width, _ = images.shape
+  pixels = jax.random.randint(key, (batch,), 1, most + 1).astype(jnp.float32)
+  factors = (width - pixels) / width
+
+  def squish(image, factor):
+    matrix = affine.affine_matrix(jnp.zeros(()), jnp.zeros(()), factor, jnp.ones(()))
+    return affine.warp(image, matrix, jnp.zeros(2))
+  return jax.vmap(squish)(images, factors)
+
+
+def random_erase(images: Array, key: Array, side: int) -> Array:
+  """One side × side square of each image [batch, h, w, c] set to 0 at a random position."""
+  batch, height, width, _ = images.shape
+  tops = jax.random.randint(jax.random.fold_in(key, 0), (batch, 1, 1), 0, height - side + 1)
+  lefts = jax.random.randint(jax.random.fold_in(key, 1), (batch, 1, 1), 0, width - side + 1)
+  rows, columns = jnp.arange(height)[None, :, None], jnp.arange(width)[None, None, :]
+  inside = (rows >= tops) & (rows < tops + side) & (columns >= lefts) & (columns < lefts + side)   # [batch, h, w]
+  return jnp.where(inside[..., None], 0.0, images)
+
+
 def augment(images: Array, key: Array, options: Dict[str, Any]) -> Array:
-  """`options` (config.augment) applied to a training batch: the affine part, then the
-  elastic part; a part whose sizes are all 0 is skipped."""
+  """`options` (config.augment) applied to a training batch: Byerly et al.'s normal
+  rotation and squish, the affine part, the elastic part, the shift within the ink's
+  margin, then the erased square; a part whose size is 0 is skipped."""
+  if options.get('rotation_std'):
+    images = random_normal_rotation(images, jax.random.fold_in(key, 2), options['rotation_std'])
+  if options.get('squish'):
+    images = random_squish(images, jax.random.fold_in(key, 3), options['squish'])
   if options.get('rotation') or options.get('scale') or options.get('shear'):
     images = random_affine(images, jax.random.fold_in(key, 0), options.get('rotation', 0.0),
                            options.get('scale', 0.0), options.get('shear', 0.0))
   if options.get('elastic_alpha'):
     images = elastic_distortion(images, jax.random.fold_in(key, 1), options['elastic_alpha'],
                                 options.get('elastic_sigma', AUGMENT['elastic_sigma']))
+  if options.get('margin_shift'):
+    images = random_margin_shift(images, jax.random.fold_in(key, 4), options['margin_shift'])
+  if options.get('erase'):
+    images = random_erase(images, jax.random.fold_in(key, 5), options['erase'])
   return images
 
 
