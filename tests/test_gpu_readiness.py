@@ -80,16 +80,27 @@ def test_unmarked_tests_keep_jaxs_default_precision():
   assert jax.config.jax_default_matmul_precision is None
 
 
-def test_device_report_smoke_runs_every_row_on_the_cpu(tmp_path):
-  out = tmp_path / 'report'
-  # The smoke is the CPU rehearsal (on a GPU machine too): fp32 peer rows, shared processes.
-  # A budget above the smoke's own 165 s: beside the suite's other worker it runs slower.
-  done = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'device_report.py'), '--smoke',
-                         '--budget_s', '400', '--out', str(out)], capture_output=True, text=True, timeout=480,
-                        cwd=ROOT, check=False, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+def test_the_lease_s_speed_call_runs_every_row_on_the_cpu(tmp_path):
+  # `lent_gpu.sh speed --smoke`, the lease's first call rehearsed on the CPU (on a GPU
+  # machine too): the primary convolution alone (gpu_speed.py), then every cell of the
+  # device report's smoke (fp32 peer rows, shared processes; a budget above the smoke's own
+  # 165 s: beside the suite's other worker it runs slower).
+  done = subprocess.run(['bash', os.path.join(ROOT, 'benchmarks', 'lent_gpu.sh'), 'speed', '--smoke'],
+                        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu', OUT=str(tmp_path)))
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  assert done.stdout.startswith('environment: '), done.stdout[:500]   # what a lease's first seconds print
+  speed = json.loads((tmp_path / 'speed' / 'speed.json').read_text())
+  cells = {(row['variant'], row['formulation'], row['dtype']) for row in speed['rows'] if 'error' not in row}
+  assert cells == {(variant, impl, dtype) for variant in ('default', 'no_triton_gemm')
+                   for impl in ('patches', 'xla', 'space_to_depth') for dtype in ('float32', 'bfloat16')}, speed
+  for row in speed['rows']:
+    assert row['train']['tflops'] > 0 and 0 < row['infer']['share_of_peak']
+    assert (tmp_path / 'speed' / 'hlo' / row['variant'] / f'{row["cell"]}-train.txt').stat().st_size > 0
+  assert '| default | space_to_depth | float32 | 4 |' in (tmp_path / 'speed' / 'speed.md').read_text()
   last = done.stdout.strip().splitlines()[-1]
   assert last.startswith('device_report duration_s=') and 'skipped=0' in last, done.stdout[-3000:]
+  out = tmp_path / 'speed_steps'
   report = json.loads((out / 'report.json').read_text())
   assert set(report) >= {'device', 'rows', 'profile'}
   assert report['device']['matmul_peak_tflops']['f32'] > 0 and report['device']['copy_gb_per_s'] > 0
