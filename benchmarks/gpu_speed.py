@@ -57,9 +57,11 @@ SETTINGS = {
     # budget shares per variant (the default first and largest), repeats, time per sample
     'full': dict(batches=(128, 384, 512), layer=LAYER, budget_s=180.0, repeats=5, sample_s=0.2,
                  matmul_size=8192, shares={'default': 0.5, 'no_triton_gemm': 0.25, 'exhaustive_tiling': 0.25}),
-    # The CPU rehearsal: the code path at a small size (channels 32), two variants.
+    # The CPU rehearsal: the code path at a small size (channels 32); a second variant's
+    # child process on one cell.
     'smoke': dict(batches=(4,), layer=dict(LAYER, channels=32, features=32), budget_s=60.0, repeats=1,
-                  sample_s=0.0, matmul_size=256, shares={'default': 0.5, 'no_triton_gemm': 0.5}),
+                  sample_s=0.0, matmul_size=256, shares={'default': 0.7, 'no_triton_gemm': 0.3},
+                  only={'no_triton_gemm': (('patches', 'float32'),)}),
 }
 # HLO instructions that are a GEMM or a convolution (cuBLAS, cuDNN, Triton, XLA's own).
 _GEMM_LINE = re.compile(r'custom_call_target="__cu(blas|dnn)|__triton|\bconvolution\(|\bdot\(|kind=kCustom')
@@ -112,7 +114,9 @@ def child(args) -> int:
   layer = settings['layer']
   hlo_dir = os.path.join(args.out, 'hlo', args.variant)
   os.makedirs(hlo_dir, exist_ok=True)
-  cells = [(impl, batch, dtype) for dtype in DTYPES for batch in settings['batches'] for impl in FORMULATIONS]
+  only = settings.get('only', {}).get(args.variant)
+  cells = [(impl, batch, dtype) for dtype in DTYPES for batch in settings['batches'] for impl in FORMULATIONS
+           if only is None or (impl, dtype) in only]
   for number, (impl, batch, dtype) in enumerate(cells):
     if time.time() - started > args.budget_s:
       for skipped in cells[number:]:

@@ -252,6 +252,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     >>> config = mnist_smoke.get_config()
     >>> config.data_dir = mnist_dir
     >>> config.num_steps, config.num_train_examples, config.num_test_examples = 12, 768, 256
+    >>> config.evals.routing_diagnostics.enabled = False   # an evaluator: off, its programs go uncompiled
     >>> result = capsjax.train_and_evaluate(config, workdir)   # doctest: +ELLIPSIS
     mnist_smoke: reading the data...
     >>> result.steps, 0.0 <= result.test_error <= 1.0

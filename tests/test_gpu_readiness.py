@@ -92,8 +92,8 @@ def test_the_lease_s_speed_call_runs_every_row_on_the_cpu(tmp_path):
   assert done.stdout.startswith('environment: '), done.stdout[:500]   # what a lease's first seconds print
   speed = json.loads((tmp_path / 'speed' / 'speed.json').read_text())
   cells = {(row['variant'], row['formulation'], row['dtype']) for row in speed['rows'] if 'error' not in row}
-  assert cells == {(variant, impl, dtype) for variant in ('default', 'no_triton_gemm')
-                   for impl in ('patches', 'xla', 'space_to_depth') for dtype in ('float32', 'bfloat16')}, speed
+  assert cells == {('default', impl, dtype) for impl in ('patches', 'xla', 'space_to_depth')
+                   for dtype in ('float32', 'bfloat16')} | {('no_triton_gemm', 'patches', 'float32')}, speed
   for row in speed['rows']:
     assert row['train']['tflops'] > 0 and 0 < row['infer']['share_of_peak']
     assert (tmp_path / 'speed' / 'hlo' / row['variant'] / f'{row["cell"]}-train.txt').stat().st_size > 0
