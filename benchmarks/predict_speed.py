@@ -57,6 +57,8 @@ def main() -> int:
   parser.add_argument('--out', required=True, help='folder of speed-TARGET.json')
   parser.add_argument('--targets', default='h100,h200', help="capsjax-plan's GPUs")
   parser.add_argument('--batches', default='128,384,512', help='the convolution cells\' batches')
+  parser.add_argument('--no_steps', action='store_true', help='the convolution cells only (the whole steps '
+                      'compile for minutes each)')
   args = parser.parse_args()
   try:
     with open(args.fit) as f:
@@ -91,7 +93,7 @@ def main() -> int:
                 f'{row["train"]["predicted_ms"]:.3f} ms ({row["train"]["predicted_tflops"]:.0f} TFLOP/s); '
                 f'{row["train"]["kernels"]} kernels', flush=True)
     mesh = sharding.data_mesh(devices[:1])
-    for dtype in gpu_speed.DTYPES:
+    for dtype in () if args.no_steps else gpu_speed.DTYPES:
       for impl in gpu_speed.FORMULATIONS:
         formulation = dict(conv_impl=impl, routing_loop='unrolled', patches_inference='whole_batch')
         config = gpu_compile.config_for('mnist', 128, 1, formulation, dtype)
