@@ -7,8 +7,8 @@ found by `check()` at the next step, and stops the run with a CheckpointWriteErr
 names the last complete checkpoint on disk (command lines then exit without interpreter
 teardown, see `capsjax.cli.fail`). Orbax's own multi-line error logs are kept off the console for such failures.
 """
-import contextlib
 import ast
+import contextlib
 import errno
 import json
 import logging

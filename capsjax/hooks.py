@@ -250,9 +250,22 @@ class Evaluator(Hook):
             + (f', ≈ {run.last_eval_seconds:.0f} s' if run.last_eval_seconds else '')
             + ('' if self.compiled else '; the first evaluation compiles its programs') + '…')
     start = time.time()
+    # The first one compiles its programs: XLA's slow-compile banners stay out of the output.
+    with cli.xla_alarms_dropped() if not self.compiled else contextlib.nullcontext():
+      metrics = self._metrics(run, step)
+    run.last_eval, run.last_eval_step = metrics, step
+    self.last_seconds = time.time() - start
+    if self.compiled:   # the first one's compilations would make every later estimate too long
+      run.last_eval_seconds = self.last_seconds
+    self.compiled = True
+    run.eval_seconds_total += self.last_seconds
+    return metrics
+
+  def _metrics(self, run: Run, step: int) -> Dict[str, Any]:
+    """The test row's metrics (the EMA's and the evaluators' beside them); the validation's
+    into `run.last_validation`."""
     stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
-    with cli.xla_alarms_dropped() if not self.compiled else contextlib.nullcontext():   # it compiles
-      metrics = run.evaluate(run.state['params'], **stop)
+    metrics = run.evaluate(run.state['params'], **stop)
     average = run.state.get('ema_params')   # config.ema_decay: the average evaluated beside them
     if average is not None:
       metrics.update({f'ema_{name}': value for name, value in run.evaluate(average, **stop).items()})
@@ -263,12 +276,6 @@ class Evaluator(Hook):
       run.last_validation = self.validate(run.state['params'], **stop)
       if average is not None:
         run.last_validation.update({f'ema_{name}': value for name, value in self.validate(average, **stop).items()})
-    run.last_eval, run.last_eval_step = metrics, step
-    self.last_seconds = time.time() - start
-    if self.compiled:   # the first one's compilations would make every later estimate too long
-      run.last_eval_seconds = self.last_seconds
-    self.compiled = True
-    run.eval_seconds_total += self.last_seconds
     return metrics
 
   def __call__(self, run, step, metrics):

@@ -314,29 +314,33 @@ def space_to_depth_conv2d(images: Array, kernel: Array, stride: int, dot_inputs:
   stride 2): 10×10×1 024 ⊛ 5×5×1 024×256 → 6×6×256, 23 % more multiply-adds, no patch
   matrix, unit stride (XLA's convolution, forward and gradient). images [batch, h, w, in],
   kernel [k, k, in, out] → [batch, out_h, out_w, out]."""
+  if stride == 1:
+    return xla_conv2d(images, kernel, 1, dot_inputs)
   batch, height, width, channels = images.shape
   size, features = kernel.shape[0], kernel.shape[3]
-  if stride == 1:
-    blocks, folded_images, folded_kernel = size, images, kernel
-  else:
-    out_h, out_w = (height - size) // stride + 1, (width - size) // stride + 1
-    blocks = -(-size // stride)                                          # K'/s taps per block row
-    taps = blocks * stride
-    kernel = jnp.pad(kernel, ((0, taps - size), (0, taps - size), (0, 0), (0, 0)))   # [K', K', in, out]
-    # Rows the blocks read: (out − 1 + K'/s) blocks; pixels past the image meet zero taps only.
-    rows, columns = (out_h - 1 + blocks) * stride, (out_w - 1 + blocks) * stride
-    images = jnp.pad(images[:, :rows, :columns], ((0, 0), (0, max(rows - height, 0)),
-                                                   (0, max(columns - width, 0)), (0, 0)))
-    folded_images = images.reshape(batch, rows // stride, stride, columns // stride, stride, channels)
-    folded_images = folded_images.transpose(0, 1, 3, 2, 4, 5).reshape(   # [batch, rows/s, cols/s, s·s·in]
-        batch, rows // stride, columns // stride, stride * stride * channels)
-    folded_kernel = kernel.reshape(blocks, stride, blocks, stride, channels, features)
-    folded_kernel = folded_kernel.transpose(0, 2, 1, 3, 4, 5).reshape(     # [K'/s, K'/s, s·s·in, out]
-        blocks, blocks, stride * stride * channels, features)
-  del blocks
+  out_h, out_w = (height - size) // stride + 1, (width - size) // stride + 1
+  blocks = -(-size // stride)                                            # K'/s taps per block row
+  taps = blocks * stride
+  kernel = jnp.pad(kernel, ((0, taps - size), (0, taps - size), (0, 0), (0, 0)))   # [K', K', in, out]
+  # Rows the blocks read: (out − 1 + K'/s) blocks; pixels past the image meet zero taps only.
+  rows, columns = (out_h - 1 + blocks) * stride, (out_w - 1 + blocks) * stride
+  images = jnp.pad(images[:, :rows, :columns], ((0, 0), (0, max(rows - height, 0)),
+                                                 (0, max(columns - width, 0)), (0, 0)))
+  folded_images = images.reshape(batch, rows // stride, stride, columns // stride, stride, channels)
+  folded_images = folded_images.transpose(0, 1, 3, 2, 4, 5).reshape(     # [batch, rows/s, cols/s, s·s·in]
+      batch, rows // stride, columns // stride, stride * stride * channels)
+  folded_kernel = kernel.reshape(blocks, stride, blocks, stride, channels, features)
+  folded_kernel = folded_kernel.transpose(0, 2, 1, 3, 4, 5).reshape(       # [K'/s, K'/s, s·s·in, out]
+      blocks, blocks, stride * stride * channels, features)
+  return xla_conv2d(folded_images, folded_kernel, 1, dot_inputs)
+
+
+def xla_conv2d(images: Array, kernel: Array, stride: int, dot_inputs: str = 'float32') -> Array:
+  """XLA's VALID convolution, NHWC / HWIO, its matmul inputs as `dot_inputs` says, its
+  output in the images' dtype."""
   return jax.lax.conv_general_dilated(
-      _dot_input(folded_images, dot_inputs), _dot_input(folded_kernel, dot_inputs), window_strides=(1, 1),
-      padding='VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'), preferred_element_type=folded_images.dtype)
+      _dot_input(images, dot_inputs), _dot_input(kernel, dot_inputs), window_strides=(stride, stride),
+      padding='VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'), preferred_element_type=images.dtype)
 
 
 def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
@@ -363,9 +367,7 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
     with jax.named_scope('space_to_depth'):   # the profile's label
       return space_to_depth_conv2d(images, kernel, stride, dot_inputs)
   if impl == 'xla':
-    return jax.lax.conv_general_dilated(
-        _dot_input(images, dot_inputs), _dot_input(kernel, dot_inputs), window_strides=(stride, stride),
-        padding='VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'), preferred_element_type=images.dtype)
+    return xla_conv2d(images, kernel, stride, dot_inputs)
   whole_batch = formulations.resolve('patches_inference', patches_inference) == 'whole_batch'
   chunk = batch_chunk_size(images.shape[0], PATCHES_CHUNK)
   inference_chunk = images.shape[0] if whole_batch else chunk

@@ -671,10 +671,12 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
     log(f'compiling the training step and an evaluation batch for {parsed.topology_name} '
         f'({len(devices)} devices)…')
     lowered = program.lower(abstract_state)
-    training = analyse(_compile(lowered['training'], 'the training step', log is not _silent), lowered['training'], len(devices))
+    show = log is not _silent   # the compilations' elapsed time where the lines are shown
+    training = analyse(_compile(lowered['training'], 'the training step', show), lowered['training'], len(devices))
     log(_memory_line(f'the training step at {config.batch_size // len(devices)} per device', training,
                      hbm_per_device) + f'; {training["flops"] / 1e9:.1f} GFLOP')
-    evaluation = analyse(_compile(lowered['evaluation'], 'an evaluation batch', log is not _silent), lowered['evaluation'], len(devices))
+    evaluation = analyse(_compile(lowered['evaluation'], 'an evaluation batch', show), lowered['evaluation'],
+                         len(devices))
     log(_memory_line('an evaluation batch', evaluation, hbm_per_device))
     members = len(program.members) if program.members else 1
     params = abstract_state['params']

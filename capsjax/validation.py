@@ -7,9 +7,8 @@ one raises ConfigError with one line: `config.KEY=VALUE: allowed ...`. Below the
 single keys, the rules across keys. Comparison models (`baseline.model`, `cnn.model`) are
 checked as the run's model is.
 """
-from typing import Dict, Iterator, List, Tuple
-
 import math
+from typing import Dict, Iterator, List, Tuple
 
 import ml_collections
 
@@ -228,11 +227,18 @@ def _zoo_sections_problems(config) -> List[str]:
     if name == config.model.get('routing') or name not in ROUTINGS or not hasattr(sections, 'keys') \
         or name not in sections or not hasattr(sections[name], 'items'):
       continue
-    member = config.model.to_dict()
-    member.update(routing=name, routing_options={name: dict(sections[name])})
-    member_problems: List[str] = []
-    _check_model(ml_collections.ConfigDict(member), 'model.', member_problems)
-    problems.extend(line for line in member_problems if f'routing_options.{name}.' in line)
+    problems.extend(line for line in _member_problems(config, name, sections[name])
+                    if f'routing_options.{name}.' in line)
+  return problems
+
+
+def _member_problems(config, name: str, options) -> List[str]:
+  """The problems of config.model as the zoo's member of routing `name` with `options`
+  (its own section) sees it."""
+  member = config.model.to_dict()
+  member.update(routing=name, routing_options={name: dict(options)})
+  problems: List[str] = []
+  _check_model(ml_collections.ConfigDict(member), 'model.', problems)
   return problems
 
 
@@ -251,11 +257,8 @@ def _zoo_options_problems(config, zoo_options) -> List[str]:
     if not hasattr(options, 'keys'):
       problems.append(f'{where}={options!r}: allowed a dict of the routing\'s options')
       continue
-    member = config.model.to_dict()
-    member.update(routing=name, routing_options={name: dict(options)})
-    member_problems: List[str] = []
-    _check_model(ml_collections.ConfigDict(member), 'model.', member_problems)
-    problems.extend(line.replace(f'config.model.routing_options.{name}.', f'{where}.') for line in member_problems)
+    problems.extend(line.replace(f'config.model.routing_options.{name}.', f'{where}.')
+                    for line in _member_problems(config, name, options))
   return problems
 
 
