@@ -401,24 +401,25 @@ def plan(args, backend: str, settings, out_dir: str) -> list:
   (the default formulation and the peer rows a ratio needs), what decides a choice next,
   the profile last (it needs the fastest variant)."""
   batch = settings['batch']
-  base = _variant_spec(args, settings, 'auto', 'float32', 'auto')
+  from_table = _auto_formulations(backend)
+  base = _variant_spec(args, settings, 'auto', from_table[1], 'auto')
 
   def variant_cell(conv, dtype, loop):
     spec = _variant_spec(args, settings, conv, dtype, loop)
     return dict(spec, name=f'capsjax {spec["variant"]}', train=True, infer_batches=[batch])
 
-  from_table = _auto_formulations(backend)
+  # The table's own variant first, then float32 before bfloat16.
   variants = sorted(SMOKE_VARIANTS if args.smoke else VARIANTS + ROW_AND_FOURIER_VARIANTS,
-                    key=lambda v: (v[1] != 'float32', (v[0], v[2]) != from_table))
+                    key=lambda v: (v != from_table, v[1] != 'float32'))
   capsjax = [variant_cell(*v) for v in variants]
   auto = base
   extras = [
-      dict(auto, name='capsjax mnist_seeds', variant='auto float32 auto, seeds 0 1 2 vmapped', seeds=[0, 1, 2],
+      dict(auto, name='capsjax mnist_seeds', variant=f'{auto["variant"]}, seeds 0 1 2 vmapped', seeds=[0, 1, 2],
            train=True, infer_batches=[]),
-      dict(auto, name='capsjax multimnist', variant='auto float32 auto, MultiMNIST 36×36', experiment='multimnist',
+      dict(auto, name='capsjax multimnist', variant=f'{auto["variant"]}, MultiMNIST 36×36', experiment='multimnist',
            train=True, infer_batches=[]),
   ] + ([] if args.smoke else [   # (the smoke's larger batch: the whole-batch cell below)
-      dict(auto, name='capsjax infer large batch', variant='auto float32 auto', train=False,
+      dict(auto, name='capsjax infer large batch', variant=auto['variant'], train=False,
            infer_batches=[settings['large_batch']]),
   ]) + [   # the patches conv at inference as one matmul (the table's 'patches_inference');
            # the smoke runs the code path once (one dtype, the larger batch)
@@ -450,8 +451,11 @@ def _variant_spec(args, settings, conv: str, dtype: str, loop: str) -> dict:
 
 def _auto_formulations(backend: str) -> tuple:
   from capsjax import formulations  # pylint: disable=g-import-not-at-top  (imports jax: parent only here)
-  # (Without a layer: a per-layer rule gives its fallback; this only orders the cells.)
-  return (formulations.resolve('conv_impl', 'auto', backend), formulations.resolve('routing_loop', 'auto', backend))
+  # (conv_impl, dtype, routing_loop) of 'auto' for the paper's PrimaryCaps (the layer that
+  # holds almost all FLOPs); this only orders the cells and names the base's dtype.
+  primary = formulations.ConvLayer(20, 20, 256, 256, 9, 2)
+  return (formulations.resolve('conv_impl', 'auto', backend, primary), formulations.resolve('dtype', 'auto', backend),
+          formulations.resolve('routing_loop', 'auto', backend))
 
 
 def ratios_and_shares(rows: list, peaks: dict, backend: str) -> None:

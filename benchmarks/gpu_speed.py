@@ -1,19 +1,22 @@
 """The primary capsules' convolution alone, in every formulation, on the device at hand.
 
-  python benchmarks/gpu_speed.py --out DIR                 # ≈ 3 minutes on one H100 (its budget)
+  python benchmarks/gpu_speed.py --out DIR                 # ≤ 150 s + start-up on one GPU (its budget)
   python benchmarks/gpu_speed.py --smoke --out DIR         # the same code path, CPU, seconds
 
 PrimaryCaps is a 9×9 stride-2 convolution, 256 → 256 channels on 20×20 maps: almost all of
 the paper model's FLOPs. Each cell times it forward (inference) and forward + backward to
 its input and kernel (training) in one formulation (capsjax.ops.conv2d: 'patches' im2col +
 one GEMM, 'xla' XLA's convolution, 'space_to_depth' the unit-stride form on 2×2 pixel
-blocks) × batch 128 / 384 / 512 × float32 (JAX's default precision: TF32 on a GPU) /
-bfloat16 inputs and outputs. XLA's GEMM back-ends are the variants, each a child process
+blocks) × batch 128 / 512 / 384 × float32 (JAX's default precision: TF32 on a GPU) /
+bfloat16 inputs and outputs, in that order of priority (batch first: every form and dtype
+at 128 before any at 512). XLA's GEMM back-ends are the variants, each a child process
 with its own XLA_FLAGS (flags act at the start of a process):
 
-  default            XLA's own choice (Triton or cuBLAS per GEMM, autotuned)
-  no_triton_gemm     --xla_gpu_enable_triton_gemm=false (cuBLAS/cuBLASLt only)
-  exhaustive_tiling  --xla_gpu_exhaustive_tiling_search=true (Triton's whole tiling space)
+  default            XLA's own choice (Triton or cuBLAS per GEMM, autotuned): every cell
+  no_triton_gemm     --xla_gpu_enable_triton_gemm=false (cuBLAS/cuBLASLt only): batch 128
+  exhaustive_tiling  --xla_gpu_exhaustive_tiling_search=true (Triton's whole tiling space):
+                     only when --variants names it (on an H200 its autotuning alone
+                     outlasted a lease's share, 2026-11-26)
 
 Per row: the median time of the repeats, TFLOP/s in the direct form's FLOPs (2 × batch ×
 6·6 × 9·9·256·256 forward, 3× that for training: what every formulation computes, whatever
@@ -22,10 +25,13 @@ precision. On a GPU the autotuning results go to DIR/autotune/VARIANT.textproto
 (--xla_gpu_dump_autotune_results_to) and a committed file of the same device and variant
 (benchmarks/results/autotune/DEVICE-VARIANT.textproto, --autotune_dir) is loaded first, so
 that a later lease spends no minutes autotuning; the GEMM and convolution instructions of
-each compiled program go to DIR/hlo/VARIANT/CELL.txt.
+each compiled program go to DIR/hlo/VARIANT-CELL-MODE.txt (one folder deep: the device
+tool returns no deeper files).
 
-The variants share the budget (--budget_s): a cell that no longer fits is skipped and
-listed, never silently dropped; every finished row is written at once (DIR/speed.json),
+The variants share one deadline (--budget_s from the start, children's start-up
+included): each child gets its share of what is left, skips a cell that would end past
+its share (judged by its slowest cell so far) and is stopped 15 s past it; a skipped cell
+is listed, never silently dropped; every finished row is written at once (DIR/speed.json),
 then DIR/speed.md. The last line is machine-readable:
 
   gpu_speed duration_s=… rows=… skipped=… best_train_tflops=… out=DIR
@@ -55,12 +61,13 @@ GEMM_VARIANTS = {
 }
 SETTINGS = {
     # budget shares per variant (the default first and largest), repeats, time per sample
-    'full': dict(batches=(128, 384, 512), layer=LAYER, budget_s=180.0, repeats=5, sample_s=0.2,
-                 matmul_size=8192, shares={'default': 0.5, 'no_triton_gemm': 0.25, 'exhaustive_tiling': 0.25}),
+    'full': dict(batches=(128, 512, 384), layer=LAYER, budget_s=150.0, repeats=5, sample_s=0.2,
+                 matmul_size=8192, shares={'default': 0.75, 'no_triton_gemm': 0.25}, shares_named=0.25,
+                 batches_of={'no_triton_gemm': (128,), 'exhaustive_tiling': (128,)}),
     # The CPU rehearsal: the code path at a small size (channels 32); a second variant's
     # child process on one cell.
     'smoke': dict(batches=(4,), layer=dict(LAYER, channels=32, features=32), budget_s=60.0, repeats=1,
-                  sample_s=0.0, matmul_size=256, shares={'default': 0.7, 'no_triton_gemm': 0.3},
+                  sample_s=0.0, matmul_size=256, shares={'default': 0.7, 'no_triton_gemm': 0.3}, shares_named=0.3,
                   only={'no_triton_gemm': (('patches', 'float32'),)}),
 }
 # HLO instructions that are a GEMM or a convolution (cuBLAS, cuDNN, Triton, XLA's own).
@@ -92,12 +99,13 @@ def _median_seconds(call, settings) -> float:
 
 
 def child(args) -> int:
-  """One GEMM variant: the matmul peaks, then every cell in turn within `args.budget_s`."""
+  """One GEMM variant: the matmul peaks, then every cell in turn until `args.deadline`
+  (seconds since the epoch): a cell that would end past it (judged by the slowest cell
+  so far) is listed as skipped."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from capsjax import ops  # pylint: disable=g-import-not-at-top
   settings = SETTINGS['smoke' if args.smoke else 'full']
-  started = time.time()
   backend = jax.default_backend()
   keys = jax.random.split(jax.random.key(0), 4)   # random data: zeros run faster than real data
   size = settings['matmul_size'] if backend != 'cpu' else min(settings['matmul_size'], 1024)
@@ -112,19 +120,29 @@ def child(args) -> int:
   print(PEAK_MARK + json.dumps({'variant': args.variant, 'backend': backend, 'device': jax.devices()[0].device_kind,
                                 'tflops': peaks}), flush=True)
   layer = settings['layer']
-  hlo_dir = os.path.join(args.out, 'hlo', args.variant)
+  hlo_dir = os.path.join(args.out, 'hlo')
   os.makedirs(hlo_dir, exist_ok=True)
-  only = settings.get('only', {}).get(args.variant)
-  cells = [(impl, batch, dtype) for dtype in DTYPES for batch in settings['batches'] for impl in FORMULATIONS
-           if only is None or (impl, dtype) in only]
+  cells = variant_cells(settings, args.variant)
+  slowest = 0.0
   for number, (impl, batch, dtype) in enumerate(cells):
-    if time.time() - started > args.budget_s:
+    if time.time() + slowest > args.deadline:
       for skipped in cells[number:]:
         print(ROW_MARK + json.dumps(dict(_cell_fields(args.variant, *skipped), error='time budget spent')), flush=True)
       break
+    cell_started = time.time()
     print(ROW_MARK + json.dumps(_measure(jax, jnp, ops, settings, layer, impl, batch, dtype, peaks, hlo_dir,
                                           args.variant, keys)), flush=True)
+    slowest = max(slowest, time.time() - cell_started)
   return 0
+
+
+def variant_cells(settings, variant: str) -> list:
+  """(formulation, batch, dtype) of a variant's cells in priority order: batch by batch
+  (the settings' order), both dtypes, every formulation."""
+  only = settings.get('only', {}).get(variant)
+  batches = settings.get('batches_of', {}).get(variant, settings['batches'])
+  return [(impl, batch, dtype) for batch in batches for dtype in DTYPES for impl in FORMULATIONS
+          if only is None or (impl, dtype) in only]
 
 
 def _cell_fields(variant: str, impl: str, batch: int, dtype: str) -> dict:
@@ -150,7 +168,7 @@ def _measure(jax, jnp, ops, settings, layer, impl, batch, dtype, peaks, hlo_dir,
       compile_started = time.time()
       compiled = program.lower(images, weights).compile()
       compile_s = time.time() - compile_started
-      with open(os.path.join(hlo_dir, f'{fields["cell"]}-{mode}.txt'), 'w') as f:
+      with open(os.path.join(hlo_dir, f'{variant}-{fields["cell"]}-{mode}.txt'), 'w') as f:
         f.write('\n'.join(line.strip() for line in compiled.as_text().splitlines() if _GEMM_LINE.search(line)) + '\n')
       seconds = _median_seconds(lambda: jax.block_until_ready(compiled(images, weights)), settings)
       tflops = factor * direct_flops(layer, batch) / seconds / 1e12
@@ -185,21 +203,26 @@ def variant_flags(variant: str, out: str, autotune_dir: str, slug: str) -> list:
   return flags
 
 
-def run_variant(args, variant: str, budget_s: float, slug: str):
+# A child still running this long past its deadline is stopped (its rows so far are kept).
+GRACE_S = 15.0
+
+
+def run_variant(args, variant: str, deadline: float, slug: str):
   """(rows, peaks, note): one variant's child, its rows as they were printed."""
   flags = variant_flags(variant, args.out, args.autotune_dir, slug)
   env = dict(os.environ, XLA_FLAGS=' '.join(filter(None, [os.environ.get('XLA_FLAGS', '')] + flags)))
   command = [sys.executable, os.path.abspath(__file__), '--child', f'--variant={variant}', f'--out={args.out}',
-             f'--budget_s={budget_s}'] + (['--smoke'] if args.smoke else [])
+             f'--deadline={deadline}'] + (['--smoke'] if args.smoke else [])
   rows, peaks, note = [], None, ''
+  timeout = max(deadline - time.time(), 0.0) + GRACE_S
   try:
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=budget_s + 120, cwd=ROOT)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     output, status = done.stdout, done.returncode
     if status:
       note = f'exit {status}: ' + (done.stderr.strip().splitlines() or [''])[-1][:300]
   except subprocess.TimeoutExpired as e:
     output = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or '')
-    note = f'stopped after {budget_s + 120:.0f} s'
+    note = f'stopped after {timeout:.0f} s'
   for line in output.splitlines():
     if line.startswith(ROW_MARK):
       rows.append(dict(json.loads(line[len(ROW_MARK):]), flags=flags))
@@ -238,12 +261,13 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--out', required=True, help='the folder of speed.json, speed.md, hlo/, autotune/')
   parser.add_argument('--smoke', action='store_true', help='a small layer and batch, two variants: the code path')
-  parser.add_argument('--budget_s', type=float, default=0.0, help='time budget (default 180 s; smoke 60 s)')
+  parser.add_argument('--budget_s', type=float, default=0.0, help='time budget (default 150 s; smoke 60 s)')
   parser.add_argument('--variants', default='', help='comma-separated GEMM variants (default: the settings\')')
   parser.add_argument('--autotune_dir', default=os.path.join(ROOT, 'benchmarks', 'results', 'autotune'),
                       help='committed autotuning results, DEVICE-VARIANT.textproto, loaded when present')
   parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--variant', default='default', help=argparse.SUPPRESS)
+  parser.add_argument('--deadline', type=float, default=0.0, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.budget_s < 0:
     parser.error('--budget_s must be >= 0')
@@ -260,12 +284,12 @@ def main(argv=None) -> int:
   slug = device_slug()
   report = {'date': time.strftime('%Y-%m-%d'), 'smoke': args.smoke, 'layer': settings['layer'], 'rows': [],
             'peaks': {}, 'notes': {}, 'device': '', 'backend': '', 'device_slug': slug}
-  shares = {v: settings['shares'].get(v, 1.0 / len(variants)) for v in variants}
+  shares = {v: settings['shares'].get(v, settings['shares_named']) for v in variants}
   for index, variant in enumerate(variants):
     left = args.budget_s - (time.time() - started)
     # This variant's share of what is left (the later ones' shares wait for them).
-    budget = max(left * shares[variant] / sum(shares[v] for v in variants[index:]), 0.0)
-    rows, peaks, note = run_variant(args, variant, budget, slug)
+    share = max(left * shares[variant] / sum(shares[v] for v in variants[index:]), 0.0)
+    rows, peaks, note = run_variant(args, variant, time.time() + share, slug)
     report['rows'] += rows
     report['peaks'][variant] = peaks
     if peaks:

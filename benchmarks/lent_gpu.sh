@@ -3,7 +3,7 @@
 # repository root; on the device machine through the device tool, with `.carry` carried.
 #
 #   bash benchmarks/lent_gpu.sh carry                 # HERE, once: fill .carry (git-ignored)
-#   bash benchmarks/lent_gpu.sh speed [--smoke]       # call 1 (≤ 5 min): the environment, then
+#   bash benchmarks/lent_gpu.sh speed [--smoke]       # call 1 (≤ 6 min): the environment, then
 #                                                     # gpu_speed.py (the primary convolution) and
 #                                                     # the steps and peers (device_report.py --only)
 #   bash benchmarks/lent_gpu.sh report [FLAGS]        # benchmarks/device_report.py, every row
@@ -65,8 +65,10 @@ case "${1:-}" in
     check_environment
     # The primary convolution alone (its own budget), then the whole steps in each
     # formulation, the 3-seed vmapped step and the peer's torch.compile rows (theirs).
-    conv=(--budget_s 180)
-    steps=(--budget_s 100 --only 'capsjax (patches|xla|space_to_depth) (float32|bfloat16) unrolled|capsjax mnist_seeds|peer compile')
+    # In priority order (device_report.plan): the table's own variant (space_to_depth
+    # bfloat16 unrolled on a GPU), the peer's torch.compile rows, then the rest.
+    conv=(--budget_s 140)
+    steps=(--budget_s 200 --only 'capsjax (patches|space_to_depth) (float32|bfloat16) unrolled|capsjax mnist_seeds|peer compile')
     if [ "${1:-}" = --smoke ]; then   # the CPU rehearsal (tests/test_gpu_readiness.py): the same
       conv=(--smoke)                  # commands, small; every cell of the report's smoke
       steps=(--smoke --budget_s 400)

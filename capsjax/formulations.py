@@ -1,7 +1,7 @@
 """Which formulation of the same math runs on which backend: one table, from measurements.
 
-A model option set to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`) resolves
-here, by the backend JAX runs on. Every entry names the measurement behind it; an entry nobody has measured
+A model option set to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`)
+resolves here, by the backend JAX runs on. Every entry names the measurement behind it; an entry nobody has measured
 says so. `python benchmarks/device_report.py` measures every formulation on a backend in
 one run: change an entry when a report says so, and name that report.
 """
@@ -25,6 +25,9 @@ PATCHES_INFERENCE = ('auto', 'chunked', 'whole_batch')
 # in float32 with float32 outputs (twice XLA:CPU's float32 matmul rate on CPUs with
 # AVX-512 BF16; docs/results.md "CPU speed"). Not the same values: an accuracy choice.
 CONV_INPUTS = ('float32', 'bfloat16')
+# The compute dtype of convolutions and capsule predictions (parameters, routing softmax,
+# squash, losses and the optimizer stay float32).
+DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +132,20 @@ class ConvRule:
     return ('patches', 'kernel_rows', 'fourier')
 
 
+@dataclasses.dataclass(frozen=True)
+class StrideRule:
+  """A table entry decided per layer by its stride: `strided` for a stride above 1, else
+  `unit`. Without a layer: `unit`."""
+  strided: str
+  unit: str
+
+  def pick(self, layer: Optional[ConvLayer]) -> str:
+    return self.strided if layer is not None and layer.stride > 1 else self.unit
+
+  def choices(self) -> tuple:
+    return (self.unit, self.strided)
+
+
 FASTEST = {
     'cpu': {
         # The rule from PrimaryCaps, Conv1 and a 5×5 layer timed in the three forms at batches
@@ -140,14 +157,24 @@ FASTEST = {
         # Rolled and unrolled within the repeats' spread: the design card's rolled loop
         # (docs/results.md, "GPU readiness": routing loop).
         'routing_loop': 'rolled',
+        # bfloat16 outputs take a slow XLA:CPU path (SLOW_CHOICES below).
+        'dtype': 'float32',
     },
     'gpu': {
-        # Each from the H100 device report (docs/results.md, "On an H100, 2026-11-25"):
-        # patches trained faster than XLA's convolution at float32; one whole-batch matmul
-        # infers faster than chunks run one after another; the unrolled loop trains faster.
-        'conv_impl': 'patches',
+        # Strided convolutions as unit-stride ones on pixel blocks: PrimaryCaps alone trained
+        # 1.55x and inferred 2.3x faster than patches at batch 128, faster at 384 and 512 too
+        # (docs/results.md, "The lease's speed call on an H200, 2026-11-26"); a unit-stride
+        # one (conv1) as patches, which trained faster than XLA's convolution in the H100
+        # report (docs/results.md, "On an H100, 2026-11-25").
+        'conv_impl': StrideRule(strided='space_to_depth', unit='patches'),
+        # From the H100 report: one whole-batch matmul infers faster than chunks run one
+        # after another; the unrolled loop trains faster.
         'patches_inference': 'whole_batch',
         'routing_loop': 'unrolled',
+        # 36 000 steps of 3 seeds in bfloat16 ended inside float32's seed spread (0.410 ±
+        # 0.044 % against 0.387 ± 0.050) at 1.4x the images/s (docs/results.md, "MNIST
+        # reproduction").
+        'dtype': 'bfloat16',
     },
     'tpu': {
         # Not measured on a TPU: XLA's own convolution (the TPU's native op).
@@ -156,6 +183,8 @@ FASTEST = {
         'patches_inference': 'chunked',
         # Not measured on a TPU.
         'routing_loop': 'rolled',
+        # Not measured on a TPU.
+        'dtype': 'float32',
     },
 }
 
@@ -180,15 +209,16 @@ def target_backend(backend: str):
 def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLayer] = None) -> str:
   """`value` of model option `option`, with 'auto' replaced by FASTEST[backend][option]
   (backend: JAX's default backend unless given; an unknown backend uses the CPU's entry).
-  An entry decided per layer (ConvRule) reads `layer`, the convolution's shape."""
-  allowed = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS}[option]
+  An entry decided per layer (ConvRule, StrideRule) reads `layer`, the convolution's shape."""
+  allowed = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS,
+             'dtype': DTYPES}[option]
   if value not in allowed:
     raise ValueError(f'{option} must be one of {allowed}, got {value!r}')
   if value != 'auto':
     chosen = value
   else:
     entry = FASTEST.get(backend or _TARGET['backend'] or jax.default_backend(), FASTEST['cpu'])[option]
-    chosen = entry.pick(layer) if isinstance(entry, ConvRule) else entry
+    chosen = entry.pick(layer) if isinstance(entry, (ConvRule, StrideRule)) else entry
   if _TARGET['choices'] is not None:
     _TARGET['choices'].append((option, layer, chosen))
   return chosen
@@ -197,7 +227,7 @@ def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLaye
 def choices(option: str, backend: str = '') -> tuple:
   """Every value 'auto' can resolve to for `option` on `backend` (one, or a rule's two)."""
   entry = FASTEST.get(backend or _TARGET['backend'] or jax.default_backend(), FASTEST['cpu'])[option]
-  return entry.choices() if isinstance(entry, ConvRule) else (entry,)
+  return entry.choices() if isinstance(entry, (ConvRule, StrideRule)) else (entry,)
 
 
 # Explicit choices measured several times slower than another formulation on a backend:

@@ -39,7 +39,6 @@ def longest_capsule_mask(lengths: Array) -> Array:
 
 
 INITS = ('default', 'official')
-DTYPES = ('float32', 'bfloat16', 'float16')
 
 # Keys every family has, declared once for all of them.
 INPUT_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) in (0, 3)
@@ -206,8 +205,8 @@ class CapsNet(nn.Module):
   patches_inference: Annotated[str, PATCHES_INFERENCE] = 'auto'
   routing_loop: Annotated[str, About(one_of(formulations.ROUTING_LOOPS), 'the routing loop rolled or unrolled '
                                      '(same values; auto: faster on the backend)')] = 'auto'
-  dtype: Annotated[str, About(one_of(DTYPES), 'compute dtype of convolutions and predictions (routing, losses '
-                              'and decoder stay float32)')] = 'float32'
+  dtype: Annotated[str, About(one_of(formulations.DTYPES), 'compute dtype of convolutions and predictions '
+                              '(routing, losses and decoder stay float32; auto: bfloat16 on a GPU, else float32)')] = 'auto'
   conv_inputs: Annotated[str, About(one_of(formulations.CONV_INPUTS), "the convolutions' matmul inputs: float32, "
                                     'or bfloat16 accumulated in float32 (faster on AVX-512 BF16 CPUs; not the '
                                     'same values)')] = 'float32'
@@ -246,8 +245,8 @@ class CapsNet(nn.Module):
         raise ValueError(f"CapsNet {key}='auto' must be resolved first (capsjax.assemble.choose_model)")
     inits = initializers(self.init_scheme)
     # The formulation, one object for every layer ('auto' resolves where each is traced).
-    how = formulations.Formulation(self.conv_impl, self.patches_inference, self.conv_inputs, self.routing_loop,
-                                   None if self.dtype is None else jnp.dtype(self.dtype))
+    dtype = None if self.dtype is None else jnp.dtype(formulations.resolve('dtype', self.dtype))
+    how = formulations.Formulation(self.conv_impl, self.patches_inference, self.conv_inputs, self.routing_loop, dtype)
     if self.stem == 'strided':
       self.strided_stem = StridedStem(stem_stages(*self.input_shape[:2]), self.stem_channels, formulation=how,
                                       kernel_init=inits['conv1'], bias_init=inits['bias'])

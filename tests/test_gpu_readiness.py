@@ -53,14 +53,22 @@ def test_capsnet_routing_loop_option_keeps_the_outputs():
 
 
 def test_auto_formulations_come_from_the_one_table():
-  paper_primary = formulations.ConvLayer(20, 20, 256, 256, 9, 2)
+  paper_primary, paper_conv1 = formulations.ConvLayer(20, 20, 256, 256, 9, 2), formulations.ConvLayer(28, 28, 1, 256, 9, 1)
   for backend, entry in formulations.FASTEST.items():
     rule = entry['conv_impl']
-    expected = rule.pick(paper_primary) if isinstance(rule, formulations.ConvRule) else rule
+    expected = rule.pick(paper_primary) if hasattr(rule, 'pick') else rule
     assert formulations.resolve('conv_impl', 'auto', backend, paper_primary) == expected
     assert formulations.resolve('routing_loop', 'auto', backend) == entry['routing_loop']
     assert formulations.resolve('patches_inference', 'auto', backend) == entry['patches_inference']
-  assert formulations.resolve('conv_impl', 'auto', 'gpu') == 'patches'   # FASTEST['gpu'], from the H100 report
+    assert formulations.resolve('dtype', 'auto', backend) == entry['dtype']
+  # FASTEST['gpu'], from the H200 lease of 2026-11-26: strided convolutions as space-to-depth,
+  # unit-stride ones as patches (the H100 report), bfloat16 compute.
+  assert formulations.resolve('conv_impl', 'auto', 'gpu', paper_primary) == 'space_to_depth'
+  assert formulations.resolve('conv_impl', 'auto', 'gpu', paper_conv1) == 'patches'
+  assert formulations.resolve('conv_impl', 'auto', 'gpu') == 'patches'   # without a layer: the unit-stride choice
+  assert formulations.choices('conv_impl', 'gpu') == ('patches', 'space_to_depth')
+  assert (formulations.resolve('dtype', 'auto', 'gpu'), formulations.resolve('dtype', 'auto', 'cpu')) == (
+      'bfloat16', 'float32')
   assert formulations.resolve('routing_loop', 'unrolled', 'cpu') == 'unrolled'   # explicit values stay
   assert ops.resolve_conv_impl('auto', paper_primary) == formulations.resolve('conv_impl', 'auto', layer=paper_primary)
   with pytest.raises(ValueError, match='routing_loop must be one of'):
@@ -96,7 +104,7 @@ def test_the_lease_s_speed_call_runs_every_row_on_the_cpu(tmp_path):
                    for dtype in ('float32', 'bfloat16')} | {('no_triton_gemm', 'patches', 'float32')}, speed
   for row in speed['rows']:
     assert row['train']['tflops'] > 0 and 0 < row['infer']['share_of_peak']
-    assert (tmp_path / 'speed' / 'hlo' / row['variant'] / f'{row["cell"]}-train.txt').stat().st_size > 0
+    assert (tmp_path / 'speed' / 'hlo' / f'{row["variant"]}-{row["cell"]}-train.txt').stat().st_size > 0
   assert '| default | space_to_depth | float32 | 4 |' in (tmp_path / 'speed' / 'speed.md').read_text()
   last = done.stdout.strip().splitlines()[-1]
   assert last.startswith('device_report duration_s=') and 'skipped=0' in last, done.stdout[-3000:]
