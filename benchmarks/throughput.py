@@ -118,7 +118,7 @@ def main():
   parser.add_argument('--steps', type=int, default=8, help='timed steps after a warm-up')
   parser.add_argument('--experiment', default='mnist', help='config module in experiments/')
   parser.add_argument('--conv_impl', default='auto', choices=list(formulations.CONV_IMPLS))
-  parser.add_argument('--dtype', default='float32', help='model compute dtype (bfloat16 for GPU/TPU)')
+  parser.add_argument('--dtype', default='auto', help="model compute dtype (auto: the backend's, capsjax.formulations)")
   parser.add_argument('--patches_inference', default='auto', choices=['auto', 'chunked', 'whole_batch'])
   parser.add_argument('--conv_inputs', default='float32', choices=['float32', 'bfloat16'],
                       help="the convolutions' matmul inputs (bfloat16: accumulated in float32)")

@@ -86,10 +86,14 @@ class Run:
     if self.num_members is None:
       average = (f'; moving average: accuracy {metrics["ema_accuracy"]:.4f} (error {100 * metrics["ema_error"]:.2f}%)'
                  if 'ema_accuracy' in metrics else '')
-      return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%){average}'
+      shifted = (f'; shift-averaged error {100 * metrics["shift_averaged_error"]:.2f}%'
+                 if 'shift_averaged_error' in metrics else '')
+      return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%){average}{shifted}'
     combined = (f', summed as one ensemble {metrics["ensemble_accuracy"]:.4f}'
                 if 'ensemble_accuracy' in metrics else '')
-    return f'accuracy per member {self.describe(metrics["accuracy"])}{combined}'
+    shifted = (f'; shift-averaged error per member {self.describe(metrics["shift_averaged_error"])}'
+               if 'shift_averaged_error' in metrics else '')
+    return f'accuracy per member {self.describe(metrics["accuracy"])}{combined}{shifted}'
 
 
 class Hook:

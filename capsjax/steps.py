@@ -184,14 +184,26 @@ def make_train_step(objective, model, optimizer, pipeline, seed: int, ensemble: 
   return jax.jit(step, donate_argnums=(0,), **shardings)
 
 
-def make_eval_step(objective, model, pipeline, ensemble: bool = False):
+def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_averaging: int = 0):
   """Sums over one padded batch: correct examples, correct digits, loss, count; per member
   for an ensemble, plus `ensemble_correct`: the ensemble's prediction is the class with
-  the largest score summed over the members (for CapsNets, the summed capsule lengths)."""
+  the largest score summed over the members (for CapsNets, the summed capsule lengths).
+  With `shift_averaging` = s > 0 also `shift_correct` (and `shift_ensemble_correct`):
+  the class scores averaged over the (2s + 1)² views of each image shifted by every
+  (dy, dx) in [-s, s]² with zero fill (test-time augmentation; the choice of model never
+  reads it)."""
 
   def member_outputs(params, batch, knobs):
     per_example, scores, _ = objective(model, params, batch, False, knobs)
     return per_example, scores
+
+  def shift_averaged_scores(params, batch, knobs):
+    # The views by static slices (a traced offset's dynamic slice inside the loop failed
+    # XLA:CPU's code generation, jax 0.10.2), the model run on one view at a time
+    # (lax.map): traced once, the memory of one evaluation batch.
+    views = shifted_views(batch['images'], shift_averaging)                  # [views, batch, h, w, c]
+    view_scores = lambda images: member_outputs(params, dict(batch, images=images), knobs)[1]
+    return jnp.mean(jax.lax.map(view_scores, views), axis=0)                 # [batch, classes]
 
   def eval_step(params, source, host_batch, weights, knobs=None):
     batch = pipeline.device_batch(source, host_batch, None)
@@ -199,18 +211,38 @@ def make_eval_step(objective, model, pipeline, ensemble: bool = False):
     if not ensemble:
       per_example, scores = member_outputs(params, batch, knobs)            # [batch], [batch, classes]
       correct, digits_correct = top_k_correct(scores, labels)
-      return {'correct': jnp.sum(correct * weights), 'digits_correct': jnp.sum(digits_correct * weights),
+      sums = {'correct': jnp.sum(correct * weights), 'digits_correct': jnp.sum(digits_correct * weights),
               'loss': jnp.sum(per_example * weights), 'count': jnp.sum(weights)}
+      if shift_averaging:
+        shift_correct, _ = top_k_correct(shift_averaged_scores(params, batch, knobs), labels)
+        sums['shift_correct'] = jnp.sum(shift_correct * weights)
+      return sums
     # Every member sees the same test batch.            # [members, batch], [members, batch, classes]
     per_example, scores = jax.vmap(member_outputs, in_axes=(0, None, 0))(params, batch, knobs)
     correct, digits_correct = jax.vmap(top_k_correct, in_axes=(0, None))(scores, labels)
     ensemble_correct, _ = top_k_correct(jnp.sum(scores, axis=0), labels)
     members = scores.shape[0]
-    return {'correct': jnp.sum(correct * weights, -1), 'digits_correct': jnp.sum(digits_correct * weights, -1),
+    sums = {'correct': jnp.sum(correct * weights, -1), 'digits_correct': jnp.sum(digits_correct * weights, -1),
             'loss': jnp.sum(per_example * weights, -1), 'count': jnp.full((members,), jnp.sum(weights)),
             'ensemble_correct': jnp.sum(ensemble_correct * weights)}
+    if shift_averaging:                                  # [members, batch, classes]
+      averaged = jax.vmap(shift_averaged_scores, in_axes=(0, None, 0))(params, batch, knobs)
+      shift_correct, _ = jax.vmap(top_k_correct, in_axes=(0, None))(averaged, labels)
+      shift_ensemble_correct, _ = top_k_correct(jnp.sum(averaged, axis=0), labels)
+      sums.update(shift_correct=jnp.sum(shift_correct * weights, -1),
+                  shift_ensemble_correct=jnp.sum(shift_ensemble_correct * weights))
+    return sums
 
   return jax.jit(eval_step)   # shardings follow the (global) arguments
+
+
+def shifted_views(images, max_shift: int):
+  """Images [batch, h, w, c] → [(2s + 1)², batch, h, w, c]: the content moved by every
+  (dy, dx) in [-s, s]², zero fill (dy-major)."""
+  _, height, width, _ = images.shape
+  padded = jnp.pad(images, ((0, 0), (max_shift, max_shift), (max_shift, max_shift), (0, 0)))
+  return jnp.stack([padded[:, max_shift - dy:max_shift - dy + height, max_shift - dx:max_shift - dx + width]
+                    for dy in range(-max_shift, max_shift + 1) for dx in range(-max_shift, max_shift + 1)])
 
 
 def eval_batches(pipeline, batch_size: int, mesh):
@@ -249,6 +281,10 @@ def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None
   if 'ensemble_correct' in totals:   # the members' summed scores as one classifier
     metrics['ensemble_accuracy'] = totals['ensemble_correct'] / count[0]
     metrics['ensemble_error'] = 1.0 - metrics['ensemble_accuracy']
+  if 'shift_correct' in totals:      # config.eval_shift_averaging: the shifted views' mean scores
+    metrics['shift_averaged_error'] = 1.0 - totals['shift_correct'] / count
+  if 'shift_ensemble_correct' in totals:
+    metrics['shift_averaged_ensemble_error'] = 1.0 - totals['shift_ensemble_correct'] / count[0]
   return {name: value.tolist() for name, value in metrics.items()}
 
 

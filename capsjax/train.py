@@ -126,7 +126,8 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
   train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh,
                                      config.get('ema_decay', 0.0))
-  eval_step = steps.make_eval_step(objective, model, test, ensemble)
+  shifts = config.get('eval_shift_averaging', 0)
+  eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts)
   train_source = sharding.replicate(train.source, mesh)
   test_source = sharding.replicate(test.source, mesh)
   rows = sharding.process_rows(config.batch_size)   # this process reads only these rows
@@ -147,7 +148,7 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
 
   validate = None
   if validation is not None:
-    validation_step = steps.make_eval_step(objective, model, validation, ensemble)
+    validation_step = steps.make_eval_step(objective, model, validation, ensemble, shifts)
     validation_source = sharding.replicate(validation.source, mesh)
     validate = lambda params, should_stop=None: steps.evaluate(
         validation_step, params, validation, config.eval_batch_size, knobs, mesh, validation_source, should_stop)
@@ -195,6 +196,9 @@ declare('log_every_seconds', 15.0, number_in(0, 86400), 'a progress line and a m
 declare('eval_every_steps', 468, int_at_least(0), 'evaluate every N steps (0: only at the end; 468: one epoch of '
         '60 000 // 128)')
 declare('eval_batch_size', 500, int_in(1, MAX_EVAL_BATCH_SIZE), 'examples per evaluation batch')
+declare('eval_shift_averaging', 0, int_in(0, 4), 'also evaluate with class scores averaged over each image '
+        'shifted by every (dy, dx) within ± this many pixels (0: off): shift_averaged_error on validation and test, '
+        'never used to choose')
 declare('checkpoint_every_steps', 468, int_at_least(1), 'save a checkpoint every N steps')
 declare('keep_checkpoints', 3, int_at_least(1), 'checkpoints kept in the workdir')
 declare('checkpoint_every_secs', 600.0, number_in(0, math.inf), 'also save every N seconds of wall time (0: off)')
@@ -395,6 +399,11 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
                      train.num_examples, test.num_examples)
   if 'ensemble_error' in run.last_eval:
     results['ensemble_test_error'] = run.last_eval['ensemble_error']
+  for name in ('shift_averaged_error', 'shift_averaged_ensemble_error'):   # config.eval_shift_averaging
+    if name in run.last_eval:
+      results[f'test_{name}'] = run.last_eval[name]
+    if validation is not None and name in run.last_validation:
+      results[f'validation_{name}'] = run.last_validation[name]
   if 'ema_error' in run.last_eval:   # the parameters' moving average, evaluated beside them
     results['ema_test_error'] = run.last_eval['ema_error']
   if validation is not None and 'ema_error' in run.last_validation:

@@ -350,6 +350,40 @@ def test_an_evaluation_that_fails_never_loses_the_steps_before_it(tmp_path):
   assert len(checkpoints.saved) == 1
 
 
+def test_shift_averaging_matches_a_plain_reference_per_member_and_summed():
+  # A linear classifier on 6×6 images: the evaluation's shift-averaged count against the
+  # views written here with np.pad (zero fill) and summed scores, per member and as one.
+  rng = np.random.default_rng(0)
+  images = rng.random((7, 6, 6, 1)).astype(np.float32)
+  labels = rng.integers(0, 3, 7)
+  weights = rng.normal(size=(2, 36, 3)).astype(np.float32)   # two members
+
+  def objective(model, params, batch, training, knobs):
+    scores = batch['images'].reshape(len(batch['images']), -1) @ params
+    return jnp.zeros(len(scores)), scores, {}
+
+  pipeline = SimpleNamespace(source=None, eval_batches=lambda size: iter([((images, labels), np.ones(7))]),
+                             device_batch=lambda source, batch, key: {'images': batch[0], 'labels': batch[1]})
+
+  def view(dy, dx):
+    padded = np.pad(images, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    return padded[:, 1 - dy:7 - dy, 1 - dx:7 - dx].reshape(7, -1)   # content moved by (dy, dx)
+  averaged = np.mean([view(dy, dx) @ weights for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=0)  # [2, 7, 3]
+  expected = [1 - np.mean(np.argmax(member, -1) == labels) for member in averaged]
+  eval_step = steps.make_eval_step(objective, None, pipeline, ensemble=True, shift_averaging=1)
+  found = steps.evaluate(eval_step, jnp.asarray(weights), pipeline, 7, knobs=jnp.zeros(2))
+  np.testing.assert_allclose(found['shift_averaged_error'], expected)
+  assert found['shift_averaged_ensemble_error'] == pytest.approx(1 - np.mean(np.argmax(averaged.sum(0), -1) == labels))
+  plain = [1 - np.mean(np.argmax(images.reshape(7, -1) @ w, -1) == labels) for w in weights]
+  np.testing.assert_allclose(found['error'], plain)
+  assert np.asarray(found['shift_averaged_error']).tolist() != plain   # the views changed some answers
+  single = steps.evaluate(steps.make_eval_step(objective, None, pipeline, shift_averaging=1), jnp.asarray(weights[0]),
+                          pipeline, 7)
+  assert single['shift_averaged_error'] == pytest.approx(expected[0])
+  assert 'shift_averaged_error' not in steps.evaluate(steps.make_eval_step(objective, None, pipeline),
+                                                      jnp.asarray(weights[0]), pipeline, 7)
+
+
 def test_a_stop_request_ends_an_evaluation_between_its_batches(tmp_path):
   calls = []
 

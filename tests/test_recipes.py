@@ -164,11 +164,16 @@ def test_seed_groups_mean_and_sample_std():
 
 def test_seeds_with_validation_train_as_one_program_and_report_mean_std(mnist_dir, tmp_path, capsys):
   # keep_checkpoints=1: the latest checkpoint, and each member's best validation step's
-  config = tiny_config(mnist_dir, num_steps=6, eval_every_steps=3, validation_examples=200, keep_checkpoints=1)
+  # and test-time shift averaging (±1 px) reported on both splits, per member and summed.
+  config = tiny_config(mnist_dir, num_steps=6, eval_every_steps=3, validation_examples=200, keep_checkpoints=1,
+                       eval_shift_averaging=1)
   config.ensemble = ml_collections.ConfigDict(dict(seeds=(0, 1)))
   workdir = str(tmp_path / 'run')
   results = train.train_and_evaluate(config, workdir)
   assert len(results['test_error']) == 2 and len(results['validation_error']) == 2
+  for split in ('test', 'validation'):
+    assert len(results[f'{split}_shift_averaged_error']) == 2 and 0 <= results[f'{split}_shift_averaged_error'][0] <= 1
+    assert 0 <= results[f'{split}_shift_averaged_ensemble_error'] <= 1
   assert results['num_validation_examples'] == 200
   selected = results['selected_by_validation']
   assert all(step in (3, 6) for step in selected['step'])
