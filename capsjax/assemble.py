@@ -11,7 +11,7 @@ import jax
 import ml_collections
 import optax
 
-from capsjax import evaluators, memory, sizing, steps
+from capsjax import ensembles, evaluators, losses, memory, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
 from capsjax.data.images import DEFAULT_BACKGROUND
@@ -54,16 +54,21 @@ def total_steps(config, num_train_examples: int) -> int:
 
 def members(config) -> Optional[List[Dict[str, Any]]]:
   """The members of config.ensemble as dicts (seed, routing_iterations,
-  reconstruction_weight), or None for a single run.
+  reconstruction_weight; a recipe member also its name and RECIPE_KEYS' fields), or None
+  for a single run.
 
   config.ensemble holds tuples `seeds`, `routing_iterations`, `reconstruction_weights`;
-  the members are their product (an empty tuple = the config's own value).
+  the members are their product (an empty tuple = the config's own value). With
+  `recipes`, the members are recipes × seeds (capsjax.ensembles).
   """
   spec = config.ensemble
   if not spec:
     return None
   seeds = tuple(spec.get('seeds') or (config.seed,))
   knobs = OBJECTIVES[config.loss.name].knobs   # what the objective reads per member
+  recipe_list = ensembles.recipes(config)
+  if recipe_list:
+    return [_recipe_member(config, name, recipe, int(seed), knobs) for name, recipe in recipe_list for seed in seeds]
   iterations = tuple(spec.get('routing_iterations') or ()) or (
       (config.model.routing_iterations,) if 'routing_iterations' in knobs else (0,))
   weights = tuple(spec.get('reconstruction_weights') or ()) or (
@@ -75,6 +80,20 @@ def members(config) -> Optional[List[Dict[str, Any]]]:
           for r in iterations for w in weights for s in seeds]
 
 
+def _recipe_member(config, name: str, recipe, seed: int, knobs) -> Dict[str, Any]:
+  fields = ensembles.recipe_fields(recipe)
+  if 'routing_iterations' in knobs and fields['routing_iterations'] > config.model.routing_iterations:
+    raise ConfigError(f'config.ensemble.recipes {name!r}: model.routing_iterations={fields["routing_iterations"]} '
+                      f'exceeds the program\'s model.routing_iterations={config.model.routing_iterations} '
+                      '(the bound of the shared model)')
+  fields['routing_iterations'] = int(fields['routing_iterations']) if 'routing_iterations' in knobs else 0
+  fields['reconstruction_weight'] = float(fields['reconstruction_weight'] or 0.0) if (
+      'reconstruction_weight' in knobs) else 0.0
+  reduction = fields['margin_reduction'] or 'sum'   # (objectives without a margin loss ignore it)
+  fields['margin_scale'] = losses.margin_reduction_scale(reduction, int(config.model.num_classes))
+  return dict(recipe=name, seed=seed, **fields)
+
+
 def member_seeds(config) -> Optional[List[int]]:
   listed = members(config)
   return None if listed is None else [member['seed'] for member in listed]
@@ -82,8 +101,10 @@ def member_seeds(config) -> Optional[List[int]]:
 
 def initial_state(config, model_module, optimizer_transform):
   """The fresh state (stacked over the members of an ensemble)."""
+  listed = members(config) or []
+  ema = bool(config.get('ema_decay')) or any(member.get('ema_decay') for member in listed)
   return steps.initial_state(model_module, optimizer_transform, config.model.input_shape, config.seed,
-                             member_seeds(config), ema=bool(config.get('ema_decay')))
+                             member_seeds(config), ema=ema)
 
 
 def has_decoder(config) -> bool:
@@ -143,7 +164,12 @@ def task(config) -> Task:
   if config.task not in TASKS:
     raise ConfigError(f'config.task={config.task!r}: allowed one of {", ".join(TASKS)}')
   cls = TASKS.get(config.task)
-  return cls(**task_options(config, cls.keys))
+  options = task_options(config, cls.keys)
+  listed = members(config) if config.get('ensemble') else None
+  if listed and 'recipe' in listed[0] and options.get('augment') is not None:
+    # The parts any recipe member runs; each member's strengths are its knobs.
+    options['augment'] = ensembles.strongest_augmentation(listed, options['augment'])
+  return cls(**options)
 
 
 def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]]:

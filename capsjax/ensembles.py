@@ -1,25 +1,163 @@
 """Ensembles: several configurations trained as one vmapped program.
 
-The members (capsjax.assemble.members: the product of config.ensemble's seeds, routing
-iterations and reconstruction weights) become traced knobs here; a run without an
-ensemble uses the model's and the objective's own static values.
-"""
-import jax.numpy as jnp
+The members (capsjax.assemble.members) are the product of config.ensemble's seeds,
+routing iterations and reconstruction weights, or, with `ensemble.recipes`, of named
+recipes and the seeds. Whatever differs between members becomes a traced knob here
+(`member_knobs`); a run without an ensemble uses the model's and the objective's own
+static values.
 
+A recipe is 'NAME: key=value, key=value' as a sweep variant is (config.sweep.variants),
+limited to the keys one program can vary per member (RECIPE_KEYS: the learning rate and
+its schedule, weight decay, the parameter average, the loss's reduction and
+reconstruction weight, the routing iterations, the augmentation strengths). Anything
+else stays a sweep variant: one training per variant.
+"""
+import ast
+from typing import Any, Dict, List, Tuple
+
+import jax.numpy as jnp
+import ml_collections
+
+from capsjax.errors import ConfigError
 from capsjax.keys import Rule, declare, ints_at_least, numbers_at_least
 
 # None: a single run. The members are the product of the tuples (capsjax.assemble.members;
 # an empty tuple = the config's own value).
 declare('ensemble', None, Rule(lambda v: v is None or hasattr(v, 'keys'), 'a dict, or None'),
-        'several configurations as one vmapped program: seeds × routing_iterations × reconstruction_weights')
+        'several configurations as one vmapped program: seeds × routing_iterations × reconstruction_weights, '
+        'or recipes × seeds')
 declare('ensemble.seeds', (), ints_at_least(0), 'ensemble members: one per seed', in_base=False)
 declare('ensemble.routing_iterations', (), ints_at_least(1), 'ensemble members: routing iterations each (at most '
         'model.routing_iterations)', in_base=False)
 declare('ensemble.reconstruction_weights', (), numbers_at_least(0), 'ensemble members: reconstruction loss weights',
         in_base=False)
+declare('ensemble.recipes', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v),
+                                     "a tuple of 'NAME: key=value, …' strings"),
+        "ensemble members: named recipes, 'NAME: key=value, …' over the config (keys of ensembles.RECIPE_KEYS), "
+        'each trained with every seed', in_base=False)
+
+# The config keys a recipe may set, as the member's field each becomes: what one program
+# varies per member (traced in the step). The loss's reduction becomes a scale of the
+# summed margin loss; the schedule's kind an index into steps.SCHEDULES.
+RECIPE_KEYS = {
+    'learning_rate': 'learning_rate', 'lr_schedule': 'lr_schedule', 'lr_decay_rate': 'lr_decay_rate',
+    'lr_decay_steps': 'lr_decay_steps', 'lr_staircase': 'lr_staircase', 'lr_min': 'lr_min',
+    'warmup_steps': 'warmup_steps', 'weight_decay': 'weight_decay', 'ema_decay': 'ema_decay',
+    'loss.reconstruction_weight': 'reconstruction_weight', 'loss.margin_reduction': 'margin_reduction',
+    'model.routing_iterations': 'routing_iterations',
+    **{f'augment.{key}': f'augment.{key}' for key in ('rotation', 'scale', 'shear', 'rotation_std', 'margin_shift',
+                                                      'squish', 'erase', 'elastic_alpha')},
+}
+# The member fields that are numbers in the step (the rest: the schedule's and the
+# reduction's names, turned into numbers by member_knobs).
+_SCHEDULE_FIELDS = ('learning_rate', 'lr_decay_rate', 'lr_decay_steps', 'lr_min', 'warmup_steps', 'weight_decay',
+                    'ema_decay')
+
+
+def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
+  """'name: a=1, b.c=2e-3' → ('name', {'a': 1, 'b.c': 0.002})."""
+  name, _, assignments = spec.partition(':')
+  name = name.strip()
+  if not name or not name.replace('_', '').replace('-', '').replace('.', '').isalnum():
+    raise ConfigError(f'variant {spec!r}: the name before ":" must be a plain word')
+  overrides = {}
+  for assignment in filter(None, (a.strip() for a in assignments.split(','))):
+    key, equals, value = assignment.partition('=')
+    if not equals:
+      raise ConfigError(f'variant {name!r}: expected key=value, got {assignment!r}')
+    try:
+      overrides[key.strip()] = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+      raise ConfigError(f'variant {name!r}: {value.strip()!r} is not a Python literal') from None
+  return name, overrides
+
+
+def overridden(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of `config` with `overrides` (dotted key → value) set; unknown keys refused."""
+  variant = ml_collections.ConfigDict(config.to_dict())
+  for key, value in overrides.items():
+    *parents, leaf = key.split('.')
+    node = variant
+    for parent in parents:
+      node = node[parent] if parent in node else None
+      if node is None:
+        raise ConfigError(f'override {key!r}: no such config key')
+    if leaf not in node:
+      raise ConfigError(f'override {key!r}: no such config key')
+    try:
+      node[leaf] = type(node[leaf])(value) if isinstance(node[leaf], float) else value
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f'override {key}={value!r}: {e}') from None
+  return variant
+
+
+def recipes(config) -> List[Tuple[str, ml_collections.ConfigDict]]:
+  """(name, the config with the recipe's overrides) per entry of config.ensemble.recipes
+  (empty without). A key outside RECIPE_KEYS, a repeated name, or recipes beside
+  ensemble.routing_iterations / reconstruction_weights is refused in one line."""
+  spec = config.get('ensemble') or {}
+  entries = tuple(spec.get('recipes') or ())
+  if not entries:
+    return []
+  for other in ('routing_iterations', 'reconstruction_weights'):
+    if spec.get(other):
+      raise ConfigError(f'config.ensemble.{other}: not beside ensemble.recipes (a recipe sets '
+                        f'{"model.routing_iterations" if other == "routing_iterations" else "loss.reconstruction_weight"})')
+  parsed = [parse_variant(entry) for entry in entries]
+  names = [name for name, _ in parsed]
+  repeated = sorted({name for name in names if names.count(name) > 1})
+  if repeated:
+    raise ConfigError(f'config.ensemble.recipes: the name {repeated[0]!r} is given twice')
+  out = []
+  for name, overrides in parsed:
+    fixed = [key for key in overrides if key not in RECIPE_KEYS]
+    if fixed:
+      raise ConfigError(f'config.ensemble.recipes {name!r}: {fixed[0]} cannot differ between the members of one '
+                        f'program (a recipe sets {", ".join(RECIPE_KEYS)}); make it a sweep variant '
+                        '(config.sweep.variants)')
+    out.append((name, overridden(config, overrides)))
+  return out
+
+
+def recipe_fields(recipe_config) -> Dict[str, Any]:
+  """A recipe member's fields (RECIPE_KEYS' names) from its config."""
+  fields = {}
+  for key, field in RECIPE_KEYS.items():
+    node = recipe_config
+    for part in key.split('.'):
+      node = node.get(part) if node is not None else None
+    fields[field] = node
+  fields['lr_staircase'] = bool(fields['lr_staircase'])
+  fields['augment'] = {field.split('.', 1)[1]: float(fields.pop(field) or 0)
+                       for field in [f for f in fields if f.startswith('augment.')]}
+  return fields
+
+
+def strongest_augmentation(members, base: Dict[str, Any]) -> Dict[str, Any]:
+  """config.augment for a pipeline shared by recipe members: each strength the largest any
+  member uses (what parts the step runs; each member's own strengths are its knobs)."""
+  out = dict(base)
+  for key in members[0]['augment']:
+    out[key] = max(member['augment'][key] for member in members)
+  return out
+
 
 def member_knobs(members):
   """Stacked traced hyper-parameters [members] for the vmapped steps."""
-  return {'seed': jnp.asarray([m['seed'] for m in members], jnp.int32),
-          'routing_iterations': jnp.asarray([m['routing_iterations'] for m in members], jnp.int32),
-          'reconstruction_weight': jnp.asarray([m['reconstruction_weight'] for m in members], jnp.float32)}
+  from capsjax import steps  # pylint: disable=g-import-not-at-top  (steps declares its keys after this module's)
+  knobs = {'seed': jnp.asarray([m['seed'] for m in members], jnp.int32),
+           'routing_iterations': jnp.asarray([m['routing_iterations'] for m in members], jnp.int32),
+           'reconstruction_weight': jnp.asarray([m['reconstruction_weight'] for m in members], jnp.float32)}
+  if 'recipe' not in members[0]:
+    return knobs
+  stacked = lambda field, dtype=jnp.float32: jnp.asarray([m[field] for m in members], dtype)
+  knobs.update({field: stacked(field) for field in _SCHEDULE_FIELDS})
+  knobs['lr_schedule'] = jnp.asarray([steps.SCHEDULES.index(m['lr_schedule']) for m in members], jnp.int32)
+  knobs['lr_staircase'] = stacked('lr_staircase', jnp.bool_)
+  knobs['margin_scale'] = stacked('margin_scale')
+  if any(any(m['augment'].values()) for m in members):   # else the pipeline runs no augmentation
+    knobs['augment'] = {key: jnp.asarray([m['augment'][key] for m in members], jnp.float32)
+                        for key in members[0]['augment']}
+  return knobs
+
+

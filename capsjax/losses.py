@@ -38,6 +38,14 @@ def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: fl
   return jnp.sum(per_class, axis=-1)
 
 
+def margin_reduction_scale(reduction: str, num_classes: int) -> float:
+  """The factor that turns the summed margin loss into `reduction`'s (1 for 'sum'; for
+  'official' 0.5 × mean = sum / (2 · classes))."""
+  if reduction not in MARGIN_REDUCTIONS:
+    raise ValueError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
+  return 1.0 if reduction == 'sum' else 0.5 / num_classes
+
+
 def reconstruction_loss(reconstructions: Array, images: Array) -> Array:
   """Sum of squared pixel differences per example (section 4.1), [batch, ...] → [batch].
 

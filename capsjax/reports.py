@@ -49,21 +49,29 @@ def select_by_validation(rows: Sequence[Dict[str, Any]]) -> Optional[Dict[str, A
 
 
 def seed_groups(members: Optional[List[Dict[str, Any]]], values) -> List[Dict[str, Any]]:
-  """Per-member `values` grouped by everything but the seed (routing iterations,
-  reconstruction weight): [{routing_iterations, reconstruction_weight, seeds, values,
-  mean, std}]. A single run (members None) is one group of one."""
+  """Per-member `values` grouped by everything but the seed (the recipe, or routing
+  iterations and reconstruction weight): [{recipe (recipe members only),
+  routing_iterations, reconstruction_weight, seeds, values, mean, std}], recipes in their
+  config's order. A single run (members None) is one group of one."""
   if members is None:
     return [dict(routing_iterations=None, reconstruction_weight=None, seeds=[None],
                  values=[values], mean=float(values), std=0.0)]
-  groups: Dict[Tuple[int, float], List[Tuple[int, float]]] = {}
+  groups: Dict[Tuple[Any, ...], List[Tuple[int, float]]] = {}
+  first: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
   for member, value in zip(members, values):
-    key = (member['routing_iterations'], member['reconstruction_weight'])
+    key = ((member['recipe'],) if 'recipe' in member else
+           (member['routing_iterations'], member['reconstruction_weight']))
     groups.setdefault(key, []).append((member['seed'], float(value)))
+    first.setdefault(key, member)
   out = []
-  for (iterations, weight), pairs in sorted(groups.items()):
+  for key, pairs in (groups.items() if 'recipe' in members[0] else sorted(groups.items())):
     mean, std = mean_std([v for _, v in pairs])
-    out.append(dict(routing_iterations=iterations, reconstruction_weight=weight,
-                    seeds=[s for s, _ in pairs], values=[v for _, v in pairs], mean=mean, std=std))
+    group = dict(routing_iterations=first[key]['routing_iterations'],
+                 reconstruction_weight=first[key]['reconstruction_weight'],
+                 seeds=[s for s, _ in pairs], values=[v for _, v in pairs], mean=mean, std=std)
+    if 'recipe' in first[key]:
+      group['recipe'] = first[key]['recipe']
+    out.append(group)
   return out
 
 
@@ -84,7 +92,7 @@ def results_table(results: Dict[str, Any]) -> str:
     columns += [('test error at best validation (%)', 'r'), ('per seed', 'l')]
   rows = []
   for k, group in enumerate(final):
-    setting = ('the config' if group['routing_iterations'] is None else
+    setting = ('the config' if group['routing_iterations'] is None else group.get('recipe') or
                f'routing {group["routing_iterations"]}, reconstruction × {group["reconstruction_weight"]:g}')
     row = [setting, ', '.join(str(s) for s in group['seeds'] if s is not None) or str(results['config']['seed']),
            _percent(group), ', '.join(f'{100 * v:.2f}' for v in group['values'])]

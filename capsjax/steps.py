@@ -86,6 +86,35 @@ def learning_rate_schedule(learning_rate: float, decay_steps: int, decay_rate: f
   return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps), decay], [warmup_steps])
 
 
+def member_learning_rate(count, knobs, total_steps: int):
+  """The learning rate at optimizer step `count` of a recipe member (capsjax.ensembles),
+  from its traced knobs: learning_rate_schedule's value for the same settings (tested
+  against it), with the schedule's kind an index into SCHEDULES."""
+  rate, floor, warmup = knobs['learning_rate'], knobs['lr_min'], knobs['warmup_steps']
+  count = jnp.asarray(count, jnp.float32)
+  after = count - warmup                         # the decay's own count (optax.join_schedules)
+  exponent = after / knobs['lr_decay_steps']
+  exponent = jnp.where(knobs['lr_staircase'], jnp.floor(exponent), exponent)
+  exponential = rate * knobs['lr_decay_rate'] ** exponent
+  exponential = jnp.where(floor > 0, jnp.maximum(exponential, floor), exponential)
+  progress = jnp.clip(after / jnp.maximum(total_steps - warmup, 1), 0.0, 1.0)
+  alpha = floor / rate
+  cosine = rate * ((1 - alpha) * 0.5 * (1 + jnp.cos(jnp.pi * progress)) + alpha)
+  linear = (rate - floor) * (1 - progress) + floor
+  kind = knobs['lr_schedule']
+  decayed = jnp.where(kind == SCHEDULES.index('exponential'), exponential,
+                      jnp.where(kind == SCHEDULES.index('cosine'), cosine, linear))
+  warming = rate * count / jnp.maximum(warmup, 1)   # linear from 0 (optax.linear_schedule)
+  return jnp.where(count < warmup, warming, decayed)
+
+
+def member_optimizer(kind: str, clip_norm: float, total_steps: int):
+  """knobs → the optimizer of one recipe member: `kind` on its own learning rate schedule
+  (member_learning_rate) and weight decay; the same state as make_optimizer's."""
+  return lambda knobs: make_optimizer(lambda count: member_learning_rate(count, knobs, total_steps), kind,
+                                      knobs['weight_decay'], clip_norm)
+
+
 def make_optimizer(schedule: optax.Schedule, kind: str = 'adam', weight_decay: float = 0.0,
                    clip_norm: float = 0.0) -> optax.GradientTransformation:
   """`kind` (OPTIMIZERS) on `schedule`; `weight_decay` is AdamW's and Lion's decoupled one;
@@ -128,16 +157,21 @@ def ema_update(average, params, decay: float):
   return jax.tree.map(lambda a, p: decay * a + (1.0 - decay) * p, average, params)
 
 
-def train_step_fn(objective, model, optimizer, pipeline, seed: int, ema_decay: float = 0.0):
+def train_step_fn(objective, model, optimizer, pipeline, seed: int, ema_decay: float = 0.0, member_optimizer=None):
   """The un-jitted step: (state, source, host_batch, knobs) → (state, metrics).
   `objective`: capsjax.objectives.make_objective's; `seed` the run's (an ensemble's
   members carry theirs in the knobs); a state with `ema_params` has them averaged with
-  `ema_decay`."""
+  `ema_decay`. Recipe members (capsjax.ensembles) carry their learning rate schedule and
+  weight decay (`member_optimizer`: knobs → optimizer), EMA decay and augmentation
+  strengths in the knobs."""
 
   def train_step(state: State, source, host_batch, knobs=None):
     member_seed = seed if knobs is None else knobs['seed']
     step_key = jax.random.fold_in(jax.random.key(member_seed), state['step'])
-    batch = pipeline.device_batch(source, host_batch, step_key)
+    if knobs is not None and 'augment' in knobs:
+      batch = pipeline.device_batch(source, host_batch, step_key, augmentation_strengths=knobs['augment'])
+    else:
+      batch = pipeline.device_batch(source, host_batch, step_key)
     # Its own stream: the step key already drew the batch's shifts (or placements).
     batch['dropout_key'] = jax.random.fold_in(step_key, 1)
 
@@ -146,7 +180,8 @@ def train_step_fn(objective, model, optimizer, pipeline, seed: int, ema_decay: f
       return jnp.mean(per_example), (scores, parts)
 
     (loss, (scores, parts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
-    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+    transform = optimizer if member_optimizer is None or knobs is None else member_optimizer(knobs)
+    updates, opt_state = transform.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
     correct, _ = top_k_correct(scores, batch['labels'])
     metrics = {
@@ -159,19 +194,20 @@ def train_step_fn(objective, model, optimizer, pipeline, seed: int, ema_decay: f
     }
     new_state = {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}
     if 'ema_params' in state:
-      new_state['ema_params'] = ema_update(state['ema_params'], params, ema_decay)
+      decay = knobs['ema_decay'] if knobs is not None and 'ema_decay' in knobs else ema_decay
+      new_state['ema_params'] = ema_update(state['ema_params'], params, decay)
     return new_state, metrics
 
   return train_step
 
 
 def make_train_step(objective, model, optimizer, pipeline, seed: int, ensemble: bool = False, mesh=None,
-                    ema_decay: float = 0.0):
+                    ema_decay: float = 0.0, member_optimizer=None):
   """The jitted step; with `ensemble`, vmapped over a leading member axis of
   (state, host_batch, knobs), the data source shared. With `mesh`, state, source and
   knobs are replicated and the batch is split over the mesh's `data` axis (data
   parallelism: XLA inserts the gradient all-reduce)."""
-  step = train_step_fn(objective, model, optimizer, pipeline, seed, ema_decay)
+  step = train_step_fn(objective, model, optimizer, pipeline, seed, ema_decay, member_optimizer)
   if ensemble:
     step = jax.vmap(step, in_axes=(0, None, 0, 0))
   shardings = {}

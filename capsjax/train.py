@@ -119,13 +119,17 @@ class RunSteps:
 
 def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
                   validation: Optional[Pipeline] = None) -> RunSteps:
-  optimizer = assemble.optimizer(config, assemble.total_steps(config, train.num_examples))
+  total_steps = assemble.total_steps(config, train.num_examples)
+  optimizer = assemble.optimizer(config, total_steps)
   objective = assemble.objective(config)
   members = assemble.members(config)
   ensemble = members is not None
   knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
+  # Recipe members: each its own schedule, weight decay, EMA decay (capsjax.ensembles).
+  per_member = steps.member_optimizer(config.get('optimizer', 'adam'), config.get('grad_clip_norm', 0.0),
+                                      total_steps) if ensemble and 'recipe' in members[0] else None
   train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh,
-                                     config.get('ema_decay', 0.0))
+                                     config.get('ema_decay', 0.0), per_member)
   shifts = config.get('eval_shift_averaging', 0)
   eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts)
   train_source = sharding.replicate(train.source, mesh)
@@ -450,8 +454,8 @@ def _results(config, run: hooks_lib.Run, train_metrics, previous: Dict[str, Any]
       'stopped_early': run.stop_reason == 'early' or bool(previous.get('stopped_early') and not trained_now),
       'members': members,
       # Over the seeds of each setting (members differing only in seed), sample std.
-      'test_error_by_setting': [{k: g[k] for k in ('routing_iterations', 'reconstruction_weight', 'seeds',
-                                                   'mean', 'std')}
+      'test_error_by_setting': [{k: g[k] for k in ('recipe', 'routing_iterations', 'reconstruction_weight', 'seeds',
+                                                   'mean', 'std') if k in g}
                                 for g in reports.seed_groups(members, run.last_eval['error'])] if members else None,
       'config': config.to_dict(),
   }

@@ -12,7 +12,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import ml_collections
 
-from capsjax import defaults
+from capsjax import defaults, ensembles
 from capsjax.programs import ablation, affnist, routing_zoo, sweep
 from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
@@ -196,6 +196,28 @@ def problems_of(config) -> List[str]:
     if max(iterations) > config.model.routing_iterations:
       problems.append(f'config.ensemble.routing_iterations={tuple(iterations)!r}: allowed at most '
                       f'model.routing_iterations={config.model.routing_iterations} each')
+  found, recipes = _get(config, 'ensemble.recipes')
+  if found and recipes:
+    problems.extend(_recipe_problems(config))
+  return problems
+
+
+def _recipe_problems(config) -> List[str]:
+  """Each recipe of config.ensemble.recipes checked as the config it makes (one line per
+  rule broken, naming the recipe); its routing iterations bounded by the shared model's."""
+  try:
+    listed = ensembles.recipes(config)
+  except ConfigError as e:
+    return [str(e)]
+  problems = []
+  for name, recipe in listed:
+    recipe.ensemble.recipes = ()
+    problems += [f'config.ensemble.recipes {name!r}: ' + line.removeprefix('config.') for line in problems_of(recipe)]
+    iterations = recipe.model.get('routing_iterations')
+    if iterations is not None and iterations > config.model.get('routing_iterations', iterations):
+      problems.append(f'config.ensemble.recipes {name!r}: model.routing_iterations={iterations} exceeds the '
+                      f"program's model.routing_iterations={config.model.routing_iterations} (the shared model's "
+                      'bound)')
   return problems
 
 

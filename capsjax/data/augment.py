@@ -192,8 +192,9 @@ def random_squish(images: Array, key: Array, most: int) -> Array:
   """Each image [batch, h, w, c] squeezed horizontally by a whole number of pixels drawn
   from 1 … `most`, about its centre (bilinear, zero fill)."""
   batch, _, width, _ = images.shape
+  most = jnp.asarray(most, jnp.int32)
   pixels = jax.random.randint(key, (batch,), 1, most + 1).astype(jnp.float32)
-  factors = (width - pixels) / width
+  factors = jnp.where(most >= 1, (width - pixels) / width, 1.0)   # a traced 0 (a recipe member): unchanged
 
   def squish(image, factor):
     matrix = affine.affine_matrix(jnp.zeros(()), jnp.zeros(()), factor, jnp.ones(()))
@@ -204,6 +205,7 @@ def random_squish(images: Array, key: Array, most: int) -> Array:
 def random_erase(images: Array, key: Array, side: int) -> Array:
   """One side × side square of each image [batch, h, w, c] set to 0 at a random position."""
   batch, height, width, _ = images.shape
+  side = jnp.asarray(side, jnp.int32)
   tops = jax.random.randint(jax.random.fold_in(key, 0), (batch, 1, 1), 0, height - side + 1)
   lefts = jax.random.randint(jax.random.fold_in(key, 1), (batch, 1, 1), 0, width - side + 1)
   rows, columns = jnp.arange(height)[None, :, None], jnp.arange(width)[None, None, :]
@@ -211,24 +213,27 @@ def random_erase(images: Array, key: Array, side: int) -> Array:
   return jnp.where(inside[..., None], 0.0, images)
 
 
-def augment(images: Array, key: Array, options: Dict[str, Any]) -> Array:
+def augment(images: Array, key: Array, options: Dict[str, Any], strengths: Optional[Dict[str, Any]] = None) -> Array:
   """`options` (config.augment) applied to a training batch: Byerly et al.'s normal
   rotation and squish, the affine part, the elastic part, the shift within the ink's
-  margin, then the erased square; a part whose size is 0 is skipped."""
+  margin, then the erased square; a part whose size is 0 is skipped. `strengths`: traced
+  sizes of a recipe member (capsjax.ensembles) used in place of `options`' in the parts
+  `options` runs (a member's 0 leaves its images as they are, up to interpolation)."""
+  value = options if strengths is None else {**options, **strengths}
   if options.get('rotation_std'):
-    images = random_normal_rotation(images, jax.random.fold_in(key, 2), options['rotation_std'])
+    images = random_normal_rotation(images, jax.random.fold_in(key, 2), value['rotation_std'])
   if options.get('squish'):
-    images = random_squish(images, jax.random.fold_in(key, 3), options['squish'])
+    images = random_squish(images, jax.random.fold_in(key, 3), value['squish'])
   if options.get('rotation') or options.get('scale') or options.get('shear'):
-    images = random_affine(images, jax.random.fold_in(key, 0), options.get('rotation', 0.0),
-                           options.get('scale', 0.0), options.get('shear', 0.0))
+    images = random_affine(images, jax.random.fold_in(key, 0), value.get('rotation', 0.0),
+                           value.get('scale', 0.0), value.get('shear', 0.0))
   if options.get('elastic_alpha'):
-    images = elastic_distortion(images, jax.random.fold_in(key, 1), options['elastic_alpha'],
+    images = elastic_distortion(images, jax.random.fold_in(key, 1), value['elastic_alpha'],
                                 options.get('elastic_sigma', AUGMENT['elastic_sigma']))
   if options.get('margin_shift'):
-    images = random_margin_shift(images, jax.random.fold_in(key, 4), options['margin_shift'])
+    images = random_margin_shift(images, jax.random.fold_in(key, 4), value['margin_shift'])
   if options.get('erase'):
-    images = random_erase(images, jax.random.fold_in(key, 5), options['erase'])
+    images = random_erase(images, jax.random.fold_in(key, 5), value['erase'])
   return images
 
 
@@ -242,7 +247,7 @@ def standardize(images: Array) -> Array:
 
 
 def prepare(images_uint8: Array, preprocessing, key: Optional[Array] = None, max_shift: int = 0,
-            augmentation: Optional[Dict[str, Any]] = None):
+            augmentation: Optional[Dict[str, Any]] = None, strengths: Optional[Dict[str, Any]] = None):
   """A dataset's stored images → (model inputs, reconstruction targets in [0, 1]).
 
   `preprocessing` is a capsjax.data.datasets.Preprocessing. With `key` (training) the
@@ -264,7 +269,7 @@ def prepare(images_uint8: Array, preprocessing, key: Optional[Array] = None, max
     if preprocessing.contrast:
       images = random_contrast(images, jax.random.fold_in(key, 4), *preprocessing.contrast)
     if augmentation:
-      images = augment(images, jax.random.fold_in(key, 5), augmentation)
+      images = augment(images, jax.random.fold_in(key, 5), augmentation, strengths)
     images = random_shift(images, key, max_shift)   # the key itself: MNIST's stream is unchanged
   targets = jnp.clip(images, 0.0, 1.0)
   return (standardize(images) if preprocessing.standardize else images), targets

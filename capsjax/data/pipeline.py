@@ -122,7 +122,7 @@ def dataset_pipeline(dataset: Dataset, training: bool, *, batch_size: int, seed:
       images[weights > 0] = dataset.images[indices[weights > 0]]   # reads only these rows
       yield (images, dataset.labels[indices] * (weights > 0), indices), weights
 
-  def device_batch(source, batch, key):
+  def device_batch(source, batch, key, augmentation_strengths=None):
     del source
     images, labels, indices = batch
     if example_transform is not None:
@@ -130,7 +130,8 @@ def dataset_pipeline(dataset: Dataset, training: bool, *, batch_size: int, seed:
       keys = jax.random.split(key, len(indices)) if training else affine.example_keys(test_seed, indices)
       return {'images': jax.vmap(example_transform)(images, keys), 'labels': labels}
     inputs, targets = augment.prepare(images, preprocessing, key if training else None,
-                                      max_shift if training else 0, augmentation if training else None)
+                                      max_shift if training else 0, augmentation if training else None,
+                                      augmentation_strengths)
     out = {'images': inputs, 'labels': labels}
     if preprocessing.standardize:   # the decoder draws the image, not its standardised form
       out['reconstruction_targets'] = targets

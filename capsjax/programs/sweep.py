@@ -12,7 +12,6 @@ over them. With config.validation_examples, variants are ranked by validation er
 the test error is reported beside it; without, the table says the ranking is on the test
 set and is for reading, not for choosing.
 """
-import ast
 import json
 import os
 from typing import Any, Dict, List, Tuple
@@ -21,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from capsjax import train
+from capsjax.ensembles import overridden, parse_variant
 from capsjax.errors import ConfigError
 from capsjax.keys import Rule, declare
 from capsjax.plots import pyplot, save_figure
@@ -34,40 +34,10 @@ declare('sweep.variants', (), Rule(lambda v: isinstance(v, (tuple, list)) and al
         'the sweep: one run per variant, KEY=VALUE overrides separated by commas', in_base=False)
 
 
-def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
-  """'name: a=1, b.c=2e-3' → ('name', {'a': 1, 'b.c': 0.002})."""
-  name, _, assignments = spec.partition(':')
-  name = name.strip()
-  if not name or not name.replace('_', '').replace('-', '').replace('.', '').isalnum():
-    raise ConfigError(f'sweep variant {spec!r}: the name before ":" must be a plain word')
-  overrides = {}
-  for assignment in filter(None, (a.strip() for a in assignments.split(','))):
-    key, equals, value = assignment.partition('=')
-    if not equals:
-      raise ConfigError(f'sweep variant {name!r}: expected key=value, got {assignment!r}')
-    try:
-      overrides[key.strip()] = ast.literal_eval(value.strip())
-    except (ValueError, SyntaxError):
-      raise ConfigError(f'sweep variant {name!r}: {value.strip()!r} is not a Python literal') from None
-  return name, overrides
-
-
 def variant_config(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDict:
-  variant = ml_collections.ConfigDict(config.to_dict())
+  """The config of one sweep variant: the base with its overrides, trained as one run."""
+  variant = overridden(config, overrides)
   variant.program = 'train'
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = variant
-    for parent in parents:
-      node = node[parent] if parent in node else None
-      if node is None:
-        raise ConfigError(f'sweep override {key!r}: no such config key')
-    if leaf not in node:
-      raise ConfigError(f'sweep override {key!r}: no such config key')
-    try:
-      node[leaf] = type(node[leaf])(value) if isinstance(node[leaf], float) else value
-    except (TypeError, ValueError) as e:
-      raise ConfigError(f'sweep override {key}={value!r}: {e}') from None
   return variant
 
 
