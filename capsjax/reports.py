@@ -48,6 +48,17 @@ def select_by_validation(rows: Sequence[Dict[str, Any]]) -> Optional[Dict[str, A
           'test_error': [test[s]['error'][m] for m, s in enumerate(chosen)]}
 
 
+def best_test_errors(rows: Sequence[Dict[str, Any]]):
+  """The lowest test error over a run's evaluations (per member for an ensemble): the
+  protocol much of the literature reports. Shown beside the honest columns, never used to
+  choose anything. None without test rows."""
+  errors = [row['error'] for row in rows if row.get('split') == 'test']
+  if not errors:
+    return None
+  best = np.min(np.asarray(errors, np.float64), axis=0)
+  return best.tolist()
+
+
 def seed_groups(members: Optional[List[Dict[str, Any]]], values) -> List[Dict[str, Any]]:
   """Per-member `values` grouped by everything but the seed (the recipe, or routing
   iterations and reconstruction weight): [{recipe (recipe members only),
@@ -90,6 +101,17 @@ def results_table(results: Dict[str, Any]) -> str:
   columns = [('setting', 'l'), ('seeds', 'l'), ('final test error (%)', 'r'), ('per seed', 'l')]
   if selected:
     columns += [('test error at best validation (%)', 'r'), ('per seed', 'l')]
+  # Further columns where the run measured them (mean ± std over seeds; the seed ensemble
+  # is one number per setting): each a different way to use the same trained models.
+  extra = [(name, header) for name, header in (
+      ('validation_error', 'final validation error (%)'), ('ema_test_error', 'EMA test error (%)'),
+      ('test_shift_averaged_error', 'shift-averaged test error (%)'),
+      ('recipe_ensemble_test_error', 'seed ensemble test error (%)'),
+      ('best_test_evaluation_error', 'best test evaluation (%): the protocol the literature reports; never used '
+                                     'to choose')) if results.get(name) is not None]
+  columns += [(header, 'r') for _, header in extra]
+  extra_groups = {name: (results[name] if name == 'recipe_ensemble_test_error' else seed_groups(members, results[name]))
+                  for name, _ in extra}
   rows = []
   for k, group in enumerate(final):
     setting = ('the config' if group['routing_iterations'] is None else group.get('recipe') or
@@ -98,6 +120,9 @@ def results_table(results: Dict[str, Any]) -> str:
            _percent(group), ', '.join(f'{100 * v:.2f}' for v in group['values'])]
     if selected:
       row += [_percent(selected[k]), ', '.join(f'{100 * v:.2f}' for v in selected[k]['values'])]
+    for name, _ in extra:
+      value = extra_groups[name][k]
+      row.append(f'{100 * value:.3f}' if name == 'recipe_ensemble_test_error' else _percent(value))
     rows.append(row)
   lines = [f'# `{results["experiment"]}`: test error', '',
            f'{results["steps"]} steps ({results["epochs"]:.1f} epochs) on {results["num_train_examples"]} '

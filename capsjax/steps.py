@@ -220,14 +220,15 @@ def make_train_step(objective, model, optimizer, pipeline, seed: int, ensemble: 
   return jax.jit(step, donate_argnums=(0,), **shardings)
 
 
-def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_averaging: int = 0):
+def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_averaging: int = 0, groups=()):
   """Sums over one padded batch: correct examples, correct digits, loss, count; per member
   for an ensemble, plus `ensemble_correct`: the ensemble's prediction is the class with
   the largest score summed over the members (for CapsNets, the summed capsule lengths).
   With `shift_averaging` = s > 0 also `shift_correct` (and `shift_ensemble_correct`):
   the class scores averaged over the (2s + 1)² views of each image shifted by every
   (dy, dx) in [-s, s]² with zero fill (test-time augmentation; the choice of model never
-  reads it)."""
+  reads it). `groups` (an ensemble's recipes: tuples of member indices): also
+  `group_ensemble_correct` [groups], each group's members' scores summed as one."""
 
   def member_outputs(params, batch, knobs):
     per_example, scores, _ = objective(model, params, batch, False, knobs)
@@ -261,12 +262,19 @@ def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_ave
     sums = {'correct': jnp.sum(correct * weights, -1), 'digits_correct': jnp.sum(digits_correct * weights, -1),
             'loss': jnp.sum(per_example * weights, -1), 'count': jnp.full((members,), jnp.sum(weights)),
             'ensemble_correct': jnp.sum(ensemble_correct * weights)}
+    group_correct = lambda member_scores: jnp.stack([   # [groups]
+        jnp.sum(top_k_correct(jnp.sum(member_scores[jnp.asarray(group)], axis=0), labels)[0] * weights)
+        for group in groups])
+    if groups:
+      sums['group_ensemble_correct'] = group_correct(scores)
     if shift_averaging:                                  # [members, batch, classes]
       averaged = jax.vmap(shift_averaged_scores, in_axes=(0, None, 0))(params, batch, knobs)
       shift_correct, _ = jax.vmap(top_k_correct, in_axes=(0, None))(averaged, labels)
       shift_ensemble_correct, _ = top_k_correct(jnp.sum(averaged, axis=0), labels)
       sums.update(shift_correct=jnp.sum(shift_correct * weights, -1),
                   shift_ensemble_correct=jnp.sum(shift_ensemble_correct * weights))
+      if groups:
+        sums['shift_group_ensemble_correct'] = group_correct(averaged)
     return sums
 
   return jax.jit(eval_step)   # shardings follow the (global) arguments
@@ -321,6 +329,10 @@ def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None
     metrics['shift_averaged_error'] = 1.0 - totals['shift_correct'] / count
   if 'shift_ensemble_correct' in totals:
     metrics['shift_averaged_ensemble_error'] = 1.0 - totals['shift_ensemble_correct'] / count[0]
+  if 'group_ensemble_correct' in totals:   # each recipe's seeds as one classifier
+    metrics['recipe_ensemble_error'] = 1.0 - totals['group_ensemble_correct'] / count[0]
+  if 'shift_group_ensemble_correct' in totals:
+    metrics['shift_averaged_recipe_ensemble_error'] = 1.0 - totals['shift_group_ensemble_correct'] / count[0]
   return {name: value.tolist() for name, value in metrics.items()}
 
 

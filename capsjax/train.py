@@ -117,6 +117,14 @@ class RunSteps:
     return self.jitted_step(*self.step_arguments(state, step))
 
 
+def recipe_groups(members) -> tuple:
+  """The member indices of each recipe, in the recipes' order (empty without recipes)."""
+  if not members or 'recipe' not in members[0]:
+    return ()
+  names = list(dict.fromkeys(member['recipe'] for member in members))
+  return tuple(tuple(k for k, member in enumerate(members) if member['recipe'] == name) for name in names)
+
+
 def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
                   validation: Optional[Pipeline] = None) -> RunSteps:
   total_steps = assemble.total_steps(config, train.num_examples)
@@ -131,7 +139,8 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh,
                                      config.get('ema_decay', 0.0), per_member)
   shifts = config.get('eval_shift_averaging', 0)
-  eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts)
+  groups = recipe_groups(members)
+  eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts, groups)
   train_source = sharding.replicate(train.source, mesh)
   test_source = sharding.replicate(test.source, mesh)
   rows = sharding.process_rows(config.batch_size)   # this process reads only these rows
@@ -152,7 +161,7 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
 
   validate = None
   if validation is not None:
-    validation_step = steps.make_eval_step(objective, model, validation, ensemble, shifts)
+    validation_step = steps.make_eval_step(objective, model, validation, ensemble, shifts, groups)
     validation_source = sharding.replicate(validation.source, mesh)
     validate = lambda params, should_stop=None: steps.evaluate(
         validation_step, params, validation, config.eval_batch_size, knobs, mesh, validation_source, should_stop)
@@ -403,11 +412,17 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
                      train.num_examples, test.num_examples)
   if 'ensemble_error' in run.last_eval:
     results['ensemble_test_error'] = run.last_eval['ensemble_error']
-  for name in ('shift_averaged_error', 'shift_averaged_ensemble_error'):   # config.eval_shift_averaging
-    if name in run.last_eval:
+  for name in ('shift_averaged_error', 'shift_averaged_ensemble_error', 'shift_averaged_recipe_ensemble_error'):
+    if name in run.last_eval:   # config.eval_shift_averaging
       results[f'test_{name}'] = run.last_eval[name]
     if validation is not None and name in run.last_validation:
       results[f'validation_{name}'] = run.last_validation[name]
+  if 'recipe_ensemble_error' in run.last_eval:   # each recipe's seeds summed as one classifier
+    results['recipe_ensemble_test_error'] = run.last_eval['recipe_ensemble_error']
+    if validation is not None:
+      results['recipe_ensemble_validation_error'] = run.last_validation['recipe_ensemble_error']
+  if members and 'recipe' in members[0]:   # beside the honest columns; never used to choose
+    results['best_test_evaluation_error'] = reports.best_test_errors(metrics_log.read())
   if 'ema_error' in run.last_eval:   # the parameters' moving average, evaluated beside them
     results['ema_test_error'] = run.last_eval['ema_error']
   if validation is not None and 'ema_error' in run.last_validation:

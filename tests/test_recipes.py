@@ -251,6 +251,11 @@ def test_recipes_as_one_program_equal_each_recipe_alone_and_resume_bit_for_bit(m
   assert problems_of(base) == []
   joint = train.train_and_evaluate(base, str(tmp_path / 'joint'))
   assert [g['recipe'] for g in joint['test_error_by_setting']] == ['paper', 'fast']
+  assert len(joint['recipe_ensemble_test_error']) == 2   # each recipe's seeds as one classifier (here one seed)
+  np.testing.assert_allclose(joint['recipe_ensemble_test_error'], joint['test_error'])
+  np.testing.assert_allclose(joint['best_test_evaluation_error'], joint['test_error'])   # one evaluation
+  table = (tmp_path / 'joint' / 'table.md').read_text()
+  assert '| fast | 0 |' in table and 'seed ensemble test error' in table and 'never used to choose' in table
   _, _, joint_params = load_trained(str(tmp_path / 'joint'))
   for member, (name, recipe) in enumerate(ensembles.recipes(base)):
     recipe.ensemble = None

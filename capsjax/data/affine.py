@@ -58,7 +58,12 @@ def warp(image: Array, matrix: Array, translation: Array) -> Array:
   ys, xs = jnp.meshgrid(jnp.arange(height, dtype=jnp.float32), jnp.arange(width, dtype=jnp.float32),
                         indexing='ij')
   points = jnp.stack([xs.ravel(), ys.ravel()]) - centre[:, None] - translation[:, None]  # [2, h·w]
-  source = jnp.linalg.solve(matrix, points) + centre[:, None]                          # [2, h·w]
+  # A⁻¹ in closed form (2×2): jnp.linalg.solve's LU and triangular-solve custom calls, batched
+  # over images and members and run as two thunks at once, deadlocked XLA:CPU's thread pool
+  # (jax 0.10.2, a 2-core machine: each waited on its own parallel map).
+  (a, b), (c, d) = matrix[0], matrix[1]
+  inverse = jnp.stack([jnp.stack([d, -b]), jnp.stack([-c, a])]) / (a * d - b * c)      # [2, 2]
+  source = inverse @ points + centre[:, None]                                          # [2, h·w]
   sample = lambda channel: jax.scipy.ndimage.map_coordinates(
       channel, [source[1], source[0]], order=1, mode='constant', cval=0.0)
   warped = jax.vmap(sample, in_axes=-1, out_axes=-1)(image)                            # [h·w, c]
