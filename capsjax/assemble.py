@@ -66,7 +66,7 @@ def members(config) -> Optional[List[Dict[str, Any]]]:
     return None
   seeds = tuple(spec.get('seeds') or (config.seed,))
   knobs = OBJECTIVES[config.loss.name].knobs   # what the objective reads per member
-  recipe_list = ensembles.recipes(config)
+  recipe_list = recipes(config)
   if recipe_list:
     return [_recipe_member(config, name, recipe, int(seed), knobs) for name, recipe in recipe_list for seed in seeds]
   iterations = tuple(spec.get('routing_iterations') or ()) or (
@@ -81,7 +81,7 @@ def members(config) -> Optional[List[Dict[str, Any]]]:
 
 
 def _recipe_member(config, name: str, recipe, seed: int, knobs) -> Dict[str, Any]:
-  fields = ensembles.recipe_fields(recipe)
+  fields = _recipe_fields(recipe)
   if 'routing_iterations' in knobs and fields['routing_iterations'] > config.model.routing_iterations:
     raise ConfigError(f'config.ensemble.recipes {name!r}: model.routing_iterations={fields["routing_iterations"]} '
                       f'exceeds the program\'s model.routing_iterations={config.model.routing_iterations} '
@@ -92,6 +92,69 @@ def _recipe_member(config, name: str, recipe, seed: int, knobs) -> Dict[str, Any
   reduction = fields['margin_reduction'] or 'sum'   # (objectives without a margin loss ignore it)
   fields['margin_scale'] = losses.margin_reduction_scale(reduction, int(config.model.num_classes))
   return dict(recipe=name, seed=seed, **fields)
+
+
+def overridden(config, overrides: Dict[str, Any], what: str = 'override') -> ml_collections.ConfigDict:
+  """A copy of `config` with `overrides` (dotted key → value) set; unknown keys refused
+  (`what` names the override in the error: a sweep's, a recipe's)."""
+  variant = ml_collections.ConfigDict(config.to_dict())
+  for key, value in overrides.items():
+    *parents, leaf = key.split('.')
+    node = variant
+    for parent in parents:
+      node = node[parent] if parent in node else None
+      if node is None:
+        raise ConfigError(f'{what} {key!r}: no such config key')
+    if leaf not in node:
+      raise ConfigError(f'{what} {key!r}: no such config key')
+    try:
+      node[leaf] = type(node[leaf])(value) if isinstance(node[leaf], float) else value
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f'{what} {key}={value!r}: {e}') from None
+  return variant
+
+
+def recipes(config) -> List[Tuple[str, ml_collections.ConfigDict]]:
+  """(name, the config with the recipe's overrides) per entry of config.ensemble.recipes
+  (empty without). A key outside ensembles.RECIPE_KEYS, a repeated name, or recipes beside
+  ensemble.routing_iterations / reconstruction_weights is refused in one line."""
+  spec = config.get('ensemble') or {}
+  entries = tuple(spec.get('recipes') or ())
+  if not entries:
+    return []
+  for other in ('routing_iterations', 'reconstruction_weights'):
+    if spec.get(other):
+      raise ConfigError(f'config.ensemble.{other}: not beside ensemble.recipes (a recipe sets '
+                        f'{"model.routing_iterations" if other == "routing_iterations" else "loss.reconstruction_weight"})')
+  parsed = [ensembles.parse_variant(entry, 'config.ensemble.recipes entry') for entry in entries]
+  names = [name for name, _ in parsed]
+  repeated = sorted({name for name in names if names.count(name) > 1})
+  if repeated:
+    raise ConfigError(f'config.ensemble.recipes: the name {repeated[0]!r} is given twice')
+  out = []
+  for name, overrides in parsed:
+    recipe = overridden(config, overrides, f'config.ensemble.recipes {name!r}: override')   # unknown keys first
+    fixed = [key for key in overrides if key not in ensembles.RECIPE_KEYS]
+    if fixed:
+      raise ConfigError(f'config.ensemble.recipes {name!r}: {fixed[0]} cannot differ between the members of one '
+                        f'program (a recipe sets {", ".join(ensembles.RECIPE_KEYS)}); make it a sweep variant '
+                        '(config.sweep.variants)')
+    out.append((name, recipe))
+  return out
+
+
+def _recipe_fields(recipe_config) -> Dict[str, Any]:
+  """A recipe member's fields (ensembles.RECIPE_KEYS' names) from its config."""
+  fields = {}
+  for key, field in ensembles.RECIPE_KEYS.items():
+    node = recipe_config
+    for part in key.split('.'):
+      node = node.get(part) if node is not None else None
+    fields[field] = node
+  fields['lr_staircase'] = bool(fields['lr_staircase'])
+  fields['augment'] = {field.split('.', 1)[1]: float(fields.pop(field) or 0)
+                       for field in [f for f in fields if f.startswith('augment.')]}
+  return fields
 
 
 def member_seeds(config) -> Optional[List[int]]:

@@ -16,7 +16,6 @@ import ast
 from typing import Any, Dict, List, Tuple
 
 import jax.numpy as jnp
-import ml_collections
 
 from capsjax.errors import ConfigError
 from capsjax.keys import Rule, declare, ints_at_least, numbers_at_least
@@ -54,83 +53,22 @@ _SCHEDULE_FIELDS = ('learning_rate', 'lr_decay_rate', 'lr_decay_steps', 'lr_min'
                     'ema_decay')
 
 
-def parse_variant(spec: str) -> Tuple[str, Dict[str, Any]]:
-  """'name: a=1, b.c=2e-3' → ('name', {'a': 1, 'b.c': 0.002})."""
+def parse_variant(spec: str, what: str = 'sweep variant') -> Tuple[str, Dict[str, Any]]:
+  """'name: a=1, b.c=2e-3' → ('name', {'a': 1, 'b.c': 0.002}); `what` names it in errors."""
   name, _, assignments = spec.partition(':')
   name = name.strip()
   if not name or not name.replace('_', '').replace('-', '').replace('.', '').isalnum():
-    raise ConfigError(f'variant {spec!r}: the name before ":" must be a plain word')
+    raise ConfigError(f'{what} {spec!r}: the name before ":" must be a plain word')
   overrides = {}
   for assignment in filter(None, (a.strip() for a in assignments.split(','))):
     key, equals, value = assignment.partition('=')
     if not equals:
-      raise ConfigError(f'variant {name!r}: expected key=value, got {assignment!r}')
+      raise ConfigError(f'{what} {name!r}: expected key=value, got {assignment!r}')
     try:
       overrides[key.strip()] = ast.literal_eval(value.strip())
     except (ValueError, SyntaxError):
-      raise ConfigError(f'variant {name!r}: {value.strip()!r} is not a Python literal') from None
+      raise ConfigError(f'{what} {name!r}: {value.strip()!r} is not a Python literal') from None
   return name, overrides
-
-
-def overridden(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDict:
-  """A copy of `config` with `overrides` (dotted key → value) set; unknown keys refused."""
-  variant = ml_collections.ConfigDict(config.to_dict())
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = variant
-    for parent in parents:
-      node = node[parent] if parent in node else None
-      if node is None:
-        raise ConfigError(f'override {key!r}: no such config key')
-    if leaf not in node:
-      raise ConfigError(f'override {key!r}: no such config key')
-    try:
-      node[leaf] = type(node[leaf])(value) if isinstance(node[leaf], float) else value
-    except (TypeError, ValueError) as e:
-      raise ConfigError(f'override {key}={value!r}: {e}') from None
-  return variant
-
-
-def recipes(config) -> List[Tuple[str, ml_collections.ConfigDict]]:
-  """(name, the config with the recipe's overrides) per entry of config.ensemble.recipes
-  (empty without). A key outside RECIPE_KEYS, a repeated name, or recipes beside
-  ensemble.routing_iterations / reconstruction_weights is refused in one line."""
-  spec = config.get('ensemble') or {}
-  entries = tuple(spec.get('recipes') or ())
-  if not entries:
-    return []
-  for other in ('routing_iterations', 'reconstruction_weights'):
-    if spec.get(other):
-      raise ConfigError(f'config.ensemble.{other}: not beside ensemble.recipes (a recipe sets '
-                        f'{"model.routing_iterations" if other == "routing_iterations" else "loss.reconstruction_weight"})')
-  parsed = [parse_variant(entry) for entry in entries]
-  names = [name for name, _ in parsed]
-  repeated = sorted({name for name in names if names.count(name) > 1})
-  if repeated:
-    raise ConfigError(f'config.ensemble.recipes: the name {repeated[0]!r} is given twice')
-  out = []
-  for name, overrides in parsed:
-    fixed = [key for key in overrides if key not in RECIPE_KEYS]
-    if fixed:
-      raise ConfigError(f'config.ensemble.recipes {name!r}: {fixed[0]} cannot differ between the members of one '
-                        f'program (a recipe sets {", ".join(RECIPE_KEYS)}); make it a sweep variant '
-                        '(config.sweep.variants)')
-    out.append((name, overridden(config, overrides)))
-  return out
-
-
-def recipe_fields(recipe_config) -> Dict[str, Any]:
-  """A recipe member's fields (RECIPE_KEYS' names) from its config."""
-  fields = {}
-  for key, field in RECIPE_KEYS.items():
-    node = recipe_config
-    for part in key.split('.'):
-      node = node.get(part) if node is not None else None
-    fields[field] = node
-  fields['lr_staircase'] = bool(fields['lr_staircase'])
-  fields['augment'] = {field.split('.', 1)[1]: float(fields.pop(field) or 0)
-                       for field in [f for f in fields if f.startswith('augment.')]}
-  return fields
 
 
 def strongest_augmentation(members, base: Dict[str, Any]) -> Dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import ml_collections
 
-from capsjax import defaults, ensembles
+from capsjax import assemble, defaults
 from capsjax.programs import ablation, affnist, routing_zoo, sweep
 from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
@@ -206,7 +206,7 @@ def _recipe_problems(config) -> List[str]:
   """Each recipe of config.ensemble.recipes checked as the config it makes (one line per
   rule broken, naming the recipe); its routing iterations bounded by the shared model's."""
   try:
-    listed = ensembles.recipes(config)
+    listed = assemble.recipes(config)
   except ConfigError as e:
     return [str(e)]
   problems = []

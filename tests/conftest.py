@@ -99,6 +99,7 @@ def mnist_dir():
 # while editing; CI runs every test). A test that grows slow joins this list.
 SLOW = frozenset((
     'tests/test_ablation.py::test_ablation_command_writes_table_and_loss_figure',
+    'tests/test_recipes.py::test_recipes_as_one_program_equal_each_recipe_alone_and_resume_bit_for_bit',
     'tests/test_ablation.py::test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone',
     'tests/test_affnist.py::test_affnist_command_reports_both_models_on_all_test_sets',
     'tests/test_affnist.py::test_training_stops_at_the_target_accuracy_and_stays_stopped',

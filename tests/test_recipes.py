@@ -119,6 +119,23 @@ def test_official_experiment_turns_every_option_on():
     assert problems_of(variant_config(base, parse_variant(spec)[1])) == [], spec
 
 
+def test_the_lease_experiment_is_four_recipes_by_three_seeds_and_refuses_what_cannot_be_traced():
+  from capsjax.experiments import mnist_lease  # pylint: disable=g-import-not-at-top
+  config = mnist_lease.get_config()
+  assert problems_of(config) == []
+  members = assemble.members(config)
+  assert [(m['recipe'], m['seed']) for m in members][:4] == [('paper', 0), ('paper', 1), ('paper', 2), ('official', 0)]
+  assert len(members) == 12 and config.validation_examples == 10000 and config.eval_shift_averaging == 1
+  by_recipe = {m['recipe']: m for m in members}
+  assert by_recipe['official']['margin_scale'] == pytest.approx(0.05) and by_recipe['paper']['margin_scale'] == 1.0
+  assert by_recipe['fast_byerly']['augment']['squish'] == 4 and by_recipe['fast']['augment']['squish'] == 0
+  assert all(m['ema_decay'] == 0.999 for m in members)   # inherited from the base config
+  config.ensemble.recipes = ('paper:', 'init: model.init_scheme="official"')
+  (line,) = problems_of(config)
+  assert "'init': model.init_scheme cannot differ between the members of one program" in line
+  assert 'sweep variant' in line and '\n' not in line
+
+
 # ------------------------------------------------------------------------- validation split
 
 def test_validation_split_holds_out_the_last_training_images():
@@ -242,7 +259,6 @@ def test_recipes_as_one_program_equal_each_recipe_alone_and_resume_bit_for_bit(m
   # the same seed: the schedule, warm-up, margin reduction, EMA and augmentation traced per
   # member. Stated tolerance: parameters within 2e-5 absolute after 4 steps (measured 2.5e-6:
   # vmapped and plain programs round differently; the two recipes alone differ by 9e-3).
-  from capsjax import ensembles  # pylint: disable=g-import-not-at-top
   base = tiny_config(mnist_dir, num_steps=4, checkpoint_every_steps=100)
   base.ensemble = ml_collections.ConfigDict(dict(seeds=(0,), recipes=(
       'paper:',
@@ -257,7 +273,7 @@ def test_recipes_as_one_program_equal_each_recipe_alone_and_resume_bit_for_bit(m
   table = (tmp_path / 'joint' / 'table.md').read_text()
   assert '| fast | 0 |' in table and 'seed ensemble test error' in table and 'never used to choose' in table
   _, _, joint_params = load_trained(str(tmp_path / 'joint'))
-  for member, (name, recipe) in enumerate(ensembles.recipes(base)):
+  for member, (name, recipe) in enumerate(assemble.recipes(base)):
     recipe.ensemble = None
     train.train_and_evaluate(recipe, str(tmp_path / name))
     _, _, alone = load_trained(str(tmp_path / name))

@@ -20,7 +20,8 @@ import ml_collections
 import numpy as np
 
 from capsjax import train
-from capsjax.ensembles import overridden, parse_variant
+from capsjax.assemble import overridden
+from capsjax.ensembles import parse_variant
 from capsjax.errors import ConfigError
 from capsjax.keys import Rule, declare
 from capsjax.plots import pyplot, save_figure
@@ -36,7 +37,7 @@ declare('sweep.variants', (), Rule(lambda v: isinstance(v, (tuple, list)) and al
 
 def variant_config(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDict:
   """The config of one sweep variant: the base with its overrides, trained as one run."""
-  variant = overridden(config, overrides)
+  variant = overridden(config, overrides, 'sweep override')
   variant.program = 'train'
   return variant
 
