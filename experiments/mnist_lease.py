@@ -34,6 +34,10 @@ in bfloat16 (2026-11-26: 3 × 21k) are ≈ 24 ms a step, ≈ 4.7 minutes for 12 
 ≈ 40 s of compilation and 2 evaluations of 20 000 images × 12 members × 10 views (the
 image and its 9 shifts) × 2 (raw and averaged parameters), ≈ 25 s each at the 200k images/s
 an H100 inferred at (2026-11-25): inside 7 minutes if an H100 is within 20 % of that H200.
+A second ESTIMATE: `capsjax-plan --experiment=mnist_lease --target=h100` (2026-11-26,
+compiled for a compile-only H100 with the GPU's auto formulations: bfloat16, space-to-depth)
+gives 6.74 ms a step, and the plan was 2.6–2.9× faster than the H100's measured steps on
+2026-11-25: ≈ 17.5–19.5 ms, 12 000 steps in ≈ 3.5–3.9 minutes.
 """
 import ml_collections
 
