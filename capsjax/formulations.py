@@ -146,6 +146,9 @@ class StrideRule:
     return (self.unit, self.strided)
 
 
+# Table entries decided per layer (the rest are one value).
+_RULES = (ConvRule, StrideRule)
+
 FASTEST = {
     'cpu': {
         # The rule from PrimaryCaps, Conv1 and a 5×5 layer timed in the three forms at batches
@@ -218,7 +221,7 @@ def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLaye
     chosen = value
   else:
     entry = FASTEST.get(backend or _TARGET['backend'] or jax.default_backend(), FASTEST['cpu'])[option]
-    chosen = entry.pick(layer) if isinstance(entry, (ConvRule, StrideRule)) else entry
+    chosen = entry.pick(layer) if isinstance(entry, _RULES) else entry
   if _TARGET['choices'] is not None:
     _TARGET['choices'].append((option, layer, chosen))
   return chosen
@@ -227,7 +230,7 @@ def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLaye
 def choices(option: str, backend: str = '') -> tuple:
   """Every value 'auto' can resolve to for `option` on `backend` (one, or a rule's two)."""
   entry = FASTEST.get(backend or _TARGET['backend'] or jax.default_backend(), FASTEST['cpu'])[option]
-  return entry.choices() if isinstance(entry, (ConvRule, StrideRule)) else (entry,)
+  return entry.choices() if isinstance(entry, _RULES) else (entry,)
 
 
 # Explicit choices measured several times slower than another formulation on a backend:

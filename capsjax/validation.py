@@ -213,11 +213,11 @@ def _recipe_problems(config) -> List[str]:
   for name, recipe in listed:
     recipe.ensemble.recipes = ()
     problems += [f'config.ensemble.recipes {name!r}: ' + line.removeprefix('config.') for line in problems_of(recipe)]
-    iterations = recipe.model.get('routing_iterations')
-    if iterations is not None and iterations > config.model.get('routing_iterations', iterations):
-      problems.append(f'config.ensemble.recipes {name!r}: model.routing_iterations={iterations} exceeds the '
-                      f"program's model.routing_iterations={config.model.routing_iterations} (the shared model's "
-                      'bound)')
+  if not problems:
+    try:
+      assemble.members(config)   # what only the program as a whole can break (the shared model's bounds)
+    except ConfigError as e:
+      return [str(e)]
   return problems
 
 

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import ml_collections
 
-from capsjax import defaults, evaluators
+from capsjax import defaults, evaluators, formulations
 
 from capsjax.errors import ConfigError, WorkdirError
 from capsjax.keys import boolean, declare
@@ -139,6 +139,23 @@ def _comparable(value):
   return json.loads(json.dumps(value, default=str))
 
 
+# Model keys whose 'auto' stands for a backend's entry of capsjax.formulations.FASTEST: a
+# value and the 'auto' that resolves to it on this backend compute the same (a run recorded
+# with model.dtype='float32' before 'auto' was the default resumes on a CPU unchanged; on a
+# GPU, where 'auto' is bfloat16, it is a change).
+_RESOLVED_KEYS = ('dtype', 'routing_loop', 'patches_inference')
+
+
+def _resolved(key: str, value):
+  option = key.rsplit('.', 1)[-1]
+  if key.split('.')[0] == 'model' and option in _RESOLVED_KEYS and isinstance(value, str):
+    try:
+      return formulations.resolve(option, value)
+    except ValueError:
+      return value
+  return value
+
+
 def config_differences(saved: Dict[str, Any], config: ml_collections.ConfigDict) -> List[str]:
   """'key: saved → new' for every result-changing key that differs."""
   old = dict(_flatten(saved))
@@ -147,7 +164,7 @@ def config_differences(saved: Dict[str, Any], config: ml_collections.ConfigDict)
   for key in sorted(set(old) | set(new)):
     if key.split('.')[0] in RUNTIME_KEYS:
       continue
-    if old.get(key, '<absent>') != new.get(key, '<absent>'):
+    if _resolved(key, old.get(key, '<absent>')) != _resolved(key, new.get(key, '<absent>')):
       differences.append(f'{key}: {old.get(key, "<absent>")!r} → {new.get(key, "<absent>")!r}')
   return differences
 

@@ -234,6 +234,22 @@ def test_a_config_json_that_is_not_a_config_is_one_error(tmp_path):
         read()
 
 
+def test_a_run_recorded_before_auto_dtype_resumes_where_auto_computes_the_same(tmp_path):
+  # model.dtype's default became 'auto' (bfloat16 on a GPU, float32 elsewhere) on 2026-11-26:
+  # a config.json holding 'float32' binds to today's config on a CPU; 'bfloat16' does not.
+  from capsjax import defaults  # pylint: disable=g-import-not-at-top
+  config = defaults.base_config()
+  assert config.model.dtype == 'auto'
+  old = config.to_dict()
+  old['model']['dtype'] = 'float32'
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  assert workdir_lib.bind_config(str(tmp_path), config) == []   # this suite runs on a CPU
+  old['model']['dtype'] = 'bfloat16'
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  with pytest.raises(ConfigError, match="model.dtype: 'bfloat16' → 'auto'"):
+    workdir_lib.bind_config(str(tmp_path), config)
+
+
 def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path):
   """Before 2026-11-25 config.json held every routing's options in one flat dict (em's and
   variational_bayes's `inverse_temperature` were one key), and the evaluators' options as
