@@ -260,50 +260,109 @@ def _fourier_matrices(grid_h: int, grid_w: int, taps_h: int, taps_w: int, out_h:
           as32(weight * np.cos(angle[:, outputs])), as32(-weight * np.sin(angle[:, outputs])))
 
 
+def _transposed(matrix: np.ndarray) -> np.ndarray:
+  """A constant's transpose laid out as such (the matmul then reads it row by row)."""
+  return np.ascontiguousarray(matrix.T)
+
+
+def _complex_product(a_re: Array, a_im: Array, b_re: Array, b_im: Array, subscripts: str):
+  """(a_re + i·a_im)(b_re + i·b_im) contracted as `subscripts` says, in three real matmuls
+  instead of four (Gauss: k1 = (a_re + a_im)·b_re, k2 = a_re·(b_im − b_re), k3 =
+  a_im·(b_re + b_im); re = k1 − k3, im = k1 + k2)."""
+  k1 = jnp.einsum(subscripts, a_re + a_im, b_re)
+  k2 = jnp.einsum(subscripts, a_re, b_im - b_re)
+  k3 = jnp.einsum(subscripts, a_im, b_re + b_im)
+  return k1 - k3, k1 + k2
+
+
+def _spectral_forward(phased, phased_kernel, grid):
+  cos, minus_sin, tap_cos, tap_sin, inverse_cos, minus_inverse_sin = _fourier_matrices(*grid)
+  exact = jax.lax.Precision.HIGHEST
+  with jax.named_scope('transforms'):
+    # X = Σ_p x e^{-iθ}                                   # [bins, batch, s²c]
+    images_re = jnp.einsum('fp,pbc->fbc', cos, phased, precision=exact)
+    images_im = jnp.einsum('fp,pbc->fbc', minus_sin, phased, precision=exact)
+    # conj(K) = Σ_t k e^{+iθ}                             # [bins, s²c, out]
+    kernel_re = jnp.einsum('ft,tco->fco', tap_cos, phased_kernel, precision=exact)
+    kernel_conj_im = jnp.einsum('ft,tco->fco', tap_sin, phased_kernel, precision=exact)
+  with jax.named_scope('products'):
+    # Correlation: Y = X conj(K), one complex product per bin  # [bins, batch, out]
+    outputs_re, outputs_im = _complex_product(images_re, images_im, kernel_re, kernel_conj_im, 'fbc,fco->fbo')
+  with jax.named_scope('transforms'):
+    # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs      # [outputs, batch, out]
+    outputs = (jnp.einsum('qf,fbo->qbo', _transposed(inverse_cos), outputs_re, precision=exact)
+               + jnp.einsum('qf,fbo->qbo', _transposed(minus_inverse_sin), outputs_im, precision=exact))
+  return outputs, (images_re, images_im, kernel_re, kernel_conj_im)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _spectral_correlation(phased: Array, phased_kernel: Array, grid: tuple) -> Array:
+  """The Fourier form's transforms and products: phased images [positions, batch, s²c],
+  phased kernel [taps, s²c, out] → valid outputs [outputs, batch, out]. Written with its
+  own gradient so that every matmul of the backward pass is a plain (or right-transposed)
+  one on position- or bin-major arrays: the automatic one contracted the batch axis of
+  [bins, batch, s²c] arrays (a transposed-left matmul XLA:CPU leaves to a slower
+  kernel) and moved 60-wide bin axes innermost (docs/results.md, "CPU speed")."""
+  return _spectral_forward(phased, phased_kernel, grid)[0]
+
+
+def _spectral_correlation_bwd(grid, residuals, outputs_grad):
+  images_re, images_im, kernel_re, kernel_conj_im = residuals
+  cos, minus_sin, tap_cos, tap_sin, inverse_cos, minus_inverse_sin = _fourier_matrices(*grid)
+  exact = jax.lax.Precision.HIGHEST
+  with jax.named_scope('transforms'):
+    # dY = Σ_q w_f e^{∓iθ} dy                             # [bins, batch, out]
+    grad_re = jnp.einsum('fq,qbo->fbo', inverse_cos, outputs_grad, precision=exact)
+    grad_im = jnp.einsum('fq,qbo->fbo', minus_inverse_sin, outputs_grad, precision=exact)
+  with jax.named_scope('products'):
+    # dX = dY conj(K)ᴴ                                    # [bins, batch, s²c]
+    images_grad_re, images_grad_im = _complex_product(grad_re, grad_im, kernel_re, -kernel_conj_im, 'fbo,fco->fbc')
+    # d conj(K)ᵀ = dYᵀ X̄, batch contracted as the right factor's rows   # [bins, out, s²c]
+    grad_re_t, grad_im_t = jnp.swapaxes(grad_re, 1, 2), jnp.swapaxes(grad_im, 1, 2)
+    kernel_grad_re, kernel_grad_im = _complex_product(grad_re_t, grad_im_t, images_re, -images_im, 'fob,fbc->foc')
+  with jax.named_scope('transforms'):
+    phased_grad = (jnp.einsum('pf,fbc->pbc', _transposed(cos), images_grad_re, precision=exact)  # [positions, batch, s²c]
+                   + jnp.einsum('pf,fbc->pbc', _transposed(minus_sin), images_grad_im, precision=exact))
+    kernel_grad = (jnp.einsum('tf,foc->toc', _transposed(tap_cos), kernel_grad_re, precision=exact)  # [taps, out, s²c]
+                   + jnp.einsum('tf,foc->toc', _transposed(tap_sin), kernel_grad_im, precision=exact))
+  return phased_grad, jnp.swapaxes(kernel_grad, 1, 2)
+
+
+_spectral_correlation.defvjp(lambda phased, kernel, grid: _spectral_forward(phased, kernel, grid),
+                             _spectral_correlation_bwd)
+
+
 def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:
   """The convolution as a product in the frequency domain, every transform a matmul.
 
   Stride s is removed first: the s×s phases of the image (rows s·y + p) become channels
   and the kernel is split alike, leaving a stride-1 correlation of s²·c channels on a
   ⌈h/s⌉ × ⌈w/s⌉ grid. Its discrete Fourier transform turns the correlation into one
-  complex [batch, s²c] × [s²c, out] product per frequency (Y = X · conj(K)); circular
-  wrap-around never reaches the valid outputs, and only those are transformed back.
-  For PrimaryCaps (9×9, stride 2, 256 → 256 on 20×20) that is 82 M multiply-adds per
-  image instead of im2col's 191 M, which is why 'auto' picks it where the count says so
-  (capsjax.formulations). The transforms run at HIGHEST precision (a TF32 DFT would
-  lose digits on a GPU); values equal the direct convolution's to float32 rounding.
+  complex [batch, s²c] × [s²c, out] product per frequency (Y = X · conj(K)), three real
+  matmuls each (`_complex_product`); circular wrap-around never reaches the valid outputs,
+  and only those are transformed back. For PrimaryCaps (9×9, stride 2, 256 → 256 on
+  20×20) that is 67 M multiply-adds per image at batch 128 instead of im2col's 191 M, which is why
+  'auto' picks it where the count says so (capsjax.formulations). The transforms run at
+  HIGHEST precision (a TF32 DFT would lose digits on a GPU); values equal the direct
+  convolution's to float32 rounding.
   """
   batch, height, width, channels = images.shape
   kernel_size, _, _, features = kernel.shape
   out_h, out_w = _output_size(images, kernel, stride)
   grid_h, grid_w, taps = -(-height // stride), -(-width // stride), -(-kernel_size // stride)
   phase_channels = stride * stride * channels
-  # Phases as channels: [batch, grid_h*grid_w, (p_y, p_x, c)] from rows s·y + p_y, columns s·x + p_x.
+  # Phases as channels, position-major: [grid_h*grid_w, batch, (p_y, p_x, c)] from rows
+  # s·y + p_y, columns s·x + p_x (each transform is then one left multiplication).
   phased = jnp.pad(images, ((0, 0), (0, grid_h * stride - height), (0, grid_w * stride - width), (0, 0)))
-  phased = phased.reshape(batch, grid_h, stride, grid_w, stride, channels).transpose(0, 1, 3, 2, 4, 5)
-  phased = phased.reshape(batch, grid_h * grid_w, phase_channels)
+  phased = phased.reshape(batch, grid_h, stride, grid_w, stride, channels).transpose(1, 3, 0, 2, 4, 5)
+  phased = phased.reshape(grid_h * grid_w, batch, phase_channels)
   # The kernel alike: [taps*taps, (p_y, p_x, c), out], zero taps where s does not divide k.
   pad = taps * stride - kernel_size
   phased_kernel = jnp.pad(kernel, ((0, pad), (0, pad), (0, 0), (0, 0)))
   phased_kernel = phased_kernel.reshape(taps, stride, taps, stride, channels, features).transpose(0, 2, 1, 3, 4, 5)
   phased_kernel = phased_kernel.reshape(taps * taps, phase_channels, features)
-  cos, minus_sin, tap_cos, tap_sin, inverse_cos, minus_inverse_sin = _fourier_matrices(
-      grid_h, grid_w, taps, taps, out_h, out_w)
-  exact = jax.lax.Precision.HIGHEST
-  # X = Σ x e^{-iθ}                                       # [bins, batch, s²c]
-  images_re = jnp.einsum('fp,bpc->fbc', cos, phased, precision=exact)
-  images_im = jnp.einsum('fp,bpc->fbc', minus_sin, phased, precision=exact)
-  # conj(K) = Σ k e^{+iθ}                                 # [bins, s²c, out]
-  kernel_re = jnp.einsum('ft,tco->fco', tap_cos, phased_kernel, precision=exact)
-  kernel_conj_im = jnp.einsum('ft,tco->fco', tap_sin, phased_kernel, precision=exact)
-  # Correlation: Y = X conj(K), one complex product per bin  # [bins, batch, out]
-  product = lambda a, b: jnp.einsum('fbc,fco->fbo', a, b)
-  outputs_re = product(images_re, kernel_re) - product(images_im, kernel_conj_im)
-  outputs_im = product(images_re, kernel_conj_im) + product(images_im, kernel_re)
-  # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs        # [batch, out_h*out_w, out]
-  outputs = (jnp.einsum('fq,fbo->bqo', inverse_cos, outputs_re, precision=exact)
-             + jnp.einsum('fq,fbo->bqo', minus_inverse_sin, outputs_im, precision=exact))
-  return outputs.reshape(batch, out_h, out_w, features)
+  outputs = _spectral_correlation(phased, phased_kernel, (grid_h, grid_w, taps, taps, out_h, out_w))
+  return outputs.transpose(1, 0, 2).reshape(batch, out_h, out_w, features)   # [batch, out_h, out_w, out]
 
 
 def space_to_depth_conv2d(images: Array, kernel: Array, stride: int, dot_inputs: str = 'float32') -> Array:
