@@ -49,7 +49,7 @@ def part_of(op_name: str) -> str:
   leaf = op_name.rsplit('/', 1)[-1]
   if 'primary_caps/conv' in op_name:
     if '/fourier/' in op_name:   # capsjax.ops.fourier_conv2d
-      if any(transform in op_name for transform in ('fp,bpc->fbc', 'ft,tco->fco', 'fq,fbo->bqo')):
+      if '/transforms/' in op_name and 'dot_general' in leaf:   # named scopes of ops.fourier_conv2d
         return f'{where}: PrimaryCaps Fourier transforms (matmuls)'
       if 'dot_general' in leaf:
         return f'{where}: PrimaryCaps convolution (matmul)'

@@ -10,7 +10,7 @@ PrimaryCaps at batch 128) is never written to memory. Which one 'auto' picks per
 out] kernel, so parameters are shared.
 """
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -239,30 +239,54 @@ def _kernel_rows_bwd(stride, chunk, train_chunk, dot_inputs, residuals, output_g
 kernel_rows_conv2d.defvjp(_kernel_rows_fwd, _kernel_rows_bwd)
 
 
+class _BinTransform(NamedTuple):
+  """A real DFT's matrices [bins, points] for the complex bins (real and imaginary rows)
+  and the self-conjugate bins (real rows only: their sines vanish)."""
+  complex_re: np.ndarray
+  complex_im: np.ndarray
+  real: np.ndarray
+
+  def apply(self, array: Array, subscripts: str):
+    """(complex re, complex im, real) parts of the transform of `array` (each one matmul)."""
+    exact = jax.lax.Precision.HIGHEST
+    return tuple(jnp.einsum(subscripts, matrix, array, precision=exact) for matrix in self)
+
+  def apply_transposed(self, parts, subscripts: str) -> Array:
+    """Σ over the three parts of matrixᵀ · part (the transform's transpose, summed)."""
+    exact = jax.lax.Precision.HIGHEST
+    return sum(jnp.einsum(subscripts, np.ascontiguousarray(matrix.T), part, precision=exact)
+               for matrix, part in zip(self, parts))
+
+
 @functools.lru_cache(maxsize=None)
 def _fourier_matrices(grid_h: int, grid_w: int, taps_h: int, taps_w: int, out_h: int, out_w: int):
-  """The real DFT of a grid_h × grid_w grid (half spectrum along w) as matrices, signs
-  folded in (a negation would be one more pass over a large array, and its gradient
-  another): (cos, -sin) [bins, grid positions]; (cos, sin) at the kernel's taps [bins,
-  taps]; the inverse at the valid outputs (cos, -sin) [bins, outputs], each bin weighted
-  by how often it stands for its conjugate and by 1/N."""
+  """The real DFT of a grid_h × grid_w grid on its independent bins
+  (formulations.spectrum_bins), signs folded in (a negation would be one more pass over a
+  large array, and its gradient another): the images' (cos, -sin) [bins, grid positions];
+  the kernel's (cos, sin) at its taps [bins, taps]; the inverse at the valid outputs
+  (cos, -sin) [bins, outputs], each bin weighted by how many bins it stands for (itself
+  and its conjugate twin: 2; a self-conjugate bin: 1) and by 1/N."""
   rows, columns = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing='ij')
-  freq_h, freq_w = np.meshgrid(np.arange(grid_h), np.arange(grid_w // 2 + 1), indexing='ij')
-  angle = 2 * np.pi * (freq_h.reshape(-1, 1) * rows.reshape(1, -1) / grid_h
-                       + freq_w.reshape(-1, 1) * columns.reshape(1, -1) / grid_w)   # [bins, positions]
+  complex_bins, real_bins = formulations.spectrum_bins(grid_h, grid_w)
   taps = (rows[:taps_h, :taps_w] * grid_w + columns[:taps_h, :taps_w]).reshape(-1)
   outputs = (rows[:out_h, :out_w] * grid_w + columns[:out_h, :out_w]).reshape(-1)
-  # Bins w = 0 (and w = grid_w / 2 when even) have no conjugate twin in the half spectrum.
-  twins = np.where((freq_w == 0) | ((grid_w % 2 == 0) & (freq_w == grid_w // 2)), 1.0, 2.0).reshape(-1, 1)
-  weight = twins / (grid_h * grid_w)
-  as32 = lambda a: np.asarray(a, np.float32)
-  return (as32(np.cos(angle)), as32(-np.sin(angle)), as32(np.cos(angle[:, taps])), as32(np.sin(angle[:, taps])),
-          as32(weight * np.cos(angle[:, outputs])), as32(-weight * np.sin(angle[:, outputs])))
+  as32 = lambda a: np.asarray(a, np.float32).reshape(-1, a.shape[-1])
 
+  def angle(bins, points):   # [bins, points]
+    freq = np.asarray(bins, np.float64).reshape(-1, 2)
+    return 2 * np.pi * (freq[:, :1] * rows.reshape(1, -1)[:, points] / grid_h
+                        + freq[:, 1:] * columns.reshape(1, -1)[:, points] / grid_w)
 
-def _transposed(matrix: np.ndarray) -> np.ndarray:
-  """A constant's transpose laid out as such (the matmul then reads it row by row)."""
-  return np.ascontiguousarray(matrix.T)
+  every = np.arange(grid_h * grid_w)
+  images = _BinTransform(as32(np.cos(angle(complex_bins, every))), as32(-np.sin(angle(complex_bins, every))),
+                         as32(np.cos(angle(real_bins, every))))
+  kernel = _BinTransform(as32(np.cos(angle(complex_bins, taps))), as32(np.sin(angle(complex_bins, taps))),
+                         as32(np.cos(angle(real_bins, taps))))
+  size = grid_h * grid_w
+  inverse = _BinTransform(as32(2 / size * np.cos(angle(complex_bins, outputs))),
+                          as32(-2 / size * np.sin(angle(complex_bins, outputs))),
+                          as32(1 / size * np.cos(angle(real_bins, outputs))))
+  return images, kernel, inverse
 
 
 def _complex_product(a_re: Array, a_im: Array, b_re: Array, b_im: Array, subscripts: str):
@@ -276,23 +300,20 @@ def _complex_product(a_re: Array, a_im: Array, b_re: Array, b_im: Array, subscri
 
 
 def _spectral_forward(phased, phased_kernel, grid):
-  cos, minus_sin, tap_cos, tap_sin, inverse_cos, minus_inverse_sin = _fourier_matrices(*grid)
-  exact = jax.lax.Precision.HIGHEST
+  images_dft, kernel_dft, inverse_dft = _fourier_matrices(*grid)
   with jax.named_scope('transforms'):
-    # X = Σ_p x e^{-iθ}                                   # [bins, batch, s²c]
-    images_re = jnp.einsum('fp,pbc->fbc', cos, phased, precision=exact)
-    images_im = jnp.einsum('fp,pbc->fbc', minus_sin, phased, precision=exact)
-    # conj(K) = Σ_t k e^{+iθ}                             # [bins, s²c, out]
-    kernel_re = jnp.einsum('ft,tco->fco', tap_cos, phased_kernel, precision=exact)
-    kernel_conj_im = jnp.einsum('ft,tco->fco', tap_sin, phased_kernel, precision=exact)
+    # X = Σ_p x e^{-iθ}                                   # [bins, batch, s²c] per part
+    images_re, images_im, images_real = images_dft.apply(phased, 'fp,pbc->fbc')
+    # conj(K) = Σ_t k e^{+iθ}                             # [bins, s²c, out] per part
+    kernel_re, kernel_conj_im, kernel_real = kernel_dft.apply(phased_kernel, 'ft,tco->fco')
   with jax.named_scope('products'):
-    # Correlation: Y = X conj(K), one complex product per bin  # [bins, batch, out]
+    # Correlation: Y = X conj(K), one product per bin    # [bins, batch, out]
     outputs_re, outputs_im = _complex_product(images_re, images_im, kernel_re, kernel_conj_im, 'fbc,fco->fbo')
+    outputs_real = jnp.einsum('fbc,fco->fbo', images_real, kernel_real)
   with jax.named_scope('transforms'):
     # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs      # [outputs, batch, out]
-    outputs = (jnp.einsum('qf,fbo->qbo', _transposed(inverse_cos), outputs_re, precision=exact)
-               + jnp.einsum('qf,fbo->qbo', _transposed(minus_inverse_sin), outputs_im, precision=exact))
-  return outputs, (images_re, images_im, kernel_re, kernel_conj_im)
+    outputs = inverse_dft.apply_transposed((outputs_re, outputs_im, outputs_real), 'qf,fbo->qbo')
+  return outputs, (images_re, images_im, images_real, kernel_re, kernel_conj_im, kernel_real)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -302,29 +323,27 @@ def _spectral_correlation(phased: Array, phased_kernel: Array, grid: tuple) -> A
   own gradient so that every matmul of the backward pass is a plain (or right-transposed)
   one on position- or bin-major arrays: the automatic one contracted the batch axis of
   [bins, batch, s²c] arrays (a transposed-left matmul XLA:CPU leaves to a slower
-  kernel) and moved 60-wide bin axes innermost (docs/results.md, "CPU speed")."""
+  kernel) and moved the bin axes innermost (docs/results.md, "CPU speed")."""
   return _spectral_forward(phased, phased_kernel, grid)[0]
 
 
 def _spectral_correlation_bwd(grid, residuals, outputs_grad):
-  images_re, images_im, kernel_re, kernel_conj_im = residuals
-  cos, minus_sin, tap_cos, tap_sin, inverse_cos, minus_inverse_sin = _fourier_matrices(*grid)
-  exact = jax.lax.Precision.HIGHEST
+  images_re, images_im, images_real, kernel_re, kernel_conj_im, kernel_real = residuals
+  images_dft, kernel_dft, inverse_dft = _fourier_matrices(*grid)
   with jax.named_scope('transforms'):
-    # dY = Σ_q w_f e^{∓iθ} dy                             # [bins, batch, out]
-    grad_re = jnp.einsum('fq,qbo->fbo', inverse_cos, outputs_grad, precision=exact)
-    grad_im = jnp.einsum('fq,qbo->fbo', minus_inverse_sin, outputs_grad, precision=exact)
+    # dY = Σ_q w_f e^{∓iθ} dy                             # [bins, batch, out] per part
+    grad_re, grad_im, grad_real = inverse_dft.apply(outputs_grad, 'fq,qbo->fbo')
   with jax.named_scope('products'):
     # dX = dY conj(K)ᴴ                                    # [bins, batch, s²c]
-    images_grad_re, images_grad_im = _complex_product(grad_re, grad_im, kernel_re, -kernel_conj_im, 'fbo,fco->fbc')
-    # d conj(K)ᵀ = dYᵀ X̄, batch contracted as the right factor's rows   # [bins, out, s²c]
-    grad_re_t, grad_im_t = jnp.swapaxes(grad_re, 1, 2), jnp.swapaxes(grad_im, 1, 2)
-    kernel_grad_re, kernel_grad_im = _complex_product(grad_re_t, grad_im_t, images_re, -images_im, 'fob,fbc->foc')
+    images_grad = (*_complex_product(grad_re, grad_im, kernel_re, -kernel_conj_im, 'fbo,fco->fbc'),
+                   jnp.einsum('fbo,fco->fbc', grad_real, kernel_real))
+    # d conj(K)ᵀ = dYᵀ X̄: the batch contracted as the right factor's rows   # [bins, out, s²c]
+    grad_re_t, grad_im_t, grad_real_t = (jnp.swapaxes(part, 1, 2) for part in (grad_re, grad_im, grad_real))
+    kernel_grad = (*_complex_product(grad_re_t, grad_im_t, images_re, -images_im, 'fob,fbc->foc'),
+                   jnp.einsum('fob,fbc->foc', grad_real_t, images_real))
   with jax.named_scope('transforms'):
-    phased_grad = (jnp.einsum('pf,fbc->pbc', _transposed(cos), images_grad_re, precision=exact)  # [positions, batch, s²c]
-                   + jnp.einsum('pf,fbc->pbc', _transposed(minus_sin), images_grad_im, precision=exact))
-    kernel_grad = (jnp.einsum('tf,foc->toc', _transposed(tap_cos), kernel_grad_re, precision=exact)  # [taps, out, s²c]
-                   + jnp.einsum('tf,foc->toc', _transposed(tap_sin), kernel_grad_im, precision=exact))
+    phased_grad = images_dft.apply_transposed(images_grad, 'pf,fbc->pbc')     # [positions, batch, s²c]
+    kernel_grad = kernel_dft.apply_transposed(kernel_grad, 'tf,foc->toc')     # [taps, out, s²c]
   return phased_grad, jnp.swapaxes(kernel_grad, 1, 2)
 
 
@@ -339,9 +358,10 @@ def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:
   and the kernel is split alike, leaving a stride-1 correlation of s²·c channels on a
   ⌈h/s⌉ × ⌈w/s⌉ grid. Its discrete Fourier transform turns the correlation into one
   complex [batch, s²c] × [s²c, out] product per frequency (Y = X · conj(K)), three real
-  matmuls each (`_complex_product`); circular wrap-around never reaches the valid outputs,
-  and only those are transformed back. For PrimaryCaps (9×9, stride 2, 256 → 256 on
-  20×20) that is 67 M multiply-adds per image at batch 128 instead of im2col's 191 M, which is why
+  matmuls each (`_complex_product`), one for the self-conjugate bins, whose values are
+  real; circular wrap-around never reaches the valid outputs, and only those are
+  transformed back. For PrimaryCaps (9×9, stride 2, 256 → 256 on 20×20: 48 complex and 4
+  real bins) that is 55 M multiply-adds per image at batch 128 instead of im2col's 191 M, which is why
   'auto' picks it where the count says so (capsjax.formulations). The transforms run at
   HIGHEST precision (a TF32 DFT would lose digits on a GPU); values equal the direct
   convolution's to float32 rounding.

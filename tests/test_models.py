@@ -59,9 +59,13 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   layer = formulations.ConvLayer
   primary, conv1 = layer(20, 20, 256, 256, 9, 2), layer(28, 28, 1, 256, 9, 1)
   # Hand counts for PrimaryCaps: 6·6·81·256·256 direct; fourier on the 10×10 grid of 4 phases
-  # (60 bins, 1024 channels): 2·60·100·1024 + 3·60·1024·256 (Gauss) + 2·60·36·256 + 2·60·25·1024·256/128.
+  # (1024 channels), 48 complex bins (rows cos and sin) and 4 real ones ((0|5, 0|5): 100
+  # transform rows), three matmuls per complex product (Gauss), one per real one:
+  # 100·100·1024 + (3·48 + 4)·1024·256 + 100·36·256 + 100·25·1024·256/128.
   assert primary.direct_multiply_adds() == 6 * 6 * 81 * 256 * 256
-  assert primary.fourier_multiply_adds() == 2 * 60 * 100 * 1024 + 3 * 60 * 1024 * 256 + 2 * 60 * 36 * 256 + 2 * 60 * 25 * 1024 * 2
+  assert formulations.spectrum_bins(10, 10)[1] == ((0, 0), (5, 0), (0, 5), (5, 5))
+  assert len(formulations.spectrum_bins(10, 10)[0]) == 48
+  assert primary.fourier_multiply_adds() == 100 * 100 * 1024 + (3 * 48 + 4) * 1024 * 256 + 100 * 36 * 256 + 100 * 25 * 1024 * 2
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary) == 'fourier'
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=64)) == 'kernel_rows'
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=1)) == 'patches'   # the explorer
