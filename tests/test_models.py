@@ -252,3 +252,29 @@ def test_auto_never_resolves_to_a_choice_measured_slow_and_explicit_ones_say_so(
   assert len(lines) == 2 and all(line.startswith('note: model.') and '\n' not in line for line in lines)
   assert "conv_impl='xla'" in lines[0] and 'conv_inputs' in lines[1]   # the faster way is named
   assert formulations.slow_choices(dict(paper, conv_impl='xla'), 'gpu') == []   # slow on CPUs only
+
+
+def _dot_instructions(compiled_text: str) -> list:
+  """(result shape, dimension numbers) of every dot in a compiled module (fused or not)."""
+  import re  # pylint: disable=g-import-not-at-top
+  return re.findall(r'= (\w+\[[\d,]*\])\{[\d,]*\} dot\([^)]*\), (lhs_batch_dims=\{[\d,]*\}, )?', compiled_text)
+
+
+@pytest.mark.parametrize('impl', ['fourier', 'patches'])
+def test_vmapped_members_reach_the_convolution_as_one_matmul_each(impl):
+  # An ensemble's members (steps.make_train_step(ensemble=True) vmaps the whole step) must
+  # not become one small matmul per member: the compiled CPU program of 3 members'
+  # forward and backward has as many dots as one member's, each carrying the member axis
+  # (a batch dimension of size 3, or 3× the rows/columns of the member's own).
+  members, batch = 3, 8
+  images = jax.random.normal(jax.random.key(0), (members, batch, 12, 12, 16))
+  kernels = jax.random.normal(jax.random.key(1), (members, 5, 5, 16, 24))
+  loss = lambda x, w: jnp.sum(jnp.sin(ops.conv2d(x, w, 2, impl)))
+  one = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(images[0], kernels[0]).compile().as_text()
+  vmapped = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)))).lower(images, kernels).compile().as_text()
+  single_dots, member_dots = _dot_instructions(one), _dot_instructions(vmapped)
+  assert single_dots and len(member_dots) == len(single_dots), (single_dots, member_dots)
+  sizes = lambda shape: [int(d) for d in shape[shape.index('[') + 1:-1].split(',') if d]
+  for (single_shape, _), (member_shape, _) in zip(sorted(single_dots, key=lambda d: np.prod(sizes(d[0]))),
+                                                  sorted(member_dots, key=lambda d: np.prod(sizes(d[0])))):
+    assert np.prod(sizes(member_shape)) == members * np.prod(sizes(single_shape)), (single_shape, member_shape)
