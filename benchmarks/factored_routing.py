@@ -32,7 +32,7 @@ def peaks(name: str, grid: int, types: int, batch: int, classes: int, dim: int, 
     return None, materialised
   loop, loop_options = routing.loop_arguments(name, 3)
   factored = jax.jit(jax.grad(lambda u, w: jnp.sum(
-      routing.as_result(form(u, w, offsets, *loop, **loop_options, **options), options).parents), (0, 1)))
+      form(u, w, offsets, *loop, **loop_options, **options).parents), (0, 1)))
   return memory.traced_peak_bytes(factored, *args), materialised
 
 

@@ -37,8 +37,8 @@ def main():
   predictions = 0.05 * jax.random.normal(jax.random.key(0), (args.batch, 1152, 10, 16))
   variants = {
       'unrolled python loop': lambda u: unrolled_routing(u, r),
-      'fori_loop (static r)': lambda u: dynamic_routing(u, r),
-      'fori_loop (traced r, max 5)': lambda u: dynamic_routing(u, jnp.asarray(r), max_iterations=5),
+      'fori_loop (static r)': lambda u: dynamic_routing(u, r).parents,
+      'fori_loop (traced r, max 5)': lambda u: dynamic_routing(u, jnp.asarray(r), max_iterations=5).parents,
   }
   reference = jax.jit(variants['unrolled python loop'])(predictions)
   baseline = None

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from capsjax import formulations, ops
 from capsjax.formulations import Formulation
-from capsjax.routing import (ROUTINGS, as_result, coordinate_offsets, loop_arguments, route, own_routing_options,
+from capsjax.routing import (ROUTINGS, coordinate_offsets, loop_arguments, route, own_routing_options,
                              shared_form, shared_votes, squash, vector_norm)
 
 Array = jax.Array
@@ -122,8 +122,8 @@ class CapsuleLayer(nn.Module):
     >>> params = layer.init(jax.random.key(1), primary)
     >>> params['params']['weights'].shape                             # W_ij [in, out, out_dim, in_dim]
     (144, 10, 16, 8)
-    >>> parents, activations = layer.apply(params, primary)
-    >>> parents.shape, activations.shape                              # [batch, out, dim], [batch, out]
+    >>> routed = layer.apply(params, primary)                        # a RoutingResult
+    >>> routed.parents.shape, routed.activations.shape                # [batch, out, dim], [batch, out]
     ((2, 10, 16), (2, 10))
   """
   num_capsules: int = 10
@@ -150,8 +150,8 @@ class CapsuleLayer(nn.Module):
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
                return_logits: bool = False, grid: Optional[Sequence[int]] = None,
                return_couplings: bool = False):
-    """The routing's RoutingResult: it unpacks as (parents [batch, out, dim], activations
-    [batch, out]); with `return_logits` (routings whose ROUTINGS entry says returns_logits:
+    """The routing's RoutingResult: parents [batch, out, dim] and activations [batch,
+    out]; with `return_logits` (routings whose ROUTINGS entry says returns_logits:
     the routing-convergence probe) its `logits` per iteration, with `return_couplings`
     (returns_couplings: the routing diagnostics) its (first, last) `couplings` [batch, in,
     out]. `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
@@ -207,7 +207,7 @@ class CapsuleLayer(nn.Module):
       factored = shared_form(self.routing, options) if self.votes == 'factored' else None
       if factored is not None:
         loop, loop_options = loop_arguments(self.routing, iterations, max_iterations, unroll)
-        return as_result(factored(*shared, *loop, **loop_options, **options), options)
+        return factored(*shared, *loop, **loop_options, **options)
       prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
     # EM reads the primary capsules' lengths as input activations; the others ignore them.
     input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]

@@ -14,7 +14,7 @@ from capsjax.data.sources import SOURCES
 from capsjax.errors import ConfigError
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
-from capsjax.routing import ROUTINGS, route
+from capsjax.routing import ROUTINGS, register_routing, route
 from capsjax.validation import problems_of
 from helpers import tiny_config
 
@@ -29,6 +29,15 @@ def uniform_mean(prediction_vectors, input_activations, *, scale=1.0):
   """Every child couples equally to every parent: v_j = squash(scale · mean_i û_j|i)."""
   del input_activations   # not iterative: no loop arguments reach it
   parents = squash(scale * jnp.mean(prediction_vectors, axis=1))   # [batch, out, dim]
+  return parents, vector_norm(parents)
+
+
+# The earlier documented protocol: every routing took the loop's arguments.
+@register_routing('uniform_mean_old', iterative=False)
+def uniform_mean_old(prediction_vectors, input_activations, num_iterations, *, max_iterations=None,
+                     unroll=False, scale=1.0):
+  del input_activations, num_iterations, max_iterations, unroll
+  parents = squash(scale * jnp.mean(prediction_vectors, axis=1))
   return parents, vector_norm(parents)
 '''
 
@@ -99,6 +108,7 @@ def user_modules(tmp_path):
     _import_file(tmp_path / f'{name}.py', name)
   yield
   ROUTINGS.unregister('uniform_mean')
+  ROUTINGS.unregister('uniform_mean_old')
   MODELS.unregister('linear')
   OBJECTIVES.unregister('linear_xent')
   SOURCES.unregister('npz_pair')
@@ -120,7 +130,8 @@ def test_registry_entries_carry_declared_capabilities():
 def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_dir, tmp_path):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   predictions = jnp.ones((2, 5, 3, 4))
-  parents, activations = route('uniform_mean', predictions, scale=0.5)
+  routed = route('uniform_mean', predictions, scale=0.5)
+  parents, activations = routed.parents, routed.activations
   np.testing.assert_allclose(np.asarray(activations), 1.0 / 2.0, rtol=1e-6)   # |squash(0.5·(1,1,1,1))| = 1/2
   assert parents.shape == (2, 3, 4)
   config = tiny_config(mnist_dir, num_steps=4, eval_every_steps=0)
@@ -147,8 +158,18 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
   with pytest.raises(ValueError, match="takes no option 'sclae'"):
     build_model('capsnet', routing='uniform_mean', routing_options={'sclae': 0.5})
   assert build_model(**config.model).routing_options == {'scale': 2.0}
+  # A routing written to the earlier protocol (declaring the loop's arguments although not
+  # iterative) is adapted at registration: it routes, and it trains, unchanged.
+  old = route('uniform_mean_old', predictions, scale=0.5)
+  np.testing.assert_allclose(np.asarray(old.parents), np.asarray(parents))
+  config.model.routing = 'uniform_mean_old'
+  config.model.routing_options = {'uniform_mean_old': {'scale': 2.0}}
+  assert problems_of(config) == []
   results = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert results['completed'] and results['steps'] == 4 and np.isfinite(results['test_loss'])
+  with pytest.raises(ConfigError, match="^routing 'looping' is registered iterative=True but takes no num_iterations: "):
+    register_routing('looping')(lambda prediction_vectors, input_activations: None)
+  assert 'looping' not in ROUTINGS.names()
 
 
 def test_a_family_and_a_source_from_their_own_files_train(user_modules, mnist_dir, tmp_path):
@@ -195,7 +216,7 @@ def test_help_of_a_users_config_file_lists_the_users_routing(tmp_path):
                            '--help'], capture_output=True, text=True, timeout=120, env=env)
   assert result.returncode == 0, result.stderr[-2000:]
   routing_line = next(line for line in result.stdout.splitlines() if line.strip().startswith('model.routing ='))
-  assert "'uniform_mean'" in routing_line and 'uniform_mean]' in routing_line
+  assert "'uniform_mean'" in routing_line and 'uniform_mean, uniform_mean_old]' in routing_line
   assert 'model.routing_options.uniform_mean.scale = 1.0' in result.stdout
 
 
@@ -273,3 +294,4 @@ def test_a_model_key_and_a_routing_option_are_one_declaration_each(user_declarat
   # squash: |v| = |s|² / (1 + |s|²), so |s| = sqrt(|v| / (1 − |v|)); the option scales |s| by 4.
   norm = lambda v: jnp.sqrt(v / (1 - v))
   assert jnp.allclose(norm(lengths[4.0]), 4 * norm(lengths[1.0]), rtol=1e-3)
+

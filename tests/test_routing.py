@@ -57,35 +57,35 @@ def random_predictions(seed=0, shape=(2, 12, 4, 5), scale=0.5):
 def test_matches_procedure_1(r):
   u_hat = random_predictions(r)
   expected, _ = reference_routing(u_hat, r)
-  np.testing.assert_allclose(dynamic_routing(u_hat, r), expected, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(dynamic_routing(u_hat, r).parents, expected, rtol=2e-5, atol=1e-6)
 
 
 def test_jit_and_static_bound_agree_with_reference():
   u_hat = random_predictions(7)
   expected, _ = reference_routing(u_hat, 3)
-  routed = jax.jit(lambda u, r: dynamic_routing(u, r, max_iterations=5))(u_hat, 3)
+  routed = jax.jit(lambda u, r: dynamic_routing(u, r, max_iterations=5).parents)(u_hat, 3)
   np.testing.assert_allclose(routed, expected, rtol=2e-5, atol=1e-6)
 
 
 def test_iterations_change_the_result():
   # Guards against a loop that silently runs once: r=1 and r=3 must differ.
   u_hat = random_predictions(3)
-  assert not np.allclose(dynamic_routing(u_hat, 1), dynamic_routing(u_hat, 3), atol=1e-4)
+  assert not np.allclose(dynamic_routing(u_hat, 1).parents, dynamic_routing(u_hat, 3).parents, atol=1e-4)
 
 
 def test_one_iteration_is_uniform_coupling():
   u_hat = random_predictions(4)
   out_caps = u_hat.shape[2]
   expected = reference_squash(np.asarray(u_hat, np.float64).sum(1) / out_caps)
-  np.testing.assert_allclose(dynamic_routing(u_hat, 1), expected, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(dynamic_routing(u_hat, 1).parents, expected, rtol=2e-5, atol=1e-6)
 
 
 def test_vmap_over_iteration_count_equals_separate_calls():
   u_hat = random_predictions(5)
   counts = jnp.array([1, 2, 3, 4])
-  batched = jax.jit(jax.vmap(lambda r: dynamic_routing(u_hat, r, max_iterations=4)))(counts)
+  batched = jax.jit(jax.vmap(lambda r: dynamic_routing(u_hat, r, max_iterations=4).parents))(counts)
   for k, r in enumerate([1, 2, 3, 4]):
-    np.testing.assert_allclose(batched[k], dynamic_routing(u_hat, r), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batched[k], dynamic_routing(u_hat, r).parents, rtol=1e-5, atol=1e-6)
 
 
 def _directional_derivatives(fn, x, num_directions=3, eps=1e-3):
@@ -108,9 +108,9 @@ def test_gradients_match_finite_differences(traced):
   u_hat = random_predictions(6, (2, 8, 3, 4))
   weights = jax.random.normal(jax.random.key(1), (2, 3, 4))
   if traced:
-    fn = lambda u: jnp.sum(weights * dynamic_routing(u, jnp.asarray(3), max_iterations=4))
+    fn = lambda u: jnp.sum(weights * dynamic_routing(u, jnp.asarray(3), max_iterations=4).parents)
   else:
-    fn = lambda u: jnp.sum(weights * dynamic_routing(u, 3))
+    fn = lambda u: jnp.sum(weights * dynamic_routing(u, 3).parents)
   with jax.enable_x64(True):
     pairs = _directional_derivatives(fn, jnp.asarray(u_hat, jnp.float64))
   autodiff, numeric = pairs[:, 0], pairs[:, 1]
@@ -119,31 +119,31 @@ def test_gradients_match_finite_differences(traced):
 
 def test_traced_and_static_gradients_agree():
   u_hat = random_predictions(8)
-  static = jax.grad(lambda u: jnp.sum(dynamic_routing(u, 2) ** 2))(u_hat)
-  traced = jax.grad(lambda u: jnp.sum(dynamic_routing(u, jnp.asarray(2), max_iterations=5) ** 2))(u_hat)
+  static = jax.grad(lambda u: jnp.sum(dynamic_routing(u, 2).parents ** 2))(u_hat)
+  traced = jax.grad(lambda u: jnp.sum(dynamic_routing(u, jnp.asarray(2), max_iterations=5).parents ** 2))(u_hat)
   np.testing.assert_allclose(traced, static, rtol=1e-5, atol=1e-7)
 
 
 def test_stop_gradient_keeps_values_and_changes_only_gradients():
   u_hat = random_predictions(9)
-  loss = lambda u, sg: jnp.sum(dynamic_routing(u, 3, stop_gradient_predictions=sg) ** 2)
-  np.testing.assert_allclose(dynamic_routing(u_hat, 3, stop_gradient_predictions=True),
-                             dynamic_routing(u_hat, 3), rtol=1e-6)
+  loss = lambda u, sg: jnp.sum(dynamic_routing(u, 3, stop_gradient_predictions=sg).parents ** 2)
+  np.testing.assert_allclose(dynamic_routing(u_hat, 3, stop_gradient_predictions=True).parents,
+                             dynamic_routing(u_hat, 3).parents, rtol=1e-6)
   full, stopped = jax.grad(loss)(u_hat, False), jax.grad(loss)(u_hat, True)
   assert not np.allclose(full, stopped, atol=1e-6)
   # With the coupling frozen, the gradient is that of one pass with fixed c.
-  c = coupling_coefficients(dynamic_routing(u_hat, 3, return_logits=True)[1][1])
+  c = coupling_coefficients(dynamic_routing(u_hat, 3, return_logits=True).logits[1])
   frozen = lambda u: jnp.sum(squash(jnp.einsum('bij,bijd->bjd', c, u)) ** 2)
   np.testing.assert_allclose(stopped, jax.grad(frozen)(u_hat), rtol=1e-4, atol=1e-7)
   # With one iteration there is nothing to stop.
-  one_pass = lambda u, sg: jnp.sum(dynamic_routing(u, 1, stop_gradient_predictions=sg) ** 2)
+  one_pass = lambda u, sg: jnp.sum(dynamic_routing(u, 1, stop_gradient_predictions=sg).parents ** 2)
   np.testing.assert_allclose(jax.grad(one_pass)(u_hat, True), jax.grad(one_pass)(u_hat, False), rtol=1e-6)
 
 
 def test_leaky_routing_matches_reference_with_extra_parent():
   u_hat = random_predictions(10)
   expected, _ = reference_routing(u_hat, 3, leaky=True)
-  np.testing.assert_allclose(dynamic_routing(u_hat, 3, leaky=True), expected, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(dynamic_routing(u_hat, 3, leaky=True).parents, expected, rtol=2e-5, atol=1e-6)
   coupling = coupling_coefficients(jnp.zeros((1, 2, 4)), leaky=True)
   np.testing.assert_allclose(coupling, 0.2)  # 4 parents + the leak share equally
 
@@ -152,15 +152,15 @@ def test_log_priors_start_the_logits():
   u_hat = random_predictions(11)
   priors = jax.random.normal(jax.random.key(2), u_hat.shape[1:3])
   expected, _ = reference_routing(u_hat, 2, log_priors=priors)
-  np.testing.assert_allclose(dynamic_routing(u_hat, 2, log_priors=priors), expected, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(dynamic_routing(u_hat, 2, log_priors=priors).parents, expected, rtol=2e-5, atol=1e-6)
 
 
 def test_returned_logits_are_every_iteration():
   u_hat = random_predictions(12)
   _, expected = reference_routing(u_hat, 3)
-  _, history = dynamic_routing(u_hat, 3, return_logits=True)
+  history = dynamic_routing(u_hat, 3, return_logits=True).logits
   np.testing.assert_allclose(history, expected, rtol=2e-5, atol=1e-5)
-  _, padded = dynamic_routing(u_hat, jnp.asarray(3), max_iterations=5, return_logits=True)
+  padded = dynamic_routing(u_hat, jnp.asarray(3), max_iterations=5, return_logits=True).logits
   assert padded.shape[0] == 5
   np.testing.assert_allclose(padded[3], padded[2])
   np.testing.assert_allclose(padded[4], padded[2])
@@ -169,9 +169,9 @@ def test_returned_logits_are_every_iteration():
 def test_bad_iteration_counts_are_rejected():
   u_hat = random_predictions(0)
   with pytest.raises(ValueError, match='max_iterations'):
-    jax.jit(lambda r: dynamic_routing(u_hat, r))(3)
+    jax.jit(lambda r: dynamic_routing(u_hat, r).parents)(3)
   with pytest.raises(ValueError, match='>= 1'):
-    dynamic_routing(u_hat, 0)
+    dynamic_routing(u_hat, 0).parents
 
 
 def test_squash_limits_and_direction():
@@ -191,14 +191,14 @@ def test_squash_is_safe_at_zero():
   assert np.all(np.isfinite(grad))
   jac = jax.jacobian(squash)(jnp.zeros(4))
   np.testing.assert_array_equal(jac, np.zeros((4, 4)))  # squash(s) = O(|s|²) near 0
-  routed_grad = jax.grad(lambda u: jnp.sum(dynamic_routing(u, 3)))(jnp.zeros((1, 4, 2, 3)))
+  routed_grad = jax.grad(lambda u: jnp.sum(dynamic_routing(u, 3).parents))(jnp.zeros((1, 4, 2, 3)))
   assert np.all(np.isfinite(routed_grad))
 
 
 def test_convergence_measures_match_the_reference_loop():
   from capsjax.routing import coupling_changes, routing_logit_changes  # pylint: disable=g-import-not-at-top
   u_hat = random_predictions(seed=5)
-  _, logits = dynamic_routing(u_hat, 4, return_logits=True)
+  logits = dynamic_routing(u_hat, 4, return_logits=True).logits
   _, history = reference_routing(u_hat, 4)
   previous = np.concatenate([np.zeros_like(history[:1]), history[:-1]])
   expected_db = np.abs(history - previous).mean(axis=(1, 2, 3))
@@ -389,6 +389,10 @@ def _reference_batch(name, u, a, r, params):
   return np.stack([o[0] for o in outputs]), np.stack([o[1] for o in outputs])
 
 
+def _pair(result):
+  return result.parents, result.activations
+
+
 def _route(name, u, a, r, params):
   options = {OPTION_NAMES.get(k, k): jnp.asarray(v) for k, v in params.items()}
   return routing.route(name, u, a, r, **options)
@@ -398,7 +402,7 @@ def test_the_registry_holds_the_four_algorithms_and_route_works_as_it_stands():
   assert set(REFERENCES) <= set(routing.ROUTINGS)
   u, a = _inputs()
   for name in routing.ROUTINGS:
-    parents, activations = routing.route(name, jnp.asarray(u, jnp.float32))
+    parents, activations = _pair(routing.route(name, jnp.asarray(u, jnp.float32)))
     assert parents.shape == (BATCH, OUT_CAPS, DIM) and activations.shape == (BATCH, OUT_CAPS)
     assert jnp.all((activations >= 0) & (activations <= 1)), name
 
@@ -412,14 +416,14 @@ def test_values_and_gradients_match_the_papers_reference(name):
   rng = np.random.default_rng(7)
   w_parents, w_activations = rng.normal(size=expected_parents.shape), rng.normal(size=expected_activations.shape)
   with jax.enable_x64(True):
-    parents, activations = _route(name, jnp.asarray(u), jnp.asarray(a), r, params)
+    parents, activations = _pair(_route(name, jnp.asarray(u), jnp.asarray(a), r, params))
     # EM divides by the spread of its costs over the parents, which scales rounding up.
     tolerance = dict(rtol=1e-6, atol=1e-8) if name == 'em' else dict(rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(parents, expected_parents, **tolerance)
     np.testing.assert_allclose(activations, expected_activations, **tolerance)
 
     def loss(u_, a_):
-      p, act = _route(name, u_, a_, r, params)
+      p, act = _pair(_route(name, u_, a_, r, params))
       return jnp.sum(p * w_parents) + jnp.sum(act * w_activations)
     grad_u, grad_a = jax.grad(loss, argnums=(0, 1))(jnp.asarray(u), jnp.asarray(a))
 
@@ -449,8 +453,8 @@ def test_permuting_the_input_capsules_changes_nothing(name):
   order = np.array([3, 0, 4, 2, 1])
   per_child = {k: (v[order] if np.ndim(v) and np.shape(v)[0] == IN_CAPS else v) for k, v in params.items()}
   with jax.enable_x64(True):
-    parents, activations = _route(name, jnp.asarray(u), jnp.asarray(a), 3, params)
-    permuted = _route(name, jnp.asarray(u[:, order]), jnp.asarray(a[:, order]), 3, per_child)
+    parents, activations = _pair(_route(name, jnp.asarray(u), jnp.asarray(a), 3, params))
+    permuted = _pair(_route(name, jnp.asarray(u[:, order]), jnp.asarray(a[:, order]), 3, per_child))
   np.testing.assert_allclose(permuted[0], parents, rtol=1e-10, atol=1e-12)
   np.testing.assert_allclose(permuted[1], activations, rtol=1e-10, atol=1e-12)
 
@@ -458,14 +462,14 @@ def test_permuting_the_input_capsules_changes_nothing(name):
 def test_uniform_is_one_iteration_of_procedure_1_and_max_follows_the_longest_vote():
   u, a = _inputs(5)
   u, a = jnp.asarray(u, jnp.float32), jnp.asarray(a, jnp.float32)
-  np.testing.assert_allclose(routing.route('uniform', u, a)[0], routing.route('dynamic', u, a, 1)[0], rtol=1e-6)
+  np.testing.assert_allclose(routing.route('uniform', u, a).parents, routing.route('dynamic', u, a, 1).parents, rtol=1e-6)
   # One child's vote for parent 1 made far the longest: max's parent 1 is that vote, squashed.
   loud = u.at[0, 2, 1].set(10 * u[0, 2, 1] / routing.vector_norm(u[0, 2, 1]))
-  parents, activations = routing.route('max_pooling', loud, a.at[0, 2].set(1.0))
+  parents, activations = _pair(routing.route('max_pooling', loud, a.at[0, 2].set(1.0)))
   np.testing.assert_allclose(parents[0, 1], routing.squash(loud[0, 2, 1]), rtol=1e-6)
   assert activations[0, 1] == pytest.approx(100 / 101, rel=1e-6)   # |squash(s)| = |s|² / (1 + |s|²)
   # Only the winning child's vote gets a gradient from parent 1.
-  grad = jax.grad(lambda x: jnp.sum(routing.route('max_pooling', x, a.at[0, 2].set(1.0))[0][0, 1]))(loud)
+  grad = jax.grad(lambda x: jnp.sum(routing.route('max_pooling', x, a.at[0, 2].set(1.0)).parents[0, 1]))(loud)
   assert jnp.count_nonzero(jnp.abs(grad[0, :, 1]).sum(-1)) == 1 and jnp.any(grad[0, 2, 1] != 0)
 
 
@@ -475,16 +479,16 @@ def test_traced_iteration_count_under_vmap_matches_separate_calls(name):
   u, a = jnp.asarray(u, jnp.float32), jnp.asarray(a, jnp.float32)
 
   def summed(count):
-    parents, activations = routing.route(name, u, a, count, max_iterations=4)
+    parents, activations = _pair(routing.route(name, u, a, count, max_iterations=4))
     return jnp.sum(parents) + jnp.sum(activations)
 
   values = jax.vmap(summed)(jnp.arange(1, 5))   # one program over r = 1 … 4
   for count, value in zip(range(1, 5), values):
-    parents, activations = routing.route(name, u, a, count)
+    parents, activations = _pair(routing.route(name, u, a, count))
     assert value == pytest.approx(float(jnp.sum(parents) + jnp.sum(activations)), rel=1e-5)
   # Gradients through the traced count equal the static ones.
-  traced = jax.grad(lambda u_: jnp.sum(routing.route(name, u_, a, jnp.asarray(2), max_iterations=4)[1]))(u)
-  static = jax.grad(lambda u_: jnp.sum(routing.route(name, u_, a, 2)[1]))(u)
+  traced = jax.grad(lambda u_: jnp.sum(routing.route(name, u_, a, jnp.asarray(2), max_iterations=4).activations))(u)
+  static = jax.grad(lambda u_: jnp.sum(routing.route(name, u_, a, 2).activations))(u)
   np.testing.assert_allclose(traced, static, rtol=1e-5, atol=1e-7)
 
 
@@ -654,7 +658,7 @@ def test_shared_transform_routing_equals_procedure_1_on_the_materialised_votes()
 
     def materialised(capsules, transforms, bias):
       votes = routing.shared_votes(capsules, transforms, offsets)     # [batch, pos·types, out, dim]
-      return jnp.sum(weights * routing.dynamic_routing(votes, 3, bias=bias))
+      return jnp.sum(weights * routing.dynamic_routing(votes, 3, bias=bias).parents)
 
     def factored(capsules, transforms, bias):
       return jnp.sum(weights * routing.shared_dynamic_routing(capsules, transforms, offsets, 3, bias=bias))
@@ -697,8 +701,7 @@ def test_each_shared_form_equals_its_routing_on_the_materialised_votes(name):
     activation_weights = jnp.asarray(rng.normal(size=(batch, out_caps)))
 
     def loss(result):
-      parents, activations = result
-      return jnp.sum(weights * parents) + jnp.sum(activation_weights * activations)
+      return jnp.sum(weights * result.parents) + jnp.sum(activation_weights * result.activations)
 
     def materialised(capsules, transforms, options):
       votes = routing.shared_votes(capsules, transforms, offsets)     # [batch, pos·types, out, dim]
@@ -708,7 +711,7 @@ def test_each_shared_form_equals_its_routing_on_the_materialised_votes(name):
     def factored(capsules, transforms, options):
       form = routing.shared_form(name, options)
       loop, loop_options = routing.loop_arguments(name, 3)
-      return loss(routing.as_result(form(capsules, transforms, offsets, *loop, **loop_options, **options), options))
+      return loss(form(capsules, transforms, offsets, *loop, **loop_options, **options))
 
     value, grads = jax.value_and_grad(materialised, argnums=(0, 1, 2))(capsules, transforms, options)
     factored_value, factored_grads = jax.value_and_grad(factored, argnums=(0, 1, 2))(capsules, transforms, options)
@@ -776,7 +779,7 @@ def test_shared_transforms_in_the_capsnet_route_without_votes_and_do_not_grow_wi
           jax.ShapeDtypeStruct((types, 10, 16, 8), jnp.float32))
   offsets = routing.coordinate_offsets(24, 24, 16)
   factored = jax.jit(jax.grad(lambda u, w: jnp.sum(routing.shared_dynamic_routing(u, w, offsets, 3)), (0, 1)))
-  votes = jax.jit(jax.grad(lambda u, w: jnp.sum(routing.dynamic_routing(routing.shared_votes(u, w, offsets), 3)),
+  votes = jax.jit(jax.grad(lambda u, w: jnp.sum(routing.dynamic_routing(routing.shared_votes(u, w, offsets), 3).parents),
                            (0, 1)))
   vote_bytes = batch * positions * types * 10 * 16 * 4
   with_votes = memory.traced_peak_bytes(votes, *args)

@@ -9,6 +9,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from capsjax.errors import ConfigError
 from capsjax.keys import Key, annotated_keys
 from capsjax.registry import Registry
 from capsjax.routing.core import Array
@@ -50,14 +51,15 @@ from capsjax.routing.core import Array
                    data_fields=['parents', 'activations', 'couplings', 'logits'], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class RoutingResult:
-  """What every routing returns. It unpacks and indexes as the pair `parents, activations`
-  (the two every routing has); the others by name, None where the routing has none or
-  was not asked for them.
+  """What every routing returns, by name: `parents` and `activations` (every routing has
+  them); `couplings` and `logits`, None where the routing has none or was not asked for
+  them.
 
   Example:
     >>> votes = jnp.ones((1, 4, 2, 3))                              # û [batch, in, out, dim]
     >>> result = capsjax.route('dynamic', votes, num_iterations=2, return_couplings=True)
-    >>> parents, activations = result
+    >>> result.parents.shape, result.activations.shape              # [batch, out, dim], [batch, out]
+    ((1, 2, 3), (1, 2))
     >>> result.couplings[0].shape, result.logits is None            # (first, last) [batch, in, out]
     ((1, 4, 2), True)
   """
@@ -65,12 +67,6 @@ class RoutingResult:
   activations: Array                               # a_j [batch, out], in [0, 1]
   couplings: Optional[Tuple[Array, Array]] = None  # (first, last) c_ij [batch, in, out]
   logits: Optional[Array] = None                   # b_ij after each iteration [iterations, batch, in, out]
-
-  def __iter__(self):
-    return iter((self.parents, self.activations))
-
-  def __getitem__(self, index):   # result[0], result[1]: as the pair it unpacks as
-    return (self.parents, self.activations)[index]
 
 
 def loop_arguments(name: str, num_iterations, max_iterations=None, unroll: bool = False) -> Tuple[tuple, dict]:
@@ -84,7 +80,7 @@ def loop_arguments(name: str, num_iterations, max_iterations=None, unroll: bool 
 def as_result(output, options: Dict[str, Any]) -> RoutingResult:
   """A routing's output as a RoutingResult: a routing of one's own may return the plain
   (parents, activations) pair, and a third value, the logits or the couplings that
-  `options` asked for."""
+  `options` asked for (the registry applies this to every routing it calls)."""
   if isinstance(output, RoutingResult):
     return output
   parents, activations, *extra = output
@@ -126,7 +122,10 @@ def register_routing(name: str, *, iterative: bool = True,
   own, each with a default, its section of `config.model.routing_options` may set
   (`config.model.routing_options.NAME.OPTION`); `learned` ones become
   parameters of the capsule layer. It returns a RoutingResult, or the plain pair
-  (parents [batch, out_caps, dim], activations [batch, out_caps]). `returns_logits`: it
+  (parents [batch, out_caps, dim], activations [batch, out_caps]), which the registry
+  converts; a non-iterative one written to the earlier protocol (declaring num_iterations
+  and the loop's keywords) is handed one pass, and an iterative one without
+  num_iterations is refused here, in one line (ConfigError). `returns_logits`: it
   accepts return_logits=True and then fills the logits per iteration; `returns_couplings`:
   it accepts return_couplings=True and then fills the (first, last) couplings [batch, in,
   out] (the routing diagnostics); `layer_inputs`: which of the capsule layer's
@@ -140,13 +139,50 @@ def register_routing(name: str, *, iterative: bool = True,
     ... def uniform(prediction_vectors, input_activations):
     ...   parents = capsjax.squash(prediction_vectors.mean(axis=1))   # [batch, out, dim]
     ...   return parents, capsjax.vector_norm(parents)
-    >>> parents, activations = capsjax.route('uniform_example', jnp.ones((1, 4, 2, 3)))
-    >>> activations                                                  # |squash(1, 1, 1)| = 3 / 4
+    >>> capsjax.route('uniform_example', jnp.ones((1, 4, 2, 3))).activations   # |squash(1, 1, 1)| = 3 / 4
     Array([[0.75, 0.75]], dtype=float32)
     >>> capsjax.ROUTINGS.unregister('uniform_example')
   """
-  return ROUTINGS.register(name, iterative=iterative, learned=dict(learned or {}), returns_logits=returns_logits,
-                           returns_couplings=returns_couplings, layer_inputs=tuple(layer_inputs), shared=shared)
+  def register(function):
+    ROUTINGS.register(name, _as_registered(name, function, iterative), iterative=iterative,
+                      learned=dict(learned or {}), returns_logits=returns_logits,
+                      returns_couplings=returns_couplings, layer_inputs=tuple(layer_inputs),
+                      shared=None if shared is None else _as_registered(name, shared, iterative, shared=True))
+    return function
+  return register
+
+
+_LOOP_ARGUMENTS = ('num_iterations', 'max_iterations', 'unroll')
+
+
+def _as_registered(name: str, function: Callable[..., Any], iterative: bool, shared: bool = False):
+  """`function` as the registry calls it, adapted once, here: it returns a RoutingResult
+  (a plain (parents, activations) pair and a third value are converted, `as_result`), and
+  it receives only the loop arguments it declares. A routing written to the earlier
+  protocol (every routing took num_iterations, and max_iterations and unroll, whether it
+  looped or not) and registered `iterative=False` is handed them as one pass
+  (num_iterations=1). An iterative one must take num_iterations: refused here otherwise,
+  in one line."""
+  parameters = inspect.signature(function).parameters
+  what = f"routing {name!r}" + ("'s shared form" if shared else '')
+  if iterative and 'num_iterations' not in parameters:
+    raise ConfigError(f'{what} is registered iterative=True but takes no num_iterations: give it the '
+                      'arguments (…, num_iterations, *, max_iterations=None, unroll=False) and loop with '
+                      'capsjax.routing.iterate, or register it with iterative=False')
+  positional = 3 if shared else 2   # (capsules, transforms, offsets) or (votes, activations)
+  one_pass = {'num_iterations': 1, 'max_iterations': None, 'unroll': False}
+
+  @functools.wraps(function)
+  def registered(*arguments, **keywords):
+    if iterative:
+      inputs, (num_iterations,) = arguments[:positional], arguments[positional:]
+      keywords = dict(keywords, num_iterations=num_iterations)
+    else:
+      inputs = arguments
+      keywords = dict(keywords, **{arg: one_pass[arg] for arg in _LOOP_ARGUMENTS if arg in parameters})
+    keywords = {key: value for key, value in keywords.items() if key not in _LOOP_ARGUMENTS or key in parameters}
+    return as_result(function(*inputs, **keywords), keywords)
+  return registered
 
 
 def shared_form(name: str, options: Dict[str, Any]) -> Optional[Callable[..., Any]]:
@@ -174,8 +210,8 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   Example:
     >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
     >>> for name in ('dynamic', 'em'):
-    ...   parents, activations = capsjax.route(name, votes, num_iterations=2)
-    ...   print(name, parents.shape, activations.shape)
+    ...   routed = capsjax.route(name, votes, num_iterations=2)
+    ...   print(name, routed.parents.shape, routed.activations.shape)
     dynamic (2, 3, 4) (2, 3)
     em (2, 3, 4) (2, 3)
   """
@@ -188,7 +224,7 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
     if option not in options or options[option] is None:
       options[option] = jnp.full(shape(in_caps, out_caps, dim), initial, prediction_vectors.dtype)
   loop, loop_options = loop_arguments(name, num_iterations, max_iterations, unroll)
-  return as_result(entry.value(prediction_vectors, input_activations, *loop, **loop_options, **options), options)
+  return entry.value(prediction_vectors, input_activations, *loop, **loop_options, **options)
 
 
 def routing_option_defaults(name: str) -> Dict[str, Any]:

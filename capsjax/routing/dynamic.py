@@ -64,17 +64,18 @@ def dynamic_routing(
       `routing_loop`, resolved per backend by capsjax.formulations).
 
   Returns:
-    parents [batch, out_caps, out_dim], or (parents, logits_per_iteration).
+    RoutingResult: parents v [batch, out_caps, out_dim], activations |v_j| [batch,
+    out_caps], and with `return_logits` the logits per iteration.
 
   Example:
     >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
-    >>> parents = capsjax.dynamic_routing(votes, num_iterations=3)
+    >>> parents = capsjax.dynamic_routing(votes, num_iterations=3).parents
     >>> parents.shape                                                 # v [batch, out, dim]
     (2, 3, 4)
     >>> bool(jnp.all(capsjax.vector_norm(parents) < 1))               # squashed
     True
     >>> # r traced under vmap, as the routing ablations do: one program for r = 1, 2, 3.
-    >>> route_r = lambda r: capsjax.dynamic_routing(votes, r, max_iterations=3)
+    >>> route_r = lambda r: capsjax.dynamic_routing(votes, r, max_iterations=3).parents
     >>> jax.vmap(route_r)(jnp.arange(1, 4)).shape                     # [r, batch, out, dim]
     (3, 2, 3, 4)
   """
@@ -113,9 +114,7 @@ def dynamic_routing(
 
   parents, _, history = jax.lax.fori_loop(
       0, length, body, (parents, routing_logits, history), unroll=unroll)
-  if return_logits:
-    return parents, history
-  return parents
+  return RoutingResult(parents, vector_norm(parents), logits=history)
 
 
 def routing_logit_changes(logits_per_iteration: Array, initial_logits: Optional[Array] = None) -> Array:
@@ -127,7 +126,7 @@ def routing_logit_changes(logits_per_iteration: Array, initial_logits: Optional[
 
   Example:
     >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # [batch, in, out, dim]
-    >>> _, logits = capsjax.dynamic_routing(votes, 4, return_logits=True)
+    >>> logits = capsjax.dynamic_routing(votes, 4, return_logits=True).logits
     >>> logits.shape                                                  # [iterations, batch, in, out]
     (4, 2, 6, 3)
     >>> capsjax.routing_logit_changes(logits).shape                   # one mean |Δb| per iteration
@@ -228,8 +227,7 @@ def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterat
   result = dynamic_routing(prediction_vectors, num_iterations, max_iterations=max_iterations,
                            stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
                            log_priors=log_priors, bias=bias, unroll=unroll, return_logits=with_logits)
-  parents, logits = result if with_logits else (result, None)
   return RoutingResult(
-      parents, vector_norm(parents),
-      couplings=_couplings_used(logits, num_iterations, leaky, log_priors) if return_couplings else None,
-      logits=logits if return_logits else None)
+      result.parents, result.activations,
+      couplings=_couplings_used(result.logits, num_iterations, leaky, log_priors) if return_couplings else None,
+      logits=result.logits if return_logits else None)
