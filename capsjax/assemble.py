@@ -14,7 +14,6 @@ import optax
 from capsjax import ensembles, evaluators, losses, memory, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
-from capsjax.data.images import DEFAULT_BACKGROUND
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preprocessing, images_on_demand
 from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source, with_image_size
 from capsjax.data.tasks import TASKS, Splits, Task, at_most
@@ -34,14 +33,14 @@ def schedule(config, num_steps: int = 0) -> optax.Schedule:
   """The run's learning rate per step; `num_steps`: the run's length (what 'cosine' and
   'linear' decay over; config.num_steps when not given)."""
   return steps.learning_rate_schedule(config.learning_rate, config.lr_decay_steps, config.lr_decay_rate,
-                                      config.lr_staircase, config.lr_min, kind=config.get('lr_schedule', 'exponential'),
-                                      warmup_steps=config.get('warmup_steps', 0),
-                                      total_steps=num_steps or config.get('num_steps', 0))
+                                      config.lr_staircase, config.lr_min, kind=config.lr_schedule,
+                                      warmup_steps=config.warmup_steps,
+                                      total_steps=num_steps or config.num_steps)
 
 
 def optimizer(config, num_steps: int = 0) -> optax.GradientTransformation:
-  return steps.make_optimizer(schedule(config, num_steps), config.get('optimizer', 'adam'),
-                              config.get('weight_decay', 0.0), config.get('grad_clip_norm', 0.0))
+  return steps.make_optimizer(schedule(config, num_steps), config.optimizer,
+                              config.weight_decay, config.grad_clip_norm)
 
 
 def model(config):
@@ -186,8 +185,8 @@ def evaluations(config, model_module, pipeline, source, mesh, knobs) -> List[Any
 
 def data_spec(config) -> DataSpec:
   """Where the run's data comes from: the config's data keys and nothing else."""
-  return DataSpec(config.dataset, config.get('data_dir', ''), config.get('tfds_data_dir', ''),
-                  config.get('image_size', 0), config.get('image_background', DEFAULT_BACKGROUND))
+  return DataSpec(config.dataset, config.data_dir, config.tfds_data_dir,
+                  config.image_size, config.image_background)
 
 
 def task_options(config, keys) -> Dict[str, Any]:
@@ -208,10 +207,10 @@ def source_info(config) -> SourceInfo:
   described = DATASETS.get(config.dataset)
   names = tuple(config.get('class_names') or ()) or (
       described.class_names if described else tuple(str(i) for i in range(config.model.num_classes)))
-  background = config.get('image_background', DEFAULT_BACKGROUND)   # runs before the key: white
+  background = config.image_background   # upgraded workdirs: white, what runs before the key used
   if described is not None:
     info = SourceInfo(config.dataset, described.image_shape, names, described.preprocessing, background)
-    return with_image_size(info, config.get('image_size', 0))
+    return with_image_size(info, config.image_size)
   return SourceInfo(config.dataset, tuple(config.model.input_shape), names, background=background)
 
 
@@ -219,8 +218,8 @@ def pipeline(config, dataset: Dataset, training: bool) -> Pipeline:
   """A classification pipeline over `dataset` with the run's batch size, seed, shifts and
   its described dataset's preprocessing (for data that comes from no source)."""
   return dataset_pipeline(dataset, training, batch_size=config.batch_size, seed=config.seed,
-                          max_shift=config.get('max_shift', 0),
-                          preprocessing=described_preprocessing(config.get('dataset', '')))
+                          max_shift=config.max_shift,
+                          preprocessing=described_preprocessing(config.dataset))
 
 
 def task(config) -> Task:
@@ -261,7 +260,7 @@ def splits(config, load: Optional[Callable[[Any, str], Dataset]] = None) -> Spli
   source = open_source(data_spec(config))
   info = source.describe()
   run_task.check_input(info, config.model.input_shape)
-  on_demand = images_on_demand(config.get('host_images', 'auto'))
+  on_demand = images_on_demand(config.host_images)
   load = load or (lambda _, split: source.load(split, on_demand))
   train, test = load(info, 'train'), load(info, 'test')
   train, held_out = split_validation(config, train)
@@ -281,7 +280,7 @@ def pipelines(config) -> Tuple[Pipeline, Pipeline]:
 def affine_test_pipeline(config) -> Pipeline:
   """The MNIST test digits under random affine maps (config.affnist), fixed per index."""
   source = open_source(data_spec(config))
-  test = source.load('test', images_on_demand(config.get('host_images', 'auto')))
+  test = source.load('test', images_on_demand(config.host_images))
   if config.num_test_examples:
     test = test.take(config.num_test_examples)
   ranges = dict(config.affnist.ranges)

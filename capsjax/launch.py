@@ -338,9 +338,8 @@ def main(argv):
     cli.fail('--workdir is required to train')
   program = registered_programs().get(config.program)   # a registered name (validation)
   from capsjax.runtime import check_backend, initialize_distributed  # pylint: disable=g-import-not-at-top
-  initialize_distributed(config.get('distributed', False), config.get('coordinator_address', ''),   # before any
-                         config.get('num_processes', 0), config.get('process_id', -1),       # JAX computation
-                         config.get('distributed_timeout_s', 120))
+  initialize_distributed(config.distributed, config.coordinator_address,   # before any JAX computation
+                         config.num_processes, config.process_id, config.distributed_timeout_s)
   check_backend()
   program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))   # RunStopped: exit 75
   return 0

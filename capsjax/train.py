@@ -134,11 +134,11 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
   ensemble = members is not None
   knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
   # Recipe members: each its own schedule, weight decay, EMA decay (capsjax.ensembles).
-  per_member = steps.member_optimizer(config.get('optimizer', 'adam'), config.get('grad_clip_norm', 0.0),
+  per_member = steps.member_optimizer(config.optimizer, config.grad_clip_norm,
                                       total_steps) if ensemble and 'recipe' in members[0] else None
   train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh,
-                                     config.get('ema_decay', 0.0), per_member)
-  shifts = config.get('eval_shift_averaging', 0)
+                                     config.ema_decay, per_member)
+  shifts = config.eval_shift_averaging
   groups = recipe_groups(members)
   eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts, groups)
   train_source = sharding.replicate(train.source, mesh)
@@ -320,7 +320,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   sharding.check_batch_size(config.batch_size, mesh)
   train, test, validation = assemble.splits(config)
   num_steps = assemble.total_steps(config, train.num_examples)
-  if config.get('warmup_steps', 0) >= num_steps > 0:   # a length in epochs, known from the data
+  if config.warmup_steps >= num_steps > 0:   # a length in epochs, known from the data
     raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
                       f'({config.num_epochs} epochs of {train.num_examples} examples): the run would end inside '
                       'the warm-up, below the configured learning rate')
@@ -330,7 +330,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   num_params = count_params(program.abstract_state['params']) // (len(members) if members else 1)
   memory_estimates = program.memory_estimates(program.abstract_state)
   available = memory.available_bytes()
-  if config.get('check_memory', True):   # before the state is allocated or a step compiled
+  if config.check_memory:   # before the state is allocated or a step compiled
     memory.check_fits(memory_estimates, available)
   multi_process = jax.process_count() > 1
 

@@ -136,7 +136,7 @@ def main(argv=None):
   config, model, params = trained.config, trained.model, trained.params
   cli.say(f'model: {trained.describe()}; reading {args.num} test images…')
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir,
-                      image_size=config.get('image_size', 0)).take(args.num)
+                      image_size=config.image_size).take(args.num)
   names = assemble.source_info(config).class_names
   images = np.asarray(preprocess(jnp.asarray(test.images)))
   capsules, predictions = classify(model, params, images, show_progress=True)
