@@ -149,3 +149,22 @@ def test_the_wheel_lists_every_package_and_installs_the_experiments_under_capsja
     module, function = target.split(':')
     assert module == 'capsjax.commands' and callable(getattr(commands, function)), script
     assert f'{script} ' in commands.__doc__, f'{script}: not in capsjax/commands.py\'s list'
+
+
+def test_build_md_is_short_and_its_program_recipe_counts_the_files():
+  import re  # pylint: disable=g-import-not-at-top
+  text = open(os.path.join(ROOT, 'BUILD.md')).read()
+  assert len(text.splitlines()) <= 450, 'BUILD.md: at most 450 lines (move measurements to docs/results.md)'
+  stated = int(re.search(r'\*\*A program: (\d+) files\.\*\*', text).group(1))
+  # Counted from the code: every built-in program with a config section of its own is
+  # imported by launch (registration) and validation (its section), and has an experiment.
+  touched = {}
+  for module, tree in _modules():
+    if module.startswith('capsjax.programs.') and 'in_base=False' in ast.unparse(tree):
+      name = module.rsplit('.', 1)[1]
+      importers = {importer for importer, other in _modules()
+                   if importer != module and any(imported in (module, f'capsjax.programs.{name}')
+                                                 for imported, _ in _imports(other))}
+      experiments = [f for f in os.listdir(os.path.join(ROOT, 'experiments')) if f.startswith(name)]
+      touched[name] = 1 + len(importers & {'capsjax.launch', 'capsjax.validation'}) + bool(experiments)
+  assert touched and set(touched.values()) == {stated}, (stated, touched)
