@@ -158,13 +158,13 @@ def test_build_md_is_short_and_its_program_recipe_counts_the_files():
   stated = int(re.search(r'\*\*A program: (\d+) files\.\*\*', text).group(1))
   # Counted from the code: every built-in program with a config section of its own is
   # imported by launch (registration) and validation (its section), and has an experiment.
+  modules = dict(_modules())
+  imports = {module: {imported for imported, _ in _imports(tree)} for module, tree in modules.items()}
   touched = {}
-  for module, tree in _modules():
+  for module, tree in modules.items():
     if module.startswith('capsjax.programs.') and 'in_base=False' in ast.unparse(tree):
       name = module.rsplit('.', 1)[1]
-      importers = {importer for importer, other in _modules()
-                   if importer != module and any(imported in (module, f'capsjax.programs.{name}')
-                                                 for imported, _ in _imports(other))}
+      importers = {importer for importer, imported in imports.items() if importer != module and module in imported}
       experiments = [f for f in os.listdir(os.path.join(ROOT, 'experiments')) if f.startswith(name)]
       touched[name] = 1 + len(importers & {'capsjax.launch', 'capsjax.validation'}) + bool(experiments)
   assert touched and set(touched.values()) == {stated}, (stated, touched)

@@ -20,7 +20,7 @@ class NnxCapsNet(nnx.Module):
 
   def __call__(self, images):                               # [batch, 28, 28, 1]
     primary = self.primary(nnx.relu(self.conv1(images)))    # [batch, 6·6·8, 8]
-    _, lengths = self.digits(primary)                       # [batch, 10]
+    lengths = self.digits(primary).activations              # [batch, 10]
     return lengths
 
 
