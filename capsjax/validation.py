@@ -199,6 +199,31 @@ def problems_of(config) -> List[str]:
   found, recipes = _get(config, 'ensemble.recipes')
   if found and recipes:
     problems.extend(_recipe_problems(config))
+  found, variants = _get(config, 'sweep.variants')
+  if found and variants:
+    problems.extend(_sweep_problems(config, variants))
+  return problems
+
+
+def _sweep_problems(config, variants) -> List[str]:
+  """Each sweep variant checked as the config it trains (one line per rule broken, naming
+  the variant): a bad variant is refused before the first one trains."""
+  try:
+    parsed = [sweep.parse_variant(spec) for spec in variants]
+  except ConfigError as e:
+    return [str(e)]
+  names = [name for name, _ in parsed]
+  if len(set(names)) != len(names):
+    return [f'config.sweep.variants: variant names repeat: {names}']
+  problems = []
+  for name, overrides in parsed:
+    try:
+      variant = sweep.variant_config(config, overrides)
+    except ConfigError as e:
+      problems.append(f'sweep variant {name!r}: {e}')
+      continue
+    variant.sweep.variants = ()   # the variant trains alone
+    problems += [f'sweep variant {name!r}: {line}' for line in problems_of(variant)]
   return problems
 
 

@@ -82,6 +82,15 @@ def test_sweep_variants_parse_and_reject_bad_keys():
     sweep.parse_variant('x: learning_rate')
   with pytest.raises(ConfigError, match='Python literal'):
     sweep.parse_variant('x: learning_rate=fast')
+  # Validation checks each variant as the config it trains, before any variant runs.
+  from capsjax.validation import problems_of  # pylint: disable=g-import-not-at-top
+  assert problems_of(config) == []
+  config.sweep.variants = ('base:', 'slow: learning_rate=-1.0', 'odd: learnig_rate=1.0')
+  problems = problems_of(config)
+  assert problems[0].startswith("sweep variant 'slow': config.learning_rate=-1.0: allowed "), problems
+  assert problems[1].startswith("sweep variant 'odd': sweep override 'learnig_rate': no such config key"), problems
+  config.sweep.variants = ('a:', 'a: learning_rate=2e-3')
+  assert problems_of(config) == ["config.sweep.variants: variant names repeat: ['a', 'a']"]
 
 
 def test_sweep_command_trains_every_variant_and_ranks_them(mnist_dir, tmp_path):

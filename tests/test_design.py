@@ -168,3 +168,51 @@ def test_build_md_is_short_and_its_program_recipe_counts_the_files():
       experiments = [f for f in os.listdir(os.path.join(ROOT, 'experiments')) if f.startswith(name)]
       touched[name] = 1 + len(importers & {'capsjax.launch', 'capsjax.validation'}) + bool(experiments)
   assert touched and set(touched.values()) == {stated}, (stated, touched)
+
+
+# Import cycles still in the package, each with what breaks it; none may be added.
+KNOWN_CYCLES = {
+    # defaults imports train and workdir for their keys, workdir upgrades stored configs
+    # with defaults' base config: an explicit config schema (issue 62) breaks it.
+    frozenset({'capsjax.defaults', 'capsjax.train', 'capsjax.workdir'}),
+}
+
+
+def test_the_import_graph_has_no_cycle_beyond_the_known_ones():
+  modules = dict(_modules())
+
+  def module_of(imported):   # 'capsjax.assemble.overridden' → 'capsjax.assemble'
+    while imported and imported not in modules:
+      imported = imported.rpartition('.')[0]
+    return imported
+
+  graph = {module: {module_of(imported) for imported, _ in _imports(tree) if module_of(imported)} - {module}
+           for module, tree in modules.items()}
+  # Strongly connected components (Tarjan), each of more than one module a cycle.
+  index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+  def visit(node):
+    index[node] = low[node] = len(index)
+    stack.append(node)
+    on_stack.add(node)
+    for other in graph[node]:
+      if other not in index:
+        visit(other)
+        low[node] = min(low[node], low[other])
+      elif other in on_stack:
+        low[node] = min(low[node], index[other])
+    if low[node] == index[node]:
+      component = set()
+      while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        component.add(member)
+        if member == node:
+          break
+      if len(component) > 1:
+        cycles.append(frozenset(component))
+
+  for node in graph:
+    if node not in index:
+      visit(node)
+  assert set(cycles) <= KNOWN_CYCLES, [sorted(c) for c in set(cycles) - KNOWN_CYCLES]

@@ -7,7 +7,7 @@ from capsjax.data.datasets import DATASETS
 from capsjax.data.idx import is_gzipped, map_idx, read_idx
 from capsjax.data.rows import ImageRows
 from capsjax.errors import DataError
-from capsjax.data.sources import (  # the core this kind builds on
+from capsjax.data.sources.core import (  # the core this kind builds on
     IMAGE_FOLDER, Dataset, check_directory, Source, SourceInfo, _checked, _resized_dataset, register_source, with_image_size)
 
 _IDX_NAMES = {

@@ -12,7 +12,7 @@ from capsjax import cli
 from capsjax.data import images as image_files
 from capsjax.data.rows import ImageRows
 from capsjax.errors import ConfigError, DataError
-from capsjax.data.sources import (  # the core this kind builds on
+from capsjax.data.sources.core import (  # the core this kind builds on
     IMAGE_FOLDER, SPLITS, Dataset, check_directory, Source, SourceInfo, _checked, register_source)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from capsjax.data.datasets import DATASETS
 from capsjax.data.rows import CHUNK_ROWS, ImageRows
 from capsjax.errors import DataError
-from capsjax.data.sources import (  # the core this kind builds on
+from capsjax.data.sources.core import (  # the core this kind builds on
     _TFDS_NAME, SPLITS, Dataset, Source, SourceInfo, _checked, _resized_dataset, register_source, with_image_size)
 
 
