@@ -347,8 +347,7 @@ def _spectral_correlation_bwd(grid, residuals, outputs_grad):
   return phased_grad, jnp.swapaxes(kernel_grad, 1, 2)
 
 
-_spectral_correlation.defvjp(lambda phased, kernel, grid: _spectral_forward(phased, kernel, grid),
-                             _spectral_correlation_bwd)
+_spectral_correlation.defvjp(_spectral_forward, _spectral_correlation_bwd)
 
 
 def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:

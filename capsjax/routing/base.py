@@ -153,6 +153,8 @@ def register_routing(name: str, *, iterative: bool = True,
 
 
 _LOOP_ARGUMENTS = ('num_iterations', 'max_iterations', 'unroll')
+# What a non-iterative routing of the earlier protocol is handed: one pass.
+_ONE_PASS = {'num_iterations': 1, 'max_iterations': None, 'unroll': False}
 
 
 def _as_registered(name: str, function: Callable[..., Any], iterative: bool, shared: bool = False):
@@ -170,16 +172,11 @@ def _as_registered(name: str, function: Callable[..., Any], iterative: bool, sha
                       'arguments (…, num_iterations, *, max_iterations=None, unroll=False) and loop with '
                       'capsjax.routing.iterate, or register it with iterative=False')
   positional = 3 if shared else 2   # (capsules, transforms, offsets) or (votes, activations)
-  one_pass = {'num_iterations': 1, 'max_iterations': None, 'unroll': False}
 
   @functools.wraps(function)
   def registered(*arguments, **keywords):
-    if iterative:
-      inputs, (num_iterations,) = arguments[:positional], arguments[positional:]
-      keywords = dict(keywords, num_iterations=num_iterations)
-    else:
-      inputs = arguments
-      keywords = dict(keywords, **{arg: one_pass[arg] for arg in _LOOP_ARGUMENTS if arg in parameters})
+    inputs = arguments[:positional]
+    keywords.update({'num_iterations': arguments[positional]} if iterative else _ONE_PASS)
     keywords = {key: value for key, value in keywords.items() if key not in _LOOP_ARGUMENTS or key in parameters}
     return as_result(function(*inputs, **keywords), keywords)
   return registered
