@@ -122,7 +122,7 @@ def cell_device(settings) -> dict:
       'memory_bytes': stats.get('bytes_limit') or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'),
       'memory_source': 'memory_stats bytes_limit' if stats.get('bytes_limit') else 'host RAM',
       'host_cpus': os.cpu_count(), 'python': platform.python_version(), 'versions': versions,
-      # What capsjax-plan's GPU description (capsjax.plan.GPUS) assumes of this device.
+      # What capsjax-plan's GPU description (capsjax.app.plan.GPUS) assumes of this device.
       'core_count': getattr(device, 'core_count', None),
       'compute_capability': getattr(device, 'compute_capability', None),
   }

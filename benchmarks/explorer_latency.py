@@ -18,9 +18,9 @@ import urllib.request
 
 import numpy as np
 
-from capsjax.explorer import browser
-from capsjax.explorer.backend import Explorer
-from capsjax.explorer.server import make_server
+from capsjax.app.explorer import browser
+from capsjax.app.explorer.backend import Explorer
+from capsjax.app.explorer.server import make_server
 
 
 # A drag: the slider moves 0.005 per event, one event every 16 ms, back and forth.

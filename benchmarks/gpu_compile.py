@@ -6,10 +6,10 @@ and FLOPs per call, set beside a device report's measured rows and fitted to the
 
 Each capsjax row of the report (a mode, batch, ensemble size and the formulations it
 resolved to on the GPU) is compiled again here for a compile-only GPU of capsjax-plan's
-description (`capsjax.plan.GPUS`; `--target`): training as the run's own step
+description (`capsjax.app.plan.GPUS`; `--target`): training as the run's own step
 (`train.build_program`), inference as the report times it (`model.apply` on a batch). From
 the compiled module: the kernels per call and the bytes they read and write
-(`capsjax.plan.kernel_traffic`); the FLOPs are the project's count of what the formulation
+(`capsjax.app.plan.kernel_traffic`); the FLOPs are the project's count of what the formulation
 computes (benchmarks/timing.py: XLA's cost analysis counts a loop's body once, and the
 chunked inference and the rolled routing loop are loops). The measured time per call is then fitted, by non-negative least squares, as
 
@@ -30,7 +30,7 @@ import time
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from capsjax import cli  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from capsjax.app import cli  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def config_for(experiment: str, batch: int, members: int, formulations: dict, dtype: str):
@@ -50,7 +50,8 @@ def compiled_figures(config, mode: str, batch: int, mesh) -> dict:
   """Kernels, traffic (bytes) and FLOPs of one call of `mode` ('train' or 'infer')."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from capsjax import assemble, formulations, plan, sharding  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble, formulations, sharding  # pylint: disable=g-import-not-at-top
+  from capsjax.app import plan  # pylint: disable=g-import-not-at-top
   from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
   with formulations.target_backend('gpu'):
     config = assemble.resolve_data(config)
@@ -114,7 +115,8 @@ def main() -> int:
   except (OSError, ValueError) as e:
     cli.fail(f'--report={args.report}: {e}')
   cli.start_jax_quietly()
-  from capsjax import plan, sharding  # pylint: disable=g-import-not-at-top
+  from capsjax import sharding  # pylint: disable=g-import-not-at-top
+  from capsjax.app import plan  # pylint: disable=g-import-not-at-top
   from capsjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   try:
     devices = plan.compile_only_devices(plan.parse_target(args.target))

@@ -8,7 +8,7 @@ H200 (capsjax-plan's descriptions): the primary capsules' convolution alone
 (benchmarks/gpu_speed.py's cells: formulation × batch × dtype, inference and training, XLA's
 default GEMM choice) and the paper model's whole steps in each formulation at batch 128
 (training and inference, unrolled loop). Each program is compiled for the GPU; its kernels
-and the bytes they move come from the compiled module (capsjax.plan.kernel_traffic), its
+and the bytes they move come from the compiled module (capsjax.app.plan.kernel_traffic), its
 FLOPs from the project's count of what the formulation performs; the time is the fit of
 the 2026-11-25 H100 report (benchmarks/gpu_compile.py: μs per kernel, traffic, float32 and
 bfloat16 FLOP rates) applied to them. The same fit serves the H200 (the same SMs and clocks;
@@ -24,7 +24,7 @@ import time
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from capsjax import cli  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from capsjax.app import cli  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import gpu_compile, gpu_speed  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -32,7 +32,8 @@ def conv_figures(impl: str, batch: int, dtype: str, mode: str, device) -> dict:
   """Kernels, traffic and performed FLOPs of one gpu_speed cell compiled for `device`."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from capsjax import formulations, ops, plan  # pylint: disable=g-import-not-at-top
+  from capsjax import formulations, ops  # pylint: disable=g-import-not-at-top
+  from capsjax.app import plan  # pylint: disable=g-import-not-at-top
   layer = gpu_speed.LAYER
   compute = getattr(jnp, dtype)
   placed = jax.sharding.SingleDeviceSharding(device)
@@ -66,7 +67,8 @@ def main() -> int:
   except (OSError, ValueError, KeyError) as e:
     cli.fail(f'--fit={args.fit}: {e}')
   cli.start_jax_quietly()
-  from capsjax import plan, sharding  # pylint: disable=g-import-not-at-top
+  from capsjax import sharding  # pylint: disable=g-import-not-at-top
+  from capsjax.app import plan  # pylint: disable=g-import-not-at-top
   from capsjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   os.makedirs(args.out, exist_ok=True)
   batches = [int(b) for b in args.batches.split(',') if b]

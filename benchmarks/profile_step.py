@@ -26,7 +26,8 @@ import time
 
 import jax
 
-from capsjax import assemble, cli, formulations
+from capsjax import assemble, formulations
+from capsjax.app import cli
 from capsjax.data.sources import Dataset
 from capsjax.steps import make_train_step
 from timing import random_inputs
@@ -151,7 +152,7 @@ def main():
   parser.add_argument('--top', type=int, default=12, help='longest instructions listed')
   parser.add_argument('--huge_pages', default='on', choices=['on', 'off'],
                       help="large buffers in transparent huge pages where Linux allows it (what capsjax's "
-                           'commands do; capsjax.cli.huge_pages_environment)')
+                           'commands do; capsjax.app.cli.huge_pages_environment)')
   args = parser.parse_args()
   if args.huge_pages == 'on':
     cli.use_huge_pages()   # restarts this process once

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from capsjax import plots
+from capsjax.app import plots
 
 
 def curves(run_dir):

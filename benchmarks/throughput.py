@@ -31,9 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
-import numpy as np
 
-from capsjax import assemble, cli, formulations, runtime  # pylint: disable=g-import-not-at-top
+from capsjax import assemble, formulations, runtime  # pylint: disable=g-import-not-at-top
+from capsjax.app import cli  # pylint: disable=g-import-not-at-top
 from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
 from timing import (buffer_bytes, capsnet_flops, conv_layers, is_paper_architecture, random_inputs, seconds_per_call,
                     seconds_per_step)
@@ -135,7 +135,7 @@ def main():
   parser.add_argument('--torch_script', default=DEFAULT_TORCH_SCRIPT)
   parser.add_argument('--huge_pages', default='on', choices=['on', 'off'],
                       help="both sides' large buffers in transparent huge pages where Linux allows it "
-                           "(on: what capsjax's commands do; capsjax.cli.huge_pages_environment)")
+                           "(on: what capsjax's commands do; capsjax.app.cli.huge_pages_environment)")
   args = parser.parse_args()
   if args.huge_pages == 'on':
     cli.use_huge_pages()   # restarts this process once; the peer's processes inherit it

@@ -24,7 +24,7 @@ Names load on first use: `import capsjax` itself imports no JAX, so the commands
 """
 import importlib
 
-from capsjax.cli import quiet_libtpu_environment as _quiet_libtpu_environment
+from capsjax.console import quiet_libtpu_environment as _quiet_libtpu_environment
 
 __version__ = '0.1.0'
 
@@ -44,8 +44,8 @@ _EXPORTS = {
     'MODELS': 'models',
     'make_objective': 'objectives', 'OBJECTIVES': 'objectives',
     'base_config': 'defaults', 'EVALUATORS': 'evaluators', 'register_evaluator': 'evaluators',
-    'train_and_evaluate': 'train', 'RunResult': 'train', 'plan_run': 'plan',
-    'load_trained': 'trained', 'TrainedModel': 'trained', 'Predictor': 'predict',
+    'train_and_evaluate': 'train', 'RunResult': 'train', 'plan_run': 'app.plan',
+    'load_trained': 'app.trained', 'TrainedModel': 'app.trained', 'Predictor': 'app.predict',
     'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
 }
 

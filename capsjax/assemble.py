@@ -202,7 +202,7 @@ def task_options(config, keys) -> Dict[str, Any]:
 
 def source_info(config) -> SourceInfo:
   """A trained run's SourceInfo from its config alone (no data read): the shape its images
-  were held in, its preprocessing and class names. What `capsjax.predict` converts a file
+  were held in, its preprocessing and class names. What `capsjax.app.predict` converts a file
   to, as training converted the run's images."""
   described = DATASETS.get(config.dataset)
   names = tuple(config.get('class_names') or ()) or (
@@ -255,7 +255,7 @@ def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]
 def splits(config, load: Optional[Callable[[Any, str], Dataset]] = None) -> Splits:
   """(train, test, validation or None) pipelines of config.task on config's source. With
   config.validation_examples, training never sees the held-out images. `load(info, split)`:
-  the split's Dataset in place of the source's (capsjax.plan: zeros of the split's shape)."""
+  the split's Dataset in place of the source's (capsjax.app.plan: zeros of the split's shape)."""
   run_task = task(config)
   source = open_source(data_spec(config))
   info = source.describe()

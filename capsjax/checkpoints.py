@@ -5,7 +5,7 @@ and `progress` (JSON: the training wall time so far, so that it adds up over res
 Saves are asynchronous; a save that fails (full disk, read-only or vanished folder) is
 found by `check()` at the next step, and stops the run with a CheckpointWriteError that
 names the last complete checkpoint on disk (command lines then exit without interpreter
-teardown, see `capsjax.cli.fail`). Orbax's own multi-line error logs are kept off the console for such failures.
+teardown, see `capsjax.app.cli.fail`). Orbax's own multi-line error logs are kept off the console for such failures.
 """
 import ast
 import contextlib

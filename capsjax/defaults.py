@@ -25,7 +25,7 @@ def _owners():
 def run_keys() -> Dict[str, keys.Key]:
   """Every declared run-level key by dotted name: the base config's (their modules
   imported here) and those of any experiment section whose module is imported
-  (capsjax.programs.*: validation imports them)."""
+  (capsjax.app.programs.*: validation imports them)."""
   _owners()
   return keys.RUN_KEYS
 
@@ -69,7 +69,7 @@ def section(name: str) -> ml_collections.ConfigDict:
   values = keys.section_defaults(name)
   if not values:
     raise KeyError(f'no config section {name!r} is declared: import the module that declares it '
-                   '(capsjax.programs.affnist declares affnist)')
+                   '(capsjax.app.programs.affnist declares affnist)')
   return ml_collections.ConfigDict(values)
 
 

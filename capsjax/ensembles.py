@@ -13,7 +13,7 @@ reconstruction weight, the routing iterations, the augmentation strengths). Anyt
 else stays a sweep variant: one training per variant.
 """
 import ast
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
 import jax.numpy as jnp
 

@@ -29,7 +29,7 @@ class RunStopped(CapsjaxError):
   """A run stopped before its last step, after saving a checkpoint: by a signal or a
   preemption notice ('preempted'), by Ctrl-C ('interrupted') or at config.stop_at_step
   ('stop_at_step'). The same
-  command (or call) resumes it. Command lines exit 75 (capsjax.cli.EXIT_RESUMABLE)."""
+  command (or call) resumes it. Command lines exit 75 (capsjax.app.cli.EXIT_RESUMABLE)."""
 
   def __init__(self, steps: int, num_steps: int, stop_reason: str):
     super().__init__(f'stopped at step {steps} of {num_steps} ({stop_reason}); run again to resume')

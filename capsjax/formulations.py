@@ -210,7 +210,7 @@ FASTEST = {
 }
 
 
-# The backend a program is traced for when it is not JAX's default (capsjax.plan compiles
+# The backend a program is traced for when it is not JAX's default (capsjax.app.plan compiles
 # for a TPU or GPU on a CPU machine), and the choices 'auto' made while tracing for it.
 _TARGET = {'backend': '', 'choices': None}
 

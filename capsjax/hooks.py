@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from capsjax import cli, reports, sharding
+from capsjax import console, reports, sharding
 from capsjax.checkpoints import Checkpoints
 from capsjax.errors import NaNLossError
 from capsjax.runtime import StopRequests
@@ -255,7 +255,7 @@ class Evaluator(Hook):
             + ('' if self.compiled else '; the first evaluation compiles its programs') + '…')
     start = time.time()
     # The first one compiles its programs: XLA's slow-compile banners stay out of the output.
-    with cli.xla_alarms_dropped() if not self.compiled else contextlib.nullcontext():
+    with console.xla_alarms_dropped() if not self.compiled else contextlib.nullcontext():
       metrics = self._metrics(run, step)
     run.last_eval, run.last_eval_step = metrics, step
     self.last_seconds = time.time() - start

@@ -8,7 +8,7 @@ Three forms, one meaning:
 - a routing's or an objective's option: a keyword argument of the routing or objective
   function, `Annotated` the same way.
 
-`capsjax.defaults.base_config()`, `capsjax.validation` and `--help` are generated from these
+`capsjax.defaults.base_config()`, `capsjax.app.validation` and `--help` are generated from these
 declarations; nothing else repeats a default, a rule or a help line. This module imports
 nothing of capsjax, so any module may declare its keys at import time.
 """

@@ -34,7 +34,7 @@ def data_mesh(devices: Optional[Sequence[Any]] = None) -> jax.sharding.Mesh:
 @functools.lru_cache(maxsize=16)   # asked at every global batch: once per mesh
 def is_compile_only(mesh) -> bool:
   """Whether `mesh` holds devices this process cannot run on: the compile-only devices of a
-  TPU topology or GPU target that capsjax.plan compiles for. Nothing can be placed on them:
+  TPU topology or GPU target that capsjax.app.plan compiles for. Nothing can be placed on them:
   `replicate` and `global_batch` then describe the arrays (jax.ShapeDtypeStruct with their
   sharding) instead of making them, so the run's own program lowers for the target."""
   return mesh.devices.flat[0] not in jax.devices()

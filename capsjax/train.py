@@ -19,9 +19,9 @@ import jax
 import ml_collections
 import numpy as np
 
+from capsjax import assemble, console, formulations, memory, reports, runtime, sharding, sizing, steps
 from capsjax import checkpoints as ckpt
 from capsjax import hooks as hooks_lib
-from capsjax import assemble, cli, formulations, memory, reports, runtime, sharding, sizing, steps
 from capsjax import workdir as workdir_lib
 from capsjax.data.pipeline import Pipeline
 from capsjax.errors import CapsjaxError, CheckpointError, ConfigError, RunStopped
@@ -78,7 +78,7 @@ def _log(message: str) -> None:
 @dataclasses.dataclass
 class RunSteps:
   """The jitted train step and evaluation of one run or one vmapped ensemble (not an
-  experiment program: those are capsjax.programs.PROGRAMS, which compose runs)."""
+  experiment program: those are capsjax.app.programs.PROGRAMS, which compose runs)."""
   # The jitted step and, for step n, its arguments (state, data source, global host batch
   # [, knobs]): apart so that a benchmark can lower, compile and time the very program.
   jitted_step: Callable[..., Any]
@@ -93,7 +93,7 @@ class RunSteps:
   memory_estimates: Optional[Callable[[Any], Dict[str, Tuple[int, str]]]] = None
   mesh: Optional[jax.sharding.Mesh] = None   # where the jitted step keeps the state (replicated)
   # abstract state → {'training': the train step lowered, 'evaluation': an evaluation batch
-  # lowered} for the mesh's devices, nothing placed: what capsjax.plan compiles for a target
+  # lowered} for the mesh's devices, nothing placed: what capsjax.app.plan compiles for a target
   lower: Optional[Callable[[Any], Dict[str, Any]]] = None
 
   @functools.cached_property
@@ -307,12 +307,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 # config.program → the function(config, workdir) that runs the experiment: this training
-# loop, or a program of capsjax.programs that composes it (registered there).
+# loop, or a program of capsjax.app.programs that composes it (registered there).
 PROGRAMS = Registry('program', doc="""The programs by name (`config.program`): each entry's value is the
 function (config, workdir) that runs an experiment; `train` is `train_and_evaluate`.""")
 PROGRAMS.register('train', train_and_evaluate)
 declare('program', 'train', registered(PROGRAMS.names), 'what runs: train, or an experiment program that calls '
-        'the training loop itself (capsjax.programs)')
+        'the training loop itself (capsjax.app.programs)')
 
 
 def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -> RunResult:
@@ -376,7 +376,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     for step in range(first_step, run.last_step):
       # The first call compiles: XLA's slow-compile banners stay out of the run's output
       # (the first progress line says how long it took).
-      with cli.xla_alarms_dropped() if step == first_step else contextlib.nullcontext():
+      with console.xla_alarms_dropped() if step == first_step else contextlib.nullcontext():
         run.state, train_metrics = program.train_step(run.state, step)
       # The host runs at most RUN_AHEAD_STEPS steps ahead of the device: a stop request
       # (Ctrl-C, SIGTERM) is acted on at the next step, not after a queue of them.

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import capsjax  # noqa: E402  pylint: disable=wrong-import-position
-from capsjax import cli as _cli  # noqa: E402  pylint: disable=wrong-import-position
+from capsjax.app import cli as _cli  # noqa: E402  pylint: disable=wrong-import-position
 
 _cli.quiet_libtpu_environment()   # the executed notebooks' kernels inherit it: libtpu silent without TPUs
 

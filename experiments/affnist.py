@@ -12,7 +12,7 @@ import ml_collections
 
 from capsjax import defaults
 from capsjax.experiments import ablation, mnist
-from capsjax.programs import affnist as program  # pylint: disable=unused-import  (declares affnist.*)
+from capsjax.app.programs import affnist as program  # pylint: disable=unused-import  (declares affnist.*)
 
 
 def affnist_cnn_model() -> ml_collections.ConfigDict:

@@ -1,4 +1,4 @@
-"""The small CapsNet whose weights ship with the capsule explorer (`python -m capsjax.explorer`).
+"""The small CapsNet whose weights ship with the capsule explorer (`python -m capsjax.app.explorer`).
 
 The paper's decoder (512-1024-784) and 16D digit capsules, with a narrower encoder
 (conv1 128 channels, 8 primary capsule types) so that the exported float16 weights fit

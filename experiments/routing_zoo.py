@@ -10,7 +10,7 @@ inverted_dot_product (Tsai et al. 2020), self_routing (Hahn et al. 2019), variat
 baselines without routing: uniform (every coupling 1/parents) and max_pooling.
 """
 from capsjax import defaults
-from capsjax.programs import routing_zoo as program  # pylint: disable=unused-import  (declares routing_zoo.*)
+from capsjax.app.programs import routing_zoo as program  # pylint: disable=unused-import  (declares routing_zoo.*)
 
 
 def get_config():

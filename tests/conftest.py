@@ -28,11 +28,11 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:   # set before JAX reads its f
   atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)   # the process that made it
 
 # Huge pages for the workers and subprocesses, as every capsjax command gives itself
-# (capsjax.cli.huge_pages_environment; glibc reads the tunable at process start, so this
+# (capsjax.app.cli.huge_pages_environment; glibc reads the tunable at process start, so this
 # process keeps 4 KiB pages; docs/results.md, "Huge pages").
-from capsjax import cli as _cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from capsjax.app import cli as _cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 os.environ.update(_cli.huge_pages_environment() or {})
-_cli.quiet_libtpu_environment()   # libtpu (the tpu extra, for capsjax.plan) silent on a machine without TPUs
+_cli.quiet_libtpu_environment()   # libtpu (the tpu extra, for capsjax.app.plan) silent on a machine without TPUs
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest

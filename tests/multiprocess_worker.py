@@ -18,7 +18,7 @@ import numpy as np
 
 from capsjax import runtime, sharding, train
 from capsjax.data import pipeline
-from capsjax.trained import load_trained
+from capsjax.app.trained import load_trained
 from capsjax.errors import RunStopped
 from sharded_config import tiny_sharded_config
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from capsjax import assemble, train
-from capsjax.trained import load_trained
-from capsjax.programs import ablation
+from capsjax.app.trained import load_trained
+from capsjax.app.programs import ablation
 from capsjax.errors import ConfigError, RunStopped
 from capsjax.models import build_model, count_params
 from capsjax.experiments import ablation as ablation_experiment

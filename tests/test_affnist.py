@@ -117,7 +117,7 @@ def test_training_stops_at_the_target_accuracy_and_stays_stopped(mnist_dir, tmp_
 
 
 def test_affnist_command_reports_both_models_on_all_test_sets(mnist_dir, tmp_path):
-  from capsjax.programs import affnist  # pylint: disable=g-import-not-at-top
+  from capsjax.app.programs import affnist  # pylint: disable=g-import-not-at-top
   config = affnist_smoke.get_config()
   config.data_dir = mnist_dir
   config.num_train_examples, config.num_test_examples = 256, 64

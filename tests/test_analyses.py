@@ -5,10 +5,9 @@ import os
 import numpy as np
 import pytest
 
-from capsjax import cli, train
-from capsjax import workdir as workdir_lib
-from capsjax import plots
-from capsjax.programs import figures, sweep
+from capsjax import console, train, workdir as workdir_lib
+from capsjax.app import plots
+from capsjax.app.programs import figures, sweep
 from capsjax.errors import ConfigError, RunStopped
 from capsjax.experiments import sweep_smoke
 from helpers import tiny_config
@@ -48,7 +47,7 @@ def test_figures_command_on_a_trained_run(mnist_dir, tmp_path, capsys, monkeypat
   stored['data_dir'] = str(tmp_path / 'moved')
   workdir_lib.write_json(os.path.join(workdir, 'config.json'), stored)
   capsys.readouterr()
-  monkeypatch.setattr(cli, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
+  monkeypatch.setattr(console, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
   assert figures.main(['--workdir', workdir, '--digits', '2', '--num', '200', f'--config.data_dir={mnist_dir}']) == 0
   said = capsys.readouterr()   # what it does, first; then bars with counts (stderr)
   assert said.out.splitlines()[:2] == [f'figures of {workdir}: loading the trained model…',
@@ -83,7 +82,7 @@ def test_sweep_variants_parse_and_reject_bad_keys():
   with pytest.raises(ConfigError, match='Python literal'):
     sweep.parse_variant('x: learning_rate=fast')
   # Validation checks each variant as the config it trains, before any variant runs.
-  from capsjax.validation import problems_of  # pylint: disable=g-import-not-at-top
+  from capsjax.app.validation import problems_of  # pylint: disable=g-import-not-at-top
   assert problems_of(config) == []
   config.sweep.variants = ('base:', 'slow: learning_rate=-1.0', 'odd: learnig_rate=1.0')
   problems = problems_of(config)

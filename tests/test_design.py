@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from capsjax import launch   # registers every built-in program
+from capsjax.app import launch   # registers every built-in program
 from capsjax.data.sources import SOURCES
 from capsjax.data.tasks import TASKS
 from capsjax.models import MODELS
@@ -16,9 +16,10 @@ from capsjax.routing import ROUTINGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'capsjax')
 
-# Lowest first; a module may import its own layer and the layers below it.
+# Lowest first; a module may import its own layer and the layers below it. The library
+# (capsjax/ outside app/) is layers 0-8; the application (capsjax/app/) the layers above.
 LAYERS = [
-    ('errors', 'registry', 'keys', 'formulations', 'ops', 'cli', 'events', 'runtime', 'sharding', 'memory'),
+    ('errors', 'registry', 'keys', 'formulations', 'ops', 'console', 'events', 'runtime', 'sharding', 'memory'),
     ('routing', 'losses'),
     ('layers',),
     ('models', 'sizing'),
@@ -26,16 +27,18 @@ LAYERS = [
     ('data',),
     ('ensembles', 'steps', 'diagnostics', 'evaluators', 'hooks', 'checkpoints', 'reports'),
     ('assemble',),
-    ('train', 'trained', 'plots', 'workdir', 'defaults'),
-    ('predict', 'explorer', 'programs', 'validation'),
-    ('launch', 'plan'),
-    ('commands',),
-    # The package itself (capsjax/__init__.py: the public API, loaded lazily) and
-    # `python -m capsjax`.
+    ('train', 'workdir', 'defaults'),
+    ('app', 'app.cli', 'app.trained', 'app.plots', 'app.multimnist'),
+    ('app.predict', 'app.explorer', 'app.programs', 'app.validation'),
+    ('app.launch', 'app.plan'),
+    ('app.commands',),
+    # The package itself (capsjax/__init__.py: the public API, loaded lazily, which points
+    # at library and application names alike) and `python -m capsjax`.
     ('', '__main__'),
 ]
-# Modules (besides capsjax.programs.*) that may take a ConfigDict `config`: the boundary.
-CONFIG_READERS = ('launch', 'plan', 'validation', 'assemble', 'train', 'workdir')
+LIBRARY_LAYERS = 9   # layers 0-8
+# Modules (besides capsjax.app.programs.*) that may take a ConfigDict `config`: the boundary.
+CONFIG_READERS = ('app.launch', 'app.plan', 'app.validation', 'assemble', 'train', 'workdir')
 
 
 def _modules():
@@ -47,8 +50,15 @@ def _modules():
         yield module.removesuffix('.__init__'), ast.parse(open(path).read(), path)
 
 
+def _part(module: str) -> str:
+  """The name a module has in LAYERS: 'capsjax.data.idx' → 'data', 'capsjax.app.plan' →
+  'app.plan', 'capsjax.app.explorer.server' → 'app.explorer', 'capsjax' → ''."""
+  parts = module.split('.')[1:]
+  return '.'.join(parts[:2]) if parts[:1] == ['app'] else '.'.join(parts[:1])
+
+
 def _layer(module: str) -> int:
-  part = module.split('.')[1] if module.count('.') else ''
+  part = _part(module)
   for index, names in enumerate(LAYERS):
     if part in names:
       return index
@@ -57,7 +67,7 @@ def _layer(module: str) -> int:
 
 def _imports(tree):
   """(imported module, line) of every import, lazy ones inside functions and `__main__`
-  blocks included (no circle: no program's `python -m` entry imports capsjax.launch)."""
+  blocks included (no circle: no program's `python -m` entry imports capsjax.app.launch)."""
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       yield from ((alias.name, node.lineno) for alias in node.names)
@@ -72,10 +82,28 @@ def test_imports_run_downward_and_never_reach_the_experiments():
       if imported.split('.')[0] == 'experiments' or imported.startswith('capsjax.experiments'):
         problems.append(f'{module}:{line} imports {imported}')
       elif imported.startswith('capsjax.') and imported.split('.')[1] not in ('__version__',):
-        target = 'capsjax.' + imported.split('.')[1]
-        if _layer(target) > _layer(module):
+        if _layer(imported) > _layer(module):
           problems.append(f'{module}:{line} imports {imported} from a higher layer')
   assert not problems, '\n'.join(problems)
+
+
+def test_the_library_never_imports_the_application():
+  """capsjax/ outside app/ (what a researcher reads and changes) stands alone: no import of
+  capsjax.app, lazy ones included; and it is the larger part of the package's lines."""
+  library_lines = application_lines = 0
+  problems = []
+  for module, tree in _modules():
+    path = os.path.join(ROOT, *module.split('.'))
+    lines = len(open(path + '.py' if os.path.isfile(path + '.py') else os.path.join(path, '__init__.py')).readlines())
+    if _part(module).startswith('app') or module in ('capsjax', 'capsjax.__main__'):
+      application_lines += lines
+      continue
+    library_lines += lines
+    assert _layer(module) < LIBRARY_LAYERS, module
+    problems += [f'{module}:{line} imports {imported}' for imported, line in _imports(tree)
+                 if imported == 'capsjax.app' or imported.startswith('capsjax.app.')]
+  assert not problems, '\n'.join(problems)
+  assert library_lines > application_lines > 0
 
 
 def _registered_names():
@@ -113,12 +141,12 @@ def test_no_code_compares_a_registered_name_to_a_literal():
 def test_the_config_is_read_at_the_boundary_only():
   readers = set()
   for module, tree in _modules():
-    if module.startswith('capsjax.programs.'):
+    if module.startswith('capsjax.app.programs.'):
       continue
     for node in ast.walk(tree):
       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
           arg.arg == 'config' for arg in node.args.args + node.args.kwonlyargs):
-        readers.add(module.split('.', 1)[1])
+        readers.add(_part(module))
   assert readers <= set(CONFIG_READERS), sorted(readers - set(CONFIG_READERS))
 
 
@@ -144,11 +172,11 @@ def test_the_wheel_lists_every_package_and_installs_the_experiments_under_capsja
   assert listed == folders | {'capsjax.experiments'}
   assert setup['options']['package_dir'].split() == ['capsjax.experiments', '=', 'experiments']
   scripts = dict(line.split(' = ') for line in setup['options.entry_points']['console_scripts'].split('\n') if line)
-  from capsjax import commands  # pylint: disable=g-import-not-at-top
+  from capsjax.app import commands  # pylint: disable=g-import-not-at-top
   for script, target in scripts.items():
     module, function = target.split(':')
-    assert module == 'capsjax.commands' and callable(getattr(commands, function)), script
-    assert f'{script} ' in commands.__doc__, f'{script}: not in capsjax/commands.py\'s list'
+    assert module == 'capsjax.app.commands' and callable(getattr(commands, function)), script
+    assert f'{script} ' in commands.__doc__, f'{script}: not in capsjax/app/commands.py\'s list'
 
 
 def test_build_md_is_short_and_its_program_recipe_counts_the_files():
@@ -162,11 +190,11 @@ def test_build_md_is_short_and_its_program_recipe_counts_the_files():
   imports = {module: {imported for imported, _ in _imports(tree)} for module, tree in modules.items()}
   touched = {}
   for module, tree in modules.items():
-    if module.startswith('capsjax.programs.') and 'in_base=False' in ast.unparse(tree):
+    if module.startswith('capsjax.app.programs.') and 'in_base=False' in ast.unparse(tree):
       name = module.rsplit('.', 1)[1]
       importers = {importer for importer, imported in imports.items() if importer != module and module in imported}
       experiments = [f for f in os.listdir(os.path.join(ROOT, 'experiments')) if f.startswith(name)]
-      touched[name] = 1 + len(importers & {'capsjax.launch', 'capsjax.validation'}) + bool(experiments)
+      touched[name] = 1 + len(importers & {'capsjax.app.launch', 'capsjax.app.validation'}) + bool(experiments)
   assert touched and set(touched.values()) == {stated}, (stated, touched)
 
 

@@ -21,16 +21,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from capsjax import train, trained
+from capsjax import train
+from capsjax.app import trained
 from capsjax.data.sources import load_dataset
 from capsjax.data.pipeline import preprocess
-from capsjax.explorer import __main__ as explorer_main
-from capsjax.explorer import server as server_module
-from capsjax.explorer.backend import Explorer, RequestError, mnist_preprocess, to_pixels
-from capsjax.explorer.export import MAX_SHIPPED_FILE_BYTES
-from capsjax.explorer.server import make_server
+from capsjax.app.explorer import __main__ as explorer_main
+from capsjax.app.explorer import server as server_module
+from capsjax.app.explorer.backend import Explorer, RequestError, mnist_preprocess, to_pixels
+from capsjax.app.explorer.export import MAX_SHIPPED_FILE_BYTES
+from capsjax.app.explorer.server import make_server
 from capsjax.models import build_model
-from capsjax.predict import Predictor
+from capsjax.app.predict import Predictor
 from capsjax.experiments import multimnist as multimnist_experiment
 from helpers import tiny_config
 
@@ -448,7 +449,7 @@ def test_command_serves_then_stops_on_ctrl_c():
   import signal  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  process = subprocess.Popen([sys.executable, '-u', '-m', 'capsjax.explorer', '--port', '0'],
+  process = subprocess.Popen([sys.executable, '-u', '-m', 'capsjax.app.explorer', '--port', '0'],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     lines = [process.stdout.readline()]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from capsjax.explorer.backend import Explorer, to_pixels
-from capsjax.explorer.server import make_server
-from capsjax.explorer import browser
+from capsjax.app.explorer.backend import Explorer, to_pixels
+from capsjax.app.explorer.server import make_server
+from capsjax.app.explorer import browser
 
 
 @pytest.fixture(scope='module')
@@ -111,7 +111,7 @@ def test_a_run_of_100_classes_with_long_names_shows_every_class_named(page, tmp_
   image file opened on the page is shown and classified as the server converts it."""
   import jax  # pylint: disable=g-import-not-at-top
   from capsjax import assemble  # pylint: disable=g-import-not-at-top
-  from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
   from capsjax.experiments import explorer as explorer_experiment  # pylint: disable=g-import-not-at-top
   driver, _ = page
   config = explorer_experiment.get_config()

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import threading
 
 import jax

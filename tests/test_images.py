@@ -1,6 +1,6 @@
 """Your own images: an image folder of real digit scans that are not MNIST (scikit-learn's
 copy of the UCI optical digits, 8×8 from 43 writers, written as PNG files) trains with
-images_smoke, then `capsjax.predict` names their classes; a TFDS builder other than the
+images_smoke, then `capsjax.app.predict` names their classes; a TFDS builder other than the
 five is downloaded from a local HTTP server serving files in its own format, prepared
 and trained; bad images are one line each."""
 import functools
@@ -84,7 +84,7 @@ def test_predict_names_the_classes_of_files(trained, digit_folder, tmp_path):
   files = sorted(str(path) for path in (digit_folder / 'test').glob('*/*.png'))[::30]   # 10 files, 8×8 PNGs
   rgb = tmp_path / 'big_rgb.png'   # another size and colour: converted as training converted
   Image.open(files[0]).convert('RGB').resize((40, 40)).save(rgb)
-  predicted = _run('-m', 'capsjax.predict', f'--workdir={workdir}', '--json', f'--reconstruct={tmp_path}/rec',
+  predicted = _run('-m', 'capsjax.app.predict', f'--workdir={workdir}', '--json', f'--reconstruct={tmp_path}/rec',
                    *files, str(rgb))
   assert predicted.returncode == 0, predicted.stderr[-3000:]
   rows = [json.loads(line) for line in predicted.stdout.splitlines()]
@@ -102,13 +102,13 @@ def test_predict_names_the_classes_of_files(trained, digit_folder, tmp_path):
 
 
 def test_reconstruction_names_tell_the_inputs_apart():
-  from capsjax.predict import _png_names  # pylint: disable=g-import-not-at-top
+  from capsjax.app.predict import _png_names  # pylint: disable=g-import-not-at-top
   assert _png_names(['a/x.png', 'b/x.png', 'c/y.png', 'a/x.png', '/p/q/a/z.jpg', '/p/r/a/z.jpg']) == [
       'a_x.png', 'b_x.png', 'y.png', 'a_x-2.png', 'q_a_z.png', 'r_a_z.png']
 
 
 def test_predict_function_agrees_with_files(trained, digit_folder, monkeypatch):
-  from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
+  from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
   workdir, result = trained
   assert result.returncode == 0
   path = sorted((digit_folder / 'test' / '3').glob('*.png'))[0]
@@ -120,7 +120,7 @@ def test_predict_function_agrees_with_files(trained, digit_folder, monkeypatch):
   # The explorer starts on such a run: every test input there is (fewer than its default 1 000).
   # It decodes the test images it shows and not one training image.
   from capsjax.data.sources import image_folder  # pylint: disable=g-import-not-at-top
-  from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
+  from capsjax.app.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
   decoded, read_image = [], image_folder.image_files.read_image
   monkeypatch.setattr(image_folder.image_files, 'read_image', lambda path, *a: decoded.append(path) or read_image(path, *a))
   explorer = Explorer.from_workdir(str(workdir))
@@ -133,8 +133,8 @@ def test_bad_images_are_one_line_each(digit_folder, tmp_path):
   text.write_text('not an image')
   too_small = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={digit_folder}', f'--workdir={tmp_path}/w',
                    timeout=120)
-  not_image = _run('-m', 'capsjax.predict', str(text), timeout=120)
-  missing = _run('-m', 'capsjax.predict', str(tmp_path / 'missing.png'), timeout=120)
+  not_image = _run('-m', 'capsjax.app.predict', str(text), timeout=120)
+  missing = _run('-m', 'capsjax.app.predict', str(tmp_path / 'missing.png'), timeout=120)
   for result, expected in ((too_small, 'images of 8×8 are too small'), (not_image, 'notes.png: not an image'),
                            (missing, 'missing.png: no such file')):
     lines = result.stderr.strip().splitlines()
@@ -327,10 +327,10 @@ def test_transparent_pngs_are_composited_onto_the_background_without_a_warning(t
 def test_a_long_folder_read_prints_progress_lines_into_a_log(tmp_path, monkeypatch, capfd):
   """Not a terminal (a log file): tqdm's redraws become lines of their own, one every few
   seconds (here every 0 s) while the images are scanned and decoded."""
-  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  from capsjax import console  # pylint: disable=g-import-not-at-top
   folder = _write_folder(tmp_path / 'data', {'train': ['a', 'b'], 'test': ['a', 'b']})
-  monkeypatch.setattr(cli, 'PROGRESS_DELAY_S', 0.0)
-  monkeypatch.setattr(cli, 'LOG_PROGRESS_INTERVAL_S', 0.0)
+  monkeypatch.setattr(console, 'PROGRESS_DELAY_S', 0.0)
+  monkeypatch.setattr(console, 'LOG_PROGRESS_INTERVAL_S', 0.0)
   load_dataset('image_folder', 'train', data_dir=str(folder))
   err = capfd.readouterr().err
   assert '\r' not in err

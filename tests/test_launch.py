@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from capsjax import launch
+from capsjax.app import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,17 +95,17 @@ def test_malformed_xla_flags_are_one_line_before_jax_starts(xla_flags, message):
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr[-2000:]
     assert result.stderr.startswith(message), result.stderr
-  # The other commands check it the same way (capsjax.cli.run_program).
-  predict = subprocess.run([sys.executable, '-m', 'capsjax.predict', 'x.png'], capture_output=True, text=True,
+  # The other commands check it the same way (capsjax.app.cli.run_program).
+  predict = subprocess.run([sys.executable, '-m', 'capsjax.app.predict', 'x.png'], capture_output=True, text=True,
                            timeout=120, env=dict(os.environ, XLA_FLAGS=xla_flags))
   assert predict.returncode == 2 and predict.stderr.startswith(message), predict.stderr[-2000:]
 
 
-@pytest.mark.parametrize('module', ['capsjax.predict', 'capsjax.explorer', 'capsjax.explorer.export',
-                                    'capsjax.programs.figures', 'capsjax.programs.segmentation',
-                                    'capsjax.data.multimnist'])
+@pytest.mark.parametrize('module', ['capsjax.app.predict', 'capsjax.app.explorer', 'capsjax.app.explorer.export',
+                                    'capsjax.app.programs.figures', 'capsjax.app.programs.segmentation',
+                                    'capsjax.app.multimnist'])
 def test_a_backend_jax_cannot_start_is_one_line_for_every_command(module, tmp_path):
-  args = {'capsjax.predict': ['x.png'], 'capsjax.data.multimnist': [f'--out={tmp_path}/pairs.npz']}.get(
+  args = {'capsjax.app.predict': ['x.png'], 'capsjax.app.multimnist': [f'--out={tmp_path}/pairs.npz']}.get(
       module, [f'--workdir={tmp_path}'])
   result = subprocess.run([sys.executable, '-m', module] + args, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, JAX_PLATFORMS='tpu'))
@@ -187,7 +187,7 @@ def test_a_program_stopped_inside_a_run_exits_75(mnist_dir, tmp_path):
     ({}, 'always [madvise] never', ('', ''), None),             # musl
 ])
 def test_huge_pages_are_asked_for_only_where_they_change_something(environ, thp_mode, libc, expected):
-  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  from capsjax.app import cli  # pylint: disable=g-import-not-at-top
   environment = cli.huge_pages_environment(environ, thp_mode, libc)
   assert (environment or {}).get('GLIBC_TUNABLES') == expected
   if environment is not None:   # the rest of the environment is kept
@@ -196,17 +196,17 @@ def test_huge_pages_are_asked_for_only_where_they_change_something(environ, thp_
 
 
 def test_a_huge_pages_switch_of_another_word_is_one_line():
-  result = subprocess.run([sys.executable, '-m', 'capsjax.predict', 'x.png'], capture_output=True, text=True,
+  result = subprocess.run([sys.executable, '-m', 'capsjax.app.predict', 'x.png'], capture_output=True, text=True,
                           timeout=60, env=dict(os.environ, CAPSJAX_HUGE_PAGES='garbage'))
   assert result.returncode == 2 and result.stderr.strip().splitlines() == [
       "error: CAPSJAX_HUGE_PAGES='garbage': allowed 1/true/yes/on or 0/false/no/off"], result.stderr[-2000:]
 
 
 def test_a_command_restarts_once_with_huge_pages_keeping_its_arguments():
-  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  from capsjax.app import cli  # pylint: disable=g-import-not-at-top
   env = {k: v for k, v in os.environ.items() if k not in ('GLIBC_TUNABLES', 'CAPSJAX_HUGE_PAGES')}
   expected = (cli.huge_pages_environment(env) or {}).get('GLIBC_TUNABLES')   # this machine's answer
-  program = ('import os, sys; from capsjax import cli; print("start", flush=True); cli.as_program(); '
+  program = ('import os, sys; from capsjax.app import cli; print("start", flush=True); cli.as_program(); '
              'print(os.getpid(), os.environ.get("GLIBC_TUNABLES"), sys.argv[1:])')
   result = subprocess.run([sys.executable, '-c', program, 'a', '--b=c d'], capture_output=True, text=True,
                           timeout=60, env=env, check=True)
@@ -218,7 +218,7 @@ def test_a_command_restarts_once_with_huge_pages_keeping_its_arguments():
 
 def test_python_m_of_a_program_module_names_the_command_that_runs_it():
   import importlib  # pylint: disable=g-import-not-at-top
-  from capsjax.programs import EXPERIMENTS_OF  # pylint: disable=g-import-not-at-top
+  from capsjax.app.programs import EXPERIMENTS_OF  # pylint: disable=g-import-not-at-top
   names = sorted(name[:-3] for name in os.listdir(os.path.join(ROOT, 'experiments')) if not name.startswith('_'))
   running = {}
   for name in names:
@@ -226,10 +226,10 @@ def test_python_m_of_a_program_module_names_the_command_that_runs_it():
     if program != 'train':
       running.setdefault(program, set()).add(name)
   assert running == {program: set(experiments) for program, experiments in EXPERIMENTS_OF.items()}
-  result = subprocess.run([sys.executable, '-m', 'capsjax.programs.affnist'], capture_output=True, text=True,
+  result = subprocess.run([sys.executable, '-m', 'capsjax.app.programs.affnist'], capture_output=True, text=True,
                           timeout=120)
   assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-      'error: python -m capsjax.programs.affnist is not a command: the affnist program runs as an experiment, '
+      'error: python -m capsjax.app.programs.affnist is not a command: the affnist program runs as an experiment, '
       'capsjax --experiment=affnist --workdir=W (or python run.py …; experiments running it: affnist, '
       'affnist_smoke)'], result.stderr
 
@@ -251,9 +251,9 @@ If you'd like to file a bug, run with envvar XLA_FLAGS=--xla_dump_to=/tmp/foo an
 
 
 def test_xla_slow_operation_banners_stay_out_of_a_compilation_s_output(capfd):
-  from capsjax import cli  # pylint: disable=g-import-not-at-top
-  assert cli.without_xla_alarms(_ALARMS) == 'kept: a native line of its own\n'
-  with cli.xla_alarms_dropped():
+  from capsjax import console  # pylint: disable=g-import-not-at-top
+  assert console.without_xla_alarms(_ALARMS) == 'kept: a native line of its own\n'
+  with console.xla_alarms_dropped():
     os.write(2, _ALARMS.encode())          # XLA, from C++, while it compiles
     print('error: a line of ours', file=sys.stderr)   # Python's own: at once, never held
   err = capfd.readouterr().err

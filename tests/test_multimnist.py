@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import cli, objectives, train
-from capsjax.programs import segmentation
+from capsjax import console, objectives, train
+from capsjax.app import cli
+from capsjax.app import multimnist as multimnist_export
+from capsjax.app.programs import segmentation
 from capsjax.data import multimnist
 from capsjax.data.sources import load_idx_split
 from capsjax.models import build_model, count_params
@@ -98,7 +100,7 @@ def test_bounding_box_overlap_is_reported(generated):
 
 def test_export_writes_the_documented_file(mnist_dir, tmp_path):
   out = tmp_path / 'mm.npz'
-  multimnist.main(['--data_dir', mnist_dir, '--split', 'test', '--num', '20', '--out', str(out)])
+  multimnist_export.main(['--data_dir', mnist_dir, '--split', 'test', '--num', '20', '--out', str(out)])
   data = np.load(out)
   assert data['images'].shape == (20, 36, 36) and data['images'].dtype == np.float32
   assert data['labels'].shape == (20, 2) and np.issubdtype(data['labels'].dtype, np.integer)
@@ -113,10 +115,10 @@ def test_export_writes_the_documented_file(mnist_dir, tmp_path):
 ])
 def test_export_ranges_are_checked_in_one_line(argv, message, tmp_path, capsys):
   with pytest.raises(SystemExit) as exited:
-    multimnist.main([*argv, '--out', str(tmp_path / 'x.npz')])
+    multimnist_export.main([*argv, '--out', str(tmp_path / 'x.npz')])
   assert exited.value.code == 2
   err = capsys.readouterr().err.strip()
-  assert err.startswith('error: capsjax.data.multimnist: ') and message in err and '\n' not in err
+  assert err.startswith('error: capsjax-multimnist: ') and message in err and '\n' not in err
 
 
 def test_top2_evaluation_on_hand_built_lengths():
@@ -162,7 +164,7 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   assert json.loads((tmp_path / 'results.json').read_text())['config']['task'] == 'multimnist'
   # Figure 5 and the segmentation IoU from the trained run.
   capsys.readouterr()
-  monkeypatch.setattr(cli, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
+  monkeypatch.setattr(console, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
   segmentation.main(['--workdir', str(tmp_path), '--num', '100', '--rows', '4'])
   said = capsys.readouterr()   # what it does first, then a bar with the count
   assert said.out.startswith(f'segmentation of {tmp_path}: loading the trained model…\nmodel: {tmp_path} at step')

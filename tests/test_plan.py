@@ -1,4 +1,4 @@
-"""capsjax.plan: the run's own steps compiled for a TPU topology and for GPUs that are not
+"""capsjax.app.plan: the run's own steps compiled for a TPU topology and for GPUs that are not
 here, against hand counts; targets by their names; bad input as one line."""
 import importlib.util
 import os
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from capsjax import plan as plan_lib
+from capsjax.app import plan as plan_lib
 from capsjax.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,9 +199,9 @@ def test_a_run_that_cannot_fit_is_one_line(tiny_plan, monkeypatch, capsys):
 
 _GPU_PLAN_SCRIPT = """
 import json, sys
-from capsjax import cli
+from capsjax.app import cli
 cli.start_jax_quietly()
-from capsjax import plan
+from capsjax.app import plan
 from capsjax.experiments import mnist_smoke
 config = mnist_smoke.get_config()
 # The GPU's unrolled loop compiles 3× longer; float32 compute for the hand count of the
@@ -267,7 +267,7 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
                '--config.model.decoder_hidden=(32,)', '--config.num_test_examples=600',
                '--config.model.routing_loop=rolled']
   env = dict(os.environ, CAPSJAX_GPU_PLAN=GPU_PLAN)
-  result = subprocess.run([sys.executable, '-m', 'capsjax.plan', '--experiment=mnist', f'--target={target}',
+  result = subprocess.run([sys.executable, '-m', 'capsjax.app.plan', '--experiment=mnist', f'--target={target}',
                            '--nofind_largest_batch', *overrides], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -286,7 +286,7 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
 @needs_libtpu
 def test_a_stopped_plan_says_so_in_one_line():
   # libtpu's own SIGTERM handler would print a crash dump; the plan's says it stopped.
-  plan = subprocess.Popen([sys.executable, '-m', 'capsjax.plan', '--experiment=mnist', '--target=v5e:2x2',
+  plan = subprocess.Popen([sys.executable, '-m', 'capsjax.app.plan', '--experiment=mnist', '--target=v5e:2x2',
                            '--nofind_largest_batch'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
   try:
@@ -316,7 +316,7 @@ def dataclass_replace(result, chip):
 def test_bad_plans_are_one_line(args, message):
   if ('batch_size=30' in ' '.join(args) or message is None) and not HAVE_LIBTPU:
     message = 'error: planning for a TPU needs libtpu'
-  result = subprocess.run([sys.executable, '-m', 'capsjax.plan'] + args, capture_output=True, text=True,
+  result = subprocess.run([sys.executable, '-m', 'capsjax.app.plan'] + args, capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
   if message is None:   # the topologies this libtpu describes, without an experiment
     assert result.returncode == 0 and 'v5e:4x4        16 chips,   16 devices,   4 hosts' in result.stdout, result

@@ -1,7 +1,7 @@
 """The helpers every experiment program shares: markdown tables and image grids."""
 import numpy as np
 
-from capsjax.plots import image_grid, pyplot
+from capsjax.app.plots import image_grid, pyplot
 from capsjax.reports import markdown_table
 
 

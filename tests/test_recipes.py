@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 
 from capsjax import assemble, losses, reports, train
-from capsjax.trained import load_trained
+from capsjax.app.trained import load_trained
 from capsjax.data.sources import Dataset
 from capsjax.assemble import split_validation
 from capsjax.errors import ConfigError, RunStopped
-from capsjax.explorer import export as export_main
-from capsjax.trained import read_exported
+from capsjax.app.explorer import export as export_main
+from capsjax.app.trained import read_exported
 from capsjax.layers import PrimaryCaps
 from capsjax.models import build_model
-from capsjax.programs import sweep
-from capsjax.programs.sweep import parse_variant, variant_config
-from capsjax.validation import problems_of
+from capsjax.app.programs import sweep
+from capsjax.app.programs.sweep import parse_variant, variant_config
+from capsjax.app.validation import problems_of
 from capsjax.experiments import mnist, mnist_official, mnist_seeds, recipes
 from helpers import tiny_config
 

@@ -15,7 +15,7 @@ from capsjax.errors import ConfigError
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.routing import ROUTINGS, register_routing, route
-from capsjax.validation import problems_of
+from capsjax.app.validation import problems_of
 from helpers import tiny_config
 
 # A user's routing, as README's "Add a routing" gives it: one file, one decorator.
@@ -265,7 +265,7 @@ def test_a_model_key_and_a_routing_option_are_one_declaration_each(user_declarat
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from capsjax.defaults import base_config  # pylint: disable=g-import-not-at-top
-  from capsjax.launch import print_keys  # pylint: disable=g-import-not-at-top
+  from capsjax.app.launch import print_keys  # pylint: disable=g-import-not-at-top
   from capsjax.models import build_model, model_config  # pylint: disable=g-import-not-at-top
   config = base_config()
   assert config.model.routing_options.scaled_mean.to_dict() == {'scale': 1.0}   # the option, at its default

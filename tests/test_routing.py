@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import routing, validation
+from capsjax import routing
+from capsjax.app import validation
 from capsjax.errors import RunStopped
 from capsjax.routing import coupling_coefficients, dynamic_routing, squash
 from helpers import evaluators_off
@@ -531,9 +532,9 @@ def test_every_routing_drives_the_capsnet_and_its_loss(name):
 
 def test_explorer_and_predict_show_the_routings_activations():
   # EM: activations that are not the capsule lengths.
-  from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
-  from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
-  from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+  from capsjax.app.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
+  from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
   config, model, params, pixels, images = _tiny_capsnet('em')
   _, activations = model.apply({'params': params}, images, method='classify')
   explorer = Explorer(TrainedModel(config, model, params, 'a test model'), np.asarray(images), np.arange(4))
@@ -547,7 +548,7 @@ def test_explorer_and_predict_show_the_routings_activations():
 
 
 def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
-  from capsjax.programs import routing_zoo  # pylint: disable=g-import-not-at-top
+  from capsjax.app.programs import routing_zoo  # pylint: disable=g-import-not-at-top
   from capsjax.experiments import routing_zoo_smoke  # pylint: disable=g-import-not-at-top
   config = routing_zoo_smoke.get_config()
   config.data_dir = mnist_dir
@@ -605,7 +606,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
 
 
 def test_the_zoo_reads_the_newest_evaluation_of_each_step():
-  from capsjax.programs import routing_zoo  # pylint: disable=g-import-not-at-top
+  from capsjax.app.programs import routing_zoo  # pylint: disable=g-import-not-at-top
   rows = [{'split': 'train', 'step': 200, 'loss': 1.0},
           {'split': 'test', 'step': 200, 'error': [0.2, 0.4]},
           {'split': 'validation', 'step': 200, 'error': [0.1, 0.1]},
@@ -615,7 +616,7 @@ def test_the_zoo_reads_the_newest_evaluation_of_each_step():
 
 
 def test_a_difference_beyond_the_seed_spread_is_marked():
-  from capsjax.programs import routing_zoo  # pylint: disable=g-import-not-at-top
+  from capsjax.app.programs import routing_zoo  # pylint: disable=g-import-not-at-top
   # Seeds' errors 2, 3, 4 % (sample variance 1) against 5, 6, 7 %: −3 points, standard error
   # sqrt(1/3 + 1/3) = 0.82, beyond twice it; against 2.5, 3.5, 4.5 %: −0.5, within.
   delta, beyond = routing_zoo.difference([0.02, 0.03, 0.04], [0.05, 0.06, 0.07])
@@ -629,7 +630,7 @@ def test_interleaved_rounds_share_a_burst_of_load_between_the_routings():
   """A burst of load during four samples: measured one routing after the other it falls on
   one of them and reorders them; in rotated rounds each gets some, the medians keep the
   order and the range shows the burst."""
-  from capsjax.programs import routing_zoo  # pylint: disable=g-import-not-at-top
+  from capsjax.app.programs import routing_zoo  # pylint: disable=g-import-not-at-top
   calls = []
 
   def sampler(name, speed):

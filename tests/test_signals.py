@@ -6,7 +6,8 @@ import subprocess
 import sys
 import time
 
-from capsjax import cli, train
+from capsjax import train
+from capsjax.app import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--config.model.conv1_channels=16', '--config.model.primary_types=4',

@@ -165,9 +165,9 @@ def test_photos_train_with_the_chosen_model(photo_run):
 
 
 def test_predict_explorer_and_export_work_on_the_chosen_model(photo_run, tmp_path):
-  from capsjax import trained  # pylint: disable=g-import-not-at-top
-  from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
-  from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
+  from capsjax.app import trained  # pylint: disable=g-import-not-at-top
+  from capsjax.app.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
+  from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
   folder, workdir, _ = photo_run
   files = sorted(str(path) for path in pathlib.Path(folder, 'test').glob('*/*.png'))[::6]
   predictor = Predictor.from_workdir(str(workdir))

@@ -179,7 +179,7 @@ def test_corrupt_checkpoint_is_reported_and_left_in_place(mnist_dir, tmp_path):
                        ('num_steps', 4), ('log_every_steps', 2), ('eval_every_steps', 0),
                        ('eval_batch_size', 100), ('checkpoint_every_steps', 2),
                        ('evals.routing_diagnostics.enabled', False))]],
-                  ['-m', 'capsjax.programs.figures', f'--workdir={tmp_path}']):
+                  ['-m', 'capsjax.app.programs.figures', f'--workdir={tmp_path}']):
     result = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=120, cwd=root)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()

@@ -12,8 +12,8 @@ import pytest
 
 import capsjax.experiments as experiments
 from capsjax.errors import ConfigError
-from capsjax.launch import config_lines
-from capsjax.validation import key_help, problems_of, validate
+from capsjax.app.launch import config_lines
+from capsjax.app.validation import key_help, problems_of, validate
 from capsjax.experiments import ablation, mnist, multimnist_baseline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,7 +164,7 @@ def test_a_backend_jax_cannot_start_is_one_line(monkeypatch):
 
 def test_a_comma_separated_list_of_routings_on_the_command_line_is_the_tuple_of_them():
   from capsjax.experiments import routing_zoo  # pylint: disable=g-import-not-at-top
-  from capsjax.validation import problems_of, split_name_lists  # pylint: disable=g-import-not-at-top
+  from capsjax.app.validation import problems_of, split_name_lists  # pylint: disable=g-import-not-at-top
   config = routing_zoo.get_config()
   config.routing_zoo.routings = ('dynamic, self_routing',)   # what the flag parser makes of it
   split_name_lists(config)

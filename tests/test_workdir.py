@@ -11,7 +11,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from capsjax import train
-from capsjax.trained import TrainedModel, load_trained
+from capsjax.app.trained import TrainedModel, load_trained
 from capsjax import workdir as workdir_lib
 from capsjax.errors import CheckpointError, ConfigError, DataError, RunStopped, WorkdirError
 from helpers import tiny_config

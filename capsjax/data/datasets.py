@@ -50,7 +50,7 @@ class DatasetInfo(DescribesImages):
   # Where TFDS downloads from, when its builder does not say (the MNIST family's does):
   # probed before preparing, so that offline is one line within seconds.
   download_url: str = ''
-  # (training, test) examples in the source's splits: what a plan (capsjax.plan) sizes the
+  # (training, test) examples in the source's splits: what a plan (capsjax.app.plan) sizes the
   # data by without reading it.
   split_sizes: Tuple[int, int] = (0, 0)
 

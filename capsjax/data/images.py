@@ -1,5 +1,5 @@
 """Image files and arrays to the uint8 arrays a run trains on: one conversion for training
-(an image folder, a resized TFDS dataset) and for `capsjax.predict`, so that a file is
+(an image folder, a resized TFDS dataset) and for `capsjax.app.predict`, so that a file is
 converted at prediction (and when opened in the explorer) exactly as training converted its kind.
 
 Colour: a run's images are grey (1 channel) when every training image is grey, else RGB

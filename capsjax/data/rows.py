@@ -9,7 +9,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from capsjax import cli
+from capsjax import console
 from capsjax.keys import declare, one_of
 
 # config.host_images: 'memory' (each split whole), 'rows' (on demand), 'auto' (rows on
@@ -80,7 +80,7 @@ class ImageRows:
   def read_all(self, what: Optional[str] = None) -> np.ndarray:
     """Every row, in chunks of CHUNK_ROWS; `what`: a progress bar of that name."""
     images = np.empty(self.shape, np.uint8)
-    with cli.progress(what=what or '', total=len(self), unit='images', disable=what is None) as bar:
+    with console.progress(what=what or '', total=len(self), unit='images', disable=what is None) as bar:
       for start in range(0, len(self), CHUNK_ROWS):
         images[start:start + CHUNK_ROWS] = self[np.arange(start, min(start + CHUNK_ROWS, len(self)))]
         bar.update(min(CHUNK_ROWS, len(self) - start))

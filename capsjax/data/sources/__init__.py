@@ -15,7 +15,7 @@ preprocessing) before any image is read, and loads a split as `Dataset`: uint8 i
 capsjax.data.rows.ImageRows over TFDS's array_record files, a memory map of an
 uncompressed IDX file, or the image files), so that a process of a multi-host run holds
 only the rows it reads. config.image_size resizes every image to N×N (capsjax.data.images,
-the same conversion `capsjax.predict` applies to a file).
+the same conversion `capsjax.app.predict` applies to a file).
 """
 
 from capsjax.data.sources.core import (  # the core every kind builds on

@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from capsjax import cli
+from capsjax import console
 from capsjax.data import images as image_files
 from capsjax.data.rows import ImageRows
 from capsjax.errors import ConfigError, DataError
@@ -115,7 +115,7 @@ def scan_image_folder(root: str) -> FolderScan:
       raise DataError(f'{split_dir} holds no .png or .jpg images in class folders (CLASS/IMAGE)')
     _check_classes(root, split, {label for _, label in files[split]}, {label for _, label in files.get('train', ())})
     random.Random(split).shuffle(files[split])   # tfds.ImageFolder's order
-    for path, _ in cli.progress(files[split], what=f'scanning {split_dir}', unit='images'):
+    for path, _ in console.progress(files[split], what=f'scanning {split_dir}', unit='images'):
       with image_files.open_image(path) as image:
         sizes.add(image.size)
         channels = max(channels, image_files.channels_of(image.mode))

@@ -1,11 +1,11 @@
 """Export a trained run as the explorer's (and predict's) shipped model.
 
-  python -m capsjax.explorer.export --workdir=W [--out=capsjax/explorer/assets]
+  python -m capsjax.app.explorer.export --workdir=W [--out=capsjax/app/explorer/assets]
       [--step=best|latest|N] [--member=K] [--num_images=1000] [--evaluate]
 
 Writes the run's config, its parameters as float16 (no optimiser state) and the first
---num_images test images of its dataset: the files `python -m capsjax.explorer` and
-`python -m capsjax.predict` use when they are given no --workdir.
+--num_images test images of its dataset: the files `python -m capsjax.app.explorer` and
+`python -m capsjax.app.predict` use when they are given no --workdir.
 
 Which parameters: --step=best (the default) takes the checkpoint of the best validation
 evaluation (results.json's `selected_by_validation`; the training loop keeps that
@@ -21,7 +21,8 @@ import sys
 
 import numpy as np
 
-from capsjax import cli
+from capsjax import console
+from capsjax.app import cli
 
 # What the package ships, and what one file may be to come back from a lent device.
 MAX_SHIPPED_FILE_BYTES = 16 << 20
@@ -35,7 +36,7 @@ def step_argument(text: str) -> str:
 
 @cli.main_wrapper
 def main(argv=None):
-  parser = cli.ArgumentParser(prog='capsjax.explorer.export', description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog='capsjax-export', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
   parser.add_argument('--out', default=None, help='output folder (default: the package assets)')
   parser.add_argument('--num_images', type=cli.int_at_least(1), default=1000)
@@ -47,12 +48,12 @@ def main(argv=None):
                       help='count the test error of the float16 parameters as written')
   args = parser.parse_args(argv)
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
-  from capsjax.trained import SHIPPED, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import SHIPPED, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
   from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
   out = args.out or SHIPPED
   config = read_config(args.workdir)
   step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
-  cli.say(f'exporting {args.workdir}: {why}; reading the test images…')
+  console.say(f'exporting {args.workdir}: {why}; reading the test images…')
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir)
   sample = test.take(args.num_images)
   summary = export(args.workdir, out, np.asarray(sample.images), np.asarray(sample.labels), member, step)
@@ -64,8 +65,8 @@ def main(argv=None):
       print(f'warning: {name} is {size / 2**20:.2f} MiB, above the {MAX_SHIPPED_FILE_BYTES >> 20} MiB a shipped '
             'file (and one file back from a lent device) may be', file=sys.stderr)
   if args.evaluate:
-    from capsjax.predict import Predictor  # pylint: disable=g-import-not-at-top
-    from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
+    from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
     predictor = Predictor(TrainedModel.exported(out))
     if config.get('num_test_examples'):   # the run's test split, as its evaluations counted
       test = test.take(min(config.num_test_examples, len(test)))

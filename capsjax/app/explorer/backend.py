@@ -15,13 +15,13 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from capsjax.trained import SHIPPED, TrainedModel
+from capsjax.app.trained import SHIPPED, TrainedModel
 from capsjax.data import augment, images as image_files
 from capsjax.data.pipeline import preprocess
-from capsjax import assemble, cli
+from capsjax import assemble, console
 from capsjax.errors import CapsjaxError, DataError
 from capsjax.models import capsule_lengths
-from capsjax.plots import draw_perturbations
+from capsjax.app.plots import draw_perturbations
 
 SLIDER_RANGE = 0.25        # figure 4 of the paper: each dimension tweaked within ±0.25
 WIDE_SLIDER_RANGE = 1.0
@@ -106,7 +106,7 @@ class Explorer:
     self.misclassified = [i for i, (label, predicted) in enumerate(zip(self.labels, self.predictions))
                           if set(np.atleast_1d(label).tolist()) != set(predicted.tolist())]
     if show_progress:
-      cli.say('compiling the decoder for the page…')
+      console.say('compiling the decoder for the page…')
     for k in range(1, self.top_k + 1):   # compile every decode shape the page asks for now
       self.decode(np.zeros((k, self.dim), np.float32), list(range(k)))
     if self.can_open_files:   # and one input's (a drawing, a file): its first took 4.4 s compiled on demand
@@ -122,7 +122,7 @@ class Explorer:
     say each stage on the console, with a bar for the encoding."""
     trained = TrainedModel.from_workdir(workdir, member, data)
     if show_progress:
-      cli.say(f'model: {trained.describe()}; reading up to {num_images} test inputs…')
+      console.say(f'model: {trained.describe()}; reading up to {num_images} test inputs…')
     config = ml_collections.ConfigDict(trained.config.to_dict())
     config.num_test_examples = 0   # the whole test split, of which the first num_images are read
     config.host_images = 'rows'   # read and decode only those rows: not the training split, nor all the test split
@@ -148,7 +148,7 @@ class Explorer:
       labels = sample['labels']
     trained = TrainedModel.shipped()
     if show_progress:
-      cli.say(f'model: {trained.describe()}')
+      console.say(f'model: {trained.describe()}')
     return cls(trained, images, labels, show_progress)
 
   # --------------------------------------------------------------------------- requests
@@ -189,7 +189,7 @@ class Explorer:
     return self._describe(image, capsules, activations, self._most_active(activations))
 
   def encode_file(self, data: bytes) -> Dict[str, Any]:
-    """An image file's bytes (any size, grey or colour), converted as `capsjax.predict`
+    """An image file's bytes (any size, grey or colour), converted as `capsjax.app.predict`
     converts a file for this run (capsjax.data.images, then the run's test preprocessing),
     encoded: as /api/example, without a label."""
     if not self.can_open_files:
@@ -242,7 +242,7 @@ class Explorer:
     (one compilation)."""
     batch = min(ENCODE_BATCH, len(images))
     capsules, activations = [], []
-    with cli.progress(what='encoding the test inputs', total=len(images), unit='images',
+    with console.progress(what='encoding the test inputs', total=len(images), unit='images',
                       disable=not show_progress) as bar:
       for start in range(0, len(images), batch):
         chunk = images[start:start + batch]

@@ -1,6 +1,6 @@
 """The paper's MNIST figures from a trained run.
 
-  python -m capsjax.programs.figures --workdir=W [--member=K] [--digits=3]
+  python -m capsjax.app.programs.figures --workdir=W [--member=K] [--digits=3]
 
 Writes into W:
   reconstructions.png  figure 3: inputs over reconstructions, captioned (l, p, r) = label,
@@ -26,20 +26,21 @@ import numpy as np
 from capsjax import assemble
 from capsjax.data.sources import load_dataset
 from capsjax.data.pipeline import preprocess
-from capsjax import cli
+from capsjax import console
+from capsjax.app import cli
 from capsjax.errors import CapsjaxError
-from capsjax.plots import PERTURBATIONS, decode_class, draw_perturbations, image_grid, pyplot, save_figure
+from capsjax.app.plots import PERTURBATIONS, decode_class, draw_perturbations, image_grid, pyplot, save_figure
 from capsjax.data.tasks import TASKS
 from capsjax.models import MODELS
 from capsjax.routing import ROUTINGS, coupling_changes, routing_logit_changes
-from capsjax.trained import TrainedModel
+from capsjax.app.trained import TrainedModel
 from capsjax.workdir import read_config
 
 
 def classify(model, params, images, batch_size=500, show_progress=False):
   """Digit capsules [n, classes, dim] and predictions [n] (the most active capsule)."""
   apply = jax.jit(lambda p, x: model.apply({'params': p}, x, method='classify'))
-  bar = cli.progress(what='classifying', total=len(images), unit='images', disable=not show_progress)
+  bar = console.progress(what='classifying', total=len(images), unit='images', disable=not show_progress)
   outputs = []
   for start in range(0, len(images), batch_size):
     outputs.append(jax.block_until_ready(apply(params, images[start:start + batch_size])))
@@ -118,29 +119,29 @@ def draw_routing_convergence(metrics_path, final_changes, path):
 
 @cli.main_wrapper
 def main(argv=None):
-  parser = cli.ArgumentParser(prog='capsjax.programs.figures', description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog='capsjax-figures', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
   parser.add_argument('--member', type=int, default=None, help='ensemble member (ablation runs; default: the last)')
   parser.add_argument('--digits', type=cli.int_at_least(1), default=3, help='images for the perturbation figure')
   parser.add_argument('--num', type=cli.int_at_least(1), default=2000, help='test images searched for examples')
   cli.add_data_flags(parser)
   args = parser.parse_args(argv)
-  cli.say(f'figures of {args.workdir}: loading the trained model…')
+  console.say(f'figures of {args.workdir}: loading the trained model…')
   config = read_config(args.workdir)   # checked before the checkpoint is read
   family = MODELS[config.model.name]
   if not (family.capsules and family.has_decoder(config.model)):
     raise CapsjaxError(f'{args.workdir} holds no CapsNet with a decoder')
   if not TASKS[config.task].input_shape_from_data:   # the test images as stored
-    raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.programs.segmentation')
+    raise CapsjaxError(f'{args.workdir} holds a {config.task} run; its figures come from capsjax.app.programs.segmentation')
   trained = TrainedModel.from_workdir(args.workdir, args.member, cli.data_overrides(args))
   config, model, params = trained.config, trained.model, trained.params
-  cli.say(f'model: {trained.describe()}; reading {args.num} test images…')
+  console.say(f'model: {trained.describe()}; reading {args.num} test images…')
   test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir,
                       image_size=config.image_size).take(args.num)
   names = assemble.source_info(config).class_names
   images = np.asarray(preprocess(jnp.asarray(test.images)))
   capsules, predictions = classify(model, params, images, show_progress=True)
-  figures = cli.progress(what='drawing figures', total=1 + args.digits + 1, unit='figures')
+  figures = console.progress(what='drawing figures', total=1 + args.digits + 1, unit='figures')
   columns = draw_reconstructions(model, params, images, test.labels, capsules, predictions,
                                  os.path.join(args.workdir, 'reconstructions.png'), names)
   figures.update()

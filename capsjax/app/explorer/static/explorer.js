@@ -1,4 +1,4 @@
-// The capsule explorer page. Every number comes from the server (capsjax/explorer/server.py):
+// The capsule explorer page. Every number comes from the server (capsjax/app/explorer/server.py):
 // the page only draws; encoding and decoding run in JAX there, through the model's own
 // encode / decode. One slider request is in flight at a time; newer slider values wait and
 // go together with the next one, so the image never lags behind a queue.
@@ -20,7 +20,7 @@ window.explorerState = state;   // read by the browser test
 
 const $ = (id) => document.getElementById(id);
 const COLORS = ['#e53935', '#43a047'];
-const SEGMENTATION_THRESHOLD = 0.1 * 255;   // as capsjax.programs.segmentation
+const SEGMENTATION_THRESHOLD = 0.1 * 255;   // as capsjax.app.programs.segmentation
 const MAX_CLASS_BUTTONS = 12;               // more classes: a list of names instead of buttons
 
 
@@ -327,7 +327,7 @@ async function classifyDrawing() {
 }
 
 // An image file from this computer: its bytes go to the server, which converts them as
-// capsjax.predict converts a file (one conversion, in Python) and encodes the result.
+// capsjax.app.predict converts a file (one conversion, in Python) and encodes the result.
 async function classifyFile(file) {
   try {
     setExample(await (await api('/api/encode_file', await file.arrayBuffer())).json(), file.name);

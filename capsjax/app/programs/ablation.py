@@ -14,12 +14,12 @@ import ml_collections
 import numpy as np
 
 from capsjax import train
-from capsjax.plots import pyplot, save_figure
-from capsjax.programs.common import with_model_of
+from capsjax.app.plots import pyplot, save_figure
+from capsjax.app.programs.common import with_model_of
 from capsjax.reports import markdown_table, mean_std, seed_groups
 from capsjax.errors import ConfigError
 from capsjax.keys import boolean, declare
-from capsjax.programs import not_a_command, register_program
+from capsjax.app.programs import not_a_command, register_program
 
 # The paper's Table 1, MNIST test error in % (mean ± std of 3 trials where given).
 PAPER_TABLE1 = {

@@ -14,7 +14,7 @@ set and is for reading, not for choosing.
 """
 import json
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import ml_collections
 import numpy as np
@@ -24,9 +24,9 @@ from capsjax.assemble import overridden
 from capsjax.ensembles import parse_variant
 from capsjax.errors import ConfigError
 from capsjax.keys import Rule, declare
-from capsjax.plots import pyplot, save_figure
+from capsjax.app.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
-from capsjax.programs import not_a_command, register_program
+from capsjax.app.programs import not_a_command, register_program
 
 
 # sweep: the sweep program: one run per variant
@@ -115,7 +115,7 @@ def plot(rows, path: str) -> None:
 
 @register_program('sweep')
 def run(config, workdir: str) -> Dict[str, Any]:
-  # Each variant was checked as the config it trains with the sweep's own (capsjax.validation).
+  # Each variant was checked as the config it trains with the sweep's own (capsjax.app.validation).
   variants = [parse_variant(spec) for spec in config.sweep.variants]
   if not variants:
     raise ConfigError('config.sweep.variants is empty')

@@ -1,6 +1,6 @@
 """Serve the capsule explorer.
 
-  python -m capsjax.explorer [--workdir=W] [--member=K] [--num_images=1000] [--host=127.0.0.1] [--port=8000]
+  python -m capsjax.app.explorer [--workdir=W] [--member=K] [--num_images=1000] [--host=127.0.0.1] [--port=8000]
 
 With --workdir, the page explores that run (any CapsNet with a decoder, MNIST-like or
 MultiMNIST): its config and latest checkpoint, and its first --num_images test inputs.
@@ -12,13 +12,14 @@ import signal
 import socket
 import sys
 
-from capsjax import cli
+from capsjax import console
+from capsjax.app import cli
 from capsjax.errors import CapsjaxError
 
 
 @cli.main_wrapper
 def main(argv=None):
-  parser = cli.ArgumentParser(prog='capsjax.explorer', description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog='capsjax-explorer', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', type=cli.existing_workdir, default=None,
                       help='a trained CapsNet run (default: the model shipped with capsjax)')
   parser.add_argument('--member', type=cli.int_at_least(0), default=None,
@@ -30,11 +31,11 @@ def main(argv=None):
   parser.add_argument('--port', type=cli.int_at_least(0), default=8000, help='port (0: any free one)')
   args = parser.parse_args(argv)
   if args.port > 65535:
-    cli.fail(f'capsjax.explorer: --port {args.port} is above 65535')
+    cli.fail(f'capsjax-explorer: --port {args.port} is above 65535')
   logging.getLogger('jax._src.xla_bridge').setLevel(logging.WARNING)
   # Imported after the flags are checked: a typo fails before JAX starts.
-  from capsjax.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
-  from capsjax.explorer.server import make_server, serve_explorer  # pylint: disable=g-import-not-at-top
+  from capsjax.app.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
+  from capsjax.app.explorer.server import make_server, serve_explorer  # pylint: disable=g-import-not-at-top
 
   if args.workdir is not None:   # a workdir without a run: one line before anything else
     from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
@@ -46,12 +47,12 @@ def main(argv=None):
   if server.allowed_hosts is None:
     print(f'warning: listening on {args.host}, beyond this machine: anyone who can reach it can use the '
           'explorer', file=sys.stderr, flush=True)
-  cli.say(f'loading {"the model in " + args.workdir if args.workdir else "the shipped model"}…')
+  console.say(f'loading {"the model in " + args.workdir if args.workdir else "the shipped model"}…')
   if args.workdir is None:
     if args.member is not None:
-      cli.fail('capsjax.explorer: --member needs --workdir (the shipped model is a single run)')
+      cli.fail('capsjax-explorer: --member needs --workdir (the shipped model is a single run)')
     if cli.data_overrides(args):
-      cli.fail('capsjax.explorer: --data_dir / --tfds_data_dir need --workdir (the shipped model has its images)')
+      cli.fail('capsjax-explorer: --data_dir / --tfds_data_dir need --workdir (the shipped model has its images)')
     explorer = Explorer.shipped(show_progress=True)
   else:
     explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images, cli.data_overrides(args),

@@ -1,4 +1,4 @@
-"""Plan a run on TPUs or GPUs that are not here: `capsjax-plan` (also `python -m capsjax.plan`).
+"""Plan a run on TPUs or GPUs that are not here: `capsjax-plan` (also `python -m capsjax.app.plan`).
 
   capsjax-plan --experiment=mnist --target=v5e:16x16 [--config.KEY=VALUE …]
   capsjax-plan --experiment=mnist --target=v5litepod-256      # Cloud's accelerator-type name
@@ -32,7 +32,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import ml_collections
 
-from capsjax import cli
+from capsjax import console
+from capsjax.app import cli
 from capsjax.errors import ConfigError
 
 GIB = 2 ** 30
@@ -274,7 +275,7 @@ def compile_only_devices(target: Target):
   if target.platform == 'gpu':
     return _compile_only_gpus(target)
   require_libtpu()
-  cli.quiet_libtpu_environment()
+  console.quiet_libtpu_environment()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   options = {'chip_config_name': 'megacore'} if target.generation in MEGACORE else {}
   try:
@@ -617,7 +618,7 @@ def _compile(lowered, what: str, show: bool = True):
   worker = threading.Thread(target=work, name=f'compile {what}', daemon=True)
   started = time.time()
   worker.start()
-  with cli.progress(what=f'compiling {what}', unit='s', total=None, disable=not show) as bar:
+  with console.progress(what=f'compiling {what}', unit='s', total=None, disable=not show) as bar:
     bar.bar_format = '{desc}: {elapsed} so far'
     while worker.is_alive():
       worker.join(0.5)
@@ -652,7 +653,7 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   """
   import jax  # pylint: disable=g-import-not-at-top
   from capsjax import assemble, formulations, models, sharding  # pylint: disable=g-import-not-at-top
-  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
+  from capsjax.app.validation import validate  # pylint: disable=g-import-not-at-top
   parsed = parse_target(target)
   validate(config)
   devices = compile_only_devices(parsed)
@@ -753,7 +754,7 @@ def _stopped(signum, frame) -> None:
 @cli.main_wrapper
 def main(argv) -> int:
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from capsjax import launch  # pylint: disable=g-import-not-at-top
+  from capsjax.app import launch  # pylint: disable=g-import-not-at-top
   flag_values = flags.FLAGS
   launch.quiet_logs()
   if len(argv) > 1:
@@ -765,7 +766,7 @@ def main(argv) -> int:
   config = flag_values.config
   if config is None:
     cli.fail(f'--experiment=NAME is required; available: {", ".join(launch.available_experiments())}')
-  from capsjax.validation import split_name_lists  # pylint: disable=g-import-not-at-top
+  from capsjax.app.validation import split_name_lists  # pylint: disable=g-import-not-at-top
   split_name_lists(config)
   parsed = parse_target(target)   # a bad target is one line before anything is compiled
   # libtpu installs its own SIGTERM handler as it loads (a crash dump on every stop): load
@@ -777,7 +778,7 @@ def main(argv) -> int:
   if programs.get(config.program) is not train.train_and_evaluate:
     cli.fail(f'--experiment={flag_values.experiment}: its program ({config.program}) trains several models; '
              'plan one of them (e.g. its member config) with --config.program=train')
-  result = plan_run(config, target, flag_values.find_largest_batch, log=cli.say)
+  result = plan_run(config, target, flag_values.find_largest_batch, log=console.say)
   overrides = [arg for arg in sys.argv[1:] if arg.startswith('--config.')]
   for line in report(result, flag_values.experiment or 'NAME', f'/mnt/shared/{flag_values.experiment or "run"}',
                      overrides):
@@ -815,10 +816,10 @@ def list_targets(argv=None) -> int:
 
 
 def entry_point(experiments_dir: Optional[str] = None) -> None:
-  """`capsjax-plan` and `python -m capsjax.plan`: the experiment flags of `capsjax`, plus
+  """`capsjax-plan` and `python -m capsjax.app.plan`: the experiment flags of `capsjax`, plus
   --target and --find_largest_batch."""
   from absl import app, flags  # pylint: disable=g-import-not-at-top
-  from capsjax import launch  # pylint: disable=g-import-not-at-top
+  from capsjax.app import launch  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string('target', None, 'A TPU topology (v5e:4x4), an accelerator type (v5litepod-16), GPUs '
                       '(h100, h100:8, h200:2x8), or list.')
   flags.DEFINE_bool('find_largest_batch', True, 'Compile two or three more times to find the largest batch.')

@@ -28,7 +28,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from capsjax import cli
+from capsjax.app import cli
 
 flags.DEFINE_string('experiment', None, 'Experiment name: a module in experiments/.')
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and results.')
@@ -124,7 +124,7 @@ def print_help(name=None, config_path=None, doc: Optional[str] = None) -> None:
 def print_keys(config, title: str) -> None:
   """Every key of `config` with its value, meaning and allowed values (the registries'
   names as they are now: a routing registered by the config file is listed)."""
-  from capsjax.validation import key_help  # pylint: disable=g-import-not-at-top
+  from capsjax.app.validation import key_help  # pylint: disable=g-import-not-at-top
   print(f'\n{title}')
   print('\nConfig keys, defaults, what each does [allowed values] (override with --config.KEY=VALUE):')
   for line in config_lines(config):
@@ -164,7 +164,7 @@ def override_problem(message: str) -> str:
   first = message.splitlines()[0]
   parsed = re.match(r"flag --config\.([\w.]+)=(.*?): (invalid literal for|could not convert)", first)
   if parsed:
-    from capsjax.validation import allowed  # pylint: disable=g-import-not-at-top
+    from capsjax.app.validation import allowed  # pylint: disable=g-import-not-at-top
     key, value = parsed.group(1), parsed.group(2)
     what = allowed(key) or 'a value of the type of its default'
     return f'config.{key}={value!r}: allowed {what}'
@@ -327,7 +327,7 @@ def main(argv):
     except BrokenPipeError:   # `run.py --show_config | head`
       os._exit(0)
     return 0
-  from capsjax.validation import split_name_lists, validate  # pylint: disable=g-import-not-at-top
+  from capsjax.app.validation import split_name_lists, validate  # pylint: disable=g-import-not-at-top
   split_name_lists(config)   # --config.routing_zoo.routings=dynamic,self_routing
   validate(config)   # before any data is read or anything compiled
   cli.check_xla_flags()   # before JAX starts a backend: XLA would end the process its own way
@@ -346,9 +346,9 @@ def main(argv):
 
 
 def registered_programs():
-  """capsjax.programs.PROGRAMS with the built-in programs registered."""
+  """capsjax.app.programs.PROGRAMS with the built-in programs registered."""
   # pylint: disable=g-import-not-at-top
-  from capsjax.programs import PROGRAMS, ablation, affnist, routing_zoo, sweep
+  from capsjax.app.programs import PROGRAMS, ablation, affnist, routing_zoo, sweep
   del ablation, affnist, routing_zoo, sweep   # each module registers its program
   return PROGRAMS
 

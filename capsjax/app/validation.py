@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List, Tuple
 import ml_collections
 
 from capsjax import assemble, defaults
-from capsjax.programs import ablation, affnist, routing_zoo, sweep
+from capsjax.app.programs import ablation, affnist, routing_zoo, sweep
 from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
 from capsjax.evaluators import EVALUATORS, evaluator_keys

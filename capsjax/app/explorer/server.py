@@ -40,7 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from capsjax.explorer.backend import Explorer, RequestError
+from capsjax.app.explorer.backend import Explorer, RequestError
 
 STATIC = os.path.join(os.path.dirname(__file__), 'static')
 MAX_BODY_BYTES = 4 << 20   # a 1024×1024 drawing is 1 MiB of grey bytes (1.4 MiB as base64)

@@ -1,6 +1,6 @@
 """Classify image files with a trained CapsNet.
 
-  python -m capsjax.predict [--workdir=W] [--member=K] [--json] [--reconstruct=DIR] FILE...
+  python -m capsjax.app.predict [--workdir=W] [--member=K] [--json] [--reconstruct=DIR] FILE...
 
 For each file: the class name and every class's activation (the routing's activations:
 for Procedure 1, the capsule lengths).
@@ -21,17 +21,18 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from capsjax import cli
+from capsjax import console
+from capsjax.app import cli
 from capsjax.errors import CapsjaxError
 
 PREDICT_BATCH = 64
 
 
 class Predictor:
-  """A trained CapsNet (or baseline CNN, capsjax.trained.TrainedModel) and how its run
+  """A trained CapsNet (or baseline CNN, capsjax.app.trained.TrainedModel) and how its run
   converted images: `predict(images)` takes arrays (uint8 [n, *the run's image shape],
   or images of any size, grey or colour, converted as the run converted its own) and
-  `read_files(paths)` image files; `python -m capsjax.predict` is its command line.
+  `read_files(paths)` image files; `python -m capsjax.app.predict` is its command line.
 
   Example:
     `mnist_dir` as in load_dataset's example.
@@ -63,12 +64,12 @@ class Predictor:
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None) -> 'Predictor':
-    from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
     return cls(TrainedModel.from_workdir(workdir, member))
 
   @classmethod
   def shipped(cls) -> 'Predictor':
-    from capsjax.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
     return cls(TrainedModel.shipped())
 
   # --------------------------------------------------------------------------- conversion
@@ -113,7 +114,7 @@ class Predictor:
     """The class index of each image of a uint8 batch of the run's shape (no
     reconstructions): what a test error is counted from. `what`: a progress bar of that name."""
     classes = []
-    with cli.progress(what=what or '', total=len(images_uint8), unit='images', disable=what is None) as bar:
+    with console.progress(what=what or '', total=len(images_uint8), unit='images', disable=what is None) as bar:
       for chunk, padded in _padded_batches(images_uint8):
         classes.append(np.asarray(self._classes(self.params, padded))[:len(chunk)])
         bar.update(len(chunk))
@@ -186,7 +187,7 @@ def enlarged(pixels: np.ndarray, min_height: int = MIN_PNG_HEIGHT) -> np.ndarray
 
 @cli.main_wrapper
 def main(argv=None):
-  parser = cli.ArgumentParser(prog='capsjax.predict', description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog='capsjax-predict', description=__doc__.splitlines()[0])
   parser.add_argument('files', nargs='+', metavar='FILE', help='image files (PNG, JPEG, …)')
   parser.add_argument('--workdir', type=cli.existing_workdir, default=None,
                       help='a trained run (default: the model shipped with capsjax)')
@@ -201,11 +202,11 @@ def main(argv=None):
   for path in args.files:   # every file checked before the model loads
     open_image(path).close()
   if args.workdir is None and args.member is not None:
-    cli.fail('capsjax.predict: --member needs --workdir (the shipped model is a single run)')
+    cli.fail('capsjax-predict: --member needs --workdir (the shipped model is a single run)')
   predictor = Predictor.shipped() if args.workdir is None else Predictor.from_workdir(args.workdir, args.member)
   print(f'model: {predictor.trained.describe()}', file=sys.stderr, flush=True)   # stdout: the predictions
   if args.reconstruct and not predictor.has_decoder:
-    cli.fail(f'capsjax.predict: --reconstruct: {predictor.source} has no decoder')
+    cli.fail(f'capsjax-predict: --reconstruct: {predictor.source} has no decoder')
   results = predictor.predict(predictor.read_files(args.files))
   if args.reconstruct:
     os.makedirs(args.reconstruct, exist_ok=True)

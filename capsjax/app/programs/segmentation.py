@@ -1,6 +1,6 @@
 """MultiMNIST figure 5 and pixel segmentation from a trained run.
 
-  python -m capsjax.programs.segmentation --workdir=W [--num=1000] [--rows=8]
+  python -m capsjax.app.programs.segmentation --workdir=W [--num=1000] [--rows=8]
 
 Writes W/multimnist_reconstructions.png (figure 5 of the paper: input over the two
 reconstructions in red and green, captioned L:(labels) R:(reconstructed classes); the
@@ -18,13 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from capsjax import cli
+from capsjax import console
+from capsjax.app import cli
 from capsjax import assemble
 from capsjax.data.tasks import TASKS
 from capsjax.models import MODELS
-from capsjax.plots import image_grid
+from capsjax.app.plots import image_grid
 from capsjax.errors import CapsjaxError
-from capsjax.trained import TrainedModel
+from capsjax.app.trained import TrainedModel
 from capsjax.workdir import read_config
 
 
@@ -48,14 +49,14 @@ def overlay(red: np.ndarray, green: np.ndarray) -> np.ndarray:
 
 @cli.main_wrapper
 def main(argv=None):
-  parser = cli.ArgumentParser(prog='capsjax.programs.segmentation', description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog='capsjax-segmentation', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
   parser.add_argument('--num', type=cli.int_at_least(1), default=1000, help='test examples for the IoU')
   parser.add_argument('--rows', type=cli.int_at_least(1), default=8, help='examples in the figure')
   parser.add_argument('--threshold', type=cli.number_between(0.0, 1.0), default=0.1)
   cli.add_data_flags(parser)
   args = parser.parse_args(argv)
-  cli.say(f'segmentation of {args.workdir}: loading the trained model…')
+  console.say(f'segmentation of {args.workdir}: loading the trained model…')
   config = read_config(args.workdir)   # checked before the checkpoint is read
   if not TASKS[config.task].per_label_targets:
     raise CapsjaxError(f'{args.workdir} holds a {config.experiment} run, not a MultiMNIST one')
@@ -65,10 +66,10 @@ def main(argv=None):
                        'segmentation needs a CapsNet with its decoder (e.g. --experiment=multimnist)')
   trained = TrainedModel.from_workdir(args.workdir, data=cli.data_overrides(args))
   config, model, params = trained.config, trained.model, trained.params
-  cli.say(f'model: {trained.describe()}; generating {args.num} test pairs…')
+  console.say(f'model: {trained.describe()}; generating {args.num} test pairs…')
   config.num_test_examples = args.num
   _, test = assemble.pipelines(config)
-  bar = cli.progress(what='reconstructing', total=test.num_examples, unit='pairs')
+  bar = console.progress(what='reconstructing', total=test.num_examples, unit='pairs')
 
   num_classes = config.model.num_classes
   # The parameters are an argument, not constants of the program (XLA would fold them).

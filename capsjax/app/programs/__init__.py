@@ -3,7 +3,7 @@ studies that compose `capsjax.train.train_and_evaluate` runs and read their work
 
 `PROGRAMS`: config.program → the function(config, workdir) that runs it (the experiment
 config names it: `capsjax --experiment=ablation` runs the ablation program). A program
-registers itself with `@register_program(name)` in its own module; capsjax.launch
+registers itself with `@register_program(name)` in its own module; capsjax.app.launch
 imports the built-in ones. An inner run that stops
 (a signal, --config.stop_at_step) raises capsjax.errors.RunStopped through the program:
 the command exits 75 and the same command resumes every run where it stopped.
@@ -15,7 +15,7 @@ def register_program(name: str):
   return PROGRAMS.register(name)
 
 
-# The experiments that run each built-in program (what `python -m capsjax.programs.NAME`,
+# The experiments that run each built-in program (what `python -m capsjax.app.programs.NAME`,
 # no command since programs became configs, points to).
 EXPERIMENTS_OF = {'ablation': ('ablation', 'ablation_smoke'), 'affnist': ('affnist', 'affnist_smoke'),
                   'routing_zoo': ('routing_zoo', 'routing_zoo_cpu', 'routing_zoo_smoke'),
@@ -23,9 +23,9 @@ EXPERIMENTS_OF = {'ablation': ('ablation', 'ablation_smoke'), 'affnist': ('affni
 
 
 def not_a_command(name: str) -> None:
-  """Ends `python -m capsjax.programs.NAME` with one line naming the command that runs it."""
-  from capsjax import cli  # pylint: disable=g-import-not-at-top
+  """Ends `python -m capsjax.app.programs.NAME` with one line naming the command that runs it."""
+  from capsjax.app import cli  # pylint: disable=g-import-not-at-top
   experiments = EXPERIMENTS_OF[name]
-  cli.fail(f'python -m capsjax.programs.{name} is not a command: the {name} program runs as an experiment, '
+  cli.fail(f'python -m capsjax.app.programs.{name} is not a command: the {name} program runs as an experiment, '
            f'capsjax --experiment={experiments[0]} --workdir=W (or python run.py …; experiments running it: '
            f'{", ".join(experiments)})')

@@ -16,15 +16,15 @@ import ml_collections
 import numpy as np
 
 from capsjax import assemble, steps, train
-from capsjax.trained import load_trained
-from capsjax.plots import image_grid
-from capsjax.programs.common import with_model_of
+from capsjax.app.trained import load_trained
+from capsjax.app.plots import image_grid
+from capsjax.app.programs.common import with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.sources import Dataset
 from capsjax.keys import boolean, declare, int_at_least, number_in, positive_number, text
 from capsjax.data.affine import AFFINE_RANGES
-from capsjax.programs import not_a_command, register_program
+from capsjax.app.programs import not_a_command, register_program
 
 # affnist: the affine test set (section 5.2): MNIST test digits under random affine maps
 declare('affnist.test_seed', 3, int_at_least(0), 'seed of the fixed affine test transformations', in_base=False)

@@ -1,4 +1,4 @@
-"""What the experiment programs share: comparison-model configs (plots: capsjax.plots;
+"""What the experiment programs share: comparison-model configs (plots: capsjax.app.plots;
 markdown tables: capsjax.reports)."""
 import ml_collections
 
