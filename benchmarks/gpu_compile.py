@@ -50,22 +50,20 @@ def compiled_figures(config, mode: str, batch: int, mesh) -> dict:
   """Kernels, traffic (bytes) and FLOPs of one call of `mode` ('train' or 'infer')."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from capsjax import assemble, formulations, sharding  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble, sharding  # pylint: disable=g-import-not-at-top
   from capsjax.app import plan  # pylint: disable=g-import-not-at-top
-  from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
-  with formulations.target_backend('gpu'):
-    config = assemble.resolve_data(config)
-    if mode == 'train':
-      program, _ = plan._program(config, mesh)  # pylint: disable=protected-access
-      lowered = program.lower(program.abstract_state)['training']
-    else:
-      model = build_model(**config.model)
-      replicated = sharding.replicated(mesh)
-      images = jax.ShapeDtypeStruct((batch,) + tuple(config.model.input_shape), jnp.float32, sharding=replicated)
-      params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(images.shape))['params'])
-      params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=replicated), params)
-      lowered = jax.jit(lambda p, x: model.apply({'params': p}, x)).lower(params, images)
-    compiled = lowered.compile()
+  config = assemble.resolve_data(config)
+  if mode == 'train':
+    program, _ = plan._program(config, mesh, 'gpu')  # pylint: disable=protected-access
+    lowered = program.lower(program.abstract_state)['training']
+  else:
+    model = assemble.model(config, 'gpu')
+    replicated = sharding.replicated(mesh)
+    images = jax.ShapeDtypeStruct((batch,) + tuple(config.model.input_shape), jnp.float32, sharding=replicated)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(images.shape))['params'])
+    params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=replicated), params)
+    lowered = jax.jit(lambda p, x: model.apply({'params': p}, x)).lower(params, images)
+  compiled = lowered.compile()
   from benchmarks.timing import capsnet_flops  # pylint: disable=g-import-not-at-top
   kernels, traffic = plan.kernel_traffic(compiled.as_text())
   members = len(config.ensemble.seeds) if config.get('ensemble') else 1

@@ -43,8 +43,7 @@ def conv_figures(impl: str, batch: int, dtype: str, mode: str, device) -> dict:
   conv = lambda x, w: ops.conv2d(x, w, layer['stride'], impl, patches_inference='whole_batch')
   loss = lambda x, w: jnp.sum(jnp.square(conv(x, w).astype(jnp.float32)))
   program = jax.jit(conv) if mode == 'infer' else jax.jit(jax.grad(loss, argnums=(0, 1)))
-  with formulations.target_backend('gpu'):
-    compiled = program.lower(images, weights).compile()
+  compiled = program.lower(images, weights).compile()
   kernels, traffic = plan.kernel_traffic(compiled.as_text())
   shape = formulations.ConvLayer(layer['size'], layer['size'], layer['channels'], layer['features'],
                                  layer['kernel'], layer['stride'])

@@ -11,7 +11,7 @@ import jax
 import ml_collections
 import optax
 
-from capsjax import ensembles, evaluators, losses, memory, sizing, steps
+from capsjax import ensembles, evaluators, formulations, losses, memory, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preprocessing, images_on_demand
@@ -43,8 +43,10 @@ def optimizer(config, num_steps: int = 0) -> optax.GradientTransformation:
                               config.weight_decay, config.grad_clip_norm)
 
 
-def model(config):
-  return build_model(**config.model)
+def model(config, platform: str = ''):
+  """config.model's model, its formulation's 'auto' options chosen once for `platform`, the
+  platform the run compiles for ('' : JAX's default backend; capsjax-plan: its target's)."""
+  return build_model(**{**config.model, **formulations.for_platform(config.model, platform)})
 
 
 def total_steps(config, num_train_examples: int) -> int:
@@ -320,9 +322,11 @@ def resolve_data(config) -> ml_collections.ConfigDict:
   return config
 
 
-def choose_model(config, recorded=None, available: Optional[int] = None) -> Tuple[ml_collections.ConfigDict, Optional[str]]:
+def choose_model(config, recorded=None, available: Optional[int] = None,
+                 platform: str = '') -> Tuple[ml_collections.ConfigDict, Optional[str]]:
   """(a copy of `config` whose model's 'auto' keys (stem, transforms, decoder) are chosen
-  for its input shape and batch size within `available` bytes (default: this machine's),
+  for its input shape and batch size within `available` bytes (default: this machine's)
+  on `platform` ('' : JAX's default backend),
   one line saying what and why, or None where nothing was open). `recorded`: the config
   dict a workdir recorded; a resumed run keeps its choices (capsjax.sizing)."""
   if not sizing.open_keys(config.model):
@@ -332,7 +336,7 @@ def choose_model(config, recorded=None, available: Optional[int] = None) -> Tupl
     # by size alone (processes may see different free memory).
     available = memory.available_bytes() if jax.process_count() == 1 else float('inf')
   model = sizing.keep_recorded(config.model, (recorded or {}).get('model'))
-  model, line = sizing.choose(model, config.batch_size, available)
+  model, line = sizing.choose(model, config.batch_size, available, platform)
   config = ml_collections.ConfigDict(config.to_dict())
   config.model = model
   return config, line

@@ -1,13 +1,15 @@
 """Which formulation of the same math runs on which backend: one table, from measurements.
 
 A model option set to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`)
-resolves here, by the backend JAX runs on. Every entry names the measurement behind it; an entry nobody has measured
-says so. `python benchmarks/device_report.py` measures every formulation on a backend in
+is chosen here once, for the platform the run compiles for, when the run builds its model
+(`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
+applies to its own shape where it is traced. A model built without that ('auto' left in
+it, as a library user may) resolves for JAX's default backend where it is traced. Every
+entry names the measurement behind it; an entry nobody has measured says so. `python benchmarks/device_report.py` measures every formulation on a backend in
 one run: change an entry when a report says so, and name that report.
 """
-import contextlib
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Union
 
 import jax
 
@@ -34,9 +36,9 @@ DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 class Formulation:
   """How a model computes the same math, handed to its layers as one object (a model
   builds it once from its config keys of the same names; layers keep no such knobs of
-  their own). `conv_impl`, `patches_inference`, `routing_loop`: 'auto' resolves by backend,
-  and for convolutions on a CPU by the layer's shape, in `resolve` (called where the
-  convolution or the loop is traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the
+  their own). `conv_impl`, `patches_inference`, `routing_loop`: a value, or what `for_platform`
+  chose for 'auto' (a convolution's may be a rule: `ConvRule`, `StrideRule`, applied to each
+  layer's shape in `resolve` where it is traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the
   convolutions' matmul inputs (CONV_INPUTS). `dtype`: the compute dtype of convolutions
   and capsule predictions (None: the input's).
 
@@ -46,7 +48,7 @@ class Formulation:
     >>> layer.formulation.conv_impl, layer.formulation.conv_inputs
     ('patches', 'float32')
   """
-  conv_impl: str = 'auto'
+  conv_impl: Any = 'auto'   # a name of CONV_IMPLS or a rule
   patches_inference: str = 'auto'
   conv_inputs: str = 'float32'
   routing_loop: str = 'auto'
@@ -210,44 +212,64 @@ FASTEST = {
 }
 
 
-# The backend a program is traced for when it is not JAX's default (capsjax.app.plan compiles
-# for a TPU or GPU on a CPU machine), and the choices 'auto' made while tracing for it.
-_TARGET = {'backend': '', 'choices': None}
+_ALLOWED = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS,
+            'dtype': DTYPES}
 
 
-@contextlib.contextmanager
-def target_backend(backend: str):
-  """Within: 'auto' resolves for `backend` ('tpu', 'gpu', 'cpu') rather than JAX's default
-  backend. Yields the list of choices made, (option, layer or None, value), in order."""
-  previous = dict(_TARGET)
-  _TARGET.update(backend=backend, choices=[])
-  try:
-    yield _TARGET['choices']
-  finally:
-    _TARGET.update(previous)
+def _platform(platform: str) -> str:
+  return platform or jax.default_backend()
 
 
-def resolve(option: str, value: str, backend: str = '', layer: Optional[ConvLayer] = None) -> str:
-  """`value` of model option `option`, with 'auto' replaced by FASTEST[backend][option]
-  (backend: JAX's default backend unless given; an unknown backend uses the CPU's entry).
-  An entry decided per layer (ConvRule, StrideRule) reads `layer`, the convolution's shape."""
-  allowed = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS,
-             'dtype': DTYPES}[option]
-  if value not in allowed:
-    raise ValueError(f'{option} must be one of {allowed}, got {value!r}')
+def _entry(option: str, platform: str):
+  return FASTEST.get(_platform(platform), FASTEST['cpu'])[option]
+
+
+def for_platform(options: Mapping[str, Any], platform: str = '') -> Dict[str, Any]:
+  """The formulation options `options` holds (a model config, or any mapping), each 'auto'
+  replaced by `platform`'s entry of FASTEST ('' : JAX's default backend; an unknown platform
+  takes the CPU's): a value, or a rule its layers apply to their shapes. What a run builds
+  its model with (capsjax.assemble.model), once, for the devices it compiles for.
+
+  Example:
+    >>> capsjax.formulations.for_platform({'conv_impl': 'auto', 'dtype': 'auto', 'routing_loop': 'rolled'}, 'gpu')
+    {'conv_impl': StrideRule(strided='space_to_depth', unit='patches'), 'routing_loop': 'rolled', 'dtype': 'bfloat16'}
+  """
+  return {option: _entry(option, platform) if options[option] == 'auto' else options[option]
+          for option in _ALLOWED if option in options}
+
+
+Choice = Union[str, ConvRule, StrideRule]
+
+
+def resolve(option: str, value: Choice, platform: str = '', layer: Optional[ConvLayer] = None) -> str:
+  """The formulation `value` of model option `option` names for a layer: a name as it is; a
+  rule (what `for_platform` chose) applied to `layer`, the convolution's shape; 'auto' as
+  FASTEST[platform][option] would be ('' : JAX's default backend, where this is traced)."""
+  if isinstance(value, _RULES):
+    return value.pick(layer)
+  if value not in _ALLOWED[option]:
+    raise ValueError(f'{option} must be one of {_ALLOWED[option]}, got {value!r}')
   if value != 'auto':
-    chosen = value
-  else:
-    entry = FASTEST.get(backend or _TARGET['backend'] or jax.default_backend(), FASTEST['cpu'])[option]
-    chosen = entry.pick(layer) if isinstance(entry, _RULES) else entry
-  if _TARGET['choices'] is not None:
-    _TARGET['choices'].append((option, layer, chosen))
-  return chosen
+    return value
+  return resolve(option, _entry(option, platform), platform, layer)
 
 
-def choices(option: str, backend: str = '') -> tuple:
-  """Every value 'auto' can resolve to for `option` on `backend` (one, or a rule's two)."""
-  entry = FASTEST.get(backend or _TARGET['backend'] or jax.default_backend(), FASTEST['cpu'])[option]
+def describe(chosen: Mapping[str, Choice]) -> List[str]:
+  """One line per chosen option ('option value'; a rule: a line per case), for a report."""
+  lines = []
+  for option, value in chosen.items():
+    if isinstance(value, StrideRule):
+      lines += [f'{option} (stride 1) {value.unit}', f'{option} (stride > 1) {value.strided}']
+    elif isinstance(value, ConvRule):
+      lines.append(f'{option} (by each layer\'s shape and batch) {" | ".join(value.choices())}')
+    else:
+      lines.append(f'{option} {value}')
+  return lines
+
+
+def choices(option: str, platform: str = '') -> tuple:
+  """Every value 'auto' can resolve to for `option` on `platform` (one, or a rule's two)."""
+  entry = _entry(option, platform)
   return entry.choices() if isinstance(entry, _RULES) else (entry,)
 
 
@@ -265,10 +287,10 @@ SLOW_CHOICES = {
 }
 
 
-def slow_choices(model_config, backend: str = '') -> list:
+def slow_choices(model_config, platform: str = '') -> list:
   """One line per option of `model_config` (a mapping: the config's model) set to a value
-  that SLOW_CHOICES lists for `backend` (default: JAX's)."""
-  backend = backend or _TARGET['backend'] or jax.default_backend()
+  that SLOW_CHOICES lists for `platform` (default: JAX's default backend)."""
+  backend = _platform(platform)
   lines = []
   for (option, value, slow_backend), why in SLOW_CHOICES.items():
     if slow_backend == backend and str(model_config.get(option, '')) == value:

@@ -23,9 +23,10 @@ CONV_IMPLS = formulations.CONV_IMPLS
 CONV_INPUTS = formulations.CONV_INPUTS
 
 
-def resolve_conv_impl(impl: str, layer: Optional[formulations.ConvLayer] = None) -> str:
-  """'auto' → the backend's entry in capsjax.formulations.FASTEST (measured there);
-  the CPU's entry decides per `layer` (its shape)."""
+def resolve_conv_impl(impl, layer: Optional[formulations.ConvLayer] = None) -> str:
+  """The form `impl` names for `layer` (its shape): a name as it is, a rule of
+  capsjax.formulations (what a run chose for 'auto') applied to the layer, 'auto' as JAX's
+  default backend's entry of capsjax.formulations.FASTEST."""
   return formulations.resolve('conv_impl', impl, layer=layer)
 
 
@@ -491,7 +492,7 @@ def conv_transpose2d(images: Array, kernel: Array, stride: int, impl: str = 'aut
   forward 17× slower (3/4 of its products are with zeros).
   """
   kernel_size = kernel.shape[0]
-  if impl == 'xla' or (impl == 'auto' and resolve_conv_impl('auto') == 'xla'):
+  if resolve_conv_impl(impl) == 'xla':
     return jax.lax.conv_transpose(images, kernel, (stride, stride), 'SAME',
                                   dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
   # Sub-pixel form: one stride-1 convolution of the undilated input over the window of

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax import memory
+from capsjax import formulations, memory
 from capsjax.layers import STEM_TARGET_SIDE, stem_stages
 from capsjax.models import build_model, primary_grid
 
@@ -68,11 +68,12 @@ def by_size(model) -> Dict[str, Tuple[str, str]]:
   return chosen
 
 
-def training_peak_bytes(model, batch_size: int) -> int:
+def training_peak_bytes(model, batch_size: int, platform: str = '') -> int:
   """Estimated peak bytes of one training step of the CapsNet `model` (a resolved model
-  config) at `batch_size`: the traced forward and backward pass (capsjax.memory) plus the
-  optimizer's two Adam moments and the updated parameters. Nothing is allocated."""
-  module = build_model(**model)
+  config) at `batch_size` on `platform` (its formulation; '' : JAX's default backend): the
+  traced forward and backward pass (capsjax.memory) plus the optimizer's two Adam moments
+  and the updated parameters. Nothing is allocated."""
+  module = build_model(**{**model, **formulations.for_platform(model, platform)})
   shape = tuple(model.input_shape)
   params = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1,) + shape)))['params']
   images = jax.ShapeDtypeStruct((batch_size,) + shape, jnp.float32)
@@ -87,10 +88,11 @@ def training_peak_bytes(model, batch_size: int) -> int:
   return memory.traced_peak_bytes(jax.jit(jax.grad(loss)), params, images, masks) + 3 * param_bytes
 
 
-def choose(model, batch_size: int, available: int) -> Tuple[ml_collections.ConfigDict, Optional[str]]:
+def choose(model, batch_size: int, available: int,
+           platform: str = '') -> Tuple[ml_collections.ConfigDict, Optional[str]]:
   """(a copy of the model config `model` with its 'auto' keys chosen, one line saying what
   was chosen and why — None when nothing was open), for training at `batch_size` within
-  `available` bytes."""
+  `available` bytes on `platform` ('' : JAX's default backend)."""
   open_now = open_keys(model)
   if not open_now:
     return model, None
@@ -98,7 +100,7 @@ def choose(model, batch_size: int, available: int) -> Tuple[ml_collections.Confi
   chosen = by_size(model)
   for key, (value, _) in chosen.items():
     model[key] = value
-  estimate = training_peak_bytes(model, batch_size)
+  estimate = training_peak_bytes(model, batch_size, platform)
   for key in open_now:   # memory pressure: the scalable value of each open key in turn
     if estimate <= available:
       break
@@ -106,7 +108,7 @@ def choose(model, batch_size: int, available: int) -> Tuple[ml_collections.Confi
     if model[key] != scalable:
       model[key] = scalable
       chosen[key] = (scalable, 'to fit memory')
-      estimate = training_peak_bytes(model, batch_size)
+      estimate = training_peak_bytes(model, batch_size, platform)
   parts = [f'{key}={value} ({why})' for key, (value, why) in chosen.items()]
   against = (f'{available / 1e9:.1f} GB available' if available != float('inf')
              else 'chosen by size: several processes')

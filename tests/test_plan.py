@@ -124,7 +124,8 @@ def test_the_runs_own_step_compiles_for_a_tpu_slice_and_matches_hand_counts(tiny
   result = tiny_plan
   assert (result.devices, result.hosts, result.devices_per_chip, result.global_batch) == (4, 1, 1, 32)
   assert any(line.startswith('conv_impl') and line.endswith(' xla') for line in result.formulations)   # the TPU's
-  assert not any(value in line for line in result.formulations for value in ('patches', 'fourier', 'kernel_rows'))
+  assert not any(value in line for line in result.formulations if line.startswith('conv_impl')
+                 for value in ('patches', 'fourier', 'kernel_rows'))
   # Arguments per device: the replicated state (parameters, Adam's two moments, two step
   # counters) and this device's quarter of the batch (uint8 images, int32 labels and
   # indices). A TPU pads each array to whole (8, 128) tiles: this model's many small
@@ -156,19 +157,19 @@ def test_the_largest_batch_is_found_where_the_compiled_memory_meets_the_hbm(tiny
   # on a 16 GB chip: the line through 8 and 16 per device meets it at 150; the step-down
   # rule never needs more than the third compilation.
   compiled = []
-  monkeypatch.setattr(plan_lib, '_training_memory',
-                      lambda config, mesh, per_device, *_: compiled.append(per_device) or {'total': 1e9 + 1e8 * per_device})
-  largest = plan_lib._largest_batch(None, None, tiny_plan_shape, 10000, lambda line: None)
+  monkeypatch.setattr(plan_lib, '_training_memory', lambda config, mesh, platform, per_device, *_: (
+      compiled.append(per_device) or {'total': 1e9 + 1e8 * per_device}))
+  largest = plan_lib._largest_batch(None, None, 'tpu', tiny_plan_shape, 10000, lambda line: None)
   assert compiled == [16, 144] and largest == {'per_device': 144, 'total': 1e9 + 1e8 * 144, 'tried': [8, 16, 144],
                                                 'fits': True, 'capped': False, 'analysis': {'total': 1e9 + 1e8 * 144}}
   compiled.clear()   # an epoch of 100 examples per device caps it
-  assert plan_lib._largest_batch(None, None, tiny_plan_shape, 100, lambda line: None)['per_device'] == 96
+  assert plan_lib._largest_batch(None, None, 'tpu', tiny_plan_shape, 100, lambda line: None)['per_device'] == 96
   assert compiled == [16, 96]
   # Memory that grows slower than the first line says (a compiler that reuses buffers at
   # large batches): each further compilation refits the line, until within 10 % of the HBM.
   memory = lambda per_device: 1e9 + 1e8 * 8 * (per_device / 8) ** 0.6
-  monkeypatch.setattr(plan_lib, '_training_memory', lambda config, mesh, per_device, *_: {'total': memory(per_device)})
-  largest = plan_lib._largest_batch(None, None, tiny_plan_shape, 10 ** 6, lambda line: None)
+  monkeypatch.setattr(plan_lib, '_training_memory', lambda config, mesh, platform, per_device, *_: {'total': memory(per_device)})
+  largest = plan_lib._largest_batch(None, None, 'tpu', tiny_plan_shape, 10 ** 6, lambda line: None)
   assert 0.9 * 16e9 <= largest['total'] <= 16e9 and largest['fits']
   assert len(largest['tried']) <= 7 and largest['per_device'] % 8 == 0
 

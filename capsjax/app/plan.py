@@ -11,7 +11,7 @@ and compiled by the real compiler for compile-only devices (`jax.experimental.to
 a TPU topology that libtpu describes, or NVIDIA GPUs that JAX's CUDA plugin compiles for
 from a device description written here from NVIDIA's published figures (`GPUS`), with every
 formulation that the config leaves at 'auto' chosen for that platform
-(capsjax.formulations.target_backend). Nothing is placed or run. The report gives, per
+(capsjax.formulations.for_platform). Nothing is placed or run. The report gives, per
 device: the compiled program's memory against the device's memory, the FLOPs and bytes of
 memory traffic, the collectives in the compiled HLO, an estimated step time (a roofline
 from the chip's published figures: an estimate, never a measurement), and the largest
@@ -579,24 +579,13 @@ def _zeros_loader(config):
                                      np.arange(sizes[split], dtype=np.int32) % info.num_classes)
 
 
-def _program(config, mesh):
-  """(the run's RunSteps on `mesh`, its training examples per epoch)."""
+def _program(config, mesh, platform: str):
+  """(the run's RunSteps on `mesh`, whose devices are `platform`'s, its training examples per epoch)."""
   from capsjax import assemble, train  # pylint: disable=g-import-not-at-top
   train_split, test_split, validation = assemble.splits(config, _zeros_loader(config))
-  program = train.build_program(config, assemble.model(config), train_split, test_split, mesh, validation)
+  program = train.build_program(config, assemble.model(config, platform), train_split, test_split, mesh,
+                                validation)
   return program, train_split.num_examples
-
-
-def _describe_choices(choices) -> List[str]:
-  seen, lines = set(), []
-  for option, layer, value in choices:
-    where = (f' ({layer.kernel_size}×{layer.kernel_size}/{layer.stride}, {layer.channels}→{layer.features})'
-             if layer is not None else '')
-    line = f'{option}{where} {value}'
-    if line not in seen:
-      seen.add(line)
-      lines.append(line)
-  return lines
 
 
 def _silent(line: str) -> None:
@@ -664,43 +653,44 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   config = ml_collections.ConfigDict(config.to_dict())
   config.host_images = 'rows'   # a source without split sizes is read lazily, never whole
   started = time.time()
-  with formulations.target_backend(parsed.platform) as choices:
-    config = assemble.resolve_data(config)
-    config, model_choice = assemble.choose_model(config, None, available=hbm_per_device)
-    program, train_examples = _program(config, mesh)
-    abstract_state = program.abstract_state
-    log(f'compiling the training step and an evaluation batch for {parsed.topology_name} '
-        f'({len(devices)} devices)…')
-    lowered = program.lower(abstract_state)
-    show = log is not _silent   # the compilations' elapsed time where the lines are shown
-    training = analyse(_compile(lowered['training'], 'the training step', show), lowered['training'], len(devices))
-    log(_memory_line(f'the training step at {config.batch_size // len(devices)} per device', training,
-                     hbm_per_device) + f'; {training["flops"] / 1e9:.1f} GFLOP')
-    evaluation = analyse(_compile(lowered['evaluation'], 'an evaluation batch', show), lowered['evaluation'],
-                         len(devices))
-    log(_memory_line('an evaluation batch', evaluation, hbm_per_device))
-    members = len(program.members) if program.members else 1
-    params = abstract_state['params']
-    num_params = models.count_params(params) // members
-    param_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
-    result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
-                  config.batch_size, config.eval_batch_size, num_params, param_bytes,
-                  _describe_choices(choices), training, evaluation, 0.0, model_choice=model_choice, members=members)
-    if find_largest_batch:
-      result.largest_batch = _largest_batch(config, mesh, result, train_examples // len(devices), log)
+  config = assemble.resolve_data(config)
+  config, model_choice = assemble.choose_model(config, None, available=hbm_per_device, platform=parsed.platform)
+  program, train_examples = _program(config, mesh, parsed.platform)
+  abstract_state = program.abstract_state
+  log(f'compiling the training step and an evaluation batch for {parsed.topology_name} '
+      f'({len(devices)} devices)…')
+  lowered = program.lower(abstract_state)
+  show = log is not _silent   # the compilations' elapsed time where the lines are shown
+  training = analyse(_compile(lowered['training'], 'the training step', show), lowered['training'], len(devices))
+  log(_memory_line(f'the training step at {config.batch_size // len(devices)} per device', training,
+                   hbm_per_device) + f'; {training["flops"] / 1e9:.1f} GFLOP')
+  evaluation = analyse(_compile(lowered['evaluation'], 'an evaluation batch', show), lowered['evaluation'],
+                       len(devices))
+  log(_memory_line('an evaluation batch', evaluation, hbm_per_device))
+  members = len(program.members) if program.members else 1
+  params = abstract_state['params']
+  num_params = models.count_params(params) // members
+  param_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
+  chosen = formulations.describe(formulations.for_platform(config.model, parsed.platform))
+  result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
+                config.batch_size, config.eval_batch_size, num_params, param_bytes,
+                chosen, training, evaluation, 0.0, model_choice=model_choice, members=members)
+  if find_largest_batch:
+    result.largest_batch = _largest_batch(config, mesh, parsed.platform, result, train_examples // len(devices), log)
   result.compile_seconds = time.time() - started
   return result
 
 
-def _training_memory(config, mesh, per_device: int, show: bool = False) -> Dict[str, Any]:
+def _training_memory(config, mesh, platform: str, per_device: int, show: bool = False) -> Dict[str, Any]:
   config = ml_collections.ConfigDict(config.to_dict())
   config.batch_size = per_device * mesh.size
-  program, _ = _program(config, mesh)
+  program, _ = _program(config, mesh, platform)
   lowered = program.lower(program.abstract_state)['training']
   return analyse(_compile(lowered, f'the training step at {per_device} per device', show), lowered, mesh.size)
 
 
-def _largest_batch(config, mesh, result: Plan, most: int, log, compilations: int = 5) -> Dict[str, Any]:
+def _largest_batch(config, mesh, platform: str, result: Plan, most: int, log,
+                   compilations: int = 5) -> Dict[str, Any]:
   """The largest per-device training batch (a multiple of 8, at most `most`: an epoch's
   examples over the devices) whose compiled step fits the HBM, from compilations: the
   configured batch and twice it give a line of memory against batch, each further
@@ -713,7 +703,7 @@ def _largest_batch(config, mesh, result: Plan, most: int, log, compilations: int
 
   def compile_at(batch):
     log(f'finding the largest batch: compiling the training step at {batch} per device…')
-    analyses[batch] = _training_memory(config, mesh, batch, log is not _silent)
+    analyses[batch] = _training_memory(config, mesh, platform, batch, log is not _silent)
     log('  ' + _memory_line(f'at {batch} per device', analyses[batch], hbm))
 
   if min(2 * first, most) > first:
