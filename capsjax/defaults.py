@@ -10,24 +10,28 @@ from typing import Dict
 
 import ml_collections
 
-from capsjax import keys
+from capsjax import experiment, keys
 from capsjax.data.datasets import dataset_info
 
 
 def _owners():
-  """The modules that declare the base config's run-level keys."""
+  """The modules that declare the base config's other run-level keys (keys.declare)."""
   # pylint: disable=g-import-not-at-top
-  from capsjax import diagnostics, ensembles, runtime, steps, train, workdir
+  from capsjax import diagnostics, ensembles, runtime, steps
   from capsjax.data import augment, images, pipeline, rows, sources, tasks
-  return (train, tasks, sources, images, rows, pipeline, augment, steps, ensembles, workdir, runtime, diagnostics)
+  return (tasks, sources, images, rows, pipeline, augment, steps, ensembles, runtime, diagnostics)
 
 
 def run_keys() -> Dict[str, keys.Key]:
-  """Every declared run-level key by dotted name: the base config's (their modules
-  imported here) and those of any experiment section whose module is imported
+  """Every run-level key by dotted name: the run's own (experiment.RunSettings), those the
+  modules above declare, and those of any experiment section whose module is imported
   (capsjax.app.programs.*: validation imports them)."""
   _owners()
-  return keys.RUN_KEYS
+  own = experiment.run_keys()
+  twice = set(own) & set(keys.RUN_KEYS)
+  if twice:
+    raise ValueError(f'config keys declared twice (RunSettings and keys.declare): {sorted(twice)}')
+  return {**own, **keys.RUN_KEYS}
 
 
 def capsnet_config() -> ml_collections.ConfigDict:
@@ -48,8 +52,9 @@ def base_config() -> ml_collections.ConfigDict:
   """
   from capsjax.evaluators import evals_config  # pylint: disable=g-import-not-at-top
   from capsjax.objectives import loss_keys  # pylint: disable=g-import-not-at-top
-  run_keys()
-  config = ml_collections.ConfigDict(keys.base_values())
+  run_keys()   # every declaring module imported
+  own = {name: key.default for name, key in experiment.run_keys().items()}
+  config = ml_collections.ConfigDict({**own, **keys.base_values()})
   config.evals = ml_collections.ConfigDict(evals_config())
   config.loss = ml_collections.ConfigDict({key.name: key.default for key in loss_keys('capsnet').values()})
   config.model = capsnet_config()

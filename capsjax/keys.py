@@ -2,7 +2,8 @@
 
 Three forms, one meaning:
 - a run-level key: `declare('batch_size', 128, int_at_least(1), 'training examples per step')`
-  in the module that reads it (capsjax.steps, capsjax.train, capsjax.data.…);
+  in the module that reads it (capsjax.steps, capsjax.data.…); the run's own keys are the
+  annotated fields of capsjax.experiment.RunSettings;
 - a model key: a field of the model family's Flax module, its type `Annotated` with
   `About(rule, help)` (`conv1_channels: Annotated[int, About(int_at_least(1), '…')] = 256`);
 - a routing's or an objective's option: a keyword argument of the routing or objective

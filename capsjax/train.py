@@ -11,7 +11,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -26,8 +25,7 @@ from capsjax import workdir as workdir_lib
 from capsjax.data.pipeline import Pipeline
 from capsjax.errors import CapsjaxError, CheckpointError, ConfigError, RunStopped
 from capsjax.events import EventWriter
-from capsjax.keys import boolean, declare, int_at_least, int_in, number_in, registered, text
-from capsjax.registry import Registry
+from capsjax.experiment import PROGRAMS, RunSettings
 from capsjax.ensembles import member_knobs
 from capsjax.models import count_params
 from capsjax.runtime import StopRequests
@@ -194,58 +192,31 @@ def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
                  memory_estimates, mesh, lower)
 
 
-# An upper bound that only stops mistakes: an evaluation batch of 10⁹ images asked for
-# 730 GiB after the training steps (batches beyond a test set are padding anyway).
-MAX_EVAL_BATCH_SIZE = 65536
 # Steps dispatched but not yet computed: enough to keep the device busy while the host
 # prepares the next batch, few enough that a stop is acted on at once.
 RUN_AHEAD_STEPS = 2
 
-declare('experiment', 'mnist', text('a name'), 'the experiment name written into results (set by '
-        'experiments/NAME.py)')
-declare('log_every_steps', 50, int_at_least(1), 'a progress line and a metrics.jsonl row every N steps')
-declare('log_every_seconds', 15.0, number_in(0, 86400), 'a progress line and a metrics.jsonl row at least this '
-        'often as well (a slow run shows its speed early; 0: every log_every_steps steps only)')
-declare('eval_every_steps', 468, int_at_least(0), 'evaluate every N steps (0: only at the end; 468: one epoch of '
-        '60 000 // 128)')
-declare('eval_batch_size', 500, int_in(1, MAX_EVAL_BATCH_SIZE), 'examples per evaluation batch')
-declare('eval_shift_averaging', 0, int_in(0, 4), 'also evaluate with class scores averaged over each image '
-        'shifted by every (dy, dx) within ± this many pixels (0: off): shift_averaged_error on validation and test, '
-        'never used to choose')
-declare('checkpoint_every_steps', 468, int_at_least(1), 'save a checkpoint every N steps')
-declare('keep_checkpoints', 3, int_at_least(1), 'checkpoints kept in the workdir')
-declare('checkpoint_every_secs', 600.0, number_in(0, math.inf), 'also save every N seconds of wall time (0: off)')
-declare('stop_at_step', 0, int_at_least(0), 'save and stop at this step, resumable, as a preemption would (0: run '
-        'to the end)')
-declare('stop_at_test_accuracy', 0.0, number_in(0, 1), 'the run is complete at the first evaluation reaching this '
-        'test accuracy (affNIST; 0: off)')
-declare('reevaluate', False, boolean(), 'running a finished workdir evaluates it again (otherwise it says it is '
-        'complete and exits at once)')
-# The run's peak memory is estimated before compiling (capsjax.memory) and shown in the header.
-declare('check_memory', True, boolean(), 'refuse a run whose estimated peak memory exceeds the memory available, '
-        'with one line (False: try anyway)')
 
-
-def default_hooks(config, run: hooks_lib.Run, checkpoints, requests, multi_process: bool, evaluations=(),
-                  validate=None, validation_rows=()):
+def default_hooks(settings: RunSettings, run: hooks_lib.Run, checkpoints, requests, multi_process: bool,
+                  evaluations=(), validate=None, validation_rows=(), ensemble: bool = False):
   """(the hooks in order, the evaluator among them), wired through `run` (its divergence
   check and evaluation schedule). `validation_rows`: metrics.jsonl rows from before this
   invocation (a resumed run's best validation step keeps its checkpoint)."""
   guard = hooks_lib.DivergenceGuard(checkpoints)
   # Last in the order (it saves where anyone asked to stop), and first at evaluation steps.
-  checkpointer = hooks_lib.Checkpointer(checkpoints, config.checkpoint_every_steps,
-                                        0.0 if multi_process else config.checkpoint_every_secs)
-  evaluator = hooks_lib.Evaluator(config.eval_every_steps, evaluations, validate=validate,
+  checkpointer = hooks_lib.Checkpointer(checkpoints, settings.checkpoint_every_steps,
+                                        0.0 if multi_process else settings.checkpoint_every_secs)
+  evaluator = hooks_lib.Evaluator(settings.eval_every_steps, evaluations, validate=validate,
                                   before=checkpointer.save_before_evaluation,
                                   should_stop=None if multi_process else (lambda: requests.raised))
   run.check = guard.check
   run.stop_requested_as = lambda: hooks_lib.stop_reason(requests.signal_name)
   run.evaluations_left = lambda step: evaluator.remaining(step, run.num_steps)
-  hooks = [guard, hooks_lib.ProgressLogger(config.log_every_steps, config.log_every_seconds), evaluator]
+  hooks = [guard, hooks_lib.ProgressLogger(settings.log_every_steps, settings.log_every_seconds), evaluator]
   if validate is not None:
     hooks.append(hooks_lib.KeepBestCheckpoint(checkpoints, validation_rows))
-  if config.stop_at_test_accuracy and not config.ensemble:
-    hooks.append(hooks_lib.EarlyStop(config.stop_at_test_accuracy))
+  if settings.stop_at_test_accuracy and not ensemble:
+    hooks.append(hooks_lib.EarlyStop(settings.stop_at_test_accuracy))
   hooks.append(hooks_lib.Preemption(requests, checkpoints, multi_process))
   hooks.append(checkpointer)
   return hooks, evaluator
@@ -279,13 +250,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   created = not os.path.exists(absolute)
   previous = workdir_lib.read_results(absolute)
   newest = ckpt.newest_step_on_disk(os.path.join(absolute, 'checkpoints'))
-  run_status(absolute, config, previous, newest)   # refuses before the workdir is touched
+  settings = RunSettings.of(config)
+  run_status(absolute, settings.reevaluate, previous, newest)   # refuses before the workdir is touched
   workdir = workdir_lib.prepare(workdir)
   is_writer = sharding.is_main_process()
-  if _answered_from_files(workdir, config, previous, newest):   # no data read, nothing compiled
+  if _answered_from_files(workdir, config, settings.reevaluate, previous, newest):   # no data read, nothing compiled
     return _complete(workdir, previous)
   try:
-    _log(f'{config.experiment}: reading the data ({config.dataset}) and tracing the model…')
+    _log(f'{settings.experiment}: reading the data ({config.dataset}) and tracing the model…')
     config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
     recorded = (workdir_lib.read_config(workdir).to_dict()
                 if os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)) else None)
@@ -295,10 +267,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     for line in formulations.slow_choices(config.model):   # an explicit choice measured slow here
       _log(line)
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
-      changed = workdir_lib.bind_config(workdir, config)
+      changed = workdir_lib.bind_config(workdir, config, settings.allow_config_change)
       if changed:
         _log(f'continuing {workdir} with a changed config: {"; ".join(changed)}')
-      return _train(config, workdir, stop_at_step or config.stop_at_step or None, is_writer)
+      return _train(config, settings, workdir, stop_at_step or settings.stop_at_step or None, is_writer)
   except CapsjaxError:
     if created and is_writer:   # a start that failed leaves no workdir behind
       workdir_lib.discard_unbound(workdir)
@@ -306,16 +278,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 
-# config.program → the function(config, workdir) that runs the experiment: this training
-# loop, or a program of capsjax.app.programs that composes it (registered there).
-PROGRAMS = Registry('program', doc="""The programs by name (`config.program`): each entry's value is the
-function (config, workdir) that runs an experiment; `train` is `train_and_evaluate`.""")
 PROGRAMS.register('train', train_and_evaluate)
-declare('program', 'train', registered(PROGRAMS.names), 'what runs: train, or an experiment program that calls '
-        'the training loop itself (capsjax.app.programs)')
 
 
-def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -> RunResult:
+def _train(config, settings: RunSettings, workdir: str, stop_at_step: Optional[int], is_writer: bool) -> RunResult:
   mesh = sharding.data_mesh()
   sharding.check_batch_size(config.batch_size, mesh)
   train, test, validation = assemble.splits(config)
@@ -330,11 +296,11 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
   num_params = count_params(program.abstract_state['params']) // (len(members) if members else 1)
   memory_estimates = program.memory_estimates(program.abstract_state)
   available = memory.available_bytes()
-  if config.check_memory:   # before the state is allocated or a step compiled
+  if settings.check_memory:   # before the state is allocated or a step compiled
     memory.check_fits(memory_estimates, available)
   multi_process = jax.process_count() > 1
 
-  with ckpt.Checkpoints(workdir, config.keep_checkpoints) as checkpoints, \
+  with ckpt.Checkpoints(workdir, settings.keep_checkpoints) as checkpoints, \
        StopRequests(install=not multi_process) as requests:
     state, progress = checkpoints.restore_newest_intact(program.initial_state, _log)
     if state is not program.initial_state:   # restored (the fresh state is placed already)
@@ -342,7 +308,7 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
     first_step = ckpt.step_of(state)
     previous = workdir_lib.read_results(workdir)
     # As restored: the newest checkpoint may have been unreadable and an older one taken.
-    status = run_status(workdir, config, previous, first_step, num_steps, restored=True)
+    status = run_status(workdir, settings.reevaluate, previous, first_step, num_steps, restored=True)
     if status == 'finished':
       return _complete(workdir, previous)
     if status == 'reevaluate' and previous.get('stopped_early'):
@@ -359,12 +325,13 @@ def _train(config, workdir: str, stop_at_step: Optional[int], is_writer: bool) -
         eval_examples=test.num_examples + (validation.num_examples if validation is not None else 0))
     if first_step:
       _log(f'resumed from checkpoint at step {first_step}')
-    _log(f'{config.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
+    _log(f'{settings.experiment}: {num_params:,} parameters, {train.num_examples} train / {test.num_examples} test '
          f'examples, {num_steps} steps of {config.batch_size} ({run.epoch(num_steps):.2f} epochs)'
          + (f', {len(members)} members in one vmapped program' if members else '')
          + f'; {describe_devices()}; {memory.describe(memory_estimates, available)}')
-    hooks, evaluator = default_hooks(config, run, checkpoints, requests, multi_process, program.evaluations,
-                                     program.validate, metrics_log.read() if program.validate else ())
+    hooks, evaluator = default_hooks(settings, run, checkpoints, requests, multi_process, program.evaluations,
+                                     program.validate, metrics_log.read() if program.validate else (),
+                                     ensemble=members is not None)
     if first_step < run.last_step:
       _log('compiling the training step…')
 
@@ -488,11 +455,11 @@ def _reevaluation_refused(workdir: str, previous: Dict[str, Any], found: str) ->
           'nothing was changed')
 
 
-def run_status(workdir: str, config, previous: Dict[str, Any], step: Optional[int],
+def run_status(workdir: str, reevaluate: bool, previous: Dict[str, Any], step: Optional[int],
                num_steps: Optional[int] = None, restored: bool = False) -> str:
-  """What the run in `workdir` is for `config`: 'fresh' (no checkpoint), 'resume' (train on
-  from `step`), 'finished' (its results.json stands) or 'reevaluate' (finished, and
-  config.reevaluate asks for its final parameters to be evaluated again).
+  """What the run in `workdir` is: 'fresh' (no checkpoint), 'resume' (train on from `step`),
+  'finished' (its results.json stands) or 'reevaluate' (finished, and `reevaluate`, the
+  run's setting, asks for its final parameters to be evaluated again).
 
   `previous`: its results.json ({} if none); `step`: its newest checkpoint's step (None:
   none), on disk or as `restored`; `num_steps`: the run's length (None: the length it ran
@@ -500,16 +467,17 @@ def run_status(workdir: str, config, previous: Dict[str, Any], step: Optional[in
   checkpoint is gone: training on from an older one would overwrite its results."""
   completed = bool(previous.get('completed'))
   at_final_step = completed and step == previous.get('steps')
-  if config.get('reevaluate') and completed and not at_final_step:
+  if reevaluate and completed and not at_final_step:
     found = (f'restored step {step}' if restored else 'it has no checkpoint' if step is None
              else f'its newest checkpoint is of step {step}')
     raise CheckpointError(_reevaluation_refused(workdir, previous, found))
   if at_final_step and (num_steps is None or step >= num_steps or previous.get('stopped_early')):
-    return 'reevaluate' if config.get('reevaluate') else 'finished'
+    return 'reevaluate' if reevaluate else 'finished'
   return 'resume' if step else 'fresh'
 
 
-def _answered_from_files(workdir: str, config, previous: Dict[str, Any], newest: Optional[int]) -> bool:
+def _answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[str, Any],
+                         newest: Optional[int]) -> bool:
   """Whether the run is finished for this same config (run_status, at the length this
   config gives) as its files say, so that nothing need be read or compiled. Keys the data
   fills in (an open model.input_shape / num_classes, class_names) are not compared."""
@@ -525,7 +493,7 @@ def _answered_from_files(workdir: str, config, previous: Dict[str, Any], newest:
   if not config.num_steps and 'num_train_examples' not in previous:
     return False
   length = assemble.total_steps(config, previous.get('num_train_examples', 0))
-  return run_status(workdir, config, previous, newest, length) == 'finished'
+  return run_status(workdir, reevaluate, previous, newest, length) == 'finished'
 
 
 def describe_devices() -> str:

@@ -4,7 +4,7 @@
   read-only folder, a file or a full disk is one clear error before anything is computed.
 - `Lock`: a second run on the same workdir stops at once with the holder's pid.
 - `bind_config`: a run with a config other than the workdir's `config.json` is refused
-  with the differing keys, unless `config.allow_config_change`; `record_config` writes
+  with the differing keys, unless the run allows a change; `record_config` writes
   `config.json`, which the loop does once the first step has run (a run that fails
   before it, on bad data or a shape error, binds nothing).
 - `MetricsLog`: `metrics.jsonl`, cut back to the restored step on resume, so every step
@@ -22,7 +22,6 @@ import ml_collections
 from capsjax import defaults, evaluators, formulations
 
 from capsjax.errors import ConfigError, WorkdirError
-from capsjax.keys import boolean, declare
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
 
 CONFIG_FILE = 'config.json'
@@ -31,9 +30,6 @@ METRICS_FILE = 'metrics.jsonl'
 # What a run keeps in its workdir: name → whether it is a folder.
 RUN_ENTRIES = {CONFIG_FILE: False, 'results.json': False, METRICS_FILE: False, LOCK_FILE: False,
                'table.md': False, 'checkpoints': True}
-
-declare('allow_config_change', False, boolean(), 'continue a workdir that holds another config (never across '
-        'parameter shapes); a workdir is otherwise bound to the config it was started with')
 
 # Keys that say how a run is carried out, not what it computes: they may change between
 # invocations of one run (e.g. another data folder, another checkpoint cadence).
@@ -275,9 +271,9 @@ def write_json(path: str, value) -> None:
   os.replace(temporary, path)   # never a half-written file
 
 
-def bind_config(workdir: str, config: ml_collections.ConfigDict) -> List[str]:
-  """Refuses a config other than the workdir's config.json unless
-  config.allow_config_change; returns the differences (writes nothing: `record_config`)."""
+def bind_config(workdir: str, config: ml_collections.ConfigDict, allow_change: bool = False) -> List[str]:
+  """Refuses a config other than the workdir's config.json unless `allow_change` (the run's
+  allow_config_change); returns the differences (writes nothing: `record_config`)."""
   path = os.path.join(workdir, CONFIG_FILE)
   differences = []
   if os.path.isfile(path):
@@ -289,7 +285,7 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict) -> List[str]:
     _check_stored(saved, path)
     # Keys added to capsjax since the run started count as their defaults, not as changes.
     differences = config_differences(upgraded(saved), config)
-    if differences and not config.allow_config_change:
+    if differences and not allow_change:
       shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
       raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '
                         '--workdir, or pass --config.allow_config_change=True to continue it with this one')

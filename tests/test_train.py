@@ -217,14 +217,12 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_an_in
     ({'completed': True, 'steps': 10}, 8, 10, False, 'resume'),              # final checkpoint gone
 ])
 def test_run_status_from_results_checkpoint_and_length(previous, step, num_steps, reevaluate, status):
-  config = tiny_config('', reevaluate=reevaluate)
-  assert train.run_status('W', config, previous, step, num_steps) == status
+  assert train.run_status('W', reevaluate, previous, step, num_steps) == status
 
 
 @pytest.mark.parametrize('step, restored, found', [
     (None, False, 'it has no checkpoint'), (8, False, 'its newest checkpoint is of step 8'),
     (8, True, 'restored step 8')])
 def test_run_status_refuses_reevaluating_without_the_final_checkpoint(step, restored, found):
-  config = tiny_config('', reevaluate=True)
   with pytest.raises(CheckpointError, match=f'finished at step 10 but {found}, so its final parameters'):
-    train.run_status('W', config, {'completed': True, 'steps': 10}, step, 10, restored=restored)
+    train.run_status('W', True, {'completed': True, 'steps': 10}, step, 10, restored=restored)

@@ -274,6 +274,5 @@ def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path)
   assert read.evals.to_dict() == config.evals.to_dict() and 'routing_probe_iterations' not in read
   assert workdir_lib.bind_config(str(tmp_path), config) == []
   config.model.routing_options.em.inverse_temperature = 3.0
-  config.allow_config_change = True
-  assert workdir_lib.bind_config(str(tmp_path), config) == [
+  assert workdir_lib.bind_config(str(tmp_path), config, allow_change=True) == [
       'model.routing_options.em.inverse_temperature: 2.0 → 3.0']

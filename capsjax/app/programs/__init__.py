@@ -8,7 +8,7 @@ imports the built-in ones. An inner run that stops
 (a signal, --config.stop_at_step) raises capsjax.errors.RunStopped through the program:
 the command exits 75 and the same command resumes every run where it stopped.
 """
-from capsjax.train import PROGRAMS
+from capsjax.experiment import PROGRAMS
 
 
 def register_program(name: str):
