@@ -44,7 +44,7 @@ _EXPORTS = {
     'MODELS': 'models',
     'make_objective': 'objectives', 'OBJECTIVES': 'objectives',
     'base_config': 'defaults', 'EVALUATORS': 'evaluators', 'register_evaluator': 'evaluators',
-    'train_and_evaluate': 'train', 'RunResult': 'train', 'plan_run': 'app.plan',
+    'train_and_evaluate': 'train', 'RunResult': 'reports', 'plan_run': 'app.plan',
     'load_trained': 'app.trained', 'TrainedModel': 'app.trained', 'Predictor': 'app.predict',
     'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
 }

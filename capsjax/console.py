@@ -146,3 +146,9 @@ def progress(iterable=None, *, what: str, total: Optional[int] = None, unit: str
                    dynamic_ncols=terminal, ascii=None if terminal else True,
                    mininterval=0.2 if terminal else LOG_PROGRESS_INTERVAL_S, smoothing=0.1, disable=disable,
                    delay=PROGRESS_DELAY_S)
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  hours, rest = divmod(seconds, 3600)
+  return f'{hours}h{rest // 60:02d}m' if hours else f'{rest // 60}m{rest % 60:02d}s'

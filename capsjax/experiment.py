@@ -8,9 +8,17 @@ long and how often (logging, evaluation, checkpoints), when to stop, what to do 
 workdir that holds a run already, and which program runs (`PROGRAMS`).
 """
 import dataclasses
+import functools
 import math
-from typing import Annotated, Dict
+from typing import Annotated, Any, Callable, Dict, List, Optional, Tuple
 
+import jax
+import numpy as np
+
+from capsjax import assemble, memory, sharding, steps
+from capsjax.data.pipeline import Pipeline
+from capsjax.ensembles import member_knobs
+from capsjax.errors import ConfigError
 from capsjax.keys import About, Key, annotated_keys, boolean, int_at_least, int_in, number_in, registered, text
 from capsjax.registry import Registry
 
@@ -76,3 +84,154 @@ class RunSettings:
 def run_keys() -> Dict[str, Key]:
   """The run's keys by name, with their defaults, rules and help."""
   return annotated_keys(RunSettings)
+
+
+@dataclasses.dataclass
+class RunSteps:
+  """The jitted train step and evaluation of one run or one vmapped ensemble (not an
+  experiment program: those are capsjax.app.programs.PROGRAMS, which compose runs)."""
+  # The jitted step and, for step n, its arguments (state, data source, global host batch
+  # [, knobs]): apart so that a benchmark can lower, compile and time the very program.
+  jitted_step: Callable[..., Any]
+  step_arguments: Callable[[Any, int], tuple]
+  evaluate: Callable[[Any], Dict[str, Any]]  # params → test metrics
+  validate: Optional[Callable[[Any], Dict[str, Any]]]   # params → validation metrics
+  evaluations: List[Any]               # capsjax.evaluators.Evaluation: config.evals that apply
+  make_state: Callable[[], Any]        # the fresh state (allocated when first asked for)
+  members: Optional[List[Dict[str, Any]]]
+  # abstract state → {what: (estimated peak bytes per device, the setting that lowers it)}
+  # (capsjax.memory): traced, nothing allocated
+  memory_estimates: Optional[Callable[[Any], Dict[str, Tuple[int, str]]]] = None
+  mesh: Optional[jax.sharding.Mesh] = None   # where the jitted step keeps the state (replicated)
+  # abstract state → {'training': the train step lowered, 'evaluation': an evaluation batch
+  # lowered} for the mesh's devices, nothing placed: what capsjax.app.plan compiles for a target
+  lower: Optional[Callable[[Any], Dict[str, Any]]] = None
+
+  @functools.cached_property
+  def abstract_state(self):
+    return jax.eval_shape(self.make_state)
+
+  @functools.cached_property
+  def initial_state(self):
+    """The fresh state, replicated on the mesh as the jitted step returns it: placed
+    otherwise (one device, uncommitted), the step's second call compiled it again
+    (10 s for the zoo smoke's model, inside the zoo's first timed sample)."""
+    return self.place(self.make_state())
+
+  def place(self, state):
+    """`state` (fresh, or restored from a checkpoint) replicated on the mesh, where the
+    jitted step keeps it."""
+    return state if self.mesh is None else sharding.replicate(sharding.to_host(state), self.mesh)
+
+  def train_step(self, state, step: int):
+    """(state, step) → (state, metrics); the state is donated."""
+    return self.jitted_step(*self.step_arguments(state, step))
+
+
+def recipe_groups(members) -> tuple:
+  """The member indices of each recipe, in the recipes' order (empty without recipes)."""
+  if not members or 'recipe' not in members[0]:
+    return ()
+  names = list(dict.fromkeys(member['recipe'] for member in members))
+  return tuple(tuple(k for k, member in enumerate(members) if member['recipe'] == name) for name in names)
+
+
+def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
+                  validation: Optional[Pipeline] = None) -> RunSteps:
+  total_steps = assemble.total_steps(config, train.num_examples)
+  optimizer = assemble.optimizer(config, total_steps)
+  objective = assemble.objective(config)
+  members = assemble.members(config)
+  ensemble = members is not None
+  knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
+  # Recipe members: each its own schedule, weight decay, EMA decay (capsjax.ensembles).
+  per_member = steps.member_optimizer(config.optimizer, config.grad_clip_norm,
+                                      total_steps) if ensemble and 'recipe' in members[0] else None
+  train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh,
+                                     config.ema_decay, per_member)
+  shifts = config.eval_shift_averaging
+  groups = recipe_groups(members)
+  eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts, groups)
+  train_source = sharding.replicate(train.source, mesh)
+  test_source = sharding.replicate(test.source, mesh)
+  rows = sharding.process_rows(config.batch_size)   # this process reads only these rows
+  seeds = [member['seed'] for member in members] if ensemble else [None]
+
+  def host_batch(step):
+    parts = [train.host_batch(step, seed, rows) for seed in seeds]
+    if not ensemble:
+      return sharding.global_batch(mesh, parts[0], config.batch_size)
+    stacked = tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, rows, ...]
+    return sharding.global_batch(mesh, stacked, config.batch_size, leading_axes=1)
+
+  def step_arguments(state, step):
+    return (state, train_source, host_batch(step)) + ((knobs,) if ensemble else ())
+
+  def evaluate(params, should_stop=None):
+    return steps.evaluate(eval_step, params, test, config.eval_batch_size, knobs, mesh, test_source, should_stop)
+
+  validate = None
+  if validation is not None:
+    validation_step = steps.make_eval_step(objective, model, validation, ensemble, shifts, groups)
+    validation_source = sharding.replicate(validation.source, mesh)
+    validate = lambda params, should_stop=None: steps.evaluate(
+        validation_step, params, validation, config.eval_batch_size, knobs, mesh, validation_source, should_stop)
+
+  evaluations = assemble.evaluations(config, model, test, test_source, mesh, knobs)
+
+  def memory_estimates(abstract_state):
+    """Peak bytes per device of a training step and of an evaluation batch, from their
+    traces: the batch-dependent part is split over the mesh's devices."""
+    state_bytes = sum(memory.array_bytes(leaf) for leaf in jax.tree.leaves(abstract_state))
+    per_device = lambda total: state_bytes + (total - state_bytes) // mesh.size
+    host_batch, weights = next(steps.eval_batches(test, config.eval_batch_size, mesh))
+    eval_args = (abstract_state['params'], test_source, host_batch, weights, knobs)
+    return {f'training at batch_size={config.batch_size}': (
+                per_device(memory.traced_peak_bytes(train_step, *step_arguments(abstract_state, 0))),
+                'lower config.batch_size or the model\'s size'),
+            f'evaluation at eval_batch_size={config.eval_batch_size}': (
+                per_device(memory.traced_peak_bytes(eval_step, *eval_args)), 'lower config.eval_batch_size')}
+
+  def lower(abstract_state):
+    """The training step and an evaluation batch lowered as the run calls them (its
+    shardings and donation), from shapes alone (on a compile-only mesh nothing is placed)."""
+    state = sharding.replicate(abstract_state, mesh)
+    host_batch, weights = next(steps.eval_batches(test, config.eval_batch_size, mesh))
+    return {'training': train_step.lower(*step_arguments(state, 0)),
+            'evaluation': eval_step.lower(state['params'], test_source, host_batch, weights, knobs)}
+
+  return RunSteps(train_step, step_arguments, evaluate, validate, evaluations,
+                 lambda: assemble.initial_state(config, model, optimizer), members,
+                 memory_estimates, mesh, lower)
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """A run built once from a validated config: what the training loop and the planner
+  take (neither reads the config again for it). `steps`: the jitted step, evaluation,
+  state and memory estimates of one run or one vmapped ensemble."""
+  settings: RunSettings
+  model: Any
+  train: Pipeline
+  test: Pipeline
+  validation: Optional[Pipeline]
+  num_steps: int                             # the whole run's length
+  batch_size: int
+  learning_rate: Callable[[int], float]      # the schedule: step → rate
+  steps: RunSteps
+
+
+def build(config, mesh, platform: str = '', loader=None) -> Experiment:
+  """`config` (validated, its data resolved: assemble.resolve_data) built on `mesh`, whose
+  devices are `platform`'s ('' : JAX's default backend): splits (read by `loader`, default
+  the config's source), length, model (its formulation chosen for the platform), steps."""
+  sharding.check_batch_size(config.batch_size, mesh)
+  train, test, validation = assemble.splits(config, loader)
+  num_steps = assemble.total_steps(config, train.num_examples)
+  if config.warmup_steps >= num_steps > 0:   # a length in epochs, known from the data
+    raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
+                      f'({config.num_epochs} epochs of {train.num_examples} examples): the run would end inside '
+                      'the warm-up, below the configured learning rate')
+  model = assemble.model(config, platform)
+  return Experiment(RunSettings.of(config), model, train, test, validation, num_steps, config.batch_size,
+                    assemble.schedule(config, num_steps), build_program(config, model, train, test, mesh, validation))

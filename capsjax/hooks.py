@@ -22,17 +22,8 @@ import numpy as np
 from capsjax import console, reports, sharding
 from capsjax.checkpoints import Checkpoints
 from capsjax.errors import NaNLossError
-from capsjax.runtime import StopRequests
+from capsjax.runtime import SIGNAL_STOPS, StopRequests, stop_reason
 from capsjax.steps import EvaluationInterrupted
-
-
-# Why a run stopped early because someone asked: Ctrl-C ('interrupted'), or SIGTERM / a
-# preemption notice ('preempted'). Both save and are resumed by the same command.
-SIGNAL_STOPS = ('interrupted', 'preempted')
-
-
-def stop_reason(signal_name: Optional[str]) -> str:
-  return 'interrupted' if signal_name == 'SIGINT' else 'preempted'
 
 
 @dataclasses.dataclass
@@ -76,25 +67,6 @@ class Run:
   def epoch(self, step: int) -> float:
     return step / self.steps_per_epoch
 
-  def describe(self, values) -> str:
-    """A float, or an ensemble's list of floats, for the console."""
-    if self.num_members is None:
-      return f'{values:.4f}'
-    return ' '.join(f'{v:.4f}' for v in values)
-
-  def describe_test(self, metrics) -> str:
-    if self.num_members is None:
-      average = (f'; moving average: accuracy {metrics["ema_accuracy"]:.4f} (error {100 * metrics["ema_error"]:.2f}%)'
-                 if 'ema_accuracy' in metrics else '')
-      shifted = (f'; shift-averaged error {100 * metrics["shift_averaged_error"]:.2f}%'
-                 if 'shift_averaged_error' in metrics else '')
-      return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%){average}{shifted}'
-    combined = (f', summed as one ensemble {metrics["ensemble_accuracy"]:.4f}'
-                if 'ensemble_accuracy' in metrics else '')
-    shifted = (f'; shift-averaged error per member {self.describe(metrics["shift_averaged_error"])}'
-               if 'shift_averaged_error' in metrics else '')
-    return f'accuracy per member {self.describe(metrics["accuracy"])}{combined}{shifted}'
-
 
 class Hook:
   def __call__(self, run: Run, step: int, metrics: Dict[str, Any]) -> None:
@@ -102,12 +74,6 @@ class Hook:
 
   def end(self, run: Run) -> None:
     pass
-
-
-def format_duration(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  hours, rest = divmod(seconds, 3600)
-  return f'{hours}h{rest // 60:02d}m' if hours else f'{rest // 60}m{rest % 60:02d}s'
 
 
 class DivergenceGuard(Hook):
@@ -185,7 +151,7 @@ class ProgressLogger(Hook):
     images (`run.eval_examples`: an upper estimate, a forward pass costs less)."""
     seconds = (run.num_steps - step) * run.batch_size / images_per_s
     each = run.last_eval_seconds if run.last_eval_seconds is not None else run.eval_examples / images_per_s
-    return format_duration(seconds + run.evaluations_left(step) * each)
+    return console.format_duration(seconds + run.evaluations_left(step) * each)
 
   def restart_window(self, run) -> None:
     self.window_start, self.window_steps = time.time(), 0
@@ -209,7 +175,7 @@ class ProgressLogger(Hook):
       speed = f'{images_per_s:.1f} img/s | ETA {self.eta(run, step, images_per_s)}'
       rate = {} if run.learning_rate is None else {'learning_rate': float(run.learning_rate(step))}
       run.metrics.write(split='train', step=step, epoch=run.epoch(step), images_per_s=images_per_s, **rate, **host)
-    run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {run.describe(host["loss"])} '
+    run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {reports.describe_values(host["loss"], run.num_members is not None)} '
             f'| acc {np.mean(host["accuracy"]):.3f} | {speed}')
     self.restart_window(run)
 
@@ -302,9 +268,9 @@ class Evaluator(Hook):
       return
     took = f' ({self.last_seconds:.1f} s)'
     if self.validate is not None:
-      run.log(f'step {step} validation: {run.describe_test(run.last_validation)}')
+      run.log(f'step {step} validation: {reports.describe_test(run.last_validation, run.num_members is not None)}')
       run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
-    run.log(f'step {step} test: {run.describe_test(results)}{took}')
+    run.log(f'step {step} test: {reports.describe_test(results, run.num_members is not None)}{took}')
     run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds,
                       **results)
     for evaluation in self.evaluations:

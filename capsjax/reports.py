@@ -1,9 +1,68 @@
 """What a finished run reports beyond its last evaluation: the test error at the best
 validation evaluation (never at the best test one), mean ± std over the seeds of an
 ensemble, and the markdown tables the programs and `table.md` are made of."""
+import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import jax
 import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """A finished run: what every program composes runs from (an unfinished run raises
+  capsjax.errors.RunStopped instead, so no program reads results that do not exist).
+  Errors and accuracies are floats, or per-member lists for an ensemble; `results` is
+  results.json as written (item access reads it: result['test_error']).
+
+  Example:
+    `result` from train_and_evaluate's example.
+
+    >>> result['test_error'] == result.test_error, result.num_params > 0
+    (True, True)
+  """
+  steps: int
+  num_params: int
+  test_error: Any
+  test_accuracy: Any
+  final_train_loss: Any
+  wall_time_s: float
+  stopped_early: bool
+  members: Optional[List[Dict[str, Any]]]
+  validation_error: Any
+  selected_by_validation: Optional[Dict[str, Any]]
+  results: Dict[str, Any]
+
+  @classmethod
+  def from_results(cls, results: Dict[str, Any]) -> 'RunResult':
+    return cls(steps=results['steps'], num_params=results['num_params'], test_error=results['test_error'],
+               test_accuracy=results['test_accuracy'], final_train_loss=results.get('final_train_loss'),
+               wall_time_s=results.get('wall_time_s', 0.0), stopped_early=bool(results.get('stopped_early')),
+               members=results.get('members'), validation_error=results.get('validation_error'),
+               selected_by_validation=results.get('selected_by_validation'), results=results)
+
+  def __getitem__(self, key: str) -> Any:
+    return self.results[key]
+
+
+def describe_values(values, ensemble: bool) -> str:
+  """A float, or an ensemble's list of floats, for the console."""
+  return ' '.join(f'{v:.4f}' for v in values) if ensemble else f'{values:.4f}'
+
+
+def describe_test(metrics: Dict[str, Any], ensemble: bool) -> str:
+  """An evaluation's metrics (a run's, or an ensemble's per member) for the console."""
+  if not ensemble:
+    average = (f'; moving average: accuracy {metrics["ema_accuracy"]:.4f} (error {100 * metrics["ema_error"]:.2f}%)'
+               if 'ema_accuracy' in metrics else '')
+    shifted = (f'; shift-averaged error {100 * metrics["shift_averaged_error"]:.2f}%'
+               if 'shift_averaged_error' in metrics else '')
+    return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%){average}{shifted}'
+  combined = (f', summed as one ensemble {metrics["ensemble_accuracy"]:.4f}'
+              if 'ensemble_accuracy' in metrics else '')
+  shifted = (f'; shift-averaged error per member {describe_values(metrics["shift_averaged_error"], True)}'
+             if 'shift_averaged_error' in metrics else '')
+  return f'accuracy per member {describe_values(metrics["accuracy"], True)}{combined}{shifted}'
 
 
 def markdown_table(columns: Sequence[Tuple[str, str]], rows: Sequence[Sequence[Any]]) -> List[str]:
@@ -132,3 +191,65 @@ def results_table(results: Dict[str, Any]) -> str:
            + '. Mean ± sample std over seeds. Nothing here is selected on the test set.', '']
   lines += markdown_table(columns, rows)
   return '\n'.join(lines) + '\n'
+
+
+def run_results(run, record: Dict[str, Any], train_metrics, previous: Dict[str, Any], num_params: int,
+                members: Optional[List[Dict[str, Any]]], counts: Tuple[int, int, Optional[int]],
+                rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+  """results.json of a finished run. `run`: the loop's capsjax.hooks.Run at its end (its
+  last test and validation metrics); `record`: the config as a dict; `train_metrics`: the
+  last step's, None when this invocation trained nothing (a finished run evaluated again:
+  the earlier invocation's values stand); `counts`: train, test and validation examples
+  (None: no validation split); `rows`: metrics.jsonl's."""
+  trained_now = train_metrics is not None
+  test, validation = run.last_eval, run.last_validation if counts[2] is not None else None
+  results = {
+      'experiment': record['experiment'],
+      'dataset': record['dataset'],
+      'class_names': list(record.get('class_names') or ()),
+      'test_accuracy': test['accuracy'],
+      'test_error': test['error'],
+      'test_digit_accuracy': test['digit_accuracy'],
+      'test_loss': test['loss'],
+      'num_params': num_params,
+      'steps': run.num_steps,
+      'epochs': run.epoch(run.num_steps),
+      'num_train_examples': counts[0],
+      'num_test_examples': counts[1],
+      'final_train_loss': (np.asarray(train_metrics['loss']).tolist() if trained_now
+                           else previous.get('final_train_loss')),
+      # Training time over every invocation.
+      'wall_time_s': run.wall_time() if trained_now else previous.get('wall_time_s', run.wall_time()),
+      'backend': jax.default_backend(),
+      'devices': {'count': jax.device_count(), 'kind': jax.devices()[0].device_kind,
+                  'processes': jax.process_count()},
+      'completed': True,
+      'stopped_early': run.stop_reason == 'early' or bool(previous.get('stopped_early') and not trained_now),
+      'members': members,
+      # Over the seeds of each setting (members differing only in seed), sample std.
+      'test_error_by_setting': [{k: g[k] for k in ('recipe', 'routing_iterations', 'reconstruction_weight', 'seeds',
+                                                   'mean', 'std') if k in g}
+                                for g in seed_groups(members, test['error'])] if members else None,
+      'config': record,
+  }
+  if 'ensemble_error' in test:
+    results['ensemble_test_error'] = test['ensemble_error']
+  for name in ('shift_averaged_error', 'shift_averaged_ensemble_error', 'shift_averaged_recipe_ensemble_error'):
+    if name in test:   # config.eval_shift_averaging
+      results[f'test_{name}'] = test[name]
+    if validation is not None and name in validation:
+      results[f'validation_{name}'] = validation[name]
+  if 'recipe_ensemble_error' in test:   # each recipe's seeds summed as one classifier
+    results['recipe_ensemble_test_error'] = test['recipe_ensemble_error']
+    if validation is not None:
+      results['recipe_ensemble_validation_error'] = validation['recipe_ensemble_error']
+  if members and 'recipe' in members[0]:   # beside the honest columns; never used to choose
+    results['best_test_evaluation_error'] = best_test_errors(rows)
+  if 'ema_error' in test:   # the parameters' moving average, evaluated beside them
+    results['ema_test_error'] = test['ema_error']
+  if validation is not None and 'ema_error' in validation:
+    results['ema_validation_error'] = validation['ema_error']
+  if validation is not None:
+    results.update(validation_error=validation['error'], num_validation_examples=counts[2],
+                   selected_by_validation=select_by_validation(rows))
+  return results

@@ -15,13 +15,14 @@ import fcntl
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import jax
 import ml_collections
 
-from capsjax import defaults, evaluators, formulations
+from capsjax import assemble, defaults, evaluators, formulations, sizing
 
-from capsjax.errors import ConfigError, WorkdirError
+from capsjax.errors import CheckpointError, ConfigError, WorkdirError
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
 
 CONFIG_FILE = 'config.json'
@@ -356,3 +357,50 @@ class MetricsLog:
       return []
     with open(self.path) as f:
       return [json.loads(line) for line in f if line.strip()]
+
+
+def _reevaluation_refused(workdir: str, previous: Dict[str, Any], found: str) -> str:
+  return (f'--config.reevaluate=True: {workdir} finished at step {previous.get("steps")} but {found}, so its '
+          'final parameters cannot be evaluated again (training on would overwrite results.json); '
+          'nothing was changed')
+
+
+def run_status(workdir: str, reevaluate: bool, previous: Dict[str, Any], step: Optional[int],
+               num_steps: Optional[int] = None, restored: bool = False) -> str:
+  """What the run in `workdir` is: 'fresh' (no checkpoint), 'resume' (train on from `step`),
+  'finished' (its results.json stands) or 'reevaluate' (finished, and `reevaluate`, the
+  run's setting, asks for its final parameters to be evaluated again).
+
+  `previous`: its results.json ({} if none); `step`: its newest checkpoint's step (None:
+  none), on disk or as `restored`; `num_steps`: the run's length (None: the length it ran
+  to). CheckpointError where re-evaluation is asked of a finished run whose final
+  checkpoint is gone: training on from an older one would overwrite its results."""
+  completed = bool(previous.get('completed'))
+  at_final_step = completed and step == previous.get('steps')
+  if reevaluate and completed and not at_final_step:
+    found = (f'restored step {step}' if restored else 'it has no checkpoint' if step is None
+             else f'its newest checkpoint is of step {step}')
+    raise CheckpointError(_reevaluation_refused(workdir, previous, found))
+  if at_final_step and (num_steps is None or step >= num_steps or previous.get('stopped_early')):
+    return 'reevaluate' if reevaluate else 'finished'
+  return 'resume' if step else 'fresh'
+
+
+def answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[str, Any],
+                        newest: Optional[int]) -> bool:
+  """Whether the run is finished for this same config (run_status, at the length this
+  config gives) as its files say, so that nothing need be read or compiled. Keys the data
+  fills in (an open model.input_shape / num_classes, class_names) are not compared."""
+  if not previous.get('completed') or jax.process_count() > 1 or newest != previous.get('steps'):
+    return False
+  saved = read_config(workdir).to_dict()
+  open_keys = {key for key, is_open in (('model.input_shape', not tuple(config.model.get('input_shape', (1,)))),
+                                         ('model.num_classes', config.model.get('num_classes') == 0),
+                                         ('class_names', not tuple(config.get('class_names', ('',)))))
+               if is_open} | {f'model.{key}' for key in sizing.open_keys(config.model)}
+  if any(line.split(':')[0] not in open_keys for line in config_differences(saved, config)):
+    return False
+  if not config.num_steps and 'num_train_examples' not in previous:
+    return False
+  length = assemble.total_steps(config, previous.get('num_train_examples', 0))
+  return run_status(workdir, reevaluate, previous, newest, length) == 'finished'

@@ -16,7 +16,8 @@ import argparse
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from capsjax import runtime, sharding, train
+from capsjax import sharding, train
+from capsjax.app import distributed
 from capsjax.data import pipeline
 from capsjax.app.trained import load_trained
 from capsjax.errors import RunStopped
@@ -46,7 +47,7 @@ def main():
     config.coordinator_address = f'localhost:{args.port}'
     config.num_processes = args.num_processes
     config.process_id = args.process_id
-  runtime.initialize_distributed(config.distributed, config.coordinator_address, config.num_processes,
+  distributed.initialize_distributed(config.distributed, config.coordinator_address, config.num_processes,
                                  config.process_id, config.distributed_timeout_s)
   try:
     steps, completed = train.train_and_evaluate(config, args.workdir, stop_at_step=args.stop_at_step or None).steps, True

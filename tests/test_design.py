@@ -28,7 +28,7 @@ LAYERS = [
     ('ensembles', 'steps', 'diagnostics', 'evaluators', 'hooks', 'checkpoints', 'reports'),
     ('assemble', 'experiment'),
     ('train', 'workdir', 'defaults'),
-    ('app', 'app.cli', 'app.trained', 'app.plots', 'app.multimnist'),
+    ('app', 'app.cli', 'app.distributed', 'app.trained', 'app.plots', 'app.multimnist'),
     ('app.predict', 'app.explorer', 'app.programs', 'app.validation'),
     ('app.launch', 'app.plan'),
     ('app.commands',),

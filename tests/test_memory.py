@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from capsjax import assemble, memory, sharding, steps, train
+from capsjax import assemble, experiment, memory, sharding, steps, train
 from capsjax.errors import ConfigError
 from tests.helpers import tiny_config
 
@@ -51,7 +51,7 @@ def test_the_estimate_is_close_to_what_xla_allocates_for_a_capsnet(mnist_dir):
   mesh = sharding.data_mesh()
   train_split, test_split, _ = assemble.splits(config)
   model = assemble.model(config)
-  program = train.build_program(config, model, train_split, test_split, mesh)
+  program = experiment.build_program(config, model, train_split, test_split, mesh)
   estimates = program.memory_estimates(program.abstract_state)
   training, evaluation = (estimates[key][0] for key in sorted(estimates, key=lambda k: not k.startswith('train')))
 
@@ -71,7 +71,7 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line_before_anything_is_allocat
   allocated = []
   workdir = str(tmp_path / 'run')
   with monkeypatch.context() as patch:
-    patch.setattr(train.RunSteps, 'initial_state', property(lambda self: allocated.append(1)))
+    patch.setattr(experiment.RunSteps, 'initial_state', property(lambda self: allocated.append(1)))
     with pytest.raises(ConfigError) as refused:
       train.train_and_evaluate(config, workdir)
   message = str(refused.value)

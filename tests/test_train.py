@@ -11,6 +11,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from capsjax import memory, runtime, train
+from capsjax import workdir as workdir_lib
 from capsjax.errors import CheckpointError, NaNLossError, RunStopped
 from capsjax.experiments import mnist
 from helpers import tiny_config
@@ -61,10 +62,10 @@ def test_short_training_learns_real_mnist(mnist_dir, tmp_path):
 def test_the_fresh_state_sits_where_the_step_puts_it(mnist_dir):
   # Placed elsewhere, the step's second call compiles the whole step again (benchmarks and
   # the zoo time from the second call on).
-  from capsjax import assemble, sharding  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble, experiment, sharding  # pylint: disable=g-import-not-at-top
   config = tiny_config(mnist_dir)
   train_split, test_split, _ = assemble.splits(config)
-  program = train.build_program(config, assemble.model(config), train_split, test_split, sharding.data_mesh())
+  program = experiment.build_program(config, assemble.model(config), train_split, test_split, sharding.data_mesh())
   fresh = program.initial_state
   placed = jax.tree.map(lambda x: x.sharding, fresh)
   stepped, _ = program.train_step(fresh, 0)
@@ -217,7 +218,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_an_in
     ({'completed': True, 'steps': 10}, 8, 10, False, 'resume'),              # final checkpoint gone
 ])
 def test_run_status_from_results_checkpoint_and_length(previous, step, num_steps, reevaluate, status):
-  assert train.run_status('W', reevaluate, previous, step, num_steps) == status
+  assert workdir_lib.run_status('W', reevaluate, previous, step, num_steps) == status
 
 
 @pytest.mark.parametrize('step, restored, found', [
@@ -225,4 +226,4 @@ def test_run_status_from_results_checkpoint_and_length(previous, step, num_steps
     (8, True, 'restored step 8')])
 def test_run_status_refuses_reevaluating_without_the_final_checkpoint(step, restored, found):
   with pytest.raises(CheckpointError, match=f'finished at step 10 but {found}, so its final parameters'):
-    train.run_status('W', True, {'completed': True, 'steps': 10}, step, 10, restored=restored)
+    workdir_lib.run_status('W', True, {'completed': True, 'steps': 10}, step, 10, restored=restored)

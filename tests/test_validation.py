@@ -152,14 +152,14 @@ def test_multi_host_mistakes_are_named_before_jax_starts(overrides, message):
 
 def test_a_backend_jax_cannot_start_is_one_line(monkeypatch):
   import jax  # pylint: disable=g-import-not-at-top
-  from capsjax import runtime  # pylint: disable=g-import-not-at-top
+  from capsjax.app import distributed  # pylint: disable=g-import-not-at-top
 
   def no_backend():
     raise AssertionError()   # what jax.devices() raises for JAX_PLATFORMS=cuda without a GPU
   monkeypatch.setattr(jax, 'devices', no_backend)
   monkeypatch.setenv('JAX_PLATFORMS', 'cuda')
   with pytest.raises(ConfigError, match="JAX cannot start the backend JAX_PLATFORMS='cuda' asks for"):
-    runtime.check_backend()
+    distributed.check_backend()
 
 
 def test_a_comma_separated_list_of_routings_on_the_command_line_is_the_tuple_of_them():

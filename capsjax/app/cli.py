@@ -194,9 +194,9 @@ def check_backend() -> None:
   asked = os.environ.get('JAX_PLATFORMS') or os.environ.get('JAX_PLATFORM_NAME')
   if not asked or asked.strip() == 'cpu':
     return
-  from capsjax import runtime  # pylint: disable=g-import-not-at-top
+  from capsjax.app import distributed  # pylint: disable=g-import-not-at-top
   try:
-    runtime.check_backend()
+    distributed.check_backend()
   except CapsjaxError as e:
     fail(str(e))
 

@@ -337,7 +337,7 @@ def main(argv):
   if not FLAGS.workdir:
     cli.fail('--workdir is required to train')
   program = registered_programs().get(config.program)   # a registered name (validation)
-  from capsjax.runtime import check_backend, initialize_distributed  # pylint: disable=g-import-not-at-top
+  from capsjax.app.distributed import check_backend, initialize_distributed  # pylint: disable=g-import-not-at-top
   initialize_distributed(config.distributed, config.coordinator_address,   # before any JAX computation
                          config.num_processes, config.process_id, config.distributed_timeout_s)
   check_backend()

@@ -5,7 +5,7 @@
   capsjax-plan --experiment=mnist --target=h100:8             # 8 H100s in one host (h100:2x8: two hosts)
   capsjax-plan --target=list                                  # what can be described here
 
-The run's own jitted training step and evaluation step (capsjax.train.build_program: the
+The run's own jitted training step and evaluation step (capsjax.experiment.build_program: the
 same config, shardings and donation as `train_and_evaluate`) are lowered from shapes alone
 and compiled by the real compiler for compile-only devices (`jax.experimental.topologies`):
 a TPU topology that libtpu describes, or NVIDIA GPUs that JAX's CUDA plugin compiles for
@@ -581,11 +581,9 @@ def _zeros_loader(config):
 
 def _program(config, mesh, platform: str):
   """(the run's RunSteps on `mesh`, whose devices are `platform`'s, its training examples per epoch)."""
-  from capsjax import assemble, train  # pylint: disable=g-import-not-at-top
-  train_split, test_split, validation = assemble.splits(config, _zeros_loader(config))
-  program = train.build_program(config, assemble.model(config, platform), train_split, test_split, mesh,
-                                validation)
-  return program, train_split.num_examples
+  from capsjax import experiment  # pylint: disable=g-import-not-at-top
+  built = experiment.build(config, mesh, platform, _zeros_loader(config))
+  return built.steps, built.train.num_examples
 
 
 def _silent(line: str) -> None:

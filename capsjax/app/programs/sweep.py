@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 import ml_collections
 import numpy as np
 
-from capsjax import train
+from capsjax import reports, train
 from capsjax.assemble import overridden
 from capsjax.ensembles import parse_variant
 from capsjax.errors import ConfigError
@@ -42,7 +42,7 @@ def variant_config(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDi
   return variant
 
 
-def summarize_run(name: str, overrides: Dict[str, Any], result: train.RunResult) -> Dict[str, Any]:
+def summarize_run(name: str, overrides: Dict[str, Any], result: reports.RunResult) -> Dict[str, Any]:
   """One sweep row from a finished run: errors as mean ± std over its seeds."""
   listed = lambda value: value if isinstance(value, list) else [value]
   test_error, test_std = mean_std(listed(result.test_error))
