@@ -13,7 +13,7 @@ reconstruction weight, the routing iterations, the augmentation strengths). Anyt
 else stays a sweep variant: one training per variant.
 """
 import ast
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import jax.numpy as jnp
 
@@ -53,14 +53,33 @@ _SCHEDULE_FIELDS = ('learning_rate', 'lr_decay_rate', 'lr_decay_steps', 'lr_min'
                     'ema_decay')
 
 
+def _top_level_parts(text: str) -> List[str]:
+  """`text` split at the commas outside brackets and quotes ('a=1, b=(1, 2)' → two parts)."""
+  parts, depth, quote, start = [], 0, '', 0
+  for index, char in enumerate(text):
+    if quote:
+      quote = '' if char == quote else quote
+    elif char in '\'"':
+      quote = char
+    elif char in '([{':
+      depth += 1
+    elif char in ')]}':
+      depth -= 1
+    elif char == ',' and depth == 0:
+      parts.append(text[start:index])
+      start = index + 1
+  return parts + [text[start:]]
+
+
 def parse_variant(spec: str, what: str = 'sweep variant') -> Tuple[str, Dict[str, Any]]:
-  """'name: a=1, b.c=2e-3' → ('name', {'a': 1, 'b.c': 0.002}); `what` names it in errors."""
+  """'name: a=1, b.c=2e-3, d=("x", "y")' → ('name', {'a': 1, 'b.c': 0.002, 'd': ('x', 'y')});
+  `what` names it in errors."""
   name, _, assignments = spec.partition(':')
   name = name.strip()
   if not name or not name.replace('_', '').replace('-', '').replace('.', '').isalnum():
     raise ConfigError(f'{what} {spec!r}: the name before ":" must be a plain word')
   overrides = {}
-  for assignment in filter(None, (a.strip() for a in assignments.split(','))):
+  for assignment in filter(None, (a.strip() for a in _top_level_parts(assignments))):
     key, equals, value = assignment.partition('=')
     if not equals:
       raise ConfigError(f'{what} {name!r}: expected key=value, got {assignment!r}')

@@ -114,25 +114,28 @@ class Registered(Rule):
 
 
 class RegisteredTuple(Registered):
-  """A non-empty tuple of distinct registered names; on the command line also one
-  comma-separated word (`--config.routing_zoo.routings=dynamic,em`, validation.split_name_lists)."""
+  """A tuple of distinct registered names (non-empty unless `allow_empty`); on the command
+  line also one comma-separated word (`--config.routing_zoo.routings=dynamic,em`,
+  validation.split_name_lists)."""
 
-  def __init__(self, names: Callable[[], Iterable[str]], what: str):
+  def __init__(self, names: Callable[[], Iterable[str]], what: str, allow_empty: bool = False):
     super().__init__(names)
     self.what = what
-    self.check = lambda v: (isinstance(v, (tuple, list)) and len(v) > 0 and len(set(v)) == len(v)
+    self.check = lambda v: (isinstance(v, (tuple, list)) and (allow_empty or len(v) > 0) and len(set(v)) == len(v)
                             and all(x in tuple(names()) for x in v))
+    self.allow_empty = allow_empty
 
   def __str__(self) -> str:
-    return f'a tuple of distinct {self.what} ({", ".join(self.names())})'
+    return (f'a tuple of distinct {self.what} ({", ".join(self.names())})'
+            + (', or () for none' if self.allow_empty else ''))
 
 
 def registered(names: Callable[[], Iterable[str]]) -> Rule:
   return Registered(names)
 
 
-def registered_tuple(names: Callable[[], Iterable[str]], what: str) -> Rule:
-  return RegisteredTuple(names, what)
+def registered_tuple(names: Callable[[], Iterable[str]], what: str, allow_empty: bool = False) -> Rule:
+  return RegisteredTuple(names, what, allow_empty)
 
 
 # ----------------------------------------------------------------------------- declarations

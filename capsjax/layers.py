@@ -8,15 +8,10 @@ import jax.numpy as jnp
 
 from capsjax import formulations, ops
 from capsjax.formulations import Formulation
-from capsjax.routing import (ROUTINGS, coordinate_offsets, loop_arguments, route, own_routing_options,
+from capsjax.routing import (LAYER_INPUTS, ROUTINGS, coordinate_offsets, loop_arguments, route, own_routing_options,
                              shared_form, shared_votes, squash, vector_norm)
 
 Array = jax.Array
-
-# Model flags of the capsule layer → the routing keyword argument each enables: a routing
-# reads those it names in its `layer_inputs` capability (validation refuses the others).
-LAYER_FEATURES = {'digit_bias': 'bias', 'learn_log_priors': 'log_priors', 'leaky_routing': 'leaky',
-                  'stop_gradient_predictions': 'stop_gradient_predictions'}
 
 Initializer = Callable[..., Array]
 
@@ -129,10 +124,10 @@ class CapsuleLayer(nn.Module):
   num_capsules: int = 10
   dim: int = 16
   routing_iterations: int = 3
-  use_bias: bool = False
-  learn_log_priors: bool = False
-  leaky_routing: bool = False
-  stop_gradient_predictions: bool = False
+  # Which of its inputs (capsjax.routing.LAYER_INPUTS) the layer gives the routing, each
+  # under its own name: 'bias' and 'log_priors' are parameters of the layer, 'leaky' and
+  # 'stop_gradient_predictions' switches (a routing reads those its layer_inputs name).
+  routing_inputs: Sequence[str] = ()
   formulation: Formulation = Formulation()   # its routing_loop and dtype (of the predictions)
   weights_init: Initializer = nn.initializers.normal(0.01)
   bias_init: Initializer = nn.initializers.zeros
@@ -179,9 +174,13 @@ class CapsuleLayer(nn.Module):
       # û_{j|i} = W_ij u_i                                 # [batch, in_caps, out_caps, out_dim]
       prediction_vectors = jnp.einsum('ijdk,bik->bijd', weights.astype(dtype), capsules.astype(dtype))
     # The bias joins s_j in every routing iteration (see dynamic_routing), as in the authors' code.
-    bias = self.param('bias', self.bias_init, (self.num_capsules, self.dim)) if self.use_bias else None
+    unknown = set(self.routing_inputs) - set(LAYER_INPUTS)
+    if unknown:
+      raise ValueError(f'routing_inputs {sorted(unknown)}: allowed {", ".join(LAYER_INPUTS)}')
+    bias = (self.param('bias', self.bias_init, (self.num_capsules, self.dim))
+            if 'bias' in self.routing_inputs else None)
     log_priors = (self.param('log_priors', nn.initializers.zeros, (in_caps, self.num_capsules))
-                  if self.learn_log_priors else None)
+                  if 'log_priors' in self.routing_inputs else None)
     iterations = self.routing_iterations if routing_iterations is None else routing_iterations
     unroll = formulations.resolve('routing_loop', self.formulation.routing_loop) == 'unrolled'
     entry = ROUTINGS[self.routing]
@@ -193,11 +192,8 @@ class CapsuleLayer(nn.Module):
     for name, (shape, initial) in entry.learned.items():
       options[name] = self.param(f'routing_{name}', nn.initializers.constant(initial),
                                  shape(in_caps, self.num_capsules, self.dim))
-    features = {'bias': bias, 'log_priors': log_priors, 'leaky': self.leaky_routing or None,
-                'stop_gradient_predictions': self.stop_gradient_predictions or None}
-    for feature, value in features.items():
-      if value is not None:   # validation refuses a feature the routing does not read
-        options[feature] = value
+    inputs = {'bias': bias, 'log_priors': log_priors, 'leaky': True, 'stop_gradient_predictions': True}
+    options.update({name: inputs[name] for name in self.routing_inputs})   # validation: only what it reads
     if return_logits:
       options['return_logits'] = True
     if return_couplings:

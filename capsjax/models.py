@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax.layers import (LAYER_FEATURES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps, StridedStem,
+from capsjax.layers import (CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps, StridedStem,
                             halved, stem_stages)
 from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
-                          number_in, one_of, registered)
+                          number_in, one_of, registered, registered_tuple)
 from capsjax.registry import Registry
-from capsjax.routing import (MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, options_of, own_routing_options,
+from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, options_of, own_routing_options,
                              routing_option_defaults, vector_norm)
 
 Array = jax.Array
@@ -108,11 +108,11 @@ def _capsnet_problems(model, prefix: str) -> List[str]:
     problems.append(f'config.{prefix}input_shape={tuple(model.input_shape)!r}: {why}')
   name = model.get('routing', 'dynamic')
   entry = ROUTINGS[name]
-  for flag, feature in LAYER_FEATURES.items():
-    if model.get(flag) and feature not in entry.layer_inputs:
+  for feature in model.routing_inputs:
+    if feature not in entry.layer_inputs:
       readers = [e.name for e in ROUTINGS.entries() if feature in e.layer_inputs]
-      problems.append(f'config.{prefix}{flag}=True: an option of routing={"|".join(readers)} only; '
-                      f'routing={name!r}')
+      problems.append(f'config.{prefix}routing_inputs={tuple(model.routing_inputs)!r}: {feature} is an input of '
+                      f'routing={"|".join(readers)} only; routing={name!r}')
   problems.extend(routing_options_problems(name, model.get('routing_options') or {}, prefix))
   return problems
 
@@ -123,9 +123,9 @@ def routing_options_problems(name: str, sections, prefix: str = 'model.') -> Lis
   would be silently unread); a bare option (the layout before sections) names its section."""
   problems = []
   own = routing_option_defaults(name)
-  flags = [flag for flag, feature in LAYER_FEATURES.items() if feature in ROUTINGS[name].layer_inputs]
+  inputs = ROUTINGS[name].layer_inputs
   takes = (f'the options {", ".join(own)}' if own else 'no options'
-           + (f' (its variants are the model flags {", ".join(flags)})' if flags else ''))
+           + (f' (its inputs from the layer: model.routing_inputs, of {", ".join(inputs)})' if inputs else ''))
   for section, options in dict(sections).items():
     where = f'config.{prefix}routing_options.{section}'
     if not hasattr(options, 'items'):
@@ -190,12 +190,12 @@ class CapsNet(nn.Module):
   digit_dim: Annotated[int, About(int_at_least(1), 'digit capsule dimensions (16)')] = 16
   routing_iterations: Annotated[int, About(int_in(1, MAX_ROUTING_ITERATIONS),
                                            'routing-by-agreement iterations (3)')] = 3
-  digit_bias: Annotated[bool, About(boolean(), "a bias added to s_j in every routing iteration (the "
-                                    "authors' code)")] = False
-  learn_log_priors: Annotated[bool, About(boolean(), 'learned initial routing logits')] = False
-  leaky_routing: Annotated[bool, About(boolean(), "a 'none-of-the-above' parent in routing")] = False
-  stop_gradient_predictions: Annotated[bool, About(boolean(), 'gradients reach the predictions through the last '
-                                                   'routing iteration only')] = False
+  routing_inputs: Annotated[Sequence[str], About(registered_tuple(lambda: LAYER_INPUTS, 'layer inputs',
+                                                                 allow_empty=True), (
+      "what the class capsules' layer gives the routing, by the names its function takes (empty: "
+      "the votes alone, the paper): bias (a learned bias added to s_j in every iteration, the authors' "
+      "code), log_priors (learned initial routing logits), leaky (a 'none-of-the-above' parent), "
+      'stop_gradient_predictions (gradients reach the predictions through the last iteration only)'))] = ()
   decoder_hidden: Annotated[Sequence[int], About(ints_at_least(1), "the decoder's hidden widths (512, 1024)")] = (
       512, 1024)
   use_decoder: Annotated[bool, About(boolean(), 'the reconstruction decoder (and its loss)')] = True
@@ -256,9 +256,8 @@ class CapsNet(nn.Module):
                                     formulation=how, kernel_init=inits['primary'], bias_init=inits['bias'],
                                     scale_by_types=self.primary_scale_by_types)
     self.digit_caps = CapsuleLayer(
-        self.num_classes, self.digit_dim, self.routing_iterations, use_bias=self.digit_bias,
-        learn_log_priors=self.learn_log_priors, leaky_routing=self.leaky_routing,
-        stop_gradient_predictions=self.stop_gradient_predictions, formulation=how,
+        self.num_classes, self.digit_dim, self.routing_iterations, routing_inputs=tuple(self.routing_inputs),
+        formulation=how,
         weights_init=inits['digit'], bias_init=inits['bias'], routing=self.routing,
         routing_options=dict(self.routing_options or {}), transforms=self.transforms, types=self.primary_types,
         votes=self.votes)

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -194,7 +195,43 @@ def _check_stored(stored, path: str) -> None:
 
 def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
   """A stored config in today's layout, with the keys added since at their defaults."""
-  return with_defaults(_evaluators_as_sections(_sectioned_routing_options(stored)), defaults.base_config().to_dict())
+  return with_defaults(_evaluators_as_sections(_routing_inputs_from_flags(_sectioned_routing_options(stored))),
+                       defaults.base_config().to_dict())
+
+
+# Before model.routing_inputs (2026-11-26) each capsule-layer input was a flag of its own,
+# named differently from the routing argument it enabled: flag → input.
+ROUTING_INPUT_FLAGS = {'digit_bias': 'bias', 'learn_log_priors': 'log_priors', 'leaky_routing': 'leaky',
+                       'stop_gradient_predictions': 'stop_gradient_predictions'}
+_FLAG_OVERRIDE = re.compile(r'model\.(%s)=(True|False)' % '|'.join(ROUTING_INPUT_FLAGS))
+
+
+def _routing_inputs_from_flags(tree: Dict[str, Any]) -> Dict[str, Any]:
+  """A model section's input flags as its routing_inputs (the names set), in every model
+  section of the tree; a sweep's variants (override strings) likewise."""
+  tree = {key: _routing_inputs_from_flags(value) if isinstance(value, dict) else value
+          for key, value in tree.items()}
+  if any(flag in tree for flag in ROUTING_INPUT_FLAGS):
+    tree['routing_inputs'] = [input_ for flag, input_ in ROUTING_INPUT_FLAGS.items() if tree.pop(flag, False)]
+  if isinstance(tree.get('variants'), (list, tuple)):
+    tree['variants'] = [_variant_with_inputs(variant) for variant in tree['variants']]
+  return tree
+
+
+def _variant_with_inputs(variant):
+  """'name: model.digit_bias=True, …' → 'name: model.routing_inputs=("bias",), …'."""
+  if not isinstance(variant, str) or not _FLAG_OVERRIDE.search(variant):
+    return variant
+  inputs = tuple(ROUTING_INPUT_FLAGS[flag] for flag, value in _FLAG_OVERRIDE.findall(variant) if value == 'True')
+  first = [True]
+
+  def replace(match):
+    if first[0]:
+      first[0] = False
+      return f'model.routing_inputs={inputs!r}'
+    return ''
+  text = _FLAG_OVERRIDE.sub(replace, variant)
+  return re.sub(r',\s*,', ',', re.sub(r',\s*$', '', text))
 
 
 # Before config.evals (2026-11-25) the evaluators' options were run-level keys:

@@ -2,7 +2,7 @@
 
 From the paper: the MNIST architecture with 3 colour channels and 64 primary capsule
 types, 3 routing iterations, 24×24 patches, and a "none-of-the-above" category in the
-routing softmax (`model.leaky_routing`). From the TensorFlow CIFAR-10 input pipeline the
+routing softmax (`model.routing_inputs=('leaky',)`). From the TensorFlow CIFAR-10 input pipeline the
 authors' code follows: random 24×24 crops, horizontal flips, brightness/contrast jitter,
 per-image standardisation; the central 24×24 at test. Reconstruction is off by default, as
 in the authors' CIFAR runs (`--config.model.use_decoder=True` turns the 24×24×3 decoder
@@ -14,7 +14,7 @@ from capsjax.experiments import mnist
 def get_config():
   config = mnist.dataset_config('cifar10')   # 24×24×3 crops, 10 classes
   config.model.primary_types = 64
-  config.model.leaky_routing = True
+  config.model.routing_inputs = ('leaky',)
   config.model.use_decoder = False
   config.max_shift = 0
   config.num_epochs = 100.0

@@ -8,7 +8,7 @@ where it differs from the paper's text (experiments/mnist.py keeps the paper's).
   squared error per image, so it weighs ≈ 20× more relative to the margin.
 - Initialisation: truncated normals, σ 0.05 for conv1 and 0.1 elsewhere; every bias 0.1,
   the decoder's too (`model.init_scheme='official'`).
-- DigitCaps bias, added to s_j in every routing iteration (`model.digit_bias=True`).
+- DigitCaps bias, added to s_j in every routing iteration (`model.routing_inputs=('bias',)`).
 - PrimaryCaps: the convolution ÷ 32 before its bias (`model.primary_scale_by_types=True`),
   from the code's one routing pass over the 32 capsule types with uniform couplings.
 - Shifts: the code reads all 25 integer shifts within ±2 px through a shuffle buffer;
@@ -31,7 +31,7 @@ def get_config():
   config.lr_min = 1e-6
   config.loss.margin_reduction = 'official'
   config.model.init_scheme = 'official'
-  config.model.digit_bias = True
+  config.model.routing_inputs = ('bias',)
   config.model.primary_scale_by_types = True
   config.eval_every_steps = 4680      # every 10 epochs: 64 evaluations over the run
   config.checkpoint_every_steps = 4680

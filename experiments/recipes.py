@@ -25,10 +25,10 @@ def get_config():
       'paper:',
       'official_margin: loss.margin_reduction="official"',
       'official_init: model.init_scheme="official"',
-      'digit_bias: model.digit_bias=True',
+      'digit_bias: model.routing_inputs=("bias",)',
       'primary_scale: model.primary_scale_by_types=True',
       'lr_floor: lr_min=1e-6',
-      'official: loss.margin_reduction="official", model.init_scheme="official", model.digit_bias=True, '
+      'official: loss.margin_reduction="official", model.init_scheme="official", model.routing_inputs=("bias",), '
       'model.primary_scale_by_types=True, lr_min=1e-6',
       # The recipe the budgeted search chose (experiments/mnist_fast.py).
       'fast: learning_rate=3e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=100, augment.rotation=10.0, '

@@ -29,8 +29,8 @@ def test_paper_parameter_counts():
 
 def test_optional_parameters_add_exactly_their_size():
   base = count_params(_param_shapes(CapsNet(use_decoder=False)))
-  with_bias = count_params(_param_shapes(CapsNet(use_decoder=False, digit_bias=True)))
-  with_priors = count_params(_param_shapes(CapsNet(use_decoder=False, learn_log_priors=True)))
+  with_bias = count_params(_param_shapes(CapsNet(use_decoder=False, routing_inputs=('bias',))))
+  with_priors = count_params(_param_shapes(CapsNet(use_decoder=False, routing_inputs=('log_priors',))))
   assert with_bias - base == 10 * 16
   assert with_priors - base == 1152 * 10
 

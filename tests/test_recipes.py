@@ -65,7 +65,7 @@ def test_learning_rate_floor():
 
 def _init(init_scheme):
   config = mnist.get_config().model
-  config.conv1_channels, config.primary_types, config.digit_bias = 32, 4, True
+  config.conv1_channels, config.primary_types, config.routing_inputs = 32, 4, ('bias',)
   config.init_scheme = init_scheme
   model = build_model(**config)
   # Compiled: initialising the model op by op took most of this test's time.
@@ -108,7 +108,7 @@ def test_official_experiment_turns_every_option_on():
   config = mnist_official.get_config()
   assert problems_of(config) == []
   assert (config.loss.margin_reduction, config.model.init_scheme) == ('official', 'official')
-  assert config.model.digit_bias and config.model.primary_scale_by_types
+  assert config.model.routing_inputs == ('bias',) and config.model.primary_scale_by_types
   assert config.num_steps == 300_000 and config.lr_min == 1e-6 and config.batch_size == 128
   assert tuple(config.ensemble.seeds) == (0, 1, 2)
   paper = mnist.get_config()

@@ -145,9 +145,9 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
   config.model.routing_options = {'uniform_mean': {'scale': 2.0}, 'em': {'inverse_temperature': 3.0}}
   assert "an option of routing 'em', but routing='uniform_mean'" in problems_of(config)[0]   # unread
   config.model.routing_options = {'uniform_mean': {'scale': 2.0}}
-  config.model.leaky_routing = True   # Procedure 1's feature; this routing reads none
-  assert 'an option of routing=dynamic only' in problems_of(config)[0]
-  config.model.leaky_routing = False
+  config.model.routing_inputs = ('leaky',)   # Procedure 1's input; this routing reads none
+  assert 'leaky is an input of routing=dynamic only' in problems_of(config)[0]
+  config.model.routing_inputs = ()
   # In the Python API a misspelt option is an error, not silently ignored (build_model reads
   # the config's section of the model's routing).
   import jax  # pylint: disable=g-import-not-at-top
@@ -170,6 +170,8 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
   with pytest.raises(ConfigError, match="^routing 'looping' is registered iterative=True but takes no num_iterations: "):
     register_routing('looping')(lambda prediction_vectors, input_activations: None)
   assert 'looping' not in ROUTINGS.names()
+  with pytest.raises(ConfigError, match=r"layer_inputs \['digit_bias'\] are not inputs of the capsule layer"):
+    register_routing('flagged', iterative=False, layer_inputs=('digit_bias',))
 
 
 def test_a_family_and_a_source_from_their_own_files_train(user_modules, mnist_dir, tmp_path):

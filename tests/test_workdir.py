@@ -250,6 +250,26 @@ def test_a_run_recorded_before_auto_dtype_resumes_where_auto_computes_the_same(t
     workdir_lib.bind_config(str(tmp_path), config)
 
 
+def test_a_config_recorded_with_the_layer_input_flags_reads_as_routing_inputs(tmp_path):
+  """Before 2026-11-26 each capsule-layer input was a model flag named apart from the
+  routing argument it enabled (digit_bias → bias, leaky_routing → leaky, …): a recorded
+  config reads as today's model.routing_inputs, its sweep variants too, and the same run
+  resumes without a reported change."""
+  from capsjax import defaults  # pylint: disable=g-import-not-at-top
+  config = defaults.base_config()
+  config.model.routing_inputs = ('bias', 'leaky')
+  old = config.to_dict()
+  del old['model']['routing_inputs']
+  old['model'].update(digit_bias=True, learn_log_priors=False, leaky_routing=True, stop_gradient_predictions=False)
+  old['sweep'] = {'variants': ['paper:', 'official: lr_min=1e-6, model.digit_bias=True, model.leaky_routing=False']}
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  read = workdir_lib.read_config(str(tmp_path))
+  assert tuple(read.model.routing_inputs) == ('bias', 'leaky') and 'digit_bias' not in read.model
+  assert list(read.sweep.variants) == ['paper:', "official: lr_min=1e-6, model.routing_inputs=('bias',)"]
+  (tmp_path / 'config.json').write_text(json.dumps({k: v for k, v in old.items() if k != 'sweep'}))
+  assert workdir_lib.bind_config(str(tmp_path), config) == []
+
+
 def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path):
   """Before 2026-11-25 config.json held every routing's options in one flat dict (em's and
   variational_bayes's `inverse_temperature` were one key), and the evaluators' options as

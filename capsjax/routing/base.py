@@ -32,10 +32,10 @@ from capsjax.routing.core import Array
 #                    the pair (couplings the first iteration used, couplings the last one
 #                    used), each [batch, in, out], a distribution over the parents per child
 #                    (the routing diagnostics read them; equal for a routing without iterations)
-#   layer_inputs     which of the capsule layer's own features it reads, passed as keyword
-#                    arguments when the model enables them: 'bias' ([out, dim], added to s_j),
-#                    'log_priors' ([in, out], initial logits), 'leaky' (bool), and
-#                    'stop_gradient_predictions' (bool); see capsjax.layers.LAYER_FEATURES
+#   layer_inputs     which of the capsule layer's inputs (LAYER_INPUTS) it reads, passed as
+#                    keyword arguments of the same names when the model's routing_inputs
+#                    name them: 'bias' ([out, dim], added to s_j), 'log_priors' ([in, out],
+#                    initial logits), 'leaky' (bool), 'stop_gradient_predictions' (bool)
 #   shared           for class-capsule transforms shared over positions (one W per primary
 #                    type and class, û_{j|i} = W_{t(i)j} u_i + the position offset of i): the
 #                    same routing written without û, `shared(capsules [batch, positions,
@@ -105,6 +105,9 @@ Example:
   >>> capsjax.ROUTINGS['dynamic'].returns_logits, capsjax.ROUTINGS['em'].learned.keys()
   (True, dict_keys(['beta_u', 'beta_a']))
 """)
+# The capsule layer's inputs a routing may read (its `layer_inputs`), each passed under
+# this name when the model's `routing_inputs` names it (capsjax.layers.CapsuleLayer).
+LAYER_INPUTS = ('bias', 'log_priors', 'leaky', 'stop_gradient_predictions')
 # The routing's own arguments: neither options nor learned.
 _OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll',
                   'return_logits', 'return_couplings')
@@ -128,8 +131,8 @@ def register_routing(name: str, *, iterative: bool = True,
   num_iterations is refused here, in one line (ConfigError). `returns_logits`: it
   accepts return_logits=True and then fills the logits per iteration; `returns_couplings`:
   it accepts return_couplings=True and then fills the (first, last) couplings [batch, in,
-  out] (the routing diagnostics); `layer_inputs`: which of the capsule layer's
-  features (bias, log_priors, leaky, stop_gradient_predictions) it reads; `shared`: a form
+  out] (the routing diagnostics); `layer_inputs`: which of the capsule layer's inputs
+  (LAYER_INPUTS: bias, log_priors, leaky, stop_gradient_predictions) it reads; `shared`: a form
   that routes shared-transform votes without û (see the module's comment above ROUTINGS).
 
   Example:
@@ -143,6 +146,11 @@ def register_routing(name: str, *, iterative: bool = True,
     Array([[0.75, 0.75]], dtype=float32)
     >>> capsjax.ROUTINGS.unregister('uniform_example')
   """
+  unknown = sorted(set(layer_inputs) - set(LAYER_INPUTS))
+  if unknown:
+    raise ConfigError(f'register_routing({name!r}): layer_inputs {unknown} are not inputs of the capsule layer '
+                      f'(allowed: {", ".join(LAYER_INPUTS)})')
+
   def register(function):
     ROUTINGS.register(name, _as_registered(name, function, iterative), iterative=iterative,
                       learned=dict(learned or {}), returns_logits=returns_logits,
