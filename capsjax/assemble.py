@@ -119,7 +119,7 @@ def recipes(config) -> List[Tuple[str, ml_collections.ConfigDict]]:
   """(name, the config with the recipe's overrides) per entry of config.ensemble.recipes
   (empty without). A key outside ensembles.RECIPE_KEYS, a repeated name, or recipes beside
   ensemble.routing_iterations / reconstruction_weights is refused in one line."""
-  spec = config.get('ensemble') or {}
+  spec = config.ensemble or {}
   entries = tuple(spec.get('recipes') or ())
   if not entries:
     return []
@@ -166,7 +166,7 @@ def member_seeds(config) -> Optional[List[int]]:
 def initial_state(config, model_module, optimizer_transform):
   """The fresh state (stacked over the members of an ensemble)."""
   listed = members(config) or []
-  ema = bool(config.get('ema_decay')) or any(member.get('ema_decay') for member in listed)
+  ema = bool(config.ema_decay) or any(member.get('ema_decay') for member in listed)
   return steps.initial_state(model_module, optimizer_transform, config.model.input_shape, config.seed,
                              member_seeds(config), ema=ema)
 
@@ -179,8 +179,8 @@ def evaluations(config, model_module, pipeline, source, mesh, knobs) -> List[Any
   """config.evals built for this run (capsjax.evaluators): those enabled that apply to its
   family, routing and ensemble, over the test `pipeline` (`source` on the mesh)."""
   context = evaluators.EvalContext(model_module, config.model.name, has_decoder(config), pipeline, source, mesh,
-                                   knobs, bool(config.get('ensemble')), config.eval_batch_size)
-  return evaluators.build(config.get('evals'), context)
+                                   knobs, bool(config.ensemble), config.eval_batch_size)
+  return evaluators.build(config.evals, context)
 
 
 # ----------------------------------------------------------------------------- data
@@ -207,7 +207,7 @@ def source_info(config) -> SourceInfo:
   were held in, its preprocessing and class names. What `capsjax.app.predict` converts a file
   to, as training converted the run's images."""
   described = DATASETS.get(config.dataset)
-  names = tuple(config.get('class_names') or ()) or (
+  names = tuple(config.class_names) or (
       described.class_names if described else tuple(str(i) for i in range(config.model.num_classes)))
   background = config.image_background   # upgraded workdirs: white, what runs before the key used
   if described is not None:
@@ -229,7 +229,7 @@ def task(config) -> Task:
     raise ConfigError(f'config.task={config.task!r}: allowed one of {", ".join(TASKS)}')
   cls = TASKS.get(config.task)
   options = task_options(config, cls.keys)
-  listed = members(config) if config.get('ensemble') else None
+  listed = members(config) if config.ensemble else None
   if listed and 'recipe' in listed[0] and options.get('augment') is not None:
     # The parts any recipe member runs; each member's strengths are its knobs.
     options['augment'] = ensembles.strongest_augmentation(listed, options['augment'])

@@ -113,13 +113,14 @@ def build(evals, context: EvalContext) -> List[Evaluation]:
   run, in the registry's order."""
   built = []
   for name in EVALUATORS:
-    section = dict((evals or {}).get(name) or {})
-    if not section.get('enabled', True):
+    # A section the config lacks (an evaluator registered after it was made) at its defaults.
+    section = {**evals_config()[name], **dict((evals or {}).get(name) or {})}
+    if not section['enabled']:
       continue
     options = {key: value for key, value in section.items() if key not in SCHEDULE}
     evaluate = EVALUATORS.get(name)(context, **options)
     if evaluate is not None:
-      built.append(Evaluation(name, int(section.get('every_steps', 0)), evaluate, EVALUATORS[name].images))
+      built.append(Evaluation(name, int(section['every_steps']), evaluate, EVALUATORS[name].images))
   return built
 
 

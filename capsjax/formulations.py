@@ -293,6 +293,6 @@ def slow_choices(model_config, platform: str = '') -> list:
   backend = _platform(platform)
   lines = []
   for (option, value, slow_backend), why in SLOW_CHOICES.items():
-    if slow_backend == backend and str(model_config.get(option, '')) == value:
+    if slow_backend == backend and option in model_config and str(model_config[option]) == value:
       lines.append(f'note: model.{option}={value!r} on this {backend.upper()} is slow: {why}.')
   return lines

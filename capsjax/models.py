@@ -106,7 +106,7 @@ def _capsnet_problems(model, prefix: str) -> List[str]:
   why = capsnet_geometry_problem(model)
   if why:
     problems.append(f'config.{prefix}input_shape={tuple(model.input_shape)!r}: {why}')
-  name = model.get('routing', 'dynamic')
+  name = model.routing
   entry = ROUTINGS[name]
   for feature in model.routing_inputs:
     if feature not in entry.layer_inputs:
@@ -378,7 +378,7 @@ def primary_grid(model, stem: Optional[str] = None) -> Tuple[int, int]:
   """(rows, columns) of the primary capsules of the CapsNet config `model` on its input
   (0 where a side is too small), with `stem` (default: the model's own)."""
   height, width = model.input_shape[:2]
-  stem = model.get('stem', 'none') if stem is None else stem
+  stem = model.stem if stem is None else stem
   stages = stem_stages(height, width) if stem == 'strided' else 0
   grid = []
   for side in (halved(height, stages), halved(width, stages)):
@@ -441,7 +441,7 @@ def build_model(name: str, **fields) -> nn.Module:
     elif isinstance(value, ml_collections.ConfigDict):
       fields[key] = value.to_dict()
   if fields.get('routing_options'):
-    name = fields.get('routing', 'dynamic')
+    name = fields.get('routing', getattr(cls, 'routing', None))   # the family's own default
     options = fields['routing_options']
     # A config's holds a section per routing (its own is read); the API's, the routing's own.
     sectioned = all(isinstance(value, dict) for value in options.values())

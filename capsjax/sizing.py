@@ -53,7 +53,7 @@ def by_size(model) -> Dict[str, Tuple[str, str]]:
     large = max(height, width) > STEM_TARGET_SIDE
     chosen['stem'] = (('strided', f'{height}×{width} halved {stem_stages(height, width)}× to at most '
                        f'{STEM_TARGET_SIDE} px') if large else ('none', f'{height}×{width} is paper-sized'))
-  stem = chosen.get('stem', (model.get('stem', 'none'),))[0]
+  stem = chosen['stem'][0] if 'stem' in chosen else model.stem
   if model.get('transforms') == AUTO:
     count = primary_capsules(model, stem)
     if stem == 'strided' or count > 4 * PAPER_PRIMARY_CAPSULES:

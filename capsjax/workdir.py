@@ -431,9 +431,10 @@ def answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[s
   if not previous.get('completed') or jax.process_count() > 1 or newest != previous.get('steps'):
     return False
   saved = read_config(workdir).to_dict()
-  open_keys = {key for key, is_open in (('model.input_shape', not tuple(config.model.get('input_shape', (1,)))),
-                                         ('model.num_classes', config.model.get('num_classes') == 0),
-                                         ('class_names', not tuple(config.get('class_names', ('',)))))
+  model = config.model   # any family: the data fills input_shape and num_classes where they are open
+  open_keys = {key for key, is_open in (('model.input_shape', 'input_shape' in model and not tuple(model.input_shape)),
+                                         ('model.num_classes', 'num_classes' in model and model.num_classes == 0),
+                                         ('class_names', not tuple(config.class_names)))
                if is_open} | {f'model.{key}' for key in sizing.open_keys(config.model)}
   if any(line.split(':')[0] not in open_keys for line in config_differences(saved, config)):
     return False

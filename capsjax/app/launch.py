@@ -211,7 +211,7 @@ def _routing_options_hint(argv, experiment: Optional[str]) -> str:
     module = importlib.util.module_from_spec(spec)
     try:
       spec.loader.exec_module(module)
-      name = module.get_config().model.get('routing', 'dynamic')
+      name = module.get_config().model.routing
     except Exception:  # pylint: disable=broad-except
       return ''
   if name not in ROUTINGS:

@@ -7,7 +7,6 @@ one raises ConfigError with one line: `config.KEY=VALUE: allowed ...`. Below the
 single keys, the rules across keys. Comparison models (`baseline.model`, `cnn.model`) are
 checked as the run's model is.
 """
-import math
 from typing import Dict, Iterator, List, Tuple
 
 import ml_collections
@@ -64,6 +63,13 @@ def _get(config, dotted: str):
   return True, node
 
 
+def _value(config, dotted: str):
+  """`config`'s value of the run-level key `dotted`, or its declared default where a partial
+  config lacks it (the default is read from the declaration, never repeated here)."""
+  found, value = _get(config, dotted)
+  return value if found else defaults.run_keys()[dotted].default
+
+
 def _check_keys(config, declared: Dict[str, Key], problems: List[str], prefix: str = '') -> None:
   for dotted, key in declared.items():
     found, value = _get(config, dotted)
@@ -89,7 +95,7 @@ def _check_model(model, prefix: str, problems: List[str]) -> None:
                           for option, key in routing_option_keys(routing).items()}, problems, prefix)
   if len(problems) > before:
     return   # the family's own cross-field checks need valid fields
-  inputs_problem = conv_inputs_problem(model.get('conv_impl'), model.get('conv_inputs', 'float32'))
+  inputs_problem = conv_inputs_problem(model.conv_impl, model.conv_inputs) if 'conv_inputs' in model else None
   if inputs_problem:
     problems.append(f'config.{prefix}conv_inputs={model.conv_inputs!r}: {inputs_problem}')
   problems.extend(MODELS[family].check(model, prefix))
@@ -158,14 +164,14 @@ def problems_of(config) -> List[str]:
                       f'(a quarter of the {side}-pixel image side)')
   task = config.get('task')
   if config.get('num_train_examples') and not (task in TASKS and TASKS[task].generates_examples):
-    if config.num_train_examples < config.get('batch_size', 1):
+    if config.num_train_examples < _value(config, 'batch_size'):
       problems.append(f'config.batch_size={config.batch_size!r}: allowed at most '
                       f'num_train_examples={config.num_train_examples}')
-  given = [f'{key}={config.get(key)!r}' for key, unset in (('coordinator_address', ''), ('num_processes', 0),
-                                                             ('process_id', -1)) if config.get(key, unset) != unset]
+  given = [f'{key}={config[key]!r}' for key in ('coordinator_address', 'num_processes', 'process_id')
+           if _value(config, key) != defaults.run_keys()[key].default]
   if given and 'distributed' in config and not config.distributed:
     problems.append(f'config.{given[0]}: used only with --config.distributed=True (a multi-host run)')
-  if config.get('num_processes') and config.get('process_id', -1) >= config.num_processes:
+  if _value(config, 'num_processes') and _value(config, 'process_id') >= config.num_processes:
     problems.append(f'config.process_id={config.process_id}: allowed below num_processes={config.num_processes} '
                     '(processes are numbered from 0)')
   found, augmentation = _get(config, 'augment')
@@ -176,11 +182,11 @@ def problems_of(config) -> List[str]:
       readers = ', '.join(name for name in TASKS if 'augment' in TASKS.get(name).keys)
       problems.append(f'config.{used[0]}: the augmentation beyond shifts applies to task={readers}; '
                       f'task={config.task!r} makes its own examples')
-  if config.get('weight_decay') and config.get('optimizer', 'adam') == 'adam':
+  if _value(config, 'weight_decay') and _value(config, 'optimizer') == 'adam':
     problems.append(f'config.weight_decay={config.weight_decay!r}: Adam has no decoupled weight decay; '
                     "use --config.optimizer=adamw (or lion)")
-  if config.get('lr_min', 0) and config.lr_min >= config.get('learning_rate', math.inf):
-    schedule = config.get('lr_schedule', 'exponential')
+  if _value(config, 'lr_min') and config.lr_min >= _value(config, 'learning_rate'):
+    schedule = _value(config, 'lr_schedule')
     problems.append(f'config.lr_min={config.lr_min!r}: allowed below learning_rate={config.learning_rate!r} '
                     + ('(the exponential decay is floored at it: above the rate it would raise it)'
                        if schedule == 'exponential' else f'(the {schedule} schedule decays to it)'))
@@ -295,7 +301,7 @@ def _zoo_options_problems(config, zoo_options) -> List[str]:
   if not hasattr(zoo_options, 'keys'):
     return [f'config.routing_zoo.options={zoo_options!r}: allowed a dict: routing name → its options']
   problems = []
-  routings = tuple(config.routing_zoo.get('routings', ()))
+  routings = tuple(_value(config, 'routing_zoo.routings'))
   for name, options in zoo_options.items():
     where = f'config.routing_zoo.options.{name}'
     if name not in routings:
