@@ -1,37 +1,39 @@
 """The base config: every key a run has, at its declared default — the paper's MNIST setup
 (section 5). Each key is declared once, where the code that reads it lives (capsjax.keys):
 the model's keys are its Flax fields, the loss's the objective's keyword arguments, a
-routing's options its signature's, the run's `keys.declare(...)` in their modules.
+routing's options its signature's, the run's the `KEYS` of the modules that read them,
+collected here by a fixed list (`SECTIONS`; an experiment program's section is named by
+the caller: `section('affnist', capsjax.app.programs.affnist)`).
 Experiments (experiments/NAME.py) start from `base_config()` and change what they need;
 the library reads its defaults here (a workdir made before a key existed ran with that
 key's default), never from an experiment.
 """
-from typing import Dict
+from typing import Any, Dict, Sequence
 
 import ml_collections
 
-from capsjax import experiment, keys
+from capsjax import ensembles, experiment, keys, runtime, steps
+from capsjax.data import augment, images, pipeline, rows, tasks
 from capsjax.data.datasets import dataset_info
+from capsjax.data.sources import core
 
 
-def _owners():
-  """The modules that declare the base config's other run-level keys (keys.declare)."""
-  # pylint: disable=g-import-not-at-top
-  from capsjax import diagnostics, ensembles, runtime, steps
-  from capsjax.data import augment, images, pipeline, rows, sources, tasks
-  return (tasks, sources, images, rows, pipeline, augment, steps, ensembles, runtime, diagnostics)
+# The modules whose `KEYS` are the run-level keys (in the base config unless a key says
+# in_base=False), in the order the base config lists them.
+SECTIONS = (experiment, tasks, core, images, rows, pipeline, augment, steps, ensembles, runtime)
 
 
-def run_keys() -> Dict[str, keys.Key]:
-  """Every run-level key by dotted name: the run's own (experiment.RunSettings), those the
-  modules above declare, and those of any experiment section whose module is imported
-  (capsjax.app.programs.*: validation imports them)."""
-  _owners()
-  own = experiment.run_keys()
-  twice = set(own) & set(keys.RUN_KEYS)
-  if twice:
-    raise ValueError(f'config keys declared twice (RunSettings and keys.declare): {sorted(twice)}')
-  return {**own, **keys.RUN_KEYS}
+def run_keys(sections: Sequence[Any] = ()) -> Dict[str, keys.Key]:
+  """Every run-level key by dotted name: those of SECTIONS, then those of `sections`
+  (modules with a `KEYS` of their own: an experiment program's, capsjax.app.programs.*).
+  A key declared twice is a ValueError."""
+  found: Dict[str, keys.Key] = {}
+  for module in SECTIONS + tuple(sections):
+    for declared in module.KEYS:
+      if declared.name in found:
+        raise ValueError(f'config key {declared.name!r} is declared twice ({module.__name__})')
+      found[declared.name] = declared
+  return found
 
 
 def capsnet_config() -> ml_collections.ConfigDict:
@@ -52,17 +54,16 @@ def base_config() -> ml_collections.ConfigDict:
   """
   from capsjax.evaluators import evals_config  # pylint: disable=g-import-not-at-top
   from capsjax.objectives import loss_keys  # pylint: disable=g-import-not-at-top
-  run_keys()   # every declaring module imported
-  own = {name: key.default for name, key in experiment.run_keys().items()}
-  config = ml_collections.ConfigDict({**own, **keys.base_values()})
+  config = ml_collections.ConfigDict(keys.nested(key for key in run_keys().values() if key.in_base))
   config.evals = ml_collections.ConfigDict(evals_config())
   config.loss = ml_collections.ConfigDict({key.name: key.default for key in loss_keys('capsnet').values()})
   config.model = capsnet_config()
   return config
 
 
-def section(name: str) -> ml_collections.ConfigDict:
-  """An experiment's own section (multimnist, affnist, routing_zoo, …) at its declared defaults.
+def section(name: str, owner: Any = None) -> ml_collections.ConfigDict:
+  """An experiment's own section (multimnist, affnist, routing_zoo, …) at its declared
+  defaults: the library's, or that of `owner` (the module declaring it).
 
   Example:
     >>> capsjax.defaults.section('multimnist')
@@ -70,11 +71,10 @@ def section(name: str) -> ml_collections.ConfigDict:
     test_seed: 1
     <BLANKLINE>
   """
-  run_keys()
-  values = keys.section_defaults(name)
+  values = keys.section_defaults(run_keys(() if owner is None else (owner,)).values(), name)
   if not values:
-    raise KeyError(f'no config section {name!r} is declared: import the module that declares it '
-                   '(capsjax.app.programs.affnist declares affnist)')
+    raise KeyError(f'no config section {name!r} is declared here: name the module that declares it '
+                   "(section('affnist', capsjax.app.programs.affnist))")
   return ml_collections.ConfigDict(values)
 
 

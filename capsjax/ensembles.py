@@ -18,22 +18,24 @@ from typing import Any, Dict, List, Tuple
 import jax.numpy as jnp
 
 from capsjax.errors import ConfigError
-from capsjax.keys import Rule, declare, ints_at_least, numbers_at_least
+from capsjax.keys import Rule, key, ints_at_least, numbers_at_least
 
-# None: a single run. The members are the product of the tuples (capsjax.assemble.members;
-# an empty tuple = the config's own value).
-declare('ensemble', None, Rule(lambda v: v is None or hasattr(v, 'keys'), 'a dict, or None'),
+KEYS = (
+    # None: a single run. The members are the product of the tuples (capsjax.assemble.members;
+    # an empty tuple = the config's own value).
+    key('ensemble', None, Rule(lambda v: v is None or hasattr(v, 'keys'), 'a dict, or None'),
         'several configurations as one vmapped program: seeds × routing_iterations × reconstruction_weights, '
-        'or recipes × seeds')
-declare('ensemble.seeds', (), ints_at_least(0), 'ensemble members: one per seed', in_base=False)
-declare('ensemble.routing_iterations', (), ints_at_least(1), 'ensemble members: routing iterations each (at most '
-        'model.routing_iterations)', in_base=False)
-declare('ensemble.reconstruction_weights', (), numbers_at_least(0), 'ensemble members: reconstruction loss weights',
-        in_base=False)
-declare('ensemble.recipes', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v),
+        'or recipes × seeds'),
+    key('ensemble.seeds', (), ints_at_least(0), 'ensemble members: one per seed', in_base=False),
+    key('ensemble.routing_iterations', (), ints_at_least(1), 'ensemble members: routing iterations each (at most '
+        'model.routing_iterations)', in_base=False),
+    key('ensemble.reconstruction_weights', (), numbers_at_least(0), 'ensemble members: reconstruction loss weights',
+        in_base=False),
+    key('ensemble.recipes', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v),
                                      "a tuple of 'NAME: key=value, …' strings"),
         "ensemble members: named recipes, 'NAME: key=value, …' over the config (keys of ensembles.RECIPE_KEYS), "
-        'each trained with every seed', in_base=False)
+        'each trained with every seed', in_base=False),
+)
 
 # The config keys a recipe may set, as the member's field each becomes: what one program
 # varies per member (traced in the step). The loss's reduction becomes a scale of the
@@ -94,8 +96,8 @@ def strongest_augmentation(members, base: Dict[str, Any]) -> Dict[str, Any]:
   """config.augment for a pipeline shared by recipe members: each strength the largest any
   member uses (what parts the step runs; each member's own strengths are its knobs)."""
   out = dict(base)
-  for key in members[0]['augment']:
-    out[key] = max(member['augment'][key] for member in members)
+  for name in members[0]['augment']:
+    out[name] = max(member['augment'][name] for member in members)
   return out
 
 

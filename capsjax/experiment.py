@@ -19,7 +19,7 @@ from capsjax import assemble, memory, sharding, steps
 from capsjax.data.pipeline import Pipeline
 from capsjax.ensembles import member_knobs
 from capsjax.errors import ConfigError
-from capsjax.keys import About, Key, annotated_keys, boolean, int_at_least, int_in, number_in, registered, text
+from capsjax.keys import About, annotated_keys, boolean, int_at_least, int_in, number_in, registered, text
 from capsjax.registry import Registry
 
 # config.program → the function(config, workdir) that runs the experiment: the training
@@ -81,9 +81,8 @@ class RunSettings:
     return cls(**{field.name: config[field.name] for field in dataclasses.fields(cls)})
 
 
-def run_keys() -> Dict[str, Key]:
-  """The run's keys by name, with their defaults, rules and help."""
-  return annotated_keys(RunSettings)
+# The run's keys (capsjax.defaults collects them with the other sections' KEYS).
+KEYS = tuple(annotated_keys(RunSettings).values())
 
 
 @dataclasses.dataclass

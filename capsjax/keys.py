@@ -1,9 +1,10 @@
 """Config keys, each declared once where the code that reads it lives: default, rule and help.
 
 Three forms, one meaning:
-- a run-level key: `declare('batch_size', 128, int_at_least(1), 'training examples per step')`
-  in the module that reads it (capsjax.steps, capsjax.data.…); the run's own keys are the
-  annotated fields of capsjax.experiment.RunSettings;
+- a run-level key: `key('batch_size', 128, int_at_least(1), 'training examples per step')`,
+  an entry of the `KEYS` tuple of the module that reads it (capsjax.steps, capsjax.data.…),
+  which capsjax.defaults collects by a fixed list of those modules; the run's own keys are
+  the annotated fields of capsjax.experiment.RunSettings;
 - a model key: a field of the model family's Flax module, its type `Annotated` with
   `About(rule, help)` (`conv1_channels: Annotated[int, About(int_at_least(1), '…')] = 256`);
 - a routing's or an objective's option: a keyword argument of the routing or objective
@@ -11,13 +12,12 @@ Three forms, one meaning:
 
 `capsjax.defaults.base_config()`, `capsjax.app.validation` and `--help` are generated from these
 declarations; nothing else repeats a default, a rule or a help line. This module imports
-nothing of capsjax, so any module may declare its keys at import time.
+nothing of capsjax, so any module may declare its keys.
 """
 import dataclasses
 import inspect
 import math
 import re
-import sys
 import typing
 from typing import Any, Callable, Dict, Iterable, Optional, Union
 
@@ -155,50 +155,38 @@ class About:
 class Key:
   """A declared config key: its dotted name (relative to its section), default, rule, help.
   `in_base`: whether the base config has it (False: a key of some experiments only, e.g.
-  multimnist.*, set by the experiments that use it); `owner`: the declaring module."""
+  multimnist.*, set by the experiments that use it)."""
   name: str
   default: Any
   rule: Optional[Rule]
   help: str
   in_base: bool = True
-  owner: str = ''
 
 
-# Run-level keys by dotted name (capsjax.defaults imports their owners).
-RUN_KEYS: Dict[str, Key] = {}
+def key(name: str, default: Any, rule: Optional[Rule], help: str, *,  # pylint: disable=redefined-builtin
+        in_base: bool = True) -> Key:
+  """The run-level key `name` (dotted for a key inside a section): an entry of its module's
+  `KEYS`, which capsjax.defaults collects by a fixed list of those modules."""
+  return Key(name, default, rule, help, in_base)
 
 
-def declare(name: str, default: Any, rule: Optional[Rule], help: str, *,  # pylint: disable=redefined-builtin
-            in_base: bool = True) -> None:
-  """Declares the run-level key `name` (dotted for a key inside a section), in the module
-  that reads it."""
-  owner = sys._getframe(1).f_globals.get('__name__', '')  # pylint: disable=protected-access
-  key = Key(name, default, rule, help, in_base, owner)
-  if name in RUN_KEYS and RUN_KEYS[name].owner != owner:
-    raise ValueError(f'config key {name!r} is declared by {RUN_KEYS[name].owner} and {owner}')
-  RUN_KEYS[name] = key
-
-
-def _nested(keys: Iterable[Key], strip: str = '') -> Dict[str, Any]:
+def nested(keys: Iterable[Key], strip: str = '') -> Dict[str, Any]:
+  """The defaults of `keys` as a nested dict (their dotted names as sections; `strip`: a
+  prefix removed from every name)."""
   values: Dict[str, Any] = {}
-  for key in keys:
-    *parents, leaf = key.name[len(strip):].split('.')
+  for declared in keys:
+    *parents, leaf = declared.name[len(strip):].split('.')
     node = values
     for part in parents:
       node = node.setdefault(part, {})
-    node[leaf] = key.default
+    node[leaf] = declared.default
   return values
 
 
-def section_defaults(name: str) -> Dict[str, Any]:
-  """The declared defaults of section `name`'s keys, nested as a dict (what an experiment
-  that uses the section starts from: `config.multimnist = keys.section_defaults('multimnist')`)."""
-  return _nested([key for key in RUN_KEYS.values() if key.name.startswith(name + '.')], name + '.')
-
-
-def base_values() -> Dict[str, Any]:
-  """The base config's run-level keys (those declared so far with in_base) as a nested dict."""
-  return _nested(key for key in RUN_KEYS.values() if key.in_base)
+def section_defaults(keys: Iterable[Key], name: str) -> Dict[str, Any]:
+  """The defaults of section `name`'s keys among `keys`, nested as a dict (what an
+  experiment that uses the section starts from)."""
+  return nested([declared for declared in keys if declared.name.startswith(name + '.')], name + '.')
 
 
 def _about(annotation) -> Optional[About]:

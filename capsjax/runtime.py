@@ -12,7 +12,7 @@ from typing import Optional
 
 import jax
 
-from capsjax.keys import boolean, declare, host_port, int_at_least, int_in
+from capsjax.keys import boolean, key, host_port, int_at_least, int_in
 
 
 def cpu_model() -> str:
@@ -35,16 +35,18 @@ def device_name() -> str:
   return jax.devices()[0].device_kind
 
 
-# Multi-host (capsjax.sharding): every process runs the same command; on Cloud TPU the
-# coordinator is found automatically, elsewhere give address, count and id. The command
-# line starts jax.distributed with them (capsjax.app.distributed) before any computation.
-declare('distributed', False, boolean(), 'start jax.distributed (several hosts run the same command)')
-declare('coordinator_address', '', host_port(), 'HOST:PORT of process 0 (empty: detected on Cloud TPU, SLURM, '
-        'Open MPI)')
-declare('num_processes', 0, int_at_least(0), 'processes in a multi-host run (0: detected)')
-declare('process_id', -1, int_at_least(-1), "this process's index (-1: detected)")
-declare('distributed_timeout_s', 120, int_in(1, 3600), 'seconds to wait for the coordinator and the other '
-        'processes before giving up with one error line')
+KEYS = (
+    # Multi-host (capsjax.sharding): every process runs the same command; on Cloud TPU the
+    # coordinator is found automatically, elsewhere give address, count and id. The command
+    # line starts jax.distributed with them (capsjax.app.distributed) before any computation.
+    key('distributed', False, boolean(), 'start jax.distributed (several hosts run the same command)'),
+    key('coordinator_address', '', host_port(), 'HOST:PORT of process 0 (empty: detected on Cloud TPU, SLURM, '
+        'Open MPI)'),
+    key('num_processes', 0, int_at_least(0), 'processes in a multi-host run (0: detected)'),
+    key('process_id', -1, int_at_least(-1), "this process's index (-1: detected)"),
+    key('distributed_timeout_s', 120, int_in(1, 3600), 'seconds to wait for the coordinator and the other '
+        'processes before giving up with one error line'),
+)
 
 
 # Why a run stopped early because someone asked: Ctrl-C ('interrupted'), or SIGTERM / a

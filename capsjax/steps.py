@@ -13,27 +13,11 @@ import numpy as np
 import optax
 
 from capsjax import sharding
-from capsjax.keys import boolean, declare, int_at_least, number_in, one_of, positive_number
+from capsjax.keys import boolean, key, int_at_least, number_in, one_of, positive_number
 from capsjax.objectives import top_k_correct
 from capsjax.routing import coupling_changes, routing_logit_changes
 
 State = Dict[str, Any]
-
-
-# The paper's MNIST setup (section 5): Adam at 1e-3, exponential decay ×0.96 every 2000
-# steps, batch 128, as in the authors' released code (the paper says only "TensorFlow
-# default Adam ... exponentially decaying learning rate"; BUILD.md).
-declare('seed', 0, int_at_least(0), 'initialisation, data order and augmentation seed')
-declare('batch_size', 128, int_at_least(1), 'training examples per step, over all devices')
-declare('num_epochs', 50.0, number_in(0, math.inf), 'training length in epochs (when num_steps is 0)')
-declare('num_steps', 0, int_at_least(0), 'training length in steps (> 0 overrides num_epochs)')
-declare('learning_rate', 1e-3, positive_number(), "the optimizer's initial learning rate")
-declare('lr_decay_rate', 0.96, number_in(0, 1, low_open=True), 'the learning rate is multiplied by this every '
-        'lr_decay_steps steps')
-declare('lr_decay_steps', 2000, int_at_least(1), 'steps per decay factor')
-declare('lr_staircase', False, boolean(), 'decay in whole steps of lr_decay_steps (False: continuously)')
-declare('lr_min', 0.0, number_in(0, math.inf), "floor of the decayed learning rate (0: none; the authors' code: "
-        '1e-6); what cosine and linear decay reach at the last step')
 
 
 def total_steps(num_steps: int, num_epochs: float, batch_size: int, num_train_examples: int) -> int:
@@ -49,18 +33,34 @@ SCHEDULES = ('exponential', 'cosine', 'linear')
 # config.optimizer: Adam (the paper's and the design card's), AdamW (decoupled weight decay),
 # Lion (sign of an interpolated momentum; Chen et al. 2023 report it at short budgets).
 OPTIMIZERS = ('adam', 'adamw', 'lion')
-# Beyond the paper: the schedule's shape, a linear warm-up, the optimizer, its decoupled
-# weight decay, gradient clipping, a parameter average. The defaults are the paper's recipe.
-declare('lr_schedule', 'exponential', one_of(SCHEDULES), "the learning rate's decay: exponential (the paper's "
-        "code), or cosine / linear to lr_min at the run's last step")
-declare('warmup_steps', 0, int_at_least(0), 'a linear rise of the learning rate from 0 over this many steps before '
-        'the decay (0: none)')
-declare('optimizer', 'adam', one_of(OPTIMIZERS), 'adam (the paper), adamw (decoupled weight decay) or lion')
-declare('weight_decay', 0.0, number_in(0, math.inf), "adamw's or lion's decoupled weight decay (0: none)")
-declare('grad_clip_norm', 0.0, number_in(0, math.inf), 'gradients scaled to at most this global norm before the '
-        'optimizer (0: no clipping)')
-declare('ema_decay', 0.0, number_in(0, 1, high_open=True), 'keep an exponential moving average of the parameters '
-        'with this decay and evaluate it beside them (results: ema_test_error; 0: none)')
+KEYS = (
+    # The paper's MNIST setup (section 5): Adam at 1e-3, exponential decay ×0.96 every 2000
+    # steps, batch 128, as in the authors' released code (the paper says only "TensorFlow
+    # default Adam ... exponentially decaying learning rate"; BUILD.md).
+    key('seed', 0, int_at_least(0), 'initialisation, data order and augmentation seed'),
+    key('batch_size', 128, int_at_least(1), 'training examples per step, over all devices'),
+    key('num_epochs', 50.0, number_in(0, math.inf), 'training length in epochs (when num_steps is 0)'),
+    key('num_steps', 0, int_at_least(0), 'training length in steps (> 0 overrides num_epochs)'),
+    key('learning_rate', 1e-3, positive_number(), "the optimizer's initial learning rate"),
+    key('lr_decay_rate', 0.96, number_in(0, 1, low_open=True), 'the learning rate is multiplied by this every '
+        'lr_decay_steps steps'),
+    key('lr_decay_steps', 2000, int_at_least(1), 'steps per decay factor'),
+    key('lr_staircase', False, boolean(), 'decay in whole steps of lr_decay_steps (False: continuously)'),
+    key('lr_min', 0.0, number_in(0, math.inf), "floor of the decayed learning rate (0: none; the authors' code: "
+        '1e-6); what cosine and linear decay reach at the last step'),
+    # Beyond the paper: the schedule's shape, a linear warm-up, the optimizer, its decoupled
+    # weight decay, gradient clipping, a parameter average. The defaults are the paper's recipe.
+    key('lr_schedule', 'exponential', one_of(SCHEDULES), "the learning rate's decay: exponential (the paper's "
+        "code), or cosine / linear to lr_min at the run's last step"),
+    key('warmup_steps', 0, int_at_least(0), 'a linear rise of the learning rate from 0 over this many steps before '
+        'the decay (0: none)'),
+    key('optimizer', 'adam', one_of(OPTIMIZERS), 'adam (the paper), adamw (decoupled weight decay) or lion'),
+    key('weight_decay', 0.0, number_in(0, math.inf), "adamw's or lion's decoupled weight decay (0: none)"),
+    key('grad_clip_norm', 0.0, number_in(0, math.inf), 'gradients scaled to at most this global norm before the '
+        'optimizer (0: no clipping)'),
+    key('ema_decay', 0.0, number_in(0, 1, high_open=True), 'keep an exponential moving average of the parameters '
+        'with this decay and evaluate it beside them (results: ema_test_error; 0: none)'),
+)
 
 
 def learning_rate_schedule(learning_rate: float, decay_steps: int, decay_rate: float,

@@ -12,7 +12,7 @@ import ml_collections
 
 from capsjax import defaults
 from capsjax.experiments import ablation, mnist
-from capsjax.app.programs import affnist as program  # pylint: disable=unused-import  (declares affnist.*)
+from capsjax.app.programs import affnist as program   # declares affnist.*
 
 
 def affnist_cnn_model() -> ml_collections.ConfigDict:
@@ -32,7 +32,7 @@ def get_config():
   # The paper stops CapsNet at 99.23 % (and the CNN at 99.22 %) expanded-MNIST test accuracy.
   config.stop_at_test_accuracy = 0.9923
   config.num_epochs = 50.0
-  config.affnist = defaults.section('affnist')
+  config.affnist = defaults.section('affnist', program)
   config.cnn = ml_collections.ConfigDict(dict(model=affnist_cnn_model(), loss=dict(name='softmax_xent')))
   config.evals.routing_probe.enabled = False
   return config

@@ -10,7 +10,7 @@ inverted_dot_product (Tsai et al. 2020), self_routing (Hahn et al. 2019), variat
 baselines without routing: uniform (every coupling 1/parents) and max_pooling.
 """
 from capsjax import defaults
-from capsjax.app.programs import routing_zoo as program  # pylint: disable=unused-import  (declares routing_zoo.*)
+from capsjax.app.programs import routing_zoo as program   # declares routing_zoo.*
 
 
 def get_config():
@@ -18,5 +18,5 @@ def get_config():
   config.experiment = 'routing_zoo'
   config.program = 'routing_zoo'
   config.validation_examples = 5000
-  config.routing_zoo = defaults.section('routing_zoo')   # every routing, 3 seeds, options unchanged
+  config.routing_zoo = defaults.section('routing_zoo', program)   # every routing, 3 seeds, options unchanged
   return config

@@ -236,3 +236,40 @@ def test_the_import_graph_has_no_cycle():
     if node not in index:
       visit(node)
   assert not cycles, [sorted(c) for c in cycles]
+
+
+def test_the_trainer_is_short():
+  """The loop and its concerns read in one sitting (big_vision's trainer: 518 lines)."""
+  lines = sum(len(open(os.path.join(PACKAGE, name)).readlines()) for name in ('train.py', 'hooks.py'))
+  assert lines <= 600, f'train.py + hooks.py: {lines} lines (at most 600)'
+
+
+def test_no_config_read_repeats_a_declared_default():
+  """A validated config holds every declared key: `config.get(key, default)` would repeat
+  (and could contradict) the declaration. Only validation, which reads partial configs,
+  may ask for a key that is missing, and then at its declared default."""
+  problems = []
+  for module, tree in _modules():
+    if module == 'capsjax.app.validation':
+      continue
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == 'get'
+          and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)):
+        receiver = ast.unparse(node.func.value)
+        if 'config' in receiver or receiver.split('.')[-1] in ('model', 'section', 'evals'):
+          problems.append(f'{module}:{node.lineno}: {ast.unparse(node)}')
+  assert not problems, '\n'.join(problems)
+
+
+def test_every_module_s_keys_are_collected_by_the_fixed_lists():
+  """Run-level keys are data (a module's `KEYS`), collected by name: the library's by
+  defaults.SECTIONS, the experiment programs' sections by validation.SECTION_OWNERS. A
+  module whose KEYS no list names would have keys that no config, rule or --help knows."""
+  from capsjax import defaults  # pylint: disable=g-import-not-at-top
+  from capsjax.app import validation  # pylint: disable=g-import-not-at-top
+  declaring = {module for module, tree in _modules()
+               if any(isinstance(node, ast.Assign) and any(getattr(t, 'id', None) == 'KEYS' for t in node.targets)
+                      for node in tree.body)}
+  collected = {module.__name__ for module in defaults.SECTIONS + validation.SECTION_OWNERS}
+  assert declaring == collected, (sorted(declaring - collected), sorted(collected - declaring))
+  assert len(defaults.run_keys(validation.SECTION_OWNERS)) > 60

@@ -66,7 +66,7 @@ class TrainedModel:
     """Which model this is, for the console and the explorer's page: the checkpoint's step,
     of how many, and whether the run finished."""
     if self.step is None:
-      return f'{self.source} (exported from {self.config.get("experiment", "a run")})'
+      return f'{self.source} (exported from {self.config.experiment})'
     of = f' of {self.num_steps:,}' if self.num_steps else ''
     state = 'finished' if self.finished else 'training not finished: this is an intermediate checkpoint'
     return f'{self.source} at step {self.step:,}{of} ({state})'

@@ -33,7 +33,7 @@ def declared(config) -> Iterator[Tuple[str, Key]]:
   """(dotted key, its declaration) for every key `config` may hold: the run's, and for its
   model and loss (and a comparison model's, `baseline.model`, `cnn.loss`) those of the
   family and objective it names, with each routing's options under model.routing_options."""
-  yield from defaults.run_keys().items()
+  yield from defaults.run_keys(SECTION_OWNERS).items()
   for name in EVALUATORS:
     for key in evaluator_keys(name).values():
       yield f'evals.{name}.{key.name}', key
@@ -67,7 +67,7 @@ def _value(config, dotted: str):
   """`config`'s value of the run-level key `dotted`, or its declared default where a partial
   config lacks it (the default is read from the declaration, never repeated here)."""
   found, value = _get(config, dotted)
-  return value if found else defaults.run_keys()[dotted].default
+  return value if found else defaults.run_keys(SECTION_OWNERS)[dotted].default
 
 
 def _check_keys(config, declared: Dict[str, Key], problems: List[str], prefix: str = '') -> None:
@@ -139,7 +139,7 @@ def _check_evals(evals, problems: List[str]) -> None:
 def problems_of(config) -> List[str]:
   """Every rule `config` breaks, one line each (empty when it is valid)."""
   problems: List[str] = []
-  _check_keys(config, defaults.run_keys(), problems)
+  _check_keys(config, defaults.run_keys(SECTION_OWNERS), problems)
   found, evals = _get(config, 'evals')
   if found and evals is not None:
     _check_evals(evals, problems)
@@ -168,7 +168,7 @@ def problems_of(config) -> List[str]:
       problems.append(f'config.batch_size={config.batch_size!r}: allowed at most '
                       f'num_train_examples={config.num_train_examples}')
   given = [f'{key}={config[key]!r}' for key in ('coordinator_address', 'num_processes', 'process_id')
-           if _value(config, key) != defaults.run_keys()[key].default]
+           if _value(config, key) != defaults.run_keys(SECTION_OWNERS)[key].default]
   if given and 'distributed' in config and not config.distributed:
     problems.append(f'config.{given[0]}: used only with --config.distributed=True (a multi-host run)')
   if _value(config, 'num_processes') and _value(config, 'process_id') >= config.num_processes:
@@ -319,7 +319,7 @@ def split_name_lists(config) -> None:
   """Tuple-of-names keys given on the command line as one comma-separated word
   (`--config.routing_zoo.routings=dynamic,self_routing`, which the flag parser reads as a
   one-element tuple) become the tuple of those names, in place."""
-  for key, declared in defaults.run_keys().items():
+  for key, declared in defaults.run_keys(SECTION_OWNERS).items():
     if not isinstance(declared.rule, RegisteredTuple):
       continue
     parent, _, leaf = key.rpartition('.')

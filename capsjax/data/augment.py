@@ -8,34 +8,36 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.data import affine
-from capsjax.keys import declare, int_in, number_in, section_defaults
+from capsjax.keys import key, int_in, number_in, section_defaults
 
 Array = jax.Array
 
-# config.augment: training augmentation beyond the paper's shifts (all off: the paper's
-# recipe). rotation in degrees either way, scale as the largest fraction either way, shear
-# as the largest shear factor either way; an elastic distortion of elastic_alpha px smoothed
-# over elastic_sigma px (Simard, Steinkraus, Platt 2003 used 34 and 4 on MNIST).
-# augment: training augmentation beyond the shifts (all 0: the paper's recipe)
-declare('augment.rotation', 0.0, number_in(0, 180), 'training images rotated by up to ± this many degrees')
-declare('augment.scale', 0.0, number_in(0, 1, high_open=True), 'training images scaled by a factor in '
-        '[1 − scale, 1 + scale]')
-declare('augment.shear', 0.0, number_in(0, 1), 'training images sheared by a factor in [−shear, shear]')
-declare('augment.elastic_alpha', 0.0, number_in(0, math.inf), 'elastic distortion of training images: '
-        'displacements of this many pixels (0: none)')
-declare('augment.elastic_sigma', 4.0, number_in(0, math.inf, low_open=True), 'elastic distortion: the Gaussian '
-        'smoothing of the displacement field, in pixels')
-# The augmentation of the strongest MNIST capsule results (Byerly, Kalganova, Dear 2020, "No
-# routing needed between capsules"; reused by Efficient-CapsNet), each a key of its own.
-declare('augment.rotation_std', 0.0, number_in(0, 90), 'a random half of the training images rotated by an '
-        'angle drawn from a normal of this std in degrees, clipped at ± 2 std (0: none)')
-declare('augment.margin_shift', 0.0, number_in(0, 1), 'training images shifted by whole pixels, up to this '
-        'fraction of the free margin around their ink on each side (0: none; 1: the whole margin)')
-declare('augment.squish', 0, int_in(0, 16), 'training images squeezed horizontally by 1 … this many pixels '
-        '(0: none; Byerly et al.: 8)')
-declare('augment.erase', 0, int_in(0, 16), 'one random square of this side in pixels set to 0 in each '
-        'training image (0: none; Byerly et al.: 4)')
-AUGMENT = section_defaults('augment')
+KEYS = (
+    # config.augment: training augmentation beyond the paper's shifts (all off: the paper's
+    # recipe). rotation in degrees either way, scale as the largest fraction either way, shear
+    # as the largest shear factor either way; an elastic distortion of elastic_alpha px smoothed
+    # over elastic_sigma px (Simard, Steinkraus, Platt 2003 used 34 and 4 on MNIST).
+    # augment: training augmentation beyond the shifts (all 0: the paper's recipe)
+    key('augment.rotation', 0.0, number_in(0, 180), 'training images rotated by up to ± this many degrees'),
+    key('augment.scale', 0.0, number_in(0, 1, high_open=True), 'training images scaled by a factor in '
+        '[1 − scale, 1 + scale]'),
+    key('augment.shear', 0.0, number_in(0, 1), 'training images sheared by a factor in [−shear, shear]'),
+    key('augment.elastic_alpha', 0.0, number_in(0, math.inf), 'elastic distortion of training images: '
+        'displacements of this many pixels (0: none)'),
+    key('augment.elastic_sigma', 4.0, number_in(0, math.inf, low_open=True), 'elastic distortion: the Gaussian '
+        'smoothing of the displacement field, in pixels'),
+    # The augmentation of the strongest MNIST capsule results (Byerly, Kalganova, Dear 2020, "No
+    # routing needed between capsules"; reused by Efficient-CapsNet), each a key of its own.
+    key('augment.rotation_std', 0.0, number_in(0, 90), 'a random half of the training images rotated by an '
+        'angle drawn from a normal of this std in degrees, clipped at ± 2 std (0: none)'),
+    key('augment.margin_shift', 0.0, number_in(0, 1), 'training images shifted by whole pixels, up to this '
+        'fraction of the free margin around their ink on each side (0: none; 1: the whole margin)'),
+    key('augment.squish', 0, int_in(0, 16), 'training images squeezed horizontally by 1 … this many pixels '
+        '(0: none; Byerly et al.: 8)'),
+    key('augment.erase', 0, int_in(0, 16), 'one random square of this side in pixels set to 0 in each '
+        'training image (0: none; Byerly et al.: 4)'),
+)
+AUGMENT = section_defaults(KEYS, 'augment')
 
 
 def shift_image(image: Array, dy: Array, dx: Array, max_shift: int) -> Array:

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from capsjax.errors import DataError
-from capsjax.keys import declare, one_of
+from capsjax.keys import key, one_of
 
 # What tfds.ImageFolder reads (other files in a class folder are ignored, as there).
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
@@ -28,8 +28,10 @@ GREY_MODES = frozenset({'1', 'L', 'LA', 'I', 'I;16', 'I;16B', 'I;16L', 'I;16N', 
 # What transparent pixels become (config.image_background), as a grey level.
 BACKGROUNDS = {'white': 255, 'black': 0}
 DEFAULT_BACKGROUND = 'white'
-declare('image_background', DEFAULT_BACKGROUND, one_of(tuple(BACKGROUNDS)), 'what the transparent pixels of image '
-        "files (alpha, or a palette's transparent entry) are composited onto, in training, predict and the explorer")
+KEYS = (
+    key('image_background', DEFAULT_BACKGROUND, one_of(tuple(BACKGROUNDS)), 'what the transparent pixels of image '
+        "files (alpha, or a palette's transparent entry) are composited onto, in training, predict and the explorer"),
+)
 # Pillow modes with an alpha channel (premultiplied ones included).
 ALPHA_MODES = frozenset({'RGBA', 'LA', 'PA', 'RGBa', 'La'})
 

@@ -21,11 +21,13 @@ from capsjax.data import affine, augment, multimnist
 from capsjax.data.datasets import DATASETS, Preprocessing
 from capsjax.data.rows import ImageRows
 from capsjax.data.sources import Dataset
-from capsjax.keys import Rule, declare
+from capsjax.keys import Rule, key
 
-# Checked against the image's side by capsjax.app.validation's rules across keys.
-declare('max_shift', 2, Rule(lambda v: True, 'an integer in [0, a quarter of the image side]'),
-        'training images shifted by up to ± this many pixels (zero padding)')
+KEYS = (
+    # Checked against the image's side by capsjax.app.validation's rules across keys.
+    key('max_shift', 2, Rule(lambda v: True, 'an integer in [0, a quarter of the image side]'),
+        'training images shifted by up to ± this many pixels (zero padding)'),
+)
 
 HostBatch = Tuple[np.ndarray, ...]
 

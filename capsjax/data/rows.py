@@ -10,14 +10,16 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 
 from capsjax import console
-from capsjax.keys import declare, one_of
+from capsjax.keys import key, one_of
 
 # config.host_images: 'memory' (each split whole), 'rows' (on demand), 'auto' (rows on
 # several processes).
 HOST_IMAGES = ('auto', 'memory', 'rows')
-declare('host_images', 'auto', one_of(HOST_IMAGES), "host memory: memory loads each split whole (uint8); rows "
+KEYS = (
+    key('host_images', 'auto', one_of(HOST_IMAGES), "host memory: memory loads each split whole (uint8); rows "
         "reads only the rows of each batch this process feeds its devices (TFDS array_record or an uncompressed IDX "
-        'file); auto: rows on several processes (multi-host)')
+        'file); auto: rows on several processes (multi-host)'),
+)
 
 # Rows read per call when a whole split is loaded: bounds the decoded examples held at
 # once besides the uint8 array they are copied into.

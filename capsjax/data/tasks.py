@@ -13,7 +13,7 @@ from capsjax.data import affine
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, multimnist_pipeline
 from capsjax.data.sources import Dataset, SourceInfo
 from capsjax.errors import ConfigError
-from capsjax.keys import declare, int_at_least, registered
+from capsjax.keys import key, int_at_least, registered
 from capsjax.registry import Registry
 
 # config.task → the Task class, and what callers ask of a task:
@@ -122,18 +122,20 @@ class MultiMnist(Task):
     return make(train, options.seed, 0), make(test, pairs['test_seed'], options.num_test_examples), None
 
 
-declare('task', 'classify', registered(TASKS.names), 'classify one label per image, expanded (digits placed on a '
-        'larger canvas) or multimnist (two overlaid digits)')
-declare('num_train_examples', 0, int_at_least(0), 'use the first N training examples (0: all)')
-declare('num_test_examples', 0, int_at_least(0), 'evaluate on the first N test examples (0: all)')
-# The project never selects on the test set: a held-out split is what results select by.
-declare('validation_examples', 0, int_at_least(0), 'hold out the last N training images as a validation split, '
-        'evaluated beside the test set (results.json: the test error at the best validation evaluation too)')
-declare('expanded_test_seed', 2, int_at_least(0), "seed of the expanded task's fixed test placements")
-# multimnist: MultiMNIST pair generation (task=multimnist)
-declare('multimnist.examples_per_digit', 1000, int_at_least(1), 'MultiMNIST pairs per source digit (the paper: 1000)',
-        in_base=False)
-declare('multimnist.test_seed', 1, int_at_least(0), "seed of MultiMNIST's fixed test pairs", in_base=False)
+KEYS = (
+    key('task', 'classify', registered(TASKS.names), 'classify one label per image, expanded (digits placed on a '
+        'larger canvas) or multimnist (two overlaid digits)'),
+    key('num_train_examples', 0, int_at_least(0), 'use the first N training examples (0: all)'),
+    key('num_test_examples', 0, int_at_least(0), 'evaluate on the first N test examples (0: all)'),
+    # The project never selects on the test set: a held-out split is what results select by.
+    key('validation_examples', 0, int_at_least(0), 'hold out the last N training images as a validation split, '
+        'evaluated beside the test set (results.json: the test error at the best validation evaluation too)'),
+    key('expanded_test_seed', 2, int_at_least(0), "seed of the expanded task's fixed test placements"),
+    # multimnist: MultiMNIST pair generation (task=multimnist)
+    key('multimnist.examples_per_digit', 1000, int_at_least(1), 'MultiMNIST pairs per source digit (the paper: 1000)',
+        in_base=False),
+    key('multimnist.test_seed', 1, int_at_least(0), "seed of MultiMNIST's fixed test pairs", in_base=False),
+)
 
 def at_most(key: str, value: int, available: int, what: str) -> int:
   """config.KEY = value, refused when the data has fewer (never silently clamped)."""

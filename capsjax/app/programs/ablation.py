@@ -18,7 +18,7 @@ from capsjax.app.plots import pyplot, save_figure
 from capsjax.app.programs.common import with_model_of
 from capsjax.reports import markdown_table, mean_std, seed_groups
 from capsjax.errors import ConfigError
-from capsjax.keys import boolean, declare
+from capsjax.keys import boolean, key
 from capsjax.app.programs import not_a_command, register_program
 
 # The paper's Table 1, MNIST test error in % (mean ± std of 3 trials where given).
@@ -28,8 +28,10 @@ PAPER_TABLE1 = {
 }
 
 
-declare('baseline.enabled', True, boolean(), 'also train the baseline CNN (baseline.model, baseline.loss) over the '
-        'same seeds', in_base=False)
+KEYS = (
+    key('baseline.enabled', True, boolean(), 'also train the baseline CNN (baseline.model, baseline.loss) over the '
+        'same seeds', in_base=False),
+)
 
 
 def baseline_config(config) -> ml_collections.ConfigDict:
@@ -85,10 +87,10 @@ def training_loss_curves(workdir: str, members):
   steps = np.asarray([r['step'] for r in records])
   losses = np.asarray([r['margin_loss'] for r in records])   # [records, members]
   curves = {}
-  for key in sorted({(m['routing_iterations'], m['reconstruction_weight'] > 0) for m in members}):
+  for setting in sorted({(m['routing_iterations'], m['reconstruction_weight'] > 0) for m in members}):
     chosen = [i for i, m in enumerate(members)
-              if (m['routing_iterations'], m['reconstruction_weight'] > 0) == key]
-    curves[key] = (steps, losses[:, chosen].mean(axis=1))
+              if (m['routing_iterations'], m['reconstruction_weight'] > 0) == setting]
+    curves[setting] = (steps, losses[:, chosen].mean(axis=1))
   return curves
 
 

@@ -22,24 +22,26 @@ from capsjax.app.programs.common import with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.sources import Dataset
-from capsjax.keys import boolean, declare, int_at_least, number_in, positive_number, text
+from capsjax.keys import boolean, key, int_at_least, number_in, positive_number, text
 from capsjax.data.affine import AFFINE_RANGES
 from capsjax.app.programs import not_a_command, register_program
 
-# affnist: the affine test set (section 5.2): MNIST test digits under random affine maps
-declare('affnist.test_seed', 3, int_at_least(0), 'seed of the fixed affine test transformations', in_base=False)
-declare('affnist.ranges.rotation_degrees', AFFINE_RANGES['rotation_degrees'], number_in(0, 180),
-        'affine test digits: rotation up to ± this many degrees', in_base=False)
-declare('affnist.ranges.shear', AFFINE_RANGES['shear'], number_in(0, math.inf), 'affine test digits: shear factor up '
-        'to ± this', in_base=False)
-declare('affnist.ranges.scale_min', AFFINE_RANGES['scale_min'], positive_number(), 'affine test digits: smallest '
-        'scale', in_base=False)
-declare('affnist.ranges.scale_max', AFFINE_RANGES['scale_max'], positive_number(), 'affine test digits: largest '
-        'scale (>= scale_min)', in_base=False)
-declare('affnist.mat_dir', '', text('a folder, or empty'), 'a folder of the real affNIST .mat files to test on too '
-        '(empty: generated affine digits only)', in_base=False)
-declare('affnist.num_examples', 0, int_at_least(0), 'affine test digits (0: the whole MNIST test set)', in_base=False)
-declare('cnn.enabled', True, boolean(), 'also train the comparison CNN (cnn.model, cnn.loss)', in_base=False)
+KEYS = (
+    # affnist: the affine test set (section 5.2): MNIST test digits under random affine maps
+    key('affnist.test_seed', 3, int_at_least(0), 'seed of the fixed affine test transformations', in_base=False),
+    key('affnist.ranges.rotation_degrees', AFFINE_RANGES['rotation_degrees'], number_in(0, 180),
+        'affine test digits: rotation up to ± this many degrees', in_base=False),
+    key('affnist.ranges.shear', AFFINE_RANGES['shear'], number_in(0, math.inf), 'affine test digits: shear factor up '
+        'to ± this', in_base=False),
+    key('affnist.ranges.scale_min', AFFINE_RANGES['scale_min'], positive_number(), 'affine test digits: smallest '
+        'scale', in_base=False),
+    key('affnist.ranges.scale_max', AFFINE_RANGES['scale_max'], positive_number(), 'affine test digits: largest '
+        'scale (>= scale_min)', in_base=False),
+    key('affnist.mat_dir', '', text('a folder, or empty'), 'a folder of the real affNIST .mat files to test on too '
+        '(empty: generated affine digits only)', in_base=False),
+    key('affnist.num_examples', 0, int_at_least(0), 'affine test digits (0: the whole MNIST test set)', in_base=False),
+    key('cnn.enabled', True, boolean(), 'also train the comparison CNN (cnn.model, cnn.loss)', in_base=False),
+)
 
 # Each run (a workdir name): its label and the paper's expanded MNIST and affNIST accuracies (%).
 RUNS = {'capsnet': ('CapsNet', (99.23, 79.0)), 'cnn': ('CNN', (99.22, 66.0))}

@@ -24,28 +24,30 @@ import numpy as np
 from capsjax import assemble, runtime, sharding, train
 from capsjax.app.trained import load_trained, select_member
 from capsjax.errors import ConfigError
-from capsjax.keys import declare, int_at_least, ints_at_least, registered_tuple
+from capsjax.keys import key, int_at_least, ints_at_least, registered_tuple
 from capsjax.app.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.routing import ROUTINGS, routing_option_defaults
 from capsjax.workdir import MetricsLog
 from capsjax.app.programs import not_a_command, register_program
 
-# routing_zoo: the routing zoo: every routing algorithm on the same CapsNet
-declare('routing_zoo.routings', ('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing',
+KEYS = (
+    # routing_zoo: the routing zoo: every routing algorithm on the same CapsNet
+    key('routing_zoo.routings', ('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing',
                                  'variational_bayes', 'uniform', 'max_pooling'), registered_tuple(ROUTINGS.names, 'routing names'),
-        'the routing algorithms the zoo trains, each over routing_zoo.seeds', in_base=False)
-declare('routing_zoo.seeds', (0, 1, 2), ints_at_least(0, allow_empty=False), 'the seeds of each routing (one '
-        'vmapped program per routing)', in_base=False)
-# Checked as each member's model.routing_options is (capsjax.app.validation).
-declare('routing_zoo.options', {}, None, 'per routing name, its options over its model.routing_options section '
-        '(a dict: routing name → its options)', in_base=False)
-# Speed, measured after training in interleaved rounds (every routing once per round): the
-# median and range per routing, so that the machine's load cannot reorder them.
-declare('routing_zoo.speed_rounds', 5, int_at_least(1), 'interleaved rounds of the speed measurement (every '
-        'routing once per round)', in_base=False)
-declare('routing_zoo.speed_steps', 5, int_at_least(1), 'training steps per timed sample of the speed measurement',
-        in_base=False)
+        'the routing algorithms the zoo trains, each over routing_zoo.seeds', in_base=False),
+    key('routing_zoo.seeds', (0, 1, 2), ints_at_least(0, allow_empty=False), 'the seeds of each routing (one '
+        'vmapped program per routing)', in_base=False),
+    # Checked as each member's model.routing_options is (capsjax.app.validation).
+    key('routing_zoo.options', {}, None, 'per routing name, its options over its model.routing_options section '
+        '(a dict: routing name → its options)', in_base=False),
+    # Speed, measured after training in interleaved rounds (every routing once per round): the
+    # median and range per routing, so that the machine's load cannot reorder them.
+    key('routing_zoo.speed_rounds', 5, int_at_least(1), 'interleaved rounds of the speed measurement (every '
+        'routing once per round)', in_base=False),
+    key('routing_zoo.speed_steps', 5, int_at_least(1), 'training steps per timed sample of the speed measurement',
+        in_base=False),
+)
 
 
 def routing_config(config, name: str) -> ml_collections.ConfigDict:

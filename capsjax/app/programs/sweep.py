@@ -23,16 +23,18 @@ from capsjax import reports, train
 from capsjax.assemble import overridden
 from capsjax.ensembles import parse_variant
 from capsjax.errors import ConfigError
-from capsjax.keys import Rule, declare
+from capsjax.keys import Rule, key
 from capsjax.app.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.app.programs import not_a_command, register_program
 
 
-# sweep: the sweep program: one run per variant
-declare('sweep.variants', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v),
+KEYS = (
+    # sweep: the sweep program: one run per variant
+    key('sweep.variants', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v),
                                    'a tuple of override strings'),
-        'the sweep: one run per variant, KEY=VALUE overrides separated by commas', in_base=False)
+        'the sweep: one run per variant, KEY=VALUE overrides separated by commas', in_base=False),
+)
 
 
 def variant_config(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDict:

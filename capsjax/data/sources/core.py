@@ -12,7 +12,7 @@ from capsjax.data import images as image_files
 from capsjax.data.datasets import DATASETS, DescribesImages, Preprocessing
 from capsjax.data.rows import ImageRows
 from capsjax.errors import ConfigError, DataError
-from capsjax.keys import Rule, declare, int_in, text
+from capsjax.keys import Rule, key, int_in, text
 from capsjax.registry import Registry
 
 
@@ -145,18 +145,20 @@ def is_dataset_name(name) -> bool:
                                     or bool(_TFDS_NAME.match(name)))
 
 
-declare('dataset', 'mnist', Rule(is_dataset_name, dataset_names_help), 'where the images come from: a TFDS name '
-        '(TFDS downloads and prepares it on first use), or image_folder (the folder in data_dir)')
-declare('data_dir', '', text('a folder, or empty'), 'a folder read instead of TFDS: IDX files (MNIST family, '
-        'offline), or with dataset=image_folder DIR/train/CLASS/*.png|jpg and DIR/test/CLASS/…; does not bind the workdir')
-declare('tfds_data_dir', '', text('a folder, or empty'), "TFDS's data folder (default ~/tensorflow_datasets); does "
-        'not bind the workdir')
-declare('image_size', 0, int_in(0, 4096), '> 0: every image resized to N×N (needed for images of mixed sizes); 0: '
-        'as stored')
-declare('class_names', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) and x for x in v),
+KEYS = (
+    key('dataset', 'mnist', Rule(is_dataset_name, dataset_names_help), 'where the images come from: a TFDS name '
+        '(TFDS downloads and prepares it on first use), or image_folder (the folder in data_dir)'),
+    key('data_dir', '', text('a folder, or empty'), 'a folder read instead of TFDS: IDX files (MNIST family, '
+        'offline), or with dataset=image_folder DIR/train/CLASS/*.png|jpg and DIR/test/CLASS/…; does not bind the workdir'),
+    key('tfds_data_dir', '', text('a folder, or empty'), "TFDS's data folder (default ~/tensorflow_datasets); does "
+        'not bind the workdir'),
+    key('image_size', 0, int_in(0, 4096), '> 0: every image resized to N×N (needed for images of mixed sizes); 0: '
+        'as stored'),
+    key('class_names', (), Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) and x for x in v),
                                 'a tuple of class names (empty: from the data)'),
         'the class names written into results, figures and predictions; () = from the data (filled in when the '
-        'run starts)')
+        'run starts)'),
+)
 
 
 def open_source(spec: DataSpec) -> Source:
