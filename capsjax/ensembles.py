@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Tuple
 import jax.numpy as jnp
 
 from capsjax.errors import ConfigError
-from capsjax.keys import Rule, key, ints_at_least, numbers_at_least
+from capsjax.keys import Across, Rule, key, ints_at_least, numbers_at_least
 
 KEYS = (
     # None: a single run. The members are the product of the tuples (capsjax.assemble.members;
@@ -36,6 +36,17 @@ KEYS = (
         "ensemble members: named recipes, 'NAME: key=value, …' over the config (keys of ensembles.RECIPE_KEYS), "
         'each trained with every seed', in_base=False),
 )
+
+
+def _iterations_problem(iterations, routing_iterations):
+  if not iterations or routing_iterations is None or max(iterations) <= routing_iterations:
+    return None
+  return (f'config.ensemble.routing_iterations={tuple(iterations)!r}: allowed at most '
+          f'model.routing_iterations={routing_iterations} each')
+
+
+# The rule across these keys (capsjax.keys.Across), checked by validation.
+RULES = (Across(('ensemble.routing_iterations', 'model.routing_iterations'), _iterations_problem),)
 
 # The config keys a recipe may set, as the member's field each becomes: what one program
 # varies per member (traced in the step). The loss's reduction becomes a scale of the

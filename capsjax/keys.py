@@ -19,7 +19,7 @@ import inspect
 import math
 import re
 import typing
-from typing import Any, Callable, Dict, Iterable, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 
 # ----------------------------------------------------------------------------- rules
@@ -161,6 +161,16 @@ class Key:
   rule: Optional[Rule]
   help: str
   in_base: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Across:
+  """A rule across keys, declared beside them (a module's `RULES`): `problem(*values)` of
+  the keys named in `keys` (dotted, from the config's top; a missing run-level key at its
+  default) is the error line, 'config.KEY=VALUE: …', or None. Checked once every key holds
+  a value its own rule allows (capsjax.app.validation)."""
+  keys: Tuple[str, ...]
+  problem: Callable[..., Optional[str]]
 
 
 def key(name: str, default: Any, rule: Optional[Rule], help: str, *,  # pylint: disable=redefined-builtin

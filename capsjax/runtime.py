@@ -12,7 +12,7 @@ from typing import Optional
 
 import jax
 
-from capsjax.keys import boolean, key, host_port, int_at_least, int_in
+from capsjax.keys import Across, boolean, key, host_port, int_at_least, int_in
 
 
 def cpu_model() -> str:
@@ -47,6 +47,23 @@ KEYS = (
     key('distributed_timeout_s', 120, int_in(1, 3600), 'seconds to wait for the coordinator and the other '
         'processes before giving up with one error line'),
 )
+
+
+def _distributed_problem(distributed, coordinator_address, num_processes, process_id):
+  defaults = {declared.name: declared.default for declared in KEYS}
+  given = [f'{name}={value!r}' for name, value in (('coordinator_address', coordinator_address),
+                                                   ('num_processes', num_processes), ('process_id', process_id))
+           if value != defaults[name]]
+  if given and not distributed:
+    return f'config.{given[0]}: used only with --config.distributed=True (a multi-host run)'
+  if num_processes and process_id >= num_processes:
+    return (f'config.process_id={process_id}: allowed below num_processes={num_processes} (processes are '
+            'numbered from 0)')
+  return None
+
+
+# The rule across these keys (capsjax.keys.Across), checked by validation.
+RULES = (Across(('distributed', 'coordinator_address', 'num_processes', 'process_id'), _distributed_problem),)
 
 
 # Why a run stopped early because someone asked: Ctrl-C ('interrupted'), or SIGTERM / a

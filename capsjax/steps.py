@@ -13,7 +13,7 @@ import numpy as np
 import optax
 
 from capsjax import sharding
-from capsjax.keys import boolean, key, int_at_least, number_in, one_of, positive_number
+from capsjax.keys import Across, boolean, key, int_at_least, number_in, one_of, positive_number
 from capsjax.objectives import top_k_correct
 from capsjax.routing import coupling_changes, routing_logit_changes
 
@@ -60,6 +60,29 @@ KEYS = (
         'optimizer (0: no clipping)'),
     key('ema_decay', 0.0, number_in(0, 1, high_open=True), 'keep an exponential moving average of the parameters '
         'with this decay and evaluate it beside them (results: ema_test_error; 0: none)'),
+)
+
+
+def _lr_min_problem(lr_min, learning_rate, lr_schedule):
+  if not lr_min or lr_min < learning_rate:
+    return None
+  return (f'config.lr_min={lr_min!r}: allowed below learning_rate={learning_rate!r} '
+          + ('(the exponential decay is floored at it: above the rate it would raise it)'
+             if lr_schedule == 'exponential' else f'(the {lr_schedule} schedule decays to it)'))
+
+
+# The rules across these keys (capsjax.keys.Across), checked by validation.
+RULES = (
+    Across(('num_steps', 'num_epochs'), lambda num_steps, num_epochs: None if num_steps or num_epochs > 0 else (
+        f'config.num_epochs={num_epochs!r}: allowed a number > 0 (or give config.num_steps > 0)')),
+    Across(('weight_decay', 'optimizer'), lambda weight_decay, optimizer: (
+        f'config.weight_decay={weight_decay!r}: Adam has no decoupled weight decay; use --config.optimizer=adamw '
+        '(or lion)') if weight_decay and optimizer == 'adam' else None),
+    Across(('lr_min', 'learning_rate', 'lr_schedule'), _lr_min_problem),
+    Across(('warmup_steps', 'num_steps'), lambda warmup_steps, num_steps: (
+        f'config.warmup_steps={warmup_steps!r}: allowed below num_steps={num_steps!r} (the run would end inside '
+        'the warm-up, below the configured learning rate)') if warmup_steps and num_steps and
+        warmup_steps >= num_steps else None),
 )
 
 

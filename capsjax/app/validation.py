@@ -13,11 +13,10 @@ import ml_collections
 
 from capsjax import assemble, defaults
 from capsjax.app.programs import ablation, affnist, routing_zoo, sweep
-from capsjax.data.tasks import TASKS
 from capsjax.errors import ConfigError
 from capsjax.evaluators import EVALUATORS, evaluator_keys
 from capsjax.formulations import conv_inputs_problem
-from capsjax.keys import Key, RegisteredTuple, is_int
+from capsjax.keys import Key, RegisteredTuple
 from capsjax.models import MODELS, model_keys
 from capsjax.objectives import OBJECTIVES, loss_keys
 from capsjax.routing import ROUTINGS, routing_option_defaults, routing_option_keys
@@ -136,6 +135,23 @@ def _check_evals(evals, problems: List[str]) -> None:
     _check_keys(section, declared, problems, f'evals.{name}.')
 
 
+def _across_problems(config) -> List[str]:
+  """The lines of the rules across keys (each section's RULES: capsjax.keys.Across) that
+  `config` breaks; a run-level key it lacks at its declared default, another as None."""
+  declared = defaults.run_keys(SECTION_OWNERS)
+  problems = []
+  for module in defaults.SECTIONS + SECTION_OWNERS:
+    for rule in getattr(module, 'RULES', ()):
+      values = []
+      for name in rule.keys:
+        found, value = _get(config, name)
+        values.append(value if found else declared[name].default if name in declared else None)
+      line = rule.problem(*values)
+      if line:
+        problems.append(line)
+  return problems
+
+
 def problems_of(config) -> List[str]:
   """Every rule `config` breaks, one line each (empty when it is valid)."""
   problems: List[str] = []
@@ -152,56 +168,11 @@ def problems_of(config) -> List[str]:
         _check_loss(loss, model, prefix + 'loss.', problems)
   if problems:
     return problems
-  # Cross-field rules on valid fields.
-  if not config.get('num_steps') and 'num_epochs' in config and not config.num_epochs > 0:
-    problems.append(f'config.num_epochs={config.num_epochs!r}: allowed a number > 0 '
-                    '(or give config.num_steps > 0)')
-  if 'max_shift' in config:
-    side = min(config.model.input_shape[:2] or (28,)) if 'model' in config else 28
-    limit = side // 4   # beyond a quarter of the side, shifts cut off much of a digit
-    if not (is_int(config.max_shift) and 0 <= config.max_shift <= limit):
-      problems.append(f'config.max_shift={config.max_shift!r}: allowed an integer in [0, {limit}] '
-                      f'(a quarter of the {side}-pixel image side)')
-  task = config.get('task')
-  if config.get('num_train_examples') and not (task in TASKS and TASKS[task].generates_examples):
-    if config.num_train_examples < _value(config, 'batch_size'):
-      problems.append(f'config.batch_size={config.batch_size!r}: allowed at most '
-                      f'num_train_examples={config.num_train_examples}')
-  given = [f'{key}={config[key]!r}' for key in ('coordinator_address', 'num_processes', 'process_id')
-           if _value(config, key) != defaults.run_keys(SECTION_OWNERS)[key].default]
-  if given and 'distributed' in config and not config.distributed:
-    problems.append(f'config.{given[0]}: used only with --config.distributed=True (a multi-host run)')
-  if _value(config, 'num_processes') and _value(config, 'process_id') >= config.num_processes:
-    problems.append(f'config.process_id={config.process_id}: allowed below num_processes={config.num_processes} '
-                    '(processes are numbered from 0)')
-  found, augmentation = _get(config, 'augment')
-  if found and augmentation is not None and task in TASKS and 'augment' not in TASKS.get(task).keys:
-    used = [f'augment.{key}={value!r}' for key, value in augmentation.items()
-            if key != 'elastic_sigma' and value]
-    if used:
-      readers = ', '.join(name for name in TASKS if 'augment' in TASKS.get(name).keys)
-      problems.append(f'config.{used[0]}: the augmentation beyond shifts applies to task={readers}; '
-                      f'task={config.task!r} makes its own examples')
-  if _value(config, 'weight_decay') and _value(config, 'optimizer') == 'adam':
-    problems.append(f'config.weight_decay={config.weight_decay!r}: Adam has no decoupled weight decay; '
-                    "use --config.optimizer=adamw (or lion)")
-  if _value(config, 'lr_min') and config.lr_min >= _value(config, 'learning_rate'):
-    schedule = _value(config, 'lr_schedule')
-    problems.append(f'config.lr_min={config.lr_min!r}: allowed below learning_rate={config.learning_rate!r} '
-                    + ('(the exponential decay is floored at it: above the rate it would raise it)'
-                       if schedule == 'exponential' else f'(the {schedule} schedule decays to it)'))
-  if config.get('warmup_steps') and config.get('num_steps') and config.warmup_steps >= config.num_steps:
-    problems.append(f'config.warmup_steps={config.warmup_steps!r}: allowed below num_steps={config.num_steps!r} '
-                    '(the run would end inside the warm-up, below the configured learning rate)')
+  problems.extend(_across_problems(config))   # the rules across keys, declared beside them
   found, zoo_options = _get(config, 'routing_zoo.options')
   if found and zoo_options is not None and 'model' in config:
     problems.extend(_zoo_options_problems(config, zoo_options))
     problems.extend(_zoo_sections_problems(config))
-  found, iterations = _get(config, 'ensemble.routing_iterations')
-  if found and iterations and config.model.get('routing_iterations') is not None:
-    if max(iterations) > config.model.routing_iterations:
-      problems.append(f'config.ensemble.routing_iterations={tuple(iterations)!r}: allowed at most '
-                      f'model.routing_iterations={config.model.routing_iterations} each')
   found, recipes = _get(config, 'ensemble.recipes')
   if found and recipes:
     problems.extend(_recipe_problems(config))

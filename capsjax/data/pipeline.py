@@ -21,13 +21,26 @@ from capsjax.data import affine, augment, multimnist
 from capsjax.data.datasets import DATASETS, Preprocessing
 from capsjax.data.rows import ImageRows
 from capsjax.data.sources import Dataset
-from capsjax.keys import Rule, key
+from capsjax.keys import Across, Rule, is_int, key
 
 KEYS = (
     # Checked against the image's side by capsjax.app.validation's rules across keys.
     key('max_shift', 2, Rule(lambda v: True, 'an integer in [0, a quarter of the image side]'),
         'training images shifted by up to ± this many pixels (zero padding)'),
 )
+
+
+def _max_shift_problem(max_shift, input_shape):
+  side = min(tuple(input_shape or ())[:2] or (28,))
+  limit = side // 4   # beyond a quarter of the side, shifts cut off much of a digit
+  if is_int(max_shift) and 0 <= max_shift <= limit:
+    return None
+  return (f'config.max_shift={max_shift!r}: allowed an integer in [0, {limit}] (a quarter of the {side}-pixel '
+          'image side)')
+
+
+# The rule across these keys (capsjax.keys.Across), checked by validation.
+RULES = (Across(('max_shift', 'model.input_shape'), _max_shift_problem),)
 
 HostBatch = Tuple[np.ndarray, ...]
 

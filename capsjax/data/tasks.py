@@ -13,7 +13,7 @@ from capsjax.data import affine
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, multimnist_pipeline
 from capsjax.data.sources import Dataset, SourceInfo
 from capsjax.errors import ConfigError
-from capsjax.keys import key, int_at_least, registered
+from capsjax.keys import Across, key, int_at_least, registered
 from capsjax.registry import Registry
 
 # config.task → the Task class, and what callers ask of a task:
@@ -136,6 +136,28 @@ KEYS = (
         in_base=False),
     key('multimnist.test_seed', 1, int_at_least(0), "seed of MultiMNIST's fixed test pairs", in_base=False),
 )
+
+
+def _examples_problem(num_train_examples, batch_size, task):
+  if not num_train_examples or (task in TASKS and TASKS[task].generates_examples) or num_train_examples >= batch_size:
+    return None
+  return f'config.batch_size={batch_size!r}: allowed at most num_train_examples={num_train_examples}'
+
+
+def _augmentation_problem(augmentation, task):
+  if augmentation is None or task not in TASKS or 'augment' in TASKS.get(task).keys:
+    return None
+  used = [f'augment.{name}={value!r}' for name, value in augmentation.items() if name != 'elastic_sigma' and value]
+  if not used:
+    return None
+  readers = ', '.join(name for name in TASKS if 'augment' in TASKS.get(name).keys)
+  return (f'config.{used[0]}: the augmentation beyond shifts applies to task={readers}; task={task!r} makes its '
+          'own examples')
+
+
+# The rules across these keys (capsjax.keys.Across), checked by validation.
+RULES = (Across(('num_train_examples', 'batch_size', 'task'), _examples_problem),
+         Across(('augment', 'task'), _augmentation_problem))
 
 def at_most(key: str, value: int, available: int, what: str) -> int:
   """config.KEY = value, refused when the data has fewer (never silently clamped)."""
