@@ -190,7 +190,8 @@ def _capsjax_setup(spec):
   else:
     train_data, test_data = assemble.pipeline(config, dataset, True), assemble.pipeline(config, dataset, False)
   model = build_model(**config.model)
-  program = experiment.build_program(config, model, train_data, test_data, sharding.data_mesh())
+  program = experiment.build_program(assemble.training(config, train_data.num_examples), model, train_data,
+                                     test_data, sharding.data_mesh())
   return config, model, program, test_data, dataset
 
 

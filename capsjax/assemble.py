@@ -5,6 +5,7 @@ The jitted step, the objective, the model, the pipelines and the hooks take thes
 (functions, modules, numbers), never the config, as big_vision builds `Model(**config.model)`
 at its boundary and flax's `train_step` never sees a config.
 """
+import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
@@ -175,12 +176,57 @@ def has_decoder(config) -> bool:
   return MODELS[config.model.name].has_decoder(config.model)
 
 
-def evaluations(config, model_module, pipeline, source, mesh, knobs) -> List[Any]:
-  """config.evals built for this run (capsjax.evaluators): those enabled that apply to its
-  family, routing and ensemble, over the test `pipeline` (`source` on the mesh)."""
-  context = evaluators.EvalContext(model_module, config.model.name, has_decoder(config), pipeline, source, mesh,
-                                   knobs, bool(config.ensemble), config.eval_batch_size)
-  return evaluators.build(config.evals, context)
+@dataclasses.dataclass(frozen=True)
+class Training:
+  """What a run's steps are built from, read from the config once
+  (capsjax.experiment.build_program takes it; the steps never see the config)."""
+  num_steps: int
+  objective: Objective
+  schedule: optax.Schedule
+  optimizer: optax.GradientTransformation
+  member_optimizer: Optional[Callable[..., Any]]   # recipe members: each its own (steps.member_optimizer)
+  members: Optional[List[Dict[str, Any]]]          # None: a single run
+  seed: int
+  ema_decay: float
+  batch_size: int
+  eval_batch_size: int
+  shift_averaging: int
+  make_state: Callable[[Any], Any]                 # model → the fresh state
+  # (model, test pipeline, its source on the mesh, mesh, member knobs) → config.evals built
+  evaluations: Callable[..., List[Any]]
+
+
+def training(config, num_train_examples: int) -> Training:
+  """The config's training, for a split of `num_train_examples` (the length in epochs)."""
+  num_steps = total_steps(config, num_train_examples)
+  if config.warmup_steps >= num_steps > 0:   # a length in epochs, known from the data
+    raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
+                      f'({config.num_epochs} epochs of {num_train_examples} examples): the run would end inside '
+                      'the warm-up, below the configured learning rate')
+  listed = members(config)
+  transform = optimizer(config, num_steps)
+  per_member = (steps.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
+                if listed and 'recipe' in listed[0] else None)
+  shape, seed, seeds = tuple(config.model.input_shape), config.seed, member_seeds(config)
+  ema = bool(config.ema_decay) or any(member.get('ema_decay') for member in listed or [])
+  family, decoder, evals = config.model.name, has_decoder(config), config.evals.to_dict()
+  ensemble, eval_batch_size = bool(config.ensemble), config.eval_batch_size
+
+  def evaluations_of(model_module, pipeline_, source, mesh, knobs):
+    return evaluators.build(evals, evaluators.EvalContext(model_module, family, decoder, pipeline_, source, mesh,
+                                                          knobs, ensemble, eval_batch_size))
+
+  return Training(num_steps, objective(config), schedule(config, num_steps), transform, per_member, listed, seed,
+                  config.ema_decay, config.batch_size, eval_batch_size, config.eval_shift_averaging,
+                  lambda model_module: steps.initial_state(model_module, transform, shape, seed, seeds, ema=ema),
+                  evaluations_of)
+
+
+def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training]:
+  """The run's typed pieces from its config, read once: its splits (read by `load`, default
+  the config's source), its model (the formulation chosen for `platform`) and its training."""
+  split = splits(config, load)
+  return split, model(config, platform), training(config, split[0].num_examples)
 
 
 # ----------------------------------------------------------------------------- data

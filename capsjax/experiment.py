@@ -18,7 +18,6 @@ import numpy as np
 from capsjax import assemble, memory, sharding, steps
 from capsjax.data.pipeline import Pipeline
 from capsjax.ensembles import member_knobs
-from capsjax.errors import ConfigError
 from capsjax.keys import About, annotated_keys, boolean, int_at_least, int_in, number_in, registered, text
 from capsjax.registry import Registry
 
@@ -135,72 +134,68 @@ def recipe_groups(members) -> tuple:
   return tuple(tuple(k for k, member in enumerate(members) if member['recipe'] == name) for name in names)
 
 
-def build_program(config, model, train: Pipeline, test: Pipeline, mesh,
+def build_program(training: assemble.Training, model, train: Pipeline, test: Pipeline, mesh,
                   validation: Optional[Pipeline] = None) -> RunSteps:
-  total_steps = assemble.total_steps(config, train.num_examples)
-  optimizer = assemble.optimizer(config, total_steps)
-  objective = assemble.objective(config)
-  members = assemble.members(config)
+  """The jitted steps of `training` (a run, or a vmapped ensemble of its members) for
+  `model` on `mesh`, over the pipelines; nothing here reads a config."""
+  objective, members = training.objective, training.members
   ensemble = members is not None
   knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
-  # Recipe members: each its own schedule, weight decay, EMA decay (capsjax.ensembles).
-  per_member = steps.member_optimizer(config.optimizer, config.grad_clip_norm,
-                                      total_steps) if ensemble and 'recipe' in members[0] else None
-  train_step = steps.make_train_step(objective, model, optimizer, train, config.seed, ensemble, mesh,
-                                     config.ema_decay, per_member)
-  shifts = config.eval_shift_averaging
-  groups = recipe_groups(members)
+  train_step = steps.make_train_step(objective, model, training.optimizer, train, training.seed, ensemble, mesh,
+                                     training.ema_decay, training.member_optimizer)
+  shifts, groups = training.shift_averaging, recipe_groups(members)
   eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts, groups)
   train_source = sharding.replicate(train.source, mesh)
   test_source = sharding.replicate(test.source, mesh)
-  rows = sharding.process_rows(config.batch_size)   # this process reads only these rows
+  batch_size, eval_batch_size = training.batch_size, training.eval_batch_size
+  rows = sharding.process_rows(batch_size)   # this process reads only these rows
   seeds = [member['seed'] for member in members] if ensemble else [None]
 
   def host_batch(step):
     parts = [train.host_batch(step, seed, rows) for seed in seeds]
     if not ensemble:
-      return sharding.global_batch(mesh, parts[0], config.batch_size)
+      return sharding.global_batch(mesh, parts[0], batch_size)
     stacked = tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, rows, ...]
-    return sharding.global_batch(mesh, stacked, config.batch_size, leading_axes=1)
+    return sharding.global_batch(mesh, stacked, batch_size, leading_axes=1)
 
   def step_arguments(state, step):
     return (state, train_source, host_batch(step)) + ((knobs,) if ensemble else ())
 
   def evaluate(params, should_stop=None):
-    return steps.evaluate(eval_step, params, test, config.eval_batch_size, knobs, mesh, test_source, should_stop)
+    return steps.evaluate(eval_step, params, test, eval_batch_size, knobs, mesh, test_source, should_stop)
 
   validate = None
   if validation is not None:
     validation_step = steps.make_eval_step(objective, model, validation, ensemble, shifts, groups)
     validation_source = sharding.replicate(validation.source, mesh)
     validate = lambda params, should_stop=None: steps.evaluate(
-        validation_step, params, validation, config.eval_batch_size, knobs, mesh, validation_source, should_stop)
+        validation_step, params, validation, eval_batch_size, knobs, mesh, validation_source, should_stop)
 
-  evaluations = assemble.evaluations(config, model, test, test_source, mesh, knobs)
+  evaluations = training.evaluations(model, test, test_source, mesh, knobs)
 
   def memory_estimates(abstract_state):
     """Peak bytes per device of a training step and of an evaluation batch, from their
     traces: the batch-dependent part is split over the mesh's devices."""
     state_bytes = sum(memory.array_bytes(leaf) for leaf in jax.tree.leaves(abstract_state))
     per_device = lambda total: state_bytes + (total - state_bytes) // mesh.size
-    host_batch, weights = next(steps.eval_batches(test, config.eval_batch_size, mesh))
+    host_batch, weights = next(steps.eval_batches(test, eval_batch_size, mesh))
     eval_args = (abstract_state['params'], test_source, host_batch, weights, knobs)
-    return {f'training at batch_size={config.batch_size}': (
+    return {f'training at batch_size={batch_size}': (
                 per_device(memory.traced_peak_bytes(train_step, *step_arguments(abstract_state, 0))),
-                'lower config.batch_size or the model\'s size'),
-            f'evaluation at eval_batch_size={config.eval_batch_size}': (
-                per_device(memory.traced_peak_bytes(eval_step, *eval_args)), 'lower config.eval_batch_size')}
+                'lower batch_size or the model\'s size'),
+            f'evaluation at eval_batch_size={eval_batch_size}': (
+                per_device(memory.traced_peak_bytes(eval_step, *eval_args)), 'lower eval_batch_size')}
 
   def lower(abstract_state):
     """The training step and an evaluation batch lowered as the run calls them (its
     shardings and donation), from shapes alone (on a compile-only mesh nothing is placed)."""
     state = sharding.replicate(abstract_state, mesh)
-    host_batch, weights = next(steps.eval_batches(test, config.eval_batch_size, mesh))
+    host_batch, weights = next(steps.eval_batches(test, eval_batch_size, mesh))
     return {'training': train_step.lower(*step_arguments(state, 0)),
             'evaluation': eval_step.lower(state['params'], test_source, host_batch, weights, knobs)}
 
   return RunSteps(train_step, step_arguments, evaluate, validate, evaluations,
-                 lambda: assemble.initial_state(config, model, optimizer), members,
+                 lambda: training.make_state(model), members,
                  memory_estimates, mesh, lower)
 
 
@@ -223,14 +218,10 @@ class Experiment:
 def build(config, mesh, platform: str = '', loader=None) -> Experiment:
   """`config` (validated, its data resolved: assemble.resolve_data) built on `mesh`, whose
   devices are `platform`'s ('' : JAX's default backend): splits (read by `loader`, default
-  the config's source), length, model (its formulation chosen for the platform), steps."""
+  the config's source), the model (its formulation chosen for the platform), the training
+  and its steps. The config is read here and in capsjax.assemble, once."""
   sharding.check_batch_size(config.batch_size, mesh)
-  train, test, validation = assemble.splits(config, loader)
-  num_steps = assemble.total_steps(config, train.num_examples)
-  if config.warmup_steps >= num_steps > 0:   # a length in epochs, known from the data
-    raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
-                      f'({config.num_epochs} epochs of {train.num_examples} examples): the run would end inside '
-                      'the warm-up, below the configured learning rate')
-  model = assemble.model(config, platform)
-  return Experiment(RunSettings.of(config), model, train, test, validation, num_steps, config.batch_size,
-                    assemble.schedule(config, num_steps), build_program(config, model, train, test, mesh, validation))
+  settings = RunSettings.of(config)
+  (train, test, validation), model, training = assemble.run(config, platform, loader)
+  return Experiment(settings, model, train, test, validation, training.num_steps, training.batch_size,
+                    training.schedule, build_program(training, model, train, test, mesh, validation))

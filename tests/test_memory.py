@@ -49,9 +49,8 @@ def test_the_estimate_is_close_to_what_xla_allocates_for_a_capsnet(mnist_dir):
   buffer assignment (the estimate knows nothing of XLA)."""
   config = tiny_config(mnist_dir, eval_batch_size=100)
   mesh = sharding.data_mesh()
-  train_split, test_split, _ = assemble.splits(config)
-  model = assemble.model(config)
-  program = experiment.build_program(config, model, train_split, test_split, mesh)
+  built = experiment.build(config, mesh)
+  program, model, test_split = built.steps, built.model, built.test
   estimates = program.memory_estimates(program.abstract_state)
   training, evaluation = (estimates[key][0] for key in sorted(estimates, key=lambda k: not k.startswith('train')))
 

@@ -62,10 +62,9 @@ def test_short_training_learns_real_mnist(mnist_dir, tmp_path):
 def test_the_fresh_state_sits_where_the_step_puts_it(mnist_dir):
   # Placed elsewhere, the step's second call compiles the whole step again (benchmarks and
   # the zoo time from the second call on).
-  from capsjax import assemble, experiment, sharding  # pylint: disable=g-import-not-at-top
+  from capsjax import experiment, sharding  # pylint: disable=g-import-not-at-top
   config = tiny_config(mnist_dir)
-  train_split, test_split, _ = assemble.splits(config)
-  program = experiment.build_program(config, assemble.model(config), train_split, test_split, sharding.data_mesh())
+  program = experiment.build(config, sharding.data_mesh()).steps
   fresh = program.initial_state
   placed = jax.tree.map(lambda x: x.sharding, fresh)
   stepped, _ = program.train_step(fresh, 0)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from capsjax import assemble, runtime, sharding, train
+from capsjax import experiment, runtime, sharding, train
 from capsjax.app.trained import load_trained, select_member
 from capsjax.errors import ConfigError
 from capsjax.keys import key, int_at_least, ints_at_least, registered_tuple
@@ -72,9 +72,7 @@ def training_timer(config, name: str, steps: int) -> Callable[[], float]:
   """A timed sample of routing `name`'s training program (its members vmapped, as trained;
   compiled here): `steps` steps from a fresh state → images/s over every member."""
   member = routing_config(config, name)
-  train_split, test_split, _ = assemble.splits(member)
-  model = assemble.model(member)
-  program = train.build_program(member, model, train_split, test_split, sharding.data_mesh())
+  program = experiment.build(member, sharding.data_mesh()).steps
   carried = {'state': program.initial_state, 'step': 0}
 
   def run(count):
