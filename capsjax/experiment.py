@@ -182,9 +182,9 @@ def build_program(training: assemble.Training, model, train: Pipeline, test: Pip
     eval_args = (abstract_state['params'], test_source, host_batch, weights, knobs)
     return {f'training at batch_size={batch_size}': (
                 per_device(memory.traced_peak_bytes(train_step, *step_arguments(abstract_state, 0))),
-                'lower batch_size or the model\'s size'),
+                'lower config.batch_size or the model\'s size'),
             f'evaluation at eval_batch_size={eval_batch_size}': (
-                per_device(memory.traced_peak_bytes(eval_step, *eval_args)), 'lower eval_batch_size')}
+                per_device(memory.traced_peak_bytes(eval_step, *eval_args)), 'lower config.eval_batch_size')}
 
   def lower(abstract_state):
     """The training step and an evaluation batch lowered as the run calls them (its
