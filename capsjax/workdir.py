@@ -333,7 +333,7 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict, allow_change: b
 def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes config.json when it is missing or differs (after `bind_config` allowed it)."""
   path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(path) or bind_config(workdir, config):
+  if not os.path.isfile(path) or bind_config(workdir, config, allow_change=True):
     write_json(path, config.to_dict())
 
 
