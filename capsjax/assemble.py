@@ -222,11 +222,13 @@ def training(config, num_train_examples: int) -> Training:
                   evaluations_of)
 
 
-def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training]:
+def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, Tuple[str, ...]]:
   """The run's typed pieces from its config, read once: its splits (read by `load`, default
-  the config's source), its model (the formulation chosen for `platform`) and its training."""
+  the config's source), its model (the formulation chosen for `platform`), its training,
+  and a note for each formulation the config asks for that is measured slow there."""
   split = splits(config, load)
-  return split, model(config, platform), training(config, split[0].num_examples)
+  notes = tuple(formulations.slow_choices(config.model, platform))
+  return split, model(config, platform), training(config, split[0].num_examples), notes
 
 
 # ----------------------------------------------------------------------------- data

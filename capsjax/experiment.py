@@ -213,6 +213,7 @@ class Experiment:
   batch_size: int
   learning_rate: Callable[[int], float]      # the schedule: step → rate
   steps: RunSteps
+  notes: Tuple[str, ...] = ()                # an explicit formulation measured slow on the platform
 
 
 def build(config, mesh, platform: str = '', loader=None) -> Experiment:
@@ -222,6 +223,6 @@ def build(config, mesh, platform: str = '', loader=None) -> Experiment:
   and its steps. The config is read here and in capsjax.assemble, once."""
   sharding.check_batch_size(config.batch_size, mesh)
   settings = RunSettings.of(config)
-  (train, test, validation), model, training = assemble.run(config, platform, loader)
+  (train, test, validation), model, training, notes = assemble.run(config, platform, loader)
   return Experiment(settings, model, train, test, validation, training.num_steps, training.batch_size,
-                    training.schedule, build_program(training, model, train, test, mesh, validation))
+                    training.schedule, build_program(training, model, train, test, mesh, validation), notes)

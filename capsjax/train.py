@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 import jax
 import ml_collections
 
-from capsjax import assemble, console, formulations, memory, reports, runtime, sharding
+from capsjax import assemble, console, memory, reports, runtime, sharding
 from capsjax import checkpoints as ckpt
 from capsjax import experiment as experiment_lib
 from capsjax import hooks as hooks_lib
@@ -105,13 +105,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     config, chosen = assemble.choose_model(config, recorded)
     if chosen:
       _log(chosen)
-    for line in formulations.slow_choices(config.model):   # an explicit choice measured slow here
-      _log(line)
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
       changed = workdir_lib.bind_config(workdir, config, settings.allow_config_change)
       if changed:
         _log(f'continuing {workdir} with a changed config: {"; ".join(changed)}')
       built = experiment_lib.build(config, sharding.data_mesh())
+      for line in built.notes:   # an explicit formulation measured slow here
+        _log(line)
       return _train(config, built, workdir, stop_at_step or settings.stop_at_step or None, is_writer)
   except CapsjaxError:
     if created and is_writer:   # a start that failed leaves no workdir behind

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import jax
 import ml_collections
 
-from capsjax import assemble, defaults, evaluators, formulations, sizing
+from capsjax import defaults, evaluators, formulations, steps
 
 from capsjax.errors import CheckpointError, ConfigError, WorkdirError
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
@@ -435,10 +435,11 @@ def answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[s
   open_keys = {key for key, is_open in (('model.input_shape', 'input_shape' in model and not tuple(model.input_shape)),
                                          ('model.num_classes', 'num_classes' in model and model.num_classes == 0),
                                          ('class_names', not tuple(config.class_names)))
-               if is_open} | {f'model.{key}' for key in sizing.open_keys(config.model)}
+               if is_open} | {f'model.{key}' for key, value in model.items() if value == 'auto'}   # chosen by the run
   if any(line.split(':')[0] not in open_keys for line in config_differences(saved, config)):
     return False
   if not config.num_steps and 'num_train_examples' not in previous:
     return False
-  length = assemble.total_steps(config, previous.get('num_train_examples', 0))
+  length = steps.total_steps(config.num_steps, config.num_epochs, config.batch_size,
+                             previous.get('num_train_examples', 0))
   return run_status(workdir, reevaluate, previous, newest, length) == 'finished'
