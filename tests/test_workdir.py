@@ -95,8 +95,8 @@ def test_config_is_written_after_the_first_step_and_a_changed_config_is_refused(
   # How a run is carried out may change: another log cadence, data folder, stop step.
   runtime_only = tiny_config(mnist_dir, num_steps=4, log_every_steps=1, checkpoint_every_steps=1)
   assert workdir_lib.bind_config(str(tmp_path), runtime_only) == []
-  changed.allow_config_change = True
-  assert workdir_lib.bind_config(str(tmp_path), changed) == ['learning_rate: 0.001 → 0.5', 'seed: 0 → 3']
+  assert workdir_lib.bind_config(str(tmp_path), changed, allow_change=True) == ['learning_rate: 0.001 → 0.5',
+                                                                                'seed: 0 → 3']
   workdir_lib.record_config(str(tmp_path), changed)
   assert json.loads((tmp_path / 'config.json').read_text())['learning_rate'] == 0.5
 
