@@ -197,17 +197,14 @@ def _train(config, built: experiment_lib.Experiment, workdir: str, stop_at_step:
   done = run.stopped_at or run.last_step
   if run.stop_reason == 'early':
     run.num_steps = done
-  # (A stop request during the last evaluation leaves the run unevaluated: not complete.)
-  if done < run.num_steps or (run.stop_reason in runtime.SIGNAL_STOPS and run.last_eval_step != done):
+  status = workdir_lib.end_status(done, run.num_steps, run.stop_reason, run.last_eval_step)
+  if status == 'unevaluated':   # a finished run resumed: its restored parameters evaluated now
+    evaluator.record(run, done)
+    status = workdir_lib.end_status(done, run.num_steps, run.stop_reason, run.last_eval_step)
+  if status == 'stopped':
     stopped = RunStopped(done, run.num_steps, run.stop_reason or 'stop_at_step')
     _log(str(stopped))
     raise stopped
-  if run.last_eval_step != done:   # resumed a finished run: evaluate the restored parameters
-    evaluator.record(run, done)
-    if run.last_eval_step != done:   # a stop request ended that evaluation: nothing to report
-      stopped = RunStopped(done, run.num_steps, run.stop_reason or 'interrupted')
-      _log(str(stopped))
-      raise stopped
   results = reports.run_results(run, config.to_dict(), train_metrics, previous, num_params, members,
                                 (train.num_examples, test.num_examples,
                                  validation.num_examples if validation is not None else None), metrics_log.read())

@@ -24,6 +24,7 @@ import ml_collections
 from capsjax import defaults, evaluators, formulations, steps
 
 from capsjax.errors import CheckpointError, ConfigError, WorkdirError
+from capsjax.runtime import SIGNAL_STOPS
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
 
 CONFIG_FILE = 'config.json'
@@ -421,6 +422,16 @@ def run_status(workdir: str, reevaluate: bool, previous: Dict[str, Any], step: O
   if at_final_step and (num_steps is None or step >= num_steps or previous.get('stopped_early')):
     return 'reevaluate' if reevaluate else 'finished'
   return 'resume' if step else 'fresh'
+
+
+def end_status(step: int, num_steps: int, stop_reason: Optional[str], evaluated_step: Optional[int]) -> str:
+  """What the run is when an invocation's loop ends at `step` of its `num_steps`, as
+  run_status says it at the start: 'stopped' (short of its length, or a stop request during
+  its last evaluation: resumable, nothing to report), 'unevaluated' (at its length, that
+  step not evaluated: a finished run resumed, its parameters to evaluate now) or 'finished'."""
+  if step < num_steps or (stop_reason in SIGNAL_STOPS and evaluated_step != step):
+    return 'stopped'
+  return 'finished' if evaluated_step == step else 'unevaluated'
 
 
 def answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[str, Any],

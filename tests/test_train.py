@@ -220,6 +220,18 @@ def test_run_status_from_results_checkpoint_and_length(previous, step, num_steps
   assert workdir_lib.run_status('W', reevaluate, previous, step, num_steps) == status
 
 
+@pytest.mark.parametrize('step, num_steps, reason, evaluated, status', [
+    (4, 10, None, None, 'stopped'),                # stop_at_step
+    (4, 10, 'preempted', 4, 'stopped'),            # saved and evaluated, still short of its length
+    (10, 10, None, 10, 'finished'),
+    (10, 10, None, None, 'unevaluated'),           # a finished run resumed: evaluate it now
+    (10, 10, 'interrupted', 8, 'stopped'),         # Ctrl-C during the last evaluation
+    (6, 6, 'early', 6, 'finished'),                # early stop: the length became the step
+])
+def test_the_end_of_an_invocation_is_a_run_status_too(step, num_steps, reason, evaluated, status):
+  assert workdir_lib.end_status(step, num_steps, reason, evaluated) == status
+
+
 @pytest.mark.parametrize('step, restored, found', [
     (None, False, 'it has no checkpoint'), (8, False, 'its newest checkpoint is of step 8'),
     (8, True, 'restored step 8')])
