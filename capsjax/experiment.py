@@ -1,11 +1,15 @@
-"""The run's own settings, read once from a validated config into a typed piece.
+"""A run built once from a validated config: `build(config, mesh, platform)` → `Experiment`.
+
+What the training loop and the planner take (neither reads the config again): the run's
+own settings, its splits, its model (the formulation chosen for the platform), its length
+and schedule, and its jitted steps (`RunSteps`, built by `build_program` from
+capsjax.assemble's typed pieces: a single run and a vmapped ensemble alike).
 
 `RunSettings` is the run's section of the config schema, declared as data the way the
 model keys are: each field's type is `Annotated` with its rule and help (capsjax.keys),
-its default the key's default; `capsjax.defaults` collects it by name, with the other
-sections, and `RunSettings.of(config)` is the one place the loop reads these keys. How
-long and how often (logging, evaluation, checkpoints), when to stop, what to do with a
-workdir that holds a run already, and which program runs (`PROGRAMS`).
+its default the key's default; `capsjax.defaults` collects its `KEYS` with the other
+sections'. How long and how often (logging, evaluation, checkpoints), when to stop, what
+to do with a workdir that holds a run already, and which program runs (`PROGRAMS`).
 """
 import dataclasses
 import functools
