@@ -179,7 +179,7 @@ def has_decoder(config) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Training:
   """What a run's steps are built from, read from the config once
-  (capsjax.experiment.build_program takes it; the steps never see the config)."""
+  (capsjax.steps.build_program takes it; the steps never see the config)."""
   num_steps: int
   objective: Objective
   schedule: optax.Schedule
