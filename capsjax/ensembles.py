@@ -3,7 +3,7 @@
 The members (capsjax.assemble.members) are the product of config.ensemble's seeds,
 routing iterations and reconstruction weights, or, with `ensemble.recipes`, of named
 recipes and the seeds. Whatever differs between members becomes a traced knob here
-(`member_knobs`); a run without an ensemble uses the model's and the objective's own
+(capsjax.steps.member_knobs); a run without an ensemble uses the model's and the objective's own
 static values.
 
 A recipe is 'NAME: key=value, key=value' as a sweep variant is (config.sweep.variants),
@@ -14,8 +14,6 @@ else stays a sweep variant: one training per variant.
 """
 import ast
 from typing import Any, Dict, List, Tuple
-
-import jax.numpy as jnp
 
 from capsjax.errors import ConfigError
 from capsjax.keys import Across, Rule, key, ints_at_least, numbers_at_least
@@ -60,10 +58,6 @@ RECIPE_KEYS = {
     **{f'augment.{key}': f'augment.{key}' for key in ('rotation', 'scale', 'shear', 'rotation_std', 'margin_shift',
                                                       'squish', 'erase', 'elastic_alpha')},
 }
-# The member fields that are numbers in the step (the rest: the schedule's and the
-# reduction's names, turned into numbers by member_knobs).
-_SCHEDULE_FIELDS = ('learning_rate', 'lr_decay_rate', 'lr_decay_steps', 'lr_min', 'warmup_steps', 'weight_decay',
-                    'ema_decay')
 
 
 def _top_level_parts(text: str) -> List[str]:
@@ -110,24 +104,3 @@ def strongest_augmentation(members, base: Dict[str, Any]) -> Dict[str, Any]:
   for name in members[0]['augment']:
     out[name] = max(member['augment'][name] for member in members)
   return out
-
-
-def member_knobs(members):
-  """Stacked traced hyper-parameters [members] for the vmapped steps."""
-  from capsjax import steps  # pylint: disable=g-import-not-at-top  (steps declares its keys after this module's)
-  knobs = {'seed': jnp.asarray([m['seed'] for m in members], jnp.int32),
-           'routing_iterations': jnp.asarray([m['routing_iterations'] for m in members], jnp.int32),
-           'reconstruction_weight': jnp.asarray([m['reconstruction_weight'] for m in members], jnp.float32)}
-  if 'recipe' not in members[0]:
-    return knobs
-  stacked = lambda field, dtype=jnp.float32: jnp.asarray([m[field] for m in members], dtype)
-  knobs.update({field: stacked(field) for field in _SCHEDULE_FIELDS})
-  knobs['lr_schedule'] = jnp.asarray([steps.SCHEDULES.index(m['lr_schedule']) for m in members], jnp.int32)
-  knobs['lr_staircase'] = stacked('lr_staircase', jnp.bool_)
-  knobs['margin_scale'] = stacked('margin_scale')
-  if any(any(m['augment'].values()) for m in members):   # else the pipeline runs no augmentation
-    knobs['augment'] = {key: jnp.asarray([m['augment'][key] for m in members], jnp.float32)
-                        for key in members[0]['augment']}
-  return knobs
-
-

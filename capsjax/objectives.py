@@ -104,7 +104,7 @@ def capsnet_objective(
         "sum over classes (the paper, eq. 4) or official (the authors' code: 0.5 × mean)"))] = 'sum'):
   """Margin (+ reconstruction) loss of a CapsNet.
 
-  `knobs` (see `capsjax.ensembles.member_knobs`) replaces the routing iteration count and
+  `knobs` (see `capsjax.steps.member_knobs`) replaces the routing iteration count and
   the reconstruction weight by traced values, so that one vmapped program trains an
   ensemble of configurations; None uses the model's and the options' own (static) values.
   In training the decoder input is masked by the true label(s): each label's capsule

@@ -17,7 +17,6 @@ import optax
 
 from capsjax import memory, sharding
 from capsjax.data.pipeline import Pipeline
-from capsjax.ensembles import member_knobs
 from capsjax.keys import Across, boolean, key, int_at_least, number_in, one_of, positive_number
 from capsjax.objectives import top_k_correct
 from capsjax.routing import coupling_changes, routing_logit_changes
@@ -389,6 +388,31 @@ def make_routing_probe(model, pipeline, iterations: int, examples: int, batch_si
 
 
 # ----------------------------------------------------------------------------- a run's steps
+
+# A recipe member's fields that are numbers in the step (the rest: the schedule's and the
+# reduction's names, turned into numbers by member_knobs; capsjax.ensembles).
+SCHEDULE_FIELDS = ('learning_rate', 'lr_decay_rate', 'lr_decay_steps', 'lr_min', 'warmup_steps', 'weight_decay',
+                   'ema_decay')
+
+
+def member_knobs(members):
+  """Stacked traced hyper-parameters [members] for the vmapped steps."""
+  knobs = {'seed': jnp.asarray([m['seed'] for m in members], jnp.int32),
+           'routing_iterations': jnp.asarray([m['routing_iterations'] for m in members], jnp.int32),
+           'reconstruction_weight': jnp.asarray([m['reconstruction_weight'] for m in members], jnp.float32)}
+  if 'recipe' not in members[0]:
+    return knobs
+  stacked = lambda field, dtype=jnp.float32: jnp.asarray([m[field] for m in members], dtype)
+  knobs.update({field: stacked(field) for field in SCHEDULE_FIELDS})
+  knobs['lr_schedule'] = jnp.asarray([SCHEDULES.index(m['lr_schedule']) for m in members], jnp.int32)
+  knobs['lr_staircase'] = stacked('lr_staircase', jnp.bool_)
+  knobs['margin_scale'] = stacked('margin_scale')
+  if any(any(m['augment'].values()) for m in members):   # else the pipeline runs no augmentation
+    knobs['augment'] = {key: jnp.asarray([m['augment'][key] for m in members], jnp.float32)
+                        for key in members[0]['augment']}
+  return knobs
+
+
 
 @dataclasses.dataclass
 class RunSteps:

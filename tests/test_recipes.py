@@ -234,7 +234,7 @@ def test_sweep_ranks_by_validation_when_there_is_a_split():
 
 
 def test_a_recipe_member_s_traced_schedule_equals_the_run_s_own():
-  from capsjax import ensembles, steps  # pylint: disable=g-import-not-at-top
+  from capsjax import steps  # pylint: disable=g-import-not-at-top
   settings = [dict(kind='exponential', rate=1e-3, decay=0.96, every=20, staircase=False, floor=0.0, warmup=0),
               dict(kind='exponential', rate=2e-3, decay=0.5, every=7, staircase=True, floor=3e-4, warmup=5),
               dict(kind='cosine', rate=3e-3, decay=0.96, every=20, staircase=False, floor=1e-5, warmup=10),
@@ -243,7 +243,7 @@ def test_a_recipe_member_s_traced_schedule_equals_the_run_s_own():
   for s in settings:
     own = steps.learning_rate_schedule(s['rate'], s['every'], s['decay'], s['staircase'], s['floor'], kind=s['kind'],
                                        warmup_steps=s['warmup'], total_steps=total)
-    knobs = ensembles.member_knobs([dict(seed=0, routing_iterations=3, reconstruction_weight=0.0, recipe='r',
+    knobs = steps.member_knobs([dict(seed=0, routing_iterations=3, reconstruction_weight=0.0, recipe='r',
                                          learning_rate=s['rate'], lr_schedule=s['kind'], lr_decay_rate=s['decay'],
                                          lr_decay_steps=s['every'], lr_staircase=s['staircase'], lr_min=s['floor'],
                                          warmup_steps=s['warmup'], weight_decay=0.0, ema_decay=0.0, margin_scale=1.0,
