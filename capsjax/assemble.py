@@ -164,12 +164,16 @@ def member_seeds(config) -> Optional[List[int]]:
   return None if listed is None else [member['seed'] for member in listed]
 
 
+def state_maker(config, optimizer_transform) -> Callable[[Any], Any]:
+  """model → the fresh state (stacked over the members of an ensemble), the config read now."""
+  shape, seed, seeds = tuple(config.model.input_shape), config.seed, member_seeds(config)
+  ema = bool(config.ema_decay) or any(member.get('ema_decay') for member in members(config) or [])
+  return lambda model_module: steps.initial_state(model_module, optimizer_transform, shape, seed, seeds, ema=ema)
+
+
 def initial_state(config, model_module, optimizer_transform):
   """The fresh state (stacked over the members of an ensemble)."""
-  listed = members(config) or []
-  ema = bool(config.ema_decay) or any(member.get('ema_decay') for member in listed)
-  return steps.initial_state(model_module, optimizer_transform, config.model.input_shape, config.seed,
-                             member_seeds(config), ema=ema)
+  return state_maker(config, optimizer_transform)(model_module)
 
 
 def has_decoder(config) -> bool:
@@ -207,8 +211,6 @@ def training(config, num_train_examples: int) -> Training:
   transform = optimizer(config, num_steps)
   per_member = (steps.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
                 if listed and 'recipe' in listed[0] else None)
-  shape, seed, seeds = tuple(config.model.input_shape), config.seed, member_seeds(config)
-  ema = bool(config.ema_decay) or any(member.get('ema_decay') for member in listed or [])
   family, decoder, evals = config.model.name, has_decoder(config), config.evals.to_dict()
   ensemble, eval_batch_size = bool(config.ensemble), config.eval_batch_size
 
@@ -216,10 +218,9 @@ def training(config, num_train_examples: int) -> Training:
     return evaluators.build(evals, evaluators.EvalContext(model_module, family, decoder, pipeline_, source, mesh,
                                                           knobs, ensemble, eval_batch_size))
 
-  return Training(num_steps, objective(config), schedule(config, num_steps), transform, per_member, listed, seed,
-                  config.ema_decay, config.batch_size, eval_batch_size, config.eval_shift_averaging,
-                  lambda model_module: steps.initial_state(model_module, transform, shape, seed, seeds, ema=ema),
-                  evaluations_of)
+  return Training(num_steps, objective(config), schedule(config, num_steps), transform, per_member, listed,
+                  config.seed, config.ema_decay, config.batch_size, eval_batch_size, config.eval_shift_averaging,
+                  state_maker(config, transform), evaluations_of)
 
 
 def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, Tuple[str, ...]]:

@@ -5,7 +5,8 @@ is chosen here once, for the platform the run compiles for, when the run builds 
 (`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
 applies to its own shape where it is traced. A model built without that ('auto' left in
 it, as a library user may) resolves for JAX's default backend where it is traced. Every
-entry names the measurement behind it; an entry nobody has measured says so. `python benchmarks/device_report.py` measures every formulation on a backend in
+entry names the measurement behind it; an entry nobody has measured says so.
+`python benchmarks/device_report.py` measures every formulation on a backend in
 one run: change an entry when a report says so, and name that report.
 """
 import dataclasses

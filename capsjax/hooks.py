@@ -175,7 +175,8 @@ class ProgressLogger(Hook):
       speed = f'{images_per_s:.1f} img/s | ETA {self.eta(run, step, images_per_s)}'
       rate = {} if run.learning_rate is None else {'learning_rate': float(run.learning_rate(step))}
       run.metrics.write(split='train', step=step, epoch=run.epoch(step), images_per_s=images_per_s, **rate, **host)
-    run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {reports.describe_values(host["loss"], run.num_members is not None)} '
+    loss = reports.describe_values(host['loss'], run.num_members is not None)
+    run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {loss} '
             f'| acc {np.mean(host["accuracy"]):.3f} | {speed}')
     self.restart_window(run)
 

@@ -204,7 +204,7 @@ def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
 # named differently from the routing argument it enabled: flag → input.
 ROUTING_INPUT_FLAGS = {'digit_bias': 'bias', 'learn_log_priors': 'log_priors', 'leaky_routing': 'leaky',
                        'stop_gradient_predictions': 'stop_gradient_predictions'}
-_FLAG_OVERRIDE = re.compile(r'model\.(%s)=(True|False)' % '|'.join(ROUTING_INPUT_FLAGS))
+_FLAG_OVERRIDE = re.compile(r'model\.(%s)\s*=\s*(True|False)' % '|'.join(ROUTING_INPUT_FLAGS))
 
 
 def _routing_inputs_from_flags(tree: Dict[str, Any]) -> Dict[str, Any]:
@@ -220,19 +220,17 @@ def _routing_inputs_from_flags(tree: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _variant_with_inputs(variant):
-  """'name: model.digit_bias=True, …' → 'name: model.routing_inputs=("bias",), …'."""
+  """'name: model.digit_bias=True, …' → 'name: model.routing_inputs=('bias',), …' (the
+  routing_inputs where the first flag stood). Variants of that time held no comma in a value."""
   if not isinstance(variant, str) or not _FLAG_OVERRIDE.search(variant):
     return variant
-  inputs = tuple(ROUTING_INPUT_FLAGS[flag] for flag, value in _FLAG_OVERRIDE.findall(variant) if value == 'True')
-  first = [True]
-
-  def replace(match):
-    if first[0]:
-      first[0] = False
-      return f'model.routing_inputs={inputs!r}'
-    return ''
-  text = _FLAG_OVERRIDE.sub(replace, variant)
-  return re.sub(r',\s*,', ',', re.sub(r',\s*$', '', text))
+  name, _, assignments = variant.partition(':')
+  parts = [part.strip() for part in assignments.split(',') if part.strip()]
+  flags = [_FLAG_OVERRIDE.fullmatch(part) for part in parts]
+  inputs = tuple(ROUTING_INPUT_FLAGS[flag[1]] for flag in flags if flag and flag[2] == 'True')
+  kept = [part for part, flag in zip(parts, flags) if not flag]
+  kept.insert(next(index for index, flag in enumerate(flags) if flag), f'model.routing_inputs={inputs!r}')
+  return f'{name}: {", ".join(kept)}'
 
 
 # Before config.evals (2026-11-25) the evaluators' options were run-level keys:

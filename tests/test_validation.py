@@ -172,6 +172,10 @@ def test_a_comma_separated_list_of_routings_on_the_command_line_is_the_tuple_of_
   config.routing_zoo.routings = ('dynamic,bogus',)
   split_name_lists(config)
   assert any("routing_zoo.routings=('dynamic', 'bogus')" in p for p in problems_of(config))
+  config = mnist.get_config()   # a model key alike: the layer inputs a routing gets
+  config.model.routing_inputs = ('bias,leaky',)
+  split_name_lists(config)
+  assert tuple(config.model.routing_inputs) == ('bias', 'leaky') and not problems_of(config)
 
 
 def test_a_formulation_that_cannot_take_the_inputs_is_refused_before_the_model_is_built():

@@ -289,9 +289,10 @@ def _zoo_options_problems(config, zoo_options) -> List[str]:
 def split_name_lists(config) -> None:
   """Tuple-of-names keys given on the command line as one comma-separated word
   (`--config.routing_zoo.routings=dynamic,self_routing`, which the flag parser reads as a
-  one-element tuple) become the tuple of those names, in place."""
-  for key, declared in defaults.run_keys(SECTION_OWNERS).items():
-    if not isinstance(declared.rule, RegisteredTuple):
+  one-element tuple) become the tuple of those names, in place: run keys and model keys
+  (`--config.model.routing_inputs=bias,leaky`) alike."""
+  for key, declared_key in list(declared(config)):
+    if not isinstance(declared_key.rule, RegisteredTuple):
       continue
     parent, _, leaf = key.rpartition('.')
     holder = config
