@@ -171,10 +171,9 @@ def _capsjax_setup(spec):
 
   config = importlib.import_module(f'capsjax.experiments.{spec["experiment"]}').get_config()
   config.batch_size = spec['batch']
-  config.model.conv_impl = spec['conv_impl']
-  config.model.dtype = spec['dtype']
-  config.model.routing_loop = spec['routing_loop']
-  config.model.patches_inference = spec.get('patches_inference', 'auto')
+  how = config.model.formulation
+  how.conv_impl, how.dtype, how.routing_loop = spec['conv_impl'], spec['dtype'], spec['routing_loop']
+  how.patches_inference = spec.get('patches_inference', 'auto')
   if spec.get('seeds'):
     config.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(spec['seeds'])))
   info = dataset_info(config.dataset)

@@ -39,7 +39,7 @@ def config_for(experiment: str, batch: int, members: int, formulations: dict, dt
   config = importlib.import_module(f'capsjax.experiments.{experiment}').get_config()
   config = ml_collections.ConfigDict(config.to_dict())
   config.batch_size = batch
-  config.model.update(dtype=dtype, **formulations)
+  config.model.formulation.update(dtype=dtype, **formulations)
   if members > 1:
     config.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(range(members))))
   config.host_images = 'rows'

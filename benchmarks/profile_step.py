@@ -158,9 +158,9 @@ def main():
     cli.use_huge_pages()   # restarts this process once
 
   config = importlib.import_module(f'capsjax.experiments.{args.experiment}').get_config()
-  config.model.conv_impl = args.conv_impl
-  config.model.dtype = args.dtype
-  config.model.conv_inputs = args.conv_inputs
+  config.model.formulation.conv_impl = args.conv_impl
+  config.model.formulation.dtype = args.dtype
+  config.model.formulation.conv_inputs = args.conv_inputs
   config, images, labels = random_inputs(config, args.batch, args.input_shape)   # the `images` models' 'auto' keys
   dataset = Dataset(images, labels)
   model = assemble.model(config)

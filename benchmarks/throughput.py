@@ -143,10 +143,10 @@ def main():
     os.environ['CAPSJAX_HUGE_PAGES'] = '0'
 
   config = importlib.import_module(f'capsjax.experiments.{args.experiment}').get_config()
-  config.model.conv_impl = args.conv_impl
-  config.model.dtype = args.dtype
-  config.model.conv_inputs = args.conv_inputs
-  config.model.patches_inference = args.patches_inference
+  config.model.formulation.conv_impl = args.conv_impl
+  config.model.formulation.dtype = args.dtype
+  config.model.formulation.conv_inputs = args.conv_inputs
+  config.model.formulation.patches_inference = args.patches_inference
   config, _, _ = random_inputs(config, args.batch, args.input_shape)   # the model timed below
   # FLOPs from the shapes count the paper's layers only; the `images` models' are not counted.
   flops = capsnet_flops(config.model, batch=args.batch) if is_paper_architecture(config.model) else None

@@ -19,7 +19,7 @@ from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preproce
 from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source, with_image_size
 from capsjax.data.tasks import TASKS, Splits, Task, at_most
 from capsjax.errors import ConfigError
-from capsjax.models import MODELS, build_model
+from capsjax.models import MODELS, model_for_platform
 from capsjax.objectives import OBJECTIVES, Objective, make_objective
 
 
@@ -47,7 +47,7 @@ def optimizer(config, num_steps: int = 0) -> optax.GradientTransformation:
 def model(config, platform: str = ''):
   """config.model's model, its formulation's 'auto' options chosen once for `platform`, the
   platform the run compiles for ('' : JAX's default backend; capsjax-plan: its target's)."""
-  return build_model(**{**config.model, **formulations.for_platform(config.model, platform)})
+  return model_for_platform(config.model, platform)
 
 
 def total_steps(config, num_train_examples: int) -> int:
@@ -228,7 +228,7 @@ def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, T
   the config's source), its model (the formulation chosen for `platform`), its training,
   and a note for each formulation the config asks for that is measured slow there."""
   split = splits(config, load)
-  notes = tuple(formulations.slow_choices(config.model, platform))
+  notes = tuple(formulations.slow_choices(config.model.formulation, platform) if 'formulation' in config.model else ())
   return split, model(config, platform), training(config, split[0].num_examples), notes
 
 

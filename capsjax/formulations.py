@@ -1,8 +1,9 @@
 """Which formulation of the same math runs on which backend: one table, from measurements.
 
-A model option set to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`)
-is chosen here once, for the platform the run compiles for, when the run builds its model
-(`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
+A formulation option (the config's model.formulation section: `Formulation`'s fields) set
+to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`) is chosen here once,
+for the platform the run compiles for, when the run builds its model (`for_platform`,
+called by capsjax.assemble.model): a name, or a rule each convolution
 applies to its own shape where it is traced. A model built without that ('auto' left in
 it, as a library user may) resolves for JAX's default backend where it is traced. Every
 entry names the measurement behind it; an entry nobody has measured says so.
@@ -10,9 +11,12 @@ entry names the measurement behind it; an entry nobody has measured says so.
 one run: change an entry when a report says so, and name that report.
 """
 import dataclasses
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Union
+from typing import Annotated, Any, List, Mapping, NamedTuple, Optional, Union
 
 import jax
+import jax.numpy as jnp
+
+from capsjax.keys import About, one_of
 
 # 'patches': im2col of the whole kernel, one matmul; 'kernel_rows': im2col one kernel row
 # and a few images at a time, rebuilt in the backward pass; 'fourier': a product per
@@ -35,13 +39,14 @@ DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 
 @dataclasses.dataclass(frozen=True)
 class Formulation:
-  """How a model computes the same math, handed to its layers as one object (a model
-  builds it once from its config keys of the same names; layers keep no such knobs of
-  their own). `conv_impl`, `patches_inference`, `routing_loop`: a value, or what `for_platform`
-  chose for 'auto' (a convolution's may be a rule: `ConvRule`, `StrideRule`, applied to each
-  layer's shape in `resolve` where it is traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the
-  convolutions' matmul inputs (CONV_INPUTS). `dtype`: the compute dtype of convolutions
-  and capsule predictions (None: the input's).
+  """How a model computes the same math, handed to its layers as one object; its fields
+  are the config's `model.formulation` section, the same for every model family (each
+  family's default is its field's: capsjax.models). `conv_impl`, `patches_inference`,
+  `routing_loop`: a value, or what `for_platform` chose for 'auto' (a convolution's may be a
+  rule: `ConvRule`, `StrideRule`, applied to each layer's shape in `resolve` where it is
+  traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the convolutions' matmul inputs
+  (CONV_INPUTS). `dtype`: the compute dtype of convolutions and capsule predictions (None:
+  the input's, a layer's default; 'auto': the backend's, a model's default).
 
   Example:
     >>> fast = capsjax.Formulation(conv_impl='patches', routing_loop='unrolled')
@@ -49,11 +54,28 @@ class Formulation:
     >>> layer.formulation.conv_impl, layer.formulation.conv_inputs
     ('patches', 'float32')
   """
-  conv_impl: Any = 'auto'   # a name of CONV_IMPLS or a rule
-  patches_inference: str = 'auto'
-  conv_inputs: str = 'float32'
-  routing_loop: str = 'auto'
-  dtype: Optional[Any] = None
+  conv_impl: Annotated[Any, About(one_of(CONV_IMPLS), (
+      "convolutions as XLA's, im2col + matmul, im2col by kernel rows, products of Fourier transforms, or "
+      'unit-stride on pixel blocks folded into channels (space_to_depth) (same values; auto: faster on the '
+      'backend, on a CPU per layer)'))] = 'auto'
+  patches_inference: Annotated[str, About(one_of(PATCHES_INFERENCE), (
+      'the im2col conv at inference a few images at a time or the whole batch (same values)'))] = 'auto'
+  conv_inputs: Annotated[str, About(one_of(CONV_INPUTS), (
+      "the convolutions' matmul inputs: float32, or bfloat16 accumulated in float32 (faster on AVX-512 BF16 "
+      'CPUs; not the same values)'))] = 'float32'
+  routing_loop: Annotated[str, About(one_of(ROUTING_LOOPS), (
+      'the routing loop rolled or unrolled (same values; auto: faster on the backend; models with '
+      'routing)'))] = 'auto'
+  dtype: Annotated[Optional[Any], About(one_of(DTYPES), (
+      'compute dtype of convolutions and capsule predictions (routing, losses, dense layers and the '
+      'decoder stay float32; auto: bfloat16 on a GPU, else float32)'))] = None
+
+  def with_dtype(self, platform: str = '') -> 'Formulation':
+    """This formulation with its dtype a jnp dtype (None stays: the input's), 'auto' as
+    `platform`'s entry ('': JAX's default backend, where a model is traced)."""
+    if self.dtype is None:
+      return self
+    return dataclasses.replace(self, dtype=jnp.dtype(resolve('dtype', self.dtype, platform)))
 
 
 def conv_inputs_problem(conv_impl: str, conv_inputs: str) -> Optional[str]:
@@ -225,18 +247,20 @@ def _entry(option: str, platform: str):
   return FASTEST.get(_platform(platform), FASTEST['cpu'])[option]
 
 
-def for_platform(options: Mapping[str, Any], platform: str = '') -> Dict[str, Any]:
-  """The formulation options `options` holds (a model config, or any mapping), each 'auto'
-  replaced by `platform`'s entry of FASTEST ('' : JAX's default backend; an unknown platform
-  takes the CPU's): a value, or a rule its layers apply to their shapes. What a run builds
-  its model with (capsjax.assemble.model), once, for the devices it compiles for.
+def for_platform(section: Mapping[str, Any], platform: str = '') -> Formulation:
+  """The Formulation of `section` (a config's model.formulation, or any mapping of
+  Formulation's fields; a field it lacks at Formulation's default), each 'auto' replaced by
+  `platform`'s entry of FASTEST ('': JAX's default backend; an unknown platform takes the
+  CPU's): a value, or a rule its layers apply to their shapes. What a run builds its model
+  with (capsjax.assemble.model), once, for the devices it compiles for.
 
   Example:
-    >>> capsjax.formulations.for_platform({'conv_impl': 'auto', 'dtype': 'auto', 'routing_loop': 'rolled'}, 'gpu')
-    {'conv_impl': StrideRule(strided='space_to_depth', unit='patches'), 'routing_loop': 'rolled', 'dtype': 'bfloat16'}
+    >>> chosen = capsjax.formulations.for_platform({'conv_impl': 'auto', 'dtype': 'auto', 'routing_loop': 'rolled'}, 'gpu')
+    >>> chosen.conv_impl, chosen.routing_loop, chosen.dtype
+    (StrideRule(strided='space_to_depth', unit='patches'), 'rolled', 'bfloat16')
   """
-  return {option: _entry(option, platform) if options[option] == 'auto' else options[option]
-          for option in _ALLOWED if option in options}
+  return Formulation(**{option: _entry(option, platform) if option in _ALLOWED and value == 'auto' else value
+                        for option, value in section.items()})
 
 
 Choice = Union[str, ConvRule, StrideRule]
@@ -255,10 +279,10 @@ def resolve(option: str, value: Choice, platform: str = '', layer: Optional[Conv
   return resolve(option, _entry(option, platform), platform, layer)
 
 
-def describe(chosen: Mapping[str, Choice]) -> List[str]:
-  """One line per chosen option ('option value'; a rule: a line per case), for a report."""
+def describe(chosen: Formulation) -> List[str]:
+  """One line per option of `chosen` ('option value'; a rule: a line per case), for a report."""
   lines = []
-  for option, value in chosen.items():
+  for option, value in ((field.name, getattr(chosen, field.name)) for field in dataclasses.fields(chosen)):
     if isinstance(value, StrideRule):
       lines += [f'{option} (stride 1) {value.unit}', f'{option} (stride > 1) {value.strided}']
     elif isinstance(value, ConvRule):
@@ -283,17 +307,17 @@ SLOW_CHOICES = {
         "'patches' (docs/results.md, \"CPU speed\")"),
     ('dtype', 'bfloat16', 'cpu'): (
         'bfloat16 outputs take a slow XLA:CPU path (training slower than float32; docs/results.md, '
-        "\"CPU speed\"); model.conv_inputs='bfloat16' gets the bfloat16 matmul rate with float32 outputs"),
+        "\"CPU speed\"); model.formulation.conv_inputs='bfloat16' gets the bfloat16 matmul rate with float32 outputs"),
     ('dtype', 'float16', 'cpu'): 'XLA:CPU has no fast float16 matmul; float32 is faster',
 }
 
 
-def slow_choices(model_config, platform: str = '') -> list:
-  """One line per option of `model_config` (a mapping: the config's model) set to a value
-  that SLOW_CHOICES lists for `platform` (default: JAX's default backend)."""
+def slow_choices(section: Mapping[str, Any], platform: str = '') -> list:
+  """One line per option of `section` (a mapping: the config's model.formulation) set to a
+  value that SLOW_CHOICES lists for `platform` (default: JAX's default backend)."""
   backend = _platform(platform)
   lines = []
   for (option, value, slow_backend), why in SLOW_CHOICES.items():
-    if slow_backend == backend and option in model_config and str(model_config[option]) == value:
-      lines.append(f'note: model.{option}={value!r} on this {backend.upper()} is slow: {why}.')
+    if slow_backend == backend and option in section and str(section[option]) == value:
+      lines.append(f'note: model.formulation.{option}={value!r} on this {backend.upper()} is slow: {why}.')
   return lines

@@ -7,6 +7,8 @@ Three forms, one meaning:
   the annotated fields of capsjax.experiment.RunSettings;
 - a model key: a field of the model family's Flax module, its type `Annotated` with
   `About(rule, help)` (`conv1_channels: Annotated[int, About(int_at_least(1), '…')] = 256`);
+  a field whose default is a dataclass of such fields is a section of keys
+  (`formulation: Formulation = Formulation(dtype='auto')`: model.formulation.*);
 - a routing's or an objective's option: a keyword argument of the routing or objective
   function, `Annotated` the same way.
 
@@ -209,7 +211,9 @@ def _about(annotation) -> Optional[About]:
 def annotated_keys(owner) -> Dict[str, Key]:
   """The keys a dataclass (a Flax module: its fields) or a function (its keyword-only
   arguments with defaults) declares, by name, in their order, at the config's defaults; the
-  rule and help from `Annotated[…, About(…)]` (none: any value, no help line)."""
+  rule and help from `Annotated[…, About(…)]` (none: any value, no help line). A field
+  whose default is a dataclass (a model's `formulation`) is a section: its class's keys,
+  dotted under the field's name, at the default's values."""
   if dataclasses.is_dataclass(owner):
     hints = typing.get_type_hints(owner, include_extras=True)
     found = [(field.name, hints.get(field.name), field.default) for field in dataclasses.fields(owner)
@@ -219,6 +223,12 @@ def annotated_keys(owner) -> Dict[str, Key]:
              if p.kind == p.KEYWORD_ONLY and p.default is not p.empty]
   declared = {}
   for name, annotation, default in found:
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+      # A section (a model's formulation): its class's keys, at this field's values.
+      for inner in annotated_keys(type(default)).values():
+        declared[f'{name}.{inner.name}'] = dataclasses.replace(
+            inner, name=f'{name}.{inner.name}', default=getattr(default, inner.name))
+      continue
     about = _about(annotation) or About(None, '')
     default = about.config_default() if about.config_default else default
     declared[name] = Key(name, default, about.rule, about.help)

@@ -1,4 +1,5 @@
 """CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
+import dataclasses
 from typing import Annotated, Any, Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -10,7 +11,7 @@ from capsjax.layers import (CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryC
                             halved, stem_stages)
 from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
-                          number_in, one_of, registered, registered_tuple)
+                          nested, number_in, one_of, registered, registered_tuple)
 from capsjax.registry import Registry
 from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, options_of, own_routing_options,
                              routing_option_defaults, vector_norm)
@@ -48,12 +49,6 @@ INPUT_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) in (0
 NUM_CLASSES = About(Rule(lambda v: is_int(v) and (v == 0 or v >= 2),
                          'an integer >= 2, or 0 for the classes of the data'),
                     'classes (digit capsules, or output units); 0 = those of the data')
-CONV_IMPL = About(one_of(formulations.CONV_IMPLS), "convolutions as XLA's, im2col + matmul, im2col by kernel "
-                  'rows, products of Fourier transforms, or unit-stride on pixel blocks folded into channels '
-                  '(space_to_depth) (same values; auto: faster on the backend, on a CPU per layer)')
-PATCHES_INFERENCE = About(one_of(formulations.PATCHES_INFERENCE), 'the im2col conv at inference a few '
-                                'images at a time or the whole batch (same values)')
-
 
 def initializers(name: str):
   """Initializers per CapsNet part. 'default': Flax's LeCun normal for the convolutions and
@@ -200,16 +195,9 @@ class CapsNet(nn.Module):
       512, 1024)
   use_decoder: Annotated[bool, About(boolean(), 'the reconstruction decoder (and its loss)')] = True
   input_shape: Annotated[Sequence[int], INPUT_SHAPE] = (28, 28, 1)
-  # Formulations of the same math (capsjax.formulations); 'auto' = the backend's measured faster one.
-  conv_impl: Annotated[str, CONV_IMPL] = 'auto'
-  patches_inference: Annotated[str, PATCHES_INFERENCE] = 'auto'
-  routing_loop: Annotated[str, About(one_of(formulations.ROUTING_LOOPS), 'the routing loop rolled or unrolled '
-                                     '(same values; auto: faster on the backend)')] = 'auto'
-  dtype: Annotated[str, About(one_of(formulations.DTYPES), 'compute dtype of convolutions and predictions '
-                              '(routing, losses and decoder stay float32; auto: bfloat16 on a GPU, else float32)')] = 'auto'
-  conv_inputs: Annotated[str, About(one_of(formulations.CONV_INPUTS), "the convolutions' matmul inputs: float32, "
-                                    'or bfloat16 accumulated in float32 (faster on AVX-512 BF16 CPUs; not the '
-                                    'same values)')] = 'float32'
+  # Formulations of the same math (capsjax.formulations: the config's model.formulation
+  # section, shared by the families); 'auto' = the backend's measured faster one.
+  formulation: formulations.Formulation = formulations.Formulation(dtype='auto')
   # The authors' released code (experiments/mnist_official.py): 'official' truncated-normal
   # weights and 0.1 biases; PrimaryCaps' pre-squash output ÷ types.
   init_scheme: Annotated[str, About(one_of(INITS), "default initialisers, or the authors' code's "
@@ -245,8 +233,7 @@ class CapsNet(nn.Module):
         raise ValueError(f"CapsNet {key}='auto' must be resolved first (capsjax.assemble.choose_model)")
     inits = initializers(self.init_scheme)
     # The formulation, one object for every layer ('auto' resolves where each is traced).
-    dtype = None if self.dtype is None else jnp.dtype(formulations.resolve('dtype', self.dtype))
-    how = formulations.Formulation(self.conv_impl, self.patches_inference, self.conv_inputs, self.routing_loop, dtype)
+    how = self.formulation.with_dtype()
     if self.stem == 'strided':
       self.strided_stem = StridedStem(stem_stages(*self.input_shape[:2]), self.stem_channels, formulation=how,
                                       kernel_init=inits['conv1'], bias_init=inits['bias'])
@@ -355,13 +342,14 @@ class BaselineCNN(nn.Module):
                                        "dropout before the CNN's output layer")] = 0.0
   num_classes: Annotated[int, NUM_CLASSES] = 10
   input_shape: Annotated[Sequence[int], INPUT_SHAPE] = (36, 36, 1)
-  conv_impl: Annotated[str, CONV_IMPL] = 'auto'
-  patches_inference: Annotated[str, PATCHES_INFERENCE] = 'auto'
+  # The convolutions' formulation (the config's model.formulation, as CapsNet's); float32
+  # compute: bfloat16 is unmeasured for the baselines (routing_loop: no routing here).
+  formulation: formulations.Formulation = formulations.Formulation(dtype='float32')
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
     features = images
-    how = formulations.Formulation(self.conv_impl, self.patches_inference)
+    how = self.formulation.with_dtype()
     for channels, kernel in zip(self.conv_channels, self.conv_kernels):
       features = nn.relu(Conv(channels, kernel, padding='SAME', formulation=how)(features))
       if self.pool:
@@ -418,7 +406,7 @@ def model_config(name: str = 'capsnet') -> ml_collections.ConfigDict:
     >>> capsjax.model_config('cnn').conv_channels
     (512, 256)
   """
-  return ml_collections.ConfigDict({key.name: key.default for key in model_keys(name).values()})
+  return ml_collections.ConfigDict(nested(model_keys(name).values()))
 
 
 def build_model(name: str, **fields) -> nn.Module:
@@ -435,11 +423,15 @@ def build_model(name: str, **fields) -> nn.Module:
     (256, 3)
   """
   cls = MODELS.get(name)
+  sections = {field.name: field.default for field in dataclasses.fields(cls)
+              if dataclasses.is_dataclass(field.default) and not isinstance(field.default, type)}
   for key, value in fields.items():
     if isinstance(value, list):
       fields[key] = tuple(value)
     elif isinstance(value, ml_collections.ConfigDict):
       fields[key] = value.to_dict()
+    if key in sections and isinstance(fields[key], dict):   # a config's section: its keys over the family's
+      fields[key] = dataclasses.replace(sections[key], **fields[key])
   if fields.get('routing_options'):
     name = fields.get('routing', getattr(cls, 'routing', None))   # the family's own default
     options = fields['routing_options']
@@ -447,6 +439,20 @@ def build_model(name: str, **fields) -> nn.Module:
     sectioned = all(isinstance(value, dict) for value in options.values())
     fields['routing_options'] = own_routing_options(name, options_of(name, options) if sectioned else options)
   return cls(**fields)
+
+
+def chosen_formulation(model, platform: str = '') -> Optional[formulations.Formulation]:
+  """The model config `model`'s formulation section, its 'auto' options chosen for
+  `platform` (capsjax.formulations.for_platform; '' : JAX's default backend); None for a
+  family without one (a user's family may declare none)."""
+  return formulations.for_platform(model.formulation, platform) if 'formulation' in model else None
+
+
+def model_for_platform(model, platform: str = '') -> nn.Module:
+  """The module of the model config `model` (config.model), its formulation's 'auto'
+  options chosen once for `platform`: what a run, the planner and the memory estimate build."""
+  chosen = chosen_formulation(model, platform)
+  return build_model(**model) if chosen is None else build_model(**{**model, 'formulation': chosen})
 
 
 def count_params(params) -> int:

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax import formulations, memory
+from capsjax import memory
 from capsjax.layers import STEM_TARGET_SIDE, stem_stages
-from capsjax.models import build_model, primary_grid
+from capsjax.models import model_for_platform, primary_grid
 
 AUTO = 'auto'
 # key → (the paper's value, the scalable value), in the order memory pressure escalates.
@@ -73,7 +73,7 @@ def training_peak_bytes(model, batch_size: int, platform: str = '') -> int:
   config) at `batch_size` on `platform` (its formulation; '' : JAX's default backend): the
   traced forward and backward pass (capsjax.memory) plus the optimizer's two Adam moments
   and the updated parameters. Nothing is allocated."""
-  module = build_model(**{**model, **formulations.for_platform(model, platform)})
+  module = model_for_platform(model, platform)
   shape = tuple(model.input_shape)
   params = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1,) + shape)))['params']
   images = jax.ShapeDtypeStruct((batch_size,) + shape, jnp.float32)

@@ -10,6 +10,7 @@
 - `MetricsLog`: `metrics.jsonl`, cut back to the restored step on resume, so every step
   appears once.
 """
+import dataclasses
 import errno
 import fcntl
 import json
@@ -24,6 +25,7 @@ import ml_collections
 from capsjax import defaults, evaluators, formulations, steps
 
 from capsjax.errors import CheckpointError, ConfigError, WorkdirError
+from capsjax.models import MODELS, model_config
 from capsjax.runtime import SIGNAL_STOPS
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
 
@@ -196,8 +198,8 @@ def _check_stored(stored, path: str) -> None:
 
 def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
   """A stored config in today's layout, with the keys added since at their defaults."""
-  return with_defaults(_evaluators_as_sections(_routing_inputs_from_flags(_sectioned_routing_options(stored))),
-                       defaults.base_config().to_dict())
+  return with_defaults(_formulation_sections(_evaluators_as_sections(_routing_inputs_from_flags(
+      _sectioned_routing_options(stored)))), defaults.base_config().to_dict())
 
 
 # Before model.routing_inputs (2026-11-26) each capsule-layer input was a flag of its own,
@@ -242,6 +244,44 @@ FLAT_EVALUATOR_KEYS = {
     'routing_diagnostics_examples': ('routing_diagnostics', 'examples', lambda n: n),
     'routing_diagnostics_iterations': ('routing_diagnostics', 'iterations', lambda n: n),
 }
+
+
+# Before model.formulation (2026-11-26) a model's formulation options (Formulation's fields)
+# were keys of the model section itself.
+FORMULATION_KEYS = tuple(field.name for field in dataclasses.fields(formulations.Formulation))
+
+
+def moved_key(dotted: str) -> Optional[str]:
+  """Where a key that today's layout moved lives now, by its dotted name in a config of the
+  old layout ('model.conv_impl' → 'model.formulation.conv_impl', 'routing_diagnostics' →
+  'evals.routing_diagnostics.enabled'), or None."""
+  *sections, leaf = dotted.split('.')
+  if sections and sections[-1] == 'model' and leaf in FORMULATION_KEYS:
+    return '.'.join(sections + ['formulation', leaf])
+  if dotted in FLAT_EVALUATOR_KEYS:
+    name, key, _ = FLAT_EVALUATOR_KEYS[dotted]
+    return f'evals.{name}.{key}'
+  return None
+
+
+def _formulation_sections(tree: Dict[str, Any]) -> Dict[str, Any]:
+  """Every model section's formulation options (flat model keys before model.formulation)
+  moved into its formulation section, over its family's defaults; a sweep's variants
+  (override strings) likewise."""
+  tree = {key: _formulation_sections(value) if isinstance(value, dict) else value for key, value in tree.items()}
+  model = tree.get('model')
+  if isinstance(model, dict) and any(option in model for option in FORMULATION_KEYS):
+    family = model.get('name')
+    section = model_config(family).formulation.to_dict() if family in MODELS else {}
+    section.update({option: model.pop(option) for option in FORMULATION_KEYS if option in model})
+    tree['model'] = {**model, 'formulation': section}
+  if isinstance(tree.get('variants'), (list, tuple)):
+    tree['variants'] = [_FLAT_FORMULATION.sub(r'\1formulation.\2', variant) if isinstance(variant, str) else variant
+                        for variant in tree['variants']]
+  return tree
+
+
+_FLAT_FORMULATION = re.compile(r'(\bmodel\.)(%s)\b(?=\s*=)' % '|'.join(FORMULATION_KEYS))
 
 
 def _evaluators_as_sections(tree: Dict[str, Any]) -> Dict[str, Any]:

@@ -35,7 +35,7 @@ def tiny_config(data_dir, **overrides):
   # XLA's own convolution: at this size its program compiles in half the time of the
   # patches form (whose custom gradient the formulation tests cover); a test of the CPU's
   # 'auto' choice sets conv_impl itself.
-  config.model.conv_impl = 'xla'
+  config.model.formulation.conv_impl = 'xla'
   config.eval_every_steps = 0
   config.eval_batch_size = 100
   config.checkpoint_every_steps = 2

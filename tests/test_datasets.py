@@ -168,7 +168,7 @@ def test_each_new_experiment_trains_beyond_chance(name, mnist_dir, monkeypatch, 
                                                                      0 if split == 'train' else 50000))
   config.model.conv1_channels, config.model.primary_types = 16, 4
   config.model.decoder_hidden = (32, 64)
-  config.model.conv_impl = 'xla'   # compiles in half the time at this size
+  config.model.formulation.conv_impl = 'xla'   # compiles in half the time at this size
   config.batch_size, config.eval_batch_size, config.num_steps = 32, 100, 80
   config.lr_decay_steps, config.log_every_steps = 200, 40
   config.eval_every_steps, config.checkpoint_every_steps = 0, 80

@@ -44,11 +44,12 @@ def test_activity_and_absent_couplings_in_the_summary():
 
 
 def test_every_routing_says_whether_it_has_couplings_and_they_are_distributions_over_parents():
+  from capsjax.formulations import Formulation  # pylint: disable=g-import-not-at-top
   from capsjax.models import CapsNet  # pylint: disable=g-import-not-at-top
   images = jax.random.uniform(jax.random.key(0), (3, 28, 28, 1))
   for name in routing.ROUTINGS:
     model = CapsNet(conv1_channels=8, primary_types=2, decoder_hidden=(16,), routing=name,
-                    conv_impl='xla')   # compiles in half the time at this size
+                    formulation=Formulation(conv_impl='xla', dtype='auto'))   # compiles in half the time at this size
     params = jax.jit(model.init)(jax.random.key(1), images)['params']
     # One program for both calls: the details, and the activations classify reports.
     details, (_, activations) = jax.jit(lambda p: (

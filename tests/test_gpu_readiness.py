@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from capsjax import formulations, ops
+from capsjax.formulations import Formulation
 from capsjax.models import CapsNet
 from capsjax.routing import dynamic_routing
 
@@ -42,9 +43,10 @@ def test_unrolled_routing_loop_equals_the_rolled_one_in_value_and_gradient(trace
 @pytest.mark.float32_matmuls
 def test_capsnet_routing_loop_option_keeps_the_outputs():
   small = dict(conv1_channels=8, conv1_kernel=3, primary_types=2, primary_kernel=3, input_shape=(12, 12, 1),
-               decoder_hidden=(16,), conv_impl='patches')
+               decoder_hidden=(16,))
   images = jax.random.uniform(jax.random.key(1), (2, 12, 12, 1))
-  rolled, unrolled = CapsNet(routing_loop='rolled', **small), CapsNet(routing_loop='unrolled', **small)
+  rolled, unrolled = (CapsNet(formulation=Formulation(conv_impl='patches', routing_loop=loop, dtype='auto'), **small)
+                      for loop in ('rolled', 'unrolled'))
   params = rolled.init(jax.random.key(2), images)['params']
   out_rolled = jax.jit(rolled.apply)({'params': params}, images)
   out_unrolled = jax.jit(unrolled.apply)({'params': params}, images)

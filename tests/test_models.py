@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from capsjax import ops
+from capsjax.formulations import Formulation
 from capsjax.models import CapsNet, build_model, count_params
 from capsjax.experiments import mnist
 
@@ -116,7 +117,7 @@ def test_capsnet_with_bfloat16_conv_inputs_stays_close_to_float32():
   small = dict(conv1_channels=16, conv1_kernel=3, primary_types=4, primary_kernel=3, input_shape=(12, 12, 1),
                decoder_hidden=(16,), use_decoder=True)
   images = jax.random.uniform(jax.random.key(11), (3, 12, 12, 1))
-  exact, rounded = CapsNet(**small), CapsNet(conv_inputs='bfloat16', **small)
+  exact, rounded = CapsNet(**small), CapsNet(formulation=Formulation(conv_inputs='bfloat16', dtype='auto'), **small)
   params = exact.init(jax.random.key(12), images)['params']
   out_exact = jax.jit(exact.apply)({'params': params}, images)
   out_rounded = jax.jit(rounded.apply)({'params': params}, images)
@@ -133,9 +134,9 @@ def test_bfloat16_compute_stays_close_to_float32_and_auto_picks_it_for_a_gpu():
   # and the votes; measured 0.5 %), the gradient within 5 % of float32's norm (0.5 %).
   from capsjax import formulations  # pylint: disable=g-import-not-at-top
   small = dict(conv1_channels=16, conv1_kernel=3, primary_types=4, primary_kernel=3, input_shape=(12, 12, 1),
-               decoder_hidden=(16,), use_decoder=True, conv_impl='xla')
+               decoder_hidden=(16,), use_decoder=True)
   images = jax.random.uniform(jax.random.key(13), (4, 12, 12, 1))
-  exact, halved = CapsNet(dtype='float32', **small), CapsNet(dtype='bfloat16', **small)
+  exact, halved = (CapsNet(formulation=Formulation(conv_impl='xla', dtype=dtype), **small) for dtype in ('float32', 'bfloat16'))
   params = exact.init(jax.random.key(14), images)['params']
   assert {leaf.dtype for leaf in jax.tree.leaves(halved.init(jax.random.key(14), images)['params'])} == {
       jnp.dtype(jnp.float32)}
@@ -152,14 +153,14 @@ def test_bfloat16_compute_stays_close_to_float32_and_auto_picks_it_for_a_gpu():
   # 'auto': the table entry of the platform the run is built for (assemble.model), on any
   # machine: a GPU's model traced here computes in bfloat16, a CPU's in float32.
   for platform, halves in (('cpu', False), ('gpu', True)):
-    built = CapsNet(**{**small, **formulations.for_platform(dict(small, dtype='auto'), platform)})
+    built = CapsNet(formulation=formulations.for_platform({'conv_impl': 'xla', 'dtype': 'auto'}, platform), **small)
     assert ('bf16' in str(jax.make_jaxpr(built.apply)({'params': params}, images))) == halves, platform
 
 
 def test_capsnet_formulations_agree():
   small = dict(conv1_channels=16, primary_types=4, use_decoder=True)
   images = jax.random.uniform(jax.random.key(2), (3, 28, 28, 1))
-  model_xla, model_patches = CapsNet(conv_impl='xla', **small), CapsNet(conv_impl='patches', **small)
+  model_xla, model_patches = (CapsNet(formulation=Formulation(conv_impl=impl, dtype='auto'), **small) for impl in ('xla', 'patches'))
   params = model_xla.init(jax.random.key(3), images)['params']
   out_xla = jax.jit(model_xla.apply)({'params': params}, images)   # compiled: faster than op by op
   out_patches = jax.jit(model_patches.apply)({'params': params}, images)
@@ -250,7 +251,7 @@ def test_auto_never_resolves_to_a_choice_measured_slow_and_explicit_ones_say_so(
   paper = {'conv_impl': 'auto', 'dtype': 'float32', 'conv_inputs': 'float32'}
   assert formulations.slow_choices(paper, 'cpu') == []
   lines = formulations.slow_choices(dict(paper, conv_impl='xla', dtype='bfloat16'), 'cpu')
-  assert len(lines) == 2 and all(line.startswith('note: model.') and '\n' not in line for line in lines)
+  assert len(lines) == 2 and all(line.startswith('note: model.formulation.') and '\n' not in line for line in lines)
   assert "conv_impl='xla'" in lines[0] and 'conv_inputs' in lines[1]   # the faster way is named
   assert formulations.slow_choices(dict(paper, conv_impl='xla'), 'gpu') == []   # slow on CPUs only
 

@@ -207,8 +207,8 @@ from capsjax.experiments import mnist_smoke
 config = mnist_smoke.get_config()
 # The GPU's unrolled loop compiles 3× longer; float32 compute for the hand count of the
 # all-reduce (the GPU's auto bfloat16 reduces its convolutions' gradients in bfloat16).
-config.model.update(conv1_channels=16, primary_types=4, primary_dim=4, digit_dim=8, decoder_hidden=(32,),
-                    routing_loop='rolled', dtype='float32')
+config.model.update(conv1_channels=16, primary_types=4, primary_dim=4, digit_dim=8, decoder_hidden=(32,))
+config.model.formulation.update(routing_loop='rolled', dtype='float32')
 config.batch_size, config.eval_batch_size = 32, 64
 result = plan.plan_run(config, 'h100:2x2', find_largest_batch=False)
 print(json.dumps({'shape': [result.devices, result.hosts, result.global_batch], 'param_bytes': result.param_bytes,
@@ -266,7 +266,7 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
   # plugin in the folder $CAPSJAX_GPU_PLAN names (README's install, next to this environment).
   overrides = ['--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.model.digit_dim=8',
                '--config.model.decoder_hidden=(32,)', '--config.num_test_examples=600',
-               '--config.model.routing_loop=rolled']
+               '--config.model.formulation.routing_loop=rolled']
   env = dict(os.environ, CAPSJAX_GPU_PLAN=GPU_PLAN)
   result = subprocess.run([sys.executable, '-m', 'capsjax.app.plan', '--experiment=mnist', f'--target={target}',
                            '--nofind_largest_batch', *overrides], capture_output=True, text=True, timeout=600,

@@ -499,8 +499,8 @@ def test_traced_iteration_count_under_vmap_matches_separate_calls(name):
 def _tiny_capsnet_config(name):
   from capsjax.experiments import mnist  # pylint: disable=g-import-not-at-top
   config = mnist.get_config()
-  config.model.update(routing=name, conv1_channels=8, primary_types=2, decoder_hidden=(16, 32),
-                      conv_impl='xla')   # compiles in half the time at this size
+  config.model.update(routing=name, conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
+  config.model.formulation.conv_impl = 'xla'   # compiles in half the time at this size
   return config
 
 
@@ -570,7 +570,8 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   # given to its own members only, and named in the table.
   config.model.routing_options.user_mean = {'scale': 2.0}
   validation.validate(config)
-  config.model.update(conv1_channels=8, primary_types=2, decoder_hidden=(16, 32), conv_impl='xla')
+  config.model.update(conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
+  config.model.formulation.conv_impl = 'xla'
   config.update(num_train_examples=600, validation_examples=200, num_test_examples=200, num_steps=10,
                 eval_every_steps=5, log_every_steps=5, checkpoint_every_steps=5, eval_batch_size=100,
                 stop_at_step=5)

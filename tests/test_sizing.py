@@ -145,7 +145,7 @@ def photo_run(tmp_path_factory):
   result = subprocess.run([sys.executable, 'run.py', '--experiment=images_smoke', f'--config.data_dir={folder}',
                            f'--workdir={workdir}', '--config.num_steps=60', '--config.batch_size=16',
                            '--config.eval_every_steps=60', '--config.checkpoint_every_steps=60',
-                           '--config.model.conv_impl=xla',   # compiles faster at this size
+                           '--config.model.formulation.conv_impl=xla',   # compiles faster at this size
                            *EVALUATORS_OFF_FLAGS],  # asserted elsewhere (a suite-time trim)
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -32,8 +32,8 @@ def test_experiment_help_explains_each_key():
   result = subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist', '--help'],
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 0
-  assert ("  model.routing_loop = 'auto'  — the routing loop rolled or unrolled (same values; auto: faster on "
-          'the backend) [one of auto, rolled, unrolled]') in result.stdout.splitlines()
+  assert ("  model.formulation.routing_loop = 'auto'  — the routing loop rolled or unrolled (same values; auto: "
+          'faster on the backend; models with routing) [one of auto, rolled, unrolled]') in result.stdout.splitlines()
 
 
 def _set(config, key, value):
@@ -71,9 +71,9 @@ BAD_VALUES = [
     ('model.routing_iterations', 0, 'config.model.routing_iterations=0: allowed an integer in [1, 100]'),
     ('model.routing_iterations', 10 ** 6, 'config.model.routing_iterations=1000000: allowed an integer in [1, 100]'),
     ('evals.routing_probe.iterations', 101, 'config.evals.routing_probe.iterations=101: allowed an integer in [1, 100]'),
-    ('model.routing_loop', 'sideways', "config.model.routing_loop='sideways': allowed one of auto, rolled, unrolled"),
-    ('model.dtype', 'float99', "config.model.dtype='float99': allowed one of auto, float32, bfloat16, float16"),
-    ('model.conv_impl', 'bogus', "config.model.conv_impl='bogus': allowed one of auto, xla, patches"),
+    ('model.formulation.routing_loop', 'sideways', "config.model.formulation.routing_loop='sideways': allowed one of auto, rolled, unrolled"),
+    ('model.formulation.dtype', 'float99', "config.model.formulation.dtype='float99': allowed one of auto, float32, bfloat16, float16"),
+    ('model.formulation.conv_impl', 'bogus', "config.model.formulation.conv_impl='bogus': allowed one of auto, xla, patches"),
     ('model.digit_dim', 0, 'config.model.digit_dim=0'),
     ('model.num_classes', 1, 'config.model.num_classes=1'),
     ('model.conv1_kernel', 27, 'config.model.input_shape=(28, 28, 1): images of 28×28 are too small'),
@@ -112,7 +112,7 @@ def test_comparison_models_and_ensembles_are_checked():
 @pytest.mark.parametrize('override,message', [
     ('--config.batch_size=0', 'config.batch_size=0: allowed an integer >= 1'),
     ('--config.learning_rate=-1', 'config.learning_rate=-1.0'),
-    ('--config.model.dtype=float99', "config.model.dtype='float99'"),
+    ('--config.model.formulation.dtype=float99', "config.model.formulation.dtype='float99'"),
     ('--config.loss.name=bogus', "config.loss.name='bogus'"),
     ('--config.num_epochs=0', 'config.num_epochs=0.0'),
 ])
@@ -180,11 +180,11 @@ def test_a_comma_separated_list_of_routings_on_the_command_line_is_the_tuple_of_
 
 def test_a_formulation_that_cannot_take_the_inputs_is_refused_before_the_model_is_built():
   config = mnist.get_config()
-  config.model.conv_impl, config.model.conv_inputs = 'fourier', 'bfloat16'
-  assert problems_of(config) == ["config.model.conv_inputs='bfloat16': conv_impl='fourier' computes in float32 "
+  config.model.formulation.conv_impl, config.model.formulation.conv_inputs = 'fourier', 'bfloat16'
+  assert problems_of(config) == ["config.model.formulation.conv_inputs='bfloat16': conv_impl='fourier' computes in float32 "
                                  "(its transforms would lose digits); conv_inputs='bfloat16' needs 'patches', "
                                  "'kernel_rows' or 'xla'"]
-  config.model.conv_impl = 'auto'   # auto picks fourier only for float32 inputs
+  config.model.formulation.conv_impl = 'auto'   # auto picks fourier only for float32 inputs
   assert not problems_of(config)
 
 

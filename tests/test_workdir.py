@@ -234,20 +234,38 @@ def test_a_config_json_that_is_not_a_config_is_one_error(tmp_path):
         read()
 
 
-def test_a_run_recorded_before_auto_dtype_resumes_where_auto_computes_the_same(tmp_path):
-  # model.dtype's default became 'auto' (bfloat16 on a GPU, float32 elsewhere) on 2026-11-26:
-  # a config.json holding 'float32' binds to today's config on a CPU; 'bfloat16' does not.
+def test_a_run_recorded_before_model_formulation_reads_with_it_and_resumes_where_auto_computes_the_same(tmp_path):
+  """Before 2026-11-26 the formulation options were flat model keys (model.conv_impl, …):
+  a recorded config reads with each model's model.formulation section (a CNN's over the
+  CNN's defaults), its sweep variants too; and model.dtype's default became 'auto'
+  (bfloat16 on a GPU, float32 elsewhere) that day: 'float32' binds to today's config on a
+  CPU, 'bfloat16' does not. A flat key on the command line names where it lives now."""
   from capsjax import defaults  # pylint: disable=g-import-not-at-top
+  from capsjax.app import launch  # pylint: disable=g-import-not-at-top
+  from capsjax.models import model_config  # pylint: disable=g-import-not-at-top
   config = defaults.base_config()
-  assert config.model.dtype == 'auto'
+  assert config.model.formulation.dtype == 'auto'
   old = config.to_dict()
-  old['model']['dtype'] = 'float32'
+  old['model'].update(old['model'].pop('formulation'), dtype='float32', conv_impl='xla')
+  old['baseline'] = {'model': {'name': 'cnn', 'conv_impl': 'patches', 'patches_inference': 'chunked'}}
+  old['sweep'] = {'variants': ['paper:', 'fast: model.conv_impl = patches, model.routing=em']}
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  read = workdir_lib.read_config(str(tmp_path))
+  assert read.model.formulation.to_dict() == dict(config.model.formulation, dtype='float32', conv_impl='xla')
+  assert 'conv_impl' not in read.model and 'conv_impl' not in read.baseline.model
+  assert read.baseline.model.formulation.to_dict() == dict(model_config('cnn').formulation,
+                                                           conv_impl='patches', patches_inference='chunked')
+  assert list(read.sweep.variants) == ['paper:', 'fast: model.formulation.conv_impl = patches, model.routing=em']
+  del old['baseline'], old['sweep']
+  old['model']['conv_impl'] = 'auto'
   (tmp_path / 'config.json').write_text(json.dumps(old))
   assert workdir_lib.bind_config(str(tmp_path), config) == []   # this suite runs on a CPU
   old['model']['dtype'] = 'bfloat16'
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  with pytest.raises(ConfigError, match="model.dtype: 'bfloat16' → 'auto'"):
+  with pytest.raises(ConfigError, match="model.formulation.dtype: 'bfloat16' → 'auto'"):
     workdir_lib.bind_config(str(tmp_path), config)
+  assert launch.unknown_key_problem(KeyError('conv_impl'), ['run.py', '--config.baseline.model.conv_impl=xla']) == (
+      "unknown config key 'baseline.model.conv_impl' (it is config.baseline.model.formulation.conv_impl now)")
 
 
 def test_a_config_recorded_with_the_layer_input_flags_reads_as_routing_inputs(tmp_path):

@@ -190,13 +190,13 @@ def unknown_key_problem(error: Exception, argv=(), experiment: Optional[str] = N
 
 
 def _renamed_key_hint(dotted: str) -> str:
-  """Where a key renamed by the config's layout lives now (the evaluators' flat keys)."""
-  from capsjax.workdir import FLAT_EVALUATOR_KEYS  # pylint: disable=g-import-not-at-top
-  if dotted not in FLAT_EVALUATOR_KEYS:
+  """Where a key moved by the config's layout lives now (capsjax.workdir.moved_key)."""
+  from capsjax.workdir import moved_key  # pylint: disable=g-import-not-at-top
+  now = moved_key(dotted)
+  if now is None:
     return ''
-  name, key, _ = FLAT_EVALUATOR_KEYS[dotted]
-  off = f'; 0 (off) is --config.evals.{name}.enabled=False' if dotted == 'routing_probe_iterations' else ''
-  return f' (it is config.evals.{name}.{key} now{off})'
+  off = '; 0 (off) is --config.evals.routing_probe.enabled=False' if dotted == 'routing_probe_iterations' else ''
+  return f' (it is config.{now} now{off})'
 
 
 def _routing_options_hint(argv, experiment: Optional[str]) -> str:

@@ -669,7 +669,8 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   params = abstract_state['params']
   num_params = models.count_params(params) // members
   param_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
-  chosen = formulations.describe(formulations.for_platform(config.model, parsed.platform))
+  formulation = models.chosen_formulation(config.model, parsed.platform)
+  chosen = formulations.describe(formulation) if formulation else []
   result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
                 config.batch_size, config.eval_batch_size, num_params, param_bytes,
                 chosen, training, evaluation, 0.0, model_choice=model_choice, members=members)

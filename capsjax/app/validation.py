@@ -20,6 +20,7 @@ from capsjax.keys import Key, RegisteredTuple
 from capsjax.models import MODELS, model_keys
 from capsjax.objectives import OBJECTIVES, loss_keys
 from capsjax.routing import ROUTINGS, routing_option_defaults, routing_option_keys
+from capsjax.workdir import moved_key
 
 # The modules declaring experiment sections (baseline.*, affnist.*, routing_zoo.*, sweep.*):
 # imported here, their rules and help lines are checked and shown with the base config's.
@@ -83,10 +84,20 @@ def _check_model(model, prefix: str, problems: List[str]) -> None:
     problems.append(f'config.{prefix}name={family!r}: allowed one of {", ".join(MODELS.names())}')
     return
   declared = model_keys(family)
-  unknown = [key for key in model.keys() if key not in declared]
+  names = dict.fromkeys(name.split('.')[0] for name in declared)   # its keys and sections
+  unknown = [key for key in model.keys() if key not in names]
   if unknown:
     problems.append(f'config.{prefix}{unknown[0]}: not a key of the {family!r} model (its keys: '
-                    f'{", ".join(declared)})')
+                    f'{", ".join(names)})' + moved_key_hint(prefix + unknown[0]))
+  for section in (name for name in names if name not in declared):
+    found, value = _get(model, section)
+    keys_of = [name[len(section) + 1:] for name in declared if name.startswith(section + '.')]
+    if found and not hasattr(value, 'keys'):
+      problems.append(f'config.{prefix}{section}={value!r}: allowed a section of {", ".join(keys_of)}')
+    elif found and any(key not in keys_of for key in value.keys()):
+      other = next(key for key in value.keys() if key not in keys_of)
+      problems.append(f'config.{prefix}{section}.{other}: not a key of model.{section} (its keys: '
+                      f'{", ".join(keys_of)})')
   _check_keys(model, declared, problems, prefix)
   if 'routing_options' in declared:
     for routing in ROUTINGS.names():   # each routing's section by its own options' rules
@@ -94,10 +105,17 @@ def _check_model(model, prefix: str, problems: List[str]) -> None:
                           for option, key in routing_option_keys(routing).items()}, problems, prefix)
   if len(problems) > before:
     return   # the family's own cross-field checks need valid fields
-  inputs_problem = conv_inputs_problem(model.conv_impl, model.conv_inputs) if 'conv_inputs' in model else None
+  (has_impl, impl), (has_inputs, inputs) = (_get(model, f'formulation.{key}') for key in ('conv_impl', 'conv_inputs'))
+  inputs_problem = conv_inputs_problem(impl, inputs) if has_impl and has_inputs else None
   if inputs_problem:
-    problems.append(f'config.{prefix}conv_inputs={model.conv_inputs!r}: {inputs_problem}')
+    problems.append(f'config.{prefix}formulation.conv_inputs={inputs!r}: {inputs_problem}')
   problems.extend(MODELS[family].check(model, prefix))
+
+
+def moved_key_hint(dotted: str) -> str:
+  """' (it is config.NEW now)' for a key that today's layout moved (capsjax.workdir.moved_key), else ''."""
+  now = moved_key(dotted)
+  return f' (it is config.{now} now)' if now else ''
 
 
 def _check_loss(loss, model, prefix: str, problems: List[str]) -> None:
