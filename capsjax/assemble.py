@@ -176,10 +176,6 @@ def initial_state(config, model_module, optimizer_transform):
   return state_maker(config, optimizer_transform)(model_module)
 
 
-def has_decoder(config) -> bool:
-  return MODELS[config.model.name].has_decoder(config.model)
-
-
 @dataclasses.dataclass(frozen=True)
 class Training:
   """What a run's steps are built from, read from the config once
@@ -211,10 +207,11 @@ def training(config, num_train_examples: int) -> Training:
   transform = optimizer(config, num_steps)
   per_member = (steps.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
                 if listed and 'recipe' in listed[0] else None)
-  family, decoder, evals = config.model.name, has_decoder(config), config.evals.to_dict()
+  family, evals = config.model.name, config.evals.to_dict()
   ensemble, eval_batch_size = bool(config.ensemble), config.eval_batch_size
 
   def evaluations_of(model_module, pipeline_, source, mesh, knobs):
+    decoder = MODELS[family].has_decoder(model_module)
     return evaluators.build(evals, evaluators.EvalContext(model_module, family, decoder, pipeline_, source, mesh,
                                                           knobs, ensemble, eval_batch_size))
 
@@ -228,8 +225,11 @@ def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, T
   the config's source), its model (the formulation chosen for `platform`), its training,
   and a note for each formulation the config asks for that is measured slow there."""
   split = splits(config, load)
-  notes = tuple(formulations.slow_choices(config.model.formulation, platform) if 'formulation' in config.model else ())
-  return split, model(config, platform), training(config, split[0].num_examples), notes
+  run_training = training(config, split[0].num_examples)
+  module = model(config, platform)
+  chosen = getattr(module, 'formulation', None)   # None: a family with no formulation of its own
+  notes = tuple(formulations.slow_choices(chosen, platform)) if chosen is not None else ()
+  return split, module, run_training, notes
 
 
 # ----------------------------------------------------------------------------- data

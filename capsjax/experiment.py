@@ -13,7 +13,7 @@ to do with a workdir that holds a run already, and which program runs (`PROGRAMS
 """
 import dataclasses
 import math
-from typing import Annotated, Any, Callable, Optional, Tuple
+from typing import Annotated, Any, Callable, Dict, Optional, Tuple
 
 from capsjax import assemble, sharding, steps
 from capsjax.data.pipeline import Pipeline
@@ -87,7 +87,8 @@ KEYS = tuple(annotated_keys(RunSettings).values())
 class Experiment:
   """A run built once from a validated config: what the training loop and the planner
   take (neither reads the config again for it). `steps`: the jitted step, evaluation,
-  state and memory estimates of one run or one vmapped ensemble."""
+  state and memory estimates of one run or one vmapped ensemble; `recorded`: the config as
+  a plain dict, which the loop writes into the workdir and never reads."""
   settings: RunSettings
   model: Any
   train: Pipeline
@@ -97,6 +98,7 @@ class Experiment:
   batch_size: int
   learning_rate: Callable[[int], float]      # the schedule: step → rate
   steps: steps.RunSteps
+  recorded: Dict[str, Any]                   # the config as config.json and results.json record it
   notes: Tuple[str, ...] = ()                # an explicit formulation measured slow on the platform
 
 
@@ -109,4 +111,5 @@ def build(config, mesh, platform: str = '', loader=None) -> Experiment:
   settings = RunSettings.of(config)
   (train, test, validation), model, training, notes = assemble.run(config, platform, loader)
   return Experiment(settings, model, train, test, validation, training.num_steps, training.batch_size,
-                    training.schedule, steps.build_program(training, model, train, test, mesh, validation), notes)
+                    training.schedule, steps.build_program(training, model, train, test, mesh, validation),
+                    config.to_dict(), notes)

@@ -312,12 +312,13 @@ SLOW_CHOICES = {
 }
 
 
-def slow_choices(section: Mapping[str, Any], platform: str = '') -> list:
-  """One line per option of `section` (a mapping: the config's model.formulation) set to a
-  value that SLOW_CHOICES lists for `platform` (default: JAX's default backend)."""
+def slow_choices(chosen: Formulation, platform: str = '') -> list:
+  """One line per option of `chosen` (a model's formulation) set to a value that
+  SLOW_CHOICES lists for `platform` (default: JAX's default backend); 'auto' never resolves
+  to one, so a formulation `for_platform` chose says the same as the config it came from."""
   backend = _platform(platform)
   lines = []
   for (option, value, slow_backend), why in SLOW_CHOICES.items():
-    if slow_backend == backend and option in section and str(section[option]) == value:
+    if slow_backend == backend and str(getattr(chosen, option)) == value:
       lines.append(f'note: model.formulation.{option}={value!r} on this {backend.upper()} is slow: {why}.')
   return lines

@@ -112,7 +112,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       built = experiment_lib.build(config, sharding.data_mesh())
       for line in built.notes:   # an explicit formulation measured slow here
         _log(line)
-      return _train(config, built, workdir, stop_at_step or settings.stop_at_step or None, is_writer)
+      return _train(built, workdir, stop_at_step or settings.stop_at_step or None, is_writer)
   except CapsjaxError:
     if created and is_writer:   # a start that failed leaves no workdir behind
       workdir_lib.discard_unbound(workdir)
@@ -122,9 +122,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 PROGRAMS.register('train', train_and_evaluate)
 
 
-def _train(config, built: experiment_lib.Experiment, workdir: str, stop_at_step: Optional[int],
+def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optional[int],
            is_writer: bool) -> RunResult:
-  """The loop over `built`; `config` is only recorded (config.json, results.json)."""
+  """The loop over `built` (its config only recorded: config.json, results.json)."""
   settings, program, train, test, validation = built.settings, built.steps, built.train, built.test, built.validation
   num_steps = built.num_steps
   members = program.members
@@ -170,7 +170,7 @@ def _train(config, built: experiment_lib.Experiment, workdir: str, stop_at_step:
     if first_step < run.last_step:
       _log('compiling the training step…')
     train_metrics = None
-    record_config = (lambda: workdir_lib.record_config(workdir, config)) if is_writer else (lambda: None)
+    record_config = (lambda: workdir_lib.record_config(workdir, built.recorded)) if is_writer else (lambda: None)
     if first_step >= run.last_step:
       record_config()   # nothing to train: the restore has shown that the config fits
     in_flight = collections.deque()
@@ -205,7 +205,7 @@ def _train(config, built: experiment_lib.Experiment, workdir: str, stop_at_step:
     stopped = RunStopped(done, run.num_steps, run.stop_reason or 'stop_at_step')
     _log(str(stopped))
     raise stopped
-  results = reports.run_results(run, config.to_dict(), train_metrics, previous, num_params, members,
+  results = reports.run_results(run, built.recorded, train_metrics, previous, num_params, members,
                                 (train.num_examples, test.num_examples,
                                  validation.num_examples if validation is not None else None), metrics_log.read())
   if is_writer:

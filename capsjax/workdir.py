@@ -369,11 +369,12 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict, allow_change: b
   return differences
 
 
-def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes config.json when it is missing or differs (after `bind_config` allowed it)."""
+def record_config(workdir: str, recorded: Dict[str, Any]) -> None:
+  """Writes config.json (`recorded`: the config as a dict) when it is missing or differs
+  (after `bind_config` allowed it)."""
   path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(path) or bind_config(workdir, config, allow_change=True):
-    write_json(path, config.to_dict())
+  if not os.path.isfile(path) or bind_config(workdir, ml_collections.ConfigDict(recorded), allow_change=True):
+    write_json(path, recorded)
 
 
 class MetricsLog:

@@ -248,12 +248,12 @@ def test_auto_never_resolves_to_a_choice_measured_slow_and_explicit_ones_say_so(
   for option, value, backend in formulations.SLOW_CHOICES:
     if option in ('conv_impl', 'patches_inference', 'routing_loop'):
       assert value not in formulations.choices(option, backend), (option, backend)
-  paper = {'conv_impl': 'auto', 'dtype': 'float32', 'conv_inputs': 'float32'}
+  paper = formulations.for_platform({'conv_impl': 'auto', 'dtype': 'auto'}, 'cpu')   # as a run builds it
   assert formulations.slow_choices(paper, 'cpu') == []
-  lines = formulations.slow_choices(dict(paper, conv_impl='xla', dtype='bfloat16'), 'cpu')
+  lines = formulations.slow_choices(Formulation(conv_impl='xla', dtype='bfloat16'), 'cpu')
   assert len(lines) == 2 and all(line.startswith('note: model.formulation.') and '\n' not in line for line in lines)
   assert "conv_impl='xla'" in lines[0] and 'conv_inputs' in lines[1]   # the faster way is named
-  assert formulations.slow_choices(dict(paper, conv_impl='xla'), 'gpu') == []   # slow on CPUs only
+  assert formulations.slow_choices(Formulation(conv_impl='xla'), 'gpu') == []   # slow on CPUs only
 
 
 def _dot_instructions(compiled_text: str) -> list:

@@ -97,7 +97,7 @@ def test_config_is_written_after_the_first_step_and_a_changed_config_is_refused(
   assert workdir_lib.bind_config(str(tmp_path), runtime_only) == []
   assert workdir_lib.bind_config(str(tmp_path), changed, allow_change=True) == ['learning_rate: 0.001 → 0.5',
                                                                                 'seed: 0 → 3']
-  workdir_lib.record_config(str(tmp_path), changed)
+  workdir_lib.record_config(str(tmp_path), changed.to_dict())
   assert json.loads((tmp_path / 'config.json').read_text())['learning_rate'] == 0.5
 
   # Another model's shapes cannot continue the run, allowed or not; config.json stays.
