@@ -207,17 +207,18 @@ def training(config, num_train_examples: int) -> Training:
   transform = optimizer(config, num_steps)
   per_member = (steps.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
                 if listed and 'recipe' in listed[0] else None)
+  run_objective, run_schedule, make_state = objective(config), schedule(config, num_steps), state_maker(config, transform)
   family, evals = config.model.name, config.evals.to_dict()
   ensemble, eval_batch_size = bool(config.ensemble), config.eval_batch_size
+  decoder = MODELS[family].has_decoder(config.model)
 
   def evaluations_of(model_module, pipeline_, source, mesh, knobs):
-    decoder = MODELS[family].has_decoder(model_module)
     return evaluators.build(evals, evaluators.EvalContext(model_module, family, decoder, pipeline_, source, mesh,
                                                           knobs, ensemble, eval_batch_size))
 
-  return Training(num_steps, objective(config), schedule(config, num_steps), transform, per_member, listed,
-                  config.seed, config.ema_decay, config.batch_size, eval_batch_size, config.eval_shift_averaging,
-                  state_maker(config, transform), evaluations_of)
+  return Training(num_steps, run_objective, run_schedule, transform, per_member, listed, config.seed,
+                  config.ema_decay, config.batch_size, eval_batch_size, config.eval_shift_averaging, make_state,
+                  evaluations_of)
 
 
 def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, Tuple[str, ...]]:
@@ -226,7 +227,7 @@ def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, T
   and a note for each formulation the config asks for that is measured slow there."""
   split = splits(config, load)
   run_training = training(config, split[0].num_examples)
-  module = model(config, platform)
+  module = model_for_platform(config.model, platform)
   chosen = getattr(module, 'formulation', None)   # None: a family with no formulation of its own
   notes = tuple(formulations.slow_choices(chosen, platform)) if chosen is not None else ()
   return split, module, run_training, notes

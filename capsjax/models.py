@@ -71,8 +71,7 @@ def initializers(name: str):
 #   objectives     the objectives (capsjax.objectives) it trains with
 #   capsules       it has `classify` (capsules, activations), `encode` and `decode`: the
 #                  explorer, the figures and segmentation read capsules
-#   has_decoder    model config (or the module built from it) → whether it reconstructs
-#                  (reconstruction images, predict, the reconstruction evaluator)
+#   has_decoder    model config → whether it reconstructs (reconstruction images, predict)
 #   routing_probe  its `encode` returns routing logits when its routing has them
 #   check          (model config, key prefix) → problems, one line each (validation)
 MODELS = Registry('model', objectives=(), capsules=False, has_decoder=lambda model: False,
@@ -148,7 +147,7 @@ def _cnn_problems(model, prefix: str) -> List[str]:
 
 
 @register_model('capsnet', objectives=('capsnet',), capsules=True, routing_probe=True,
-                has_decoder=lambda model: bool(model.use_decoder), check=_capsnet_problems)
+                has_decoder=lambda model: bool(model.get('use_decoder')), check=_capsnet_problems)
 class CapsNet(nn.Module):
   """Conv1 → PrimaryCaps → DigitCaps (routing) → Decoder.
 
