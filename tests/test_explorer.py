@@ -257,6 +257,11 @@ def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):
   assert isinstance(config, ml_collections.ConfigDict) and config.model.conv1_channels == 16
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4), params,
                jax.tree.map(np.asarray, explorer.params))   # float16 storage
+  # An export written before model.formulation (its options then flat model keys) reads the same.
+  old = json.loads((tmp_path / 'config.json').read_text())
+  old['model'].update(old['model'].pop('formulation'))
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  assert trained.read_exported(str(tmp_path))[0].model.to_dict() == config.model.to_dict()
 
 
 # ------------------------------------------------------------------------- start-up errors
