@@ -12,6 +12,7 @@
    it reaches, in order, and how often the path returns to a module it had left.
 """
 import argparse
+import contextlib
 import glob
 import os
 import sys
@@ -33,15 +34,12 @@ def line_counts() -> dict:
   return counts
 
 
-def config_path(data_dir: str) -> list:
+@contextlib.contextmanager
+def config_probe():
+  """While active (this thread), notes every capsjax function entered with a ConfigDict
+  among its arguments or captured variables: yields the list of their modules in order
+  (a module listed again only after another)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from capsjax import train  # pylint: disable=g-import-not-at-top
-  from capsjax.experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
-  config = mnist_smoke.get_config()
-  config.data_dir = data_dir
-  config.num_steps, config.num_train_examples, config.num_test_examples = 4, 256, 128
-  for name in config.evals:
-    config.evals[name].enabled = False
   path = []
 
   def profile(frame, event, arg):
@@ -54,9 +52,26 @@ def config_path(data_dir: str) -> list:
 
   sys.setprofile(profile)
   try:
-    train.train_and_evaluate(config, tempfile.mkdtemp())
+    yield path
   finally:
     sys.setprofile(None)
+
+
+def returns(path: list) -> int:
+  """How often `path` comes back to a module it had left."""
+  return len(path) - len(dict.fromkeys(path))
+
+
+def config_path(data_dir: str) -> list:
+  from capsjax import train  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
+  config = mnist_smoke.get_config()
+  config.data_dir = data_dir
+  config.num_steps, config.num_train_examples, config.num_test_examples = 4, 256, 128
+  for name in config.evals:
+    config.evals[name].enabled = False
+  with config_probe() as path:
+    train.train_and_evaluate(config, tempfile.mkdtemp())
   return path
 
 
@@ -69,9 +84,8 @@ def main() -> int:
         f"{counts['application']}; the rest is {100 * counts['rest_share_of_library']:.1f} % of the library")
   path = config_path(args.data_dir)
   reached = list(dict.fromkeys(path))
-  returns = len(path) - len(reached)
   print(f'the config reaches {len(reached)} modules: {", ".join(m.removeprefix("capsjax.") for m in reached)}')
-  print(f'path ({returns} returns to a module already left): '
+  print(f'path ({returns(path)} returns to a module already left): '
         + ' → '.join(m.removeprefix('capsjax.') for m in path))
   return 0
 

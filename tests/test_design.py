@@ -2,6 +2,7 @@
 no code compares a registered name to a string literal, imports run downward only, the
 experiments are never imported by the library, and the config is read at the boundary."""
 import ast
+import importlib.util
 import os
 
 import pytest
@@ -12,6 +13,7 @@ from capsjax.data.tasks import TASKS
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.routing import ROUTINGS
+from helpers import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'capsjax')
@@ -278,3 +280,17 @@ def test_every_module_s_keys_are_collected_by_the_fixed_lists():
   collected = {module.__name__ for module in defaults.SECTIONS + validation.SECTION_OWNERS}
   assert declaring == collected, (sorted(declaring - collected), sorted(collected - declaring))
   assert len(defaults.run_keys(validation.SECTION_OWNERS)) > 60
+
+
+def test_the_config_from_the_training_entry_point_reaches_few_modules_in_one_pass(mnist_dir, tmp_path):
+  """BUILD.md's config boundary: the config (or a piece of it), followed from
+  train_and_evaluate through every capsjax function entered with it, reaches at most 8
+  modules and comes back to one it had left at most 5 times (benchmarks/design_report.py
+  prints the path; docs/results.md, "The design")."""
+  from capsjax import train  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location('design_report', os.path.join(ROOT, 'benchmarks', 'design_report.py'))
+  report = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(report)
+  with report.config_probe() as path:
+    train.train_and_evaluate(tiny_config(mnist_dir, num_steps=2), str(tmp_path))
+  assert len(set(path)) <= 8 and report.returns(path) <= 5, ' → '.join(path)
