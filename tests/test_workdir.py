@@ -10,7 +10,7 @@ import time
 import orbax.checkpoint as ocp
 import pytest
 
-from capsjax import train
+from capsjax import formulations, train
 from capsjax.app.trained import TrainedModel, load_trained
 from capsjax import workdir as workdir_lib
 from capsjax.errors import CheckpointError, ConfigError, DataError, RunStopped, WorkdirError
@@ -238,8 +238,8 @@ def test_a_run_recorded_before_model_formulation_reads_with_it_and_resumes_where
   """Before 2026-11-26 the formulation options were flat model keys (model.conv_impl, …):
   a recorded config reads with each model's model.formulation section (a CNN's over the
   CNN's defaults), its sweep variants too; and model.dtype's default became 'auto'
-  (bfloat16 on a GPU, float32 elsewhere) that day: 'float32' binds to today's config on a
-  CPU, 'bfloat16' does not. A flat key on the command line names where it lives now."""
+  (bfloat16 on a GPU, float32 elsewhere) that day: the dtype 'auto' computes in here binds
+  to today's config, the other does not. A flat key on the command line names where it lives now."""
   from capsjax import defaults  # pylint: disable=g-import-not-at-top
   from capsjax.app import launch  # pylint: disable=g-import-not-at-top
   from capsjax.models import model_config  # pylint: disable=g-import-not-at-top
@@ -256,13 +256,16 @@ def test_a_run_recorded_before_model_formulation_reads_with_it_and_resumes_where
   assert read.baseline.model.formulation.to_dict() == dict(model_config('cnn').formulation,
                                                            conv_impl='patches', patches_inference='chunked')
   assert list(read.sweep.variants) == ['paper:', 'fast: model.formulation.conv_impl = patches, model.routing=em']
+  # What 'auto' computes in on this backend (float32 on a CPU, bfloat16 on a GPU) binds; the other does not.
+  same = formulations.resolve('dtype', 'auto')
+  other = 'bfloat16' if same == 'float32' else 'float32'
   del old['baseline'], old['sweep']
-  old['model']['conv_impl'] = 'auto'
+  old['model'].update(conv_impl='auto', dtype=same)
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  assert workdir_lib.bind_config(str(tmp_path), config) == []   # this suite runs on a CPU
-  old['model']['dtype'] = 'bfloat16'
+  assert workdir_lib.bind_config(str(tmp_path), config) == []
+  old['model']['dtype'] = other
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  with pytest.raises(ConfigError, match="model.formulation.dtype: 'bfloat16' → 'auto'"):
+  with pytest.raises(ConfigError, match=f"model.formulation.dtype: '{other}' → 'auto'"):
     workdir_lib.bind_config(str(tmp_path), config)
   assert launch.unknown_key_problem(KeyError('conv_impl'), ['run.py', '--config.baseline.model.conv_impl=xla']) == (
       "unknown config key 'baseline.model.conv_impl' (it is config.baseline.model.formulation.conv_impl now)")
