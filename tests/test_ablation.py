@@ -51,6 +51,7 @@ def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir,
   # shifts and (traced) routing iteration count, all inside one vmapped program.
   config = _ensemble_config(mnist_dir, seeds=(0, 1), routing_iterations=(1, 3),
                             reconstruction_weights=(0.0005,))
+  config.model.formulation.dtype = 'float32'   # on any backend (a GPU's 'auto' is bfloat16): float32's tolerance
   together = train.train_and_evaluate(config, str(tmp_path / 'ensemble'))
   _, _, ensemble_params = load_trained(str(tmp_path / 'ensemble'))
   members = together['members']

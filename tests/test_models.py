@@ -117,7 +117,9 @@ def test_capsnet_with_bfloat16_conv_inputs_stays_close_to_float32():
   small = dict(conv1_channels=16, conv1_kernel=3, primary_types=4, primary_kernel=3, input_shape=(12, 12, 1),
                decoder_hidden=(16,), use_decoder=True)
   images = jax.random.uniform(jax.random.key(11), (3, 12, 12, 1))
-  exact, rounded = CapsNet(**small), CapsNet(formulation=Formulation(conv_inputs='bfloat16', dtype='auto'), **small)
+  # float32 compute on any backend (a GPU's 'auto' is bfloat16, which would round the inputs anyway).
+  exact, rounded = (CapsNet(formulation=Formulation(conv_inputs=inputs, dtype='float32'), **small)
+                    for inputs in ('float32', 'bfloat16'))
   params = exact.init(jax.random.key(12), images)['params']
   out_exact = jax.jit(exact.apply)({'params': params}, images)
   out_rounded = jax.jit(rounded.apply)({'params': params}, images)
@@ -160,7 +162,9 @@ def test_bfloat16_compute_stays_close_to_float32_and_auto_picks_it_for_a_gpu():
 def test_capsnet_formulations_agree():
   small = dict(conv1_channels=16, primary_types=4, use_decoder=True)
   images = jax.random.uniform(jax.random.key(2), (3, 28, 28, 1))
-  model_xla, model_patches = (CapsNet(formulation=Formulation(conv_impl=impl, dtype='auto'), **small) for impl in ('xla', 'patches'))
+  # float32 on any backend (a GPU's 'auto' is bfloat16): the tolerance is float32's.
+  model_xla, model_patches = (CapsNet(formulation=Formulation(conv_impl=impl, dtype='float32'), **small)
+                              for impl in ('xla', 'patches'))
   params = model_xla.init(jax.random.key(3), images)['params']
   out_xla = jax.jit(model_xla.apply)({'params': params}, images)   # compiled: faster than op by op
   out_patches = jax.jit(model_patches.apply)({'params': params}, images)

@@ -260,6 +260,7 @@ def test_recipes_as_one_program_equal_each_recipe_alone_and_resume_bit_for_bit(m
   # member. Stated tolerance: parameters within 2e-5 absolute after 4 steps (measured 2.5e-6:
   # vmapped and plain programs round differently; the two recipes alone differ by 9e-3).
   base = tiny_config(mnist_dir, num_steps=4, checkpoint_every_steps=100)
+  base.model.formulation.dtype = 'float32'   # on any backend (a GPU's 'auto' is bfloat16): float32's tolerance
   base.ensemble = ml_collections.ConfigDict(dict(seeds=(0,), recipes=(
       'paper:',
       'fast: learning_rate=3e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=2, augment.rotation=10.0, '

@@ -29,6 +29,7 @@ def _peer():
 def test_the_peer_equals_capsjax_for_the_same_weights():
   peer = _peer()
   config = tiny_config('')
+  config.model.formulation.dtype = 'float32'   # as the peer, on any backend (a GPU's 'auto' is bfloat16)
   model = assemble.model(config)
   rng = np.random.default_rng(0)
   images = rng.random((4, 28, 28, 1), np.float32)
