@@ -35,6 +35,9 @@ CONV_INPUTS = ('float32', 'bfloat16')
 # The compute dtype of convolutions and capsule predictions (parameters, routing softmax,
 # squash, losses and the optimizer stay float32).
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
+# The options whose every choice computes the same values (up to float32 rounding); dtype
+# and conv_inputs are accuracy choices.
+SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop')
 
 
 @dataclasses.dataclass(frozen=True)

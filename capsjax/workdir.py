@@ -140,21 +140,24 @@ def _comparable(value):
   return json.loads(json.dumps(value, default=str))
 
 
-# Model keys whose 'auto' stands for a backend's entry of capsjax.formulations.FASTEST: a
+# A model's dtype 'auto' stands for a backend's entry of capsjax.formulations.FASTEST: a
 # value and the 'auto' that resolves to it on this backend compute the same (a run recorded
-# with model.dtype='float32' before 'auto' was the default resumes on a CPU unchanged; on a
-# GPU, where 'auto' is bfloat16, it is a change).
-_RESOLVED_KEYS = ('dtype', 'routing_loop', 'patches_inference')
-
-
+# with dtype 'float32' before 'auto' was the default resumes on a CPU unchanged; on a GPU,
+# where 'auto' is bfloat16, it is a change).
 def _resolved(key: str, value):
-  option = key.rsplit('.', 1)[-1]
-  if key.split('.')[0] == 'model' and option in _RESOLVED_KEYS and isinstance(value, str):
+  if key.startswith('model.') and key.endswith('.dtype') and isinstance(value, str):
     try:
-      return formulations.resolve(option, value)
+      return formulations.resolve('dtype', value)
     except ValueError:
       return value
   return value
+
+
+def _same_values(key: str) -> bool:
+  """A formulation option whose choices compute the same values (conv_impl, …): a run
+  may continue in another (on another backend, say) as it may with another log cadence."""
+  *section, option = key.split('.')
+  return section[-1:] == ['formulation'] and option in formulations.SAME_VALUES
 
 
 def config_differences(saved: Dict[str, Any], config: ml_collections.ConfigDict) -> List[str]:
@@ -163,7 +166,7 @@ def config_differences(saved: Dict[str, Any], config: ml_collections.ConfigDict)
   new = dict(_flatten(_comparable(config.to_dict())))
   differences = []
   for key in sorted(set(old) | set(new)):
-    if key.split('.')[0] in RUNTIME_KEYS:
+    if key.split('.')[0] in RUNTIME_KEYS or _same_values(key):
       continue
     if _resolved(key, old.get(key, '<absent>')) != _resolved(key, new.get(key, '<absent>')):
       differences.append(f'{key}: {old.get(key, "<absent>")!r} → {new.get(key, "<absent>")!r}')

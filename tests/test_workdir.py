@@ -239,7 +239,8 @@ def test_a_run_recorded_before_model_formulation_reads_with_it_and_resumes_where
   a recorded config reads with each model's model.formulation section (a CNN's over the
   CNN's defaults), its sweep variants too; and model.dtype's default became 'auto'
   (bfloat16 on a GPU, float32 elsewhere) that day: the dtype 'auto' computes in here binds
-  to today's config, the other does not. A flat key on the command line names where it lives now."""
+  to today's config, the other does not; a formulation that computes the same values
+  (conv_impl, routing_loop) does not bind. A flat key on the command line names where it lives now."""
   from capsjax import defaults  # pylint: disable=g-import-not-at-top
   from capsjax.app import launch  # pylint: disable=g-import-not-at-top
   from capsjax.models import model_config  # pylint: disable=g-import-not-at-top
@@ -260,7 +261,7 @@ def test_a_run_recorded_before_model_formulation_reads_with_it_and_resumes_where
   same = formulations.resolve('dtype', 'auto')
   other = 'bfloat16' if same == 'float32' else 'float32'
   del old['baseline'], old['sweep']
-  old['model'].update(conv_impl='auto', dtype=same)
+  old['model'].update(dtype=same, routing_loop='unrolled')   # and conv_impl 'xla': the same values as 'auto'
   (tmp_path / 'config.json').write_text(json.dumps(old))
   assert workdir_lib.bind_config(str(tmp_path), config) == []
   old['model']['dtype'] = other
