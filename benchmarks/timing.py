@@ -53,7 +53,7 @@ def is_paper_architecture(model_config) -> bool:
           and model_config.get('decoder', 'dense') == 'dense')
 
 
-def formulation_of(model_config):
+def formulation_section(model_config):
   """A model config's formulation section (a model config recorded before model.formulation
   held its options itself)."""
   return model_config.get('formulation') or model_config
@@ -64,7 +64,7 @@ def conv_layers(model_config, batch: int = 128) -> dict:
   from capsjax.formulations import ConvLayer  # pylint: disable=g-import-not-at-top
   height, width, channels = model_config.input_shape
   k1, k2, stride = model_config.conv1_kernel, model_config.primary_kernel, model_config.primary_stride
-  inputs = formulation_of(model_config).get('conv_inputs', 'float32')
+  inputs = formulation_section(model_config).get('conv_inputs', 'float32')
   conv1 = ConvLayer(height, width, channels, model_config.conv1_channels, k1, 1, inputs, batch)
   h1, w1 = conv1.output_size()
   primary = ConvLayer(h1, w1, model_config.conv1_channels, model_config.primary_types * model_config.primary_dim,
@@ -89,7 +89,7 @@ def capsnet_flops(model_config, backend: str = '', batch: int = 128) -> dict:
   direct = {name: 2 * layer.direct_multiply_adds() for name, layer in layers.items()}
   performed = {}
   for name, layer in layers.items():
-    impl = formulations.resolve('conv_impl', formulation_of(model_config).get('conv_impl', 'auto'), backend, layer)
+    impl = formulations.resolve('conv_impl', formulation_section(model_config).get('conv_impl', 'auto'), backend, layer)
     performed[name] = (2 * layer.fourier_multiply_adds() if impl == 'fourier' else
                        2 * layer.space_to_depth_multiply_adds() if impl == 'space_to_depth' else direct[name])
   predictions = 2 * in_caps * classes * dim * model_config.primary_dim

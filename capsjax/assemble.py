@@ -19,7 +19,7 @@ from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preproce
 from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source, with_image_size
 from capsjax.data.tasks import TASKS, Splits, Task, at_most
 from capsjax.errors import ConfigError
-from capsjax.models import MODELS, model_for_platform
+from capsjax.models import MODELS, formulation_of, model_for_platform
 from capsjax.objectives import OBJECTIVES, Objective, make_objective
 
 
@@ -228,7 +228,7 @@ def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, T
   split = splits(config, load)
   run_training = training(config, split[0].num_examples)
   module = model_for_platform(config.model, platform)
-  chosen = getattr(module, 'formulation', None)   # None: a family with no formulation of its own
+  chosen = formulation_of(module)
   notes = tuple(formulations.slow_choices(chosen, platform)) if chosen is not None else ()
   return split, module, run_training, notes
 

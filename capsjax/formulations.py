@@ -73,12 +73,12 @@ class Formulation:
       'compute dtype of convolutions and capsule predictions (routing, losses, dense layers and the '
       'decoder stay float32; auto: bfloat16 on a GPU, else float32)'))] = None
 
-  def with_dtype(self, platform: str = '') -> 'Formulation':
-    """This formulation with its dtype a jnp dtype (None stays: the input's), 'auto' as
-    `platform`'s entry ('': JAX's default backend, where a model is traced)."""
+  def with_dtype(self) -> 'Formulation':
+    """This formulation with its dtype a jnp dtype (None stays: the input's; 'auto' left by
+    a library user: JAX's default backend's entry, where the model is traced)."""
     if self.dtype is None:
       return self
-    return dataclasses.replace(self, dtype=jnp.dtype(resolve('dtype', self.dtype, platform)))
+    return dataclasses.replace(self, dtype=jnp.dtype(resolve('dtype', self.dtype)))
 
 
 def conv_inputs_problem(conv_impl: str, conv_inputs: str) -> Optional[str]:

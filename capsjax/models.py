@@ -441,18 +441,19 @@ def build_model(name: str, **fields) -> nn.Module:
   return cls(**fields)
 
 
-def chosen_formulation(model, platform: str = '') -> Optional[formulations.Formulation]:
-  """The model config `model`'s formulation section, its 'auto' options chosen for
-  `platform` (capsjax.formulations.for_platform; '' : JAX's default backend); None for a
-  family without one (a user's family may declare none)."""
-  return formulations.for_platform(model.formulation, platform) if 'formulation' in model else None
-
-
 def model_for_platform(model, platform: str = '') -> nn.Module:
   """The module of the model config `model` (config.model), its formulation's 'auto'
-  options chosen once for `platform`: what a run, the planner and the memory estimate build."""
-  chosen = chosen_formulation(model, platform)
-  return build_model(**model) if chosen is None else build_model(**{**model, 'formulation': chosen})
+  options chosen once for `platform` (capsjax.formulations.for_platform; '' : JAX's default
+  backend): what a run, the planner and the memory estimate build."""
+  if 'formulation' not in model:   # a user's family may declare none
+    return build_model(**model)
+  return build_model(**{**model, 'formulation': formulations.for_platform(model.formulation, platform)})
+
+
+def formulation_of(module: nn.Module) -> Optional[formulations.Formulation]:
+  """The formulation a built model computes with (what `model_for_platform` chose), or
+  None for a family without one."""
+  return getattr(module, 'formulation', None)
 
 
 def count_params(params) -> int:

@@ -413,7 +413,6 @@ def member_knobs(members):
   return knobs
 
 
-
 @dataclasses.dataclass
 class RunSteps:
   """The jitted train step and evaluation of one run or one vmapped ensemble (not an
@@ -473,7 +472,7 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
   ensemble = members is not None
   knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
   train_step = make_train_step(objective, model, training.optimizer, train, training.seed, ensemble, mesh,
-                                     training.ema_decay, training.member_optimizer)
+                               training.ema_decay, training.member_optimizer)
   shifts, groups = training.shift_averaging, recipe_groups(members)
   eval_step = make_eval_step(objective, model, test, ensemble, shifts, groups)
   train_source = sharding.replicate(train.source, mesh)
@@ -526,5 +525,4 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
             'evaluation': eval_step.lower(state['params'], test_source, host_batch, weights, knobs)}
 
   return RunSteps(train_step, step_arguments, evaluate_test, validate, evaluations,
-                 lambda: training.make_state(model), members,
-                 memory_estimates, mesh, lower)
+                  lambda: training.make_state(model), members, memory_estimates, mesh, lower)

@@ -252,6 +252,8 @@ FLAT_EVALUATOR_KEYS = {
 # Before model.formulation (2026-11-26) a model's formulation options (Formulation's fields)
 # were keys of the model section itself.
 FORMULATION_KEYS = tuple(field.name for field in dataclasses.fields(formulations.Formulation))
+# A sweep variant's flat formulation override ('model.conv_impl=xla').
+_FLAT_FORMULATION = re.compile(r'(\bmodel\.)(%s)\b(?=\s*=)' % '|'.join(FORMULATION_KEYS))
 
 
 def moved_key(dotted: str) -> Optional[str]:
@@ -282,9 +284,6 @@ def _formulation_sections(tree: Dict[str, Any]) -> Dict[str, Any]:
     tree['variants'] = [_FLAT_FORMULATION.sub(r'\1formulation.\2', variant) if isinstance(variant, str) else variant
                         for variant in tree['variants']]
   return tree
-
-
-_FLAT_FORMULATION = re.compile(r'(\bmodel\.)(%s)\b(?=\s*=)' % '|'.join(FORMULATION_KEYS))
 
 
 def _evaluators_as_sections(tree: Dict[str, Any]) -> Dict[str, Any]:

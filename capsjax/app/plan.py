@@ -580,10 +580,9 @@ def _zeros_loader(config):
 
 
 def _program(config, mesh, platform: str):
-  """(the run's RunSteps on `mesh`, whose devices are `platform`'s, its training examples per epoch)."""
+  """The run built on `mesh`, whose devices are `platform`'s (capsjax.experiment.Experiment)."""
   from capsjax import experiment  # pylint: disable=g-import-not-at-top
-  built = experiment.build(config, mesh, platform, _zeros_loader(config))
-  return built.steps, built.train.num_examples
+  return experiment.build(config, mesh, platform, _zeros_loader(config))
 
 
 def _silent(line: str) -> None:
@@ -653,7 +652,8 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   started = time.time()
   config = assemble.resolve_data(config)
   config, model_choice = assemble.choose_model(config, None, available=hbm_per_device, platform=parsed.platform)
-  program, train_examples = _program(config, mesh, parsed.platform)
+  built = _program(config, mesh, parsed.platform)
+  program, train_examples = built.steps, built.train.num_examples
   abstract_state = program.abstract_state
   log(f'compiling the training step and an evaluation batch for {parsed.topology_name} '
       f'({len(devices)} devices)…')
@@ -669,7 +669,7 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   params = abstract_state['params']
   num_params = models.count_params(params) // members
   param_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
-  formulation = models.chosen_formulation(config.model, parsed.platform)
+  formulation = models.formulation_of(built.model)   # as chosen for the target's platform
   chosen = formulations.describe(formulation) if formulation else []
   result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
                 config.batch_size, config.eval_batch_size, num_params, param_bytes,
@@ -683,7 +683,7 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
 def _training_memory(config, mesh, platform: str, per_device: int, show: bool = False) -> Dict[str, Any]:
   config = ml_collections.ConfigDict(config.to_dict())
   config.batch_size = per_device * mesh.size
-  program, _ = _program(config, mesh, platform)
+  program = _program(config, mesh, platform).steps
   lowered = program.lower(program.abstract_state)['training']
   return analyse(_compile(lowered, f'the training step at {per_device} per device', show), lowered, mesh.size)
 

@@ -159,6 +159,7 @@ def _augmentation_problem(augmentation, task):
 RULES = (Across(('num_train_examples', 'batch_size', 'task'), _examples_problem),
          Across(('augment', 'task'), _augmentation_problem))
 
+
 def at_most(key: str, value: int, available: int, what: str) -> int:
   """config.KEY = value, refused when the data has fewer (never silently clamped)."""
   if value > available:
