@@ -19,6 +19,8 @@ from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preproce
 from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source, with_image_size
 from capsjax.data.tasks import TASKS, Splits, Task, at_most
 from capsjax.errors import ConfigError
+from capsjax.keys import is_int
+from capsjax.layout import moved_key
 from capsjax.models import MODELS, formulation_of, model_for_platform
 from capsjax.objectives import OBJECTIVES, Objective, make_objective
 
@@ -98,22 +100,31 @@ def _recipe_member(config, name: str, recipe, seed: int, knobs) -> Dict[str, Any
 
 def overridden(config, overrides: Dict[str, Any], what: str = 'override') -> ml_collections.ConfigDict:
   """A copy of `config` with `overrides` (dotted key → value) set; unknown keys refused
-  (`what` names the override in the error: a sweep's, a recipe's)."""
-  variant = ml_collections.ConfigDict(config.to_dict())
+  (`what` names the override in the error: a sweep's, a recipe's). An integer given for a
+  float key becomes that float, as on the command line; any other value is set as given,
+  for validation to check by the key's rule (None, True for a number: refused there)."""
+  variant = ml_collections.ConfigDict(config.to_dict(), type_safe=False)   # a value of another type: refused by its rule
   for key, value in overrides.items():
-    *parents, leaf = key.split('.')
+    parts = key.split('.')
     node = variant
-    for parent in parents:
-      node = node[parent] if parent in node else None
-      if node is None:
-        raise ConfigError(f'{what} {key!r}: no such config key')
-    if leaf not in node:
-      raise ConfigError(f'{what} {key!r}: no such config key')
-    try:
-      node[leaf] = type(node[leaf])(value) if isinstance(node[leaf], float) else value
-    except (TypeError, ValueError) as e:
-      raise ConfigError(f'{what} {key}={value!r}: {e}') from None
+    for depth, part in enumerate(parts):
+      if not part:
+        raise ConfigError(f'{what} {key!r}: no such config key (a key path has no empty part)')
+      if not hasattr(node, 'keys'):
+        raise ConfigError(f'{what} {key!r}: no such config key ({".".join(parts[:depth])} is a value, not a section)')
+      if part not in node:
+        raise ConfigError(f'{what} {key!r}: no such config key' + _moved_key_hint(key))
+      if depth < len(parts) - 1:
+        node = node[part]
+    given = float(value) if isinstance(node[parts[-1]], float) and is_int(value) else value
+    del node[parts[-1]]   # (ml_collections would turn True into 1.0 for a float key)
+    node[parts[-1]] = given
   return variant
+
+
+def _moved_key_hint(dotted: str) -> str:
+  now = moved_key(dotted)
+  return f' (it is config.{now} now)' if now else ''
 
 
 def recipes(config) -> List[Tuple[str, ml_collections.ConfigDict]]:
@@ -182,7 +193,7 @@ class Training:
   (capsjax.steps.build_program takes it; the steps never see the config)."""
   num_steps: int
   objective: Objective
-  schedule: optax.Schedule
+  schedule: Callable[[int], Any]                   # step → the learning rate (recipe members: one each)
   optimizer: optax.GradientTransformation
   member_optimizer: Optional[Callable[..., Any]]   # recipe members: each its own (steps.member_optimizer)
   members: Optional[List[Dict[str, Any]]]          # None: a single run
@@ -208,6 +219,9 @@ def training(config, num_train_examples: int) -> Training:
   per_member = (steps.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
                 if listed and 'recipe' in listed[0] else None)
   run_objective, run_schedule, make_state = objective(config), schedule(config, num_steps), state_maker(config, transform)
+  if per_member:   # what each recipe member trains at, as metrics.jsonl records it
+    by_recipe = {name: schedule(recipe, num_steps) for name, recipe in recipes(config)}
+    run_schedule = lambda step: [by_recipe[member['recipe']](step) for member in listed]
   family, evals = config.model.name, config.evals.to_dict()
   ensemble, eval_batch_size = bool(config.ensemble), config.eval_batch_size
   decoder = MODELS[family].has_decoder(config.model)

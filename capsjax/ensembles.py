@@ -16,7 +16,7 @@ import ast
 from typing import Any, Dict, List, Tuple
 
 from capsjax.errors import ConfigError
-from capsjax.keys import Across, Rule, key, ints_at_least, numbers_at_least
+from capsjax.keys import Across, Rule, key, ints_at_least, numbers_at_least, distinct_seeds
 
 KEYS = (
     # None: a single run. The members are the product of the tuples (capsjax.assemble.members;
@@ -24,7 +24,7 @@ KEYS = (
     key('ensemble', None, Rule(lambda v: v is None or hasattr(v, 'keys'), 'a dict, or None'),
         'several configurations as one vmapped program: seeds × routing_iterations × reconstruction_weights, '
         'or recipes × seeds'),
-    key('ensemble.seeds', (), ints_at_least(0), 'ensemble members: one per seed', in_base=False),
+    key('ensemble.seeds', (), distinct_seeds(), 'ensemble members: one per seed', in_base=False),
     key('ensemble.routing_iterations', (), ints_at_least(1), 'ensemble members: routing iterations each (at most '
         'model.routing_iterations)', in_base=False),
     key('ensemble.reconstruction_weights', (), numbers_at_least(0), 'ensemble members: reconstruction loss weights',

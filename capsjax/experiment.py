@@ -96,7 +96,7 @@ class Experiment:
   validation: Optional[Pipeline]
   num_steps: int                             # the whole run's length
   batch_size: int
-  learning_rate: Callable[[int], float]      # the schedule: step → rate
+  learning_rate: Callable[[int], Any]        # the schedule: step → rate (a list: one per recipe member)
   steps: steps.RunSteps
   recorded: Dict[str, Any]                   # the config as config.json and results.json record it
   notes: Tuple[str, ...] = ()                # an explicit formulation measured slow on the platform

@@ -173,7 +173,7 @@ class ProgressLogger(Hook):
       speed = f'first step (with compilation) {elapsed:.1f}s'   # console only
     else:
       speed = f'{images_per_s:.1f} img/s | ETA {self.eta(run, step, images_per_s)}'
-      rate = {} if run.learning_rate is None else {'learning_rate': float(run.learning_rate(step))}
+      rate = {} if run.learning_rate is None else {'learning_rate': np.asarray(run.learning_rate(step)).tolist()}
       run.metrics.write(split='train', step=step, epoch=run.epoch(step), images_per_s=images_per_s, **rate, **host)
     loss = reports.describe_values(host['loss'], run.num_members is not None)
     run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {loss} '

@@ -94,6 +94,22 @@ def ints_at_least(low: int, allow_empty: bool = True) -> Rule:
   return Rule(check, f'a tuple of integers >= {low}' + ('' if allow_empty else ' (at least one)'))
 
 
+# A seed reaches JAX and the data order as an int32: the largest it can be.
+SEED_MAX = 2 ** 31 - 1
+
+
+def seed_value() -> Rule:
+  return int_in(0, SEED_MAX)
+
+
+def distinct_seeds(allow_empty: bool = True) -> Rule:
+  """Distinct seeds: two members of one seed would train identically."""
+  def check(v):
+    return (isinstance(v, (tuple, list)) and (allow_empty or len(v) > 0) and len(set(v)) == len(v)
+            and all(is_int(x) and 0 <= x <= SEED_MAX for x in v))
+  return Rule(check, f'a tuple of distinct integers in [0, {SEED_MAX}]' + ('' if allow_empty else ' (at least one)'))
+
+
 def numbers_at_least(low: float) -> Rule:
   return Rule(lambda v: isinstance(v, (tuple, list)) and all(_is_number(x) and x >= low for x in v),
               f'a tuple of finite numbers >= {low}')

@@ -17,7 +17,7 @@ import optax
 
 from capsjax import memory, sharding
 from capsjax.data.pipeline import Pipeline
-from capsjax.keys import Across, boolean, key, int_at_least, number_in, one_of, positive_number
+from capsjax.keys import Across, boolean, key, int_at_least, number_in, one_of, positive_number, seed_value
 from capsjax.objectives import top_k_correct
 from capsjax.routing import coupling_changes, routing_logit_changes
 
@@ -41,7 +41,7 @@ KEYS = (
     # The paper's MNIST setup (section 5): Adam at 1e-3, exponential decay ×0.96 every 2000
     # steps, batch 128, as in the authors' released code (the paper says only "TensorFlow
     # default Adam ... exponentially decaying learning rate"; BUILD.md).
-    key('seed', 0, int_at_least(0), 'initialisation, data order and augmentation seed'),
+    key('seed', 0, seed_value(), 'initialisation, data order and augmentation seed'),
     key('batch_size', 128, int_at_least(1), 'training examples per step, over all devices'),
     key('num_epochs', 50.0, number_in(0, math.inf), 'training length in epochs (when num_steps is 0)'),
     key('num_steps', 0, int_at_least(0), 'training length in steps (> 0 overrides num_epochs)'),

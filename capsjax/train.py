@@ -20,7 +20,7 @@ from capsjax import checkpoints as ckpt
 from capsjax import experiment as experiment_lib
 from capsjax import hooks as hooks_lib
 from capsjax import workdir as workdir_lib
-from capsjax.errors import CapsjaxError, RunStopped
+from capsjax.errors import RunStopped
 from capsjax.events import EventWriter
 from capsjax.experiment import PROGRAMS, RunSettings
 from capsjax.models import count_params
@@ -113,8 +113,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       for line in built.notes:   # an explicit formulation measured slow here
         _log(line)
       return _train(built, workdir, stop_at_step or settings.stop_at_step or None, is_writer)
-  except CapsjaxError:
-    if created and is_writer:   # a start that failed leaves no workdir behind
+  except BaseException:   # a refusal, a bug's traceback, Ctrl-C before the first step
+    if created and is_writer:   # a start that failed leaves no workdir behind (what it bound stays)
       workdir_lib.discard_unbound(workdir)
     raise
 

@@ -10,7 +10,6 @@
 - `MetricsLog`: `metrics.jsonl`, cut back to the restored step on resume, so every step
   appears once.
 """
-import dataclasses
 import errno
 import fcntl
 import json
@@ -22,9 +21,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import jax
 import ml_collections
 
-from capsjax import defaults, evaluators, formulations, steps
+from capsjax import defaults, ensembles, evaluators, formulations, steps
 
 from capsjax.errors import CheckpointError, ConfigError, WorkdirError
+from capsjax.layout import FLAT_EVALUATOR_KEYS, FORMULATION_KEYS, ROUTING_INPUT_FLAGS
 from capsjax.models import MODELS, model_config
 from capsjax.runtime import SIGNAL_STOPS
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
@@ -144,11 +144,21 @@ def _comparable(value):
 # value and the 'auto' that resolves to it on this backend compute the same (a run recorded
 # with dtype 'float32' before 'auto' was the default resumes on a CPU unchanged; on a GPU,
 # where 'auto' is bfloat16, it is a change).
+# Recipes and sweep variants ('NAME: key=value, …') compare as what they set: spacing and
+# the order of their assignments are the writer's.
+_OVERRIDE_LISTS = ('ensemble.recipes', 'sweep.variants')
+
+
 def _resolved(key: str, value):
   if key.startswith('model.') and key.endswith('.dtype') and isinstance(value, str):
     try:
       return formulations.resolve('dtype', value)
     except ValueError:
+      return value
+  if key in _OVERRIDE_LISTS and isinstance(value, list) and all(isinstance(entry, str) for entry in value):
+    try:
+      return [_comparable(ensembles.parse_variant(entry)) for entry in value]
+    except ConfigError:
       return value
   return value
 
@@ -205,10 +215,6 @@ def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
       _sectioned_routing_options(stored)))), defaults.base_config().to_dict())
 
 
-# Before model.routing_inputs (2026-11-26) each capsule-layer input was a flag of its own,
-# named differently from the routing argument it enabled: flag → input.
-ROUTING_INPUT_FLAGS = {'digit_bias': 'bias', 'learn_log_priors': 'log_priors', 'leaky_routing': 'leaky',
-                       'stop_gradient_predictions': 'stop_gradient_predictions'}
 _FLAG_OVERRIDE = re.compile(r'model\.(%s)\s*=\s*(True|False)' % '|'.join(ROUTING_INPUT_FLAGS))
 
 
@@ -238,35 +244,8 @@ def _variant_with_inputs(variant):
   return f'{name}: {", ".join(kept)}'
 
 
-# Before config.evals (2026-11-25) the evaluators' options were run-level keys:
-# old key → (evaluator, its key, the value's translation).
-FLAT_EVALUATOR_KEYS = {
-    'routing_probe_iterations': ('routing_probe', 'iterations', lambda n: n or None),
-    'routing_probe_examples': ('routing_probe', 'examples', lambda n: n),
-    'routing_diagnostics': ('routing_diagnostics', 'enabled', bool),
-    'routing_diagnostics_examples': ('routing_diagnostics', 'examples', lambda n: n),
-    'routing_diagnostics_iterations': ('routing_diagnostics', 'iterations', lambda n: n),
-}
-
-
-# Before model.formulation (2026-11-26) a model's formulation options (Formulation's fields)
-# were keys of the model section itself.
-FORMULATION_KEYS = tuple(field.name for field in dataclasses.fields(formulations.Formulation))
 # A sweep variant's flat formulation override ('model.conv_impl=xla').
 _FLAT_FORMULATION = re.compile(r'(\bmodel\.)(%s)\b(?=\s*=)' % '|'.join(FORMULATION_KEYS))
-
-
-def moved_key(dotted: str) -> Optional[str]:
-  """Where a key that today's layout moved lives now, by its dotted name in a config of the
-  old layout ('model.conv_impl' → 'model.formulation.conv_impl', 'routing_diagnostics' →
-  'evals.routing_diagnostics.enabled'), or None."""
-  *sections, leaf = dotted.split('.')
-  if sections and sections[-1] == 'model' and leaf in FORMULATION_KEYS:
-    return '.'.join(sections + ['formulation', leaf])
-  if dotted in FLAT_EVALUATOR_KEYS:
-    name, key, _ = FLAT_EVALUATOR_KEYS[dotted]
-    return f'evals.{name}.{key}'
-  return None
 
 
 def _formulation_sections(tree: Dict[str, Any]) -> Dict[str, Any]:

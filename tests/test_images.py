@@ -280,6 +280,22 @@ def test_a_split_folder_given_for_the_data_dir_points_to_its_parent(tmp_path):
     load_dataset('image_folder', 'train', data_dir=str(folder / 'train'))
 
 
+def test_a_class_folder_s_sub_folders_are_read_as_that_class(tmp_path):
+  # Real collections (Tux Paint's stamps) sort a class into sub-folders: DIR/train/animals/mammals/x.png.
+  from capsjax.data.sources.image_folder import scan_image_folder  # pylint: disable=g-import-not-at-top
+  from capsjax.errors import DataError  # pylint: disable=g-import-not-at-top
+  root = _write_folder(tmp_path / 'data', {'train': ['animals/mammals', 'animals/birds/small', 'plants'],
+                                           'test': ['animals', 'plants/.ipynb_checkpoints', 'plants']})
+  scan = scan_image_folder(str(root))
+  assert scan.class_names == ('animals', 'plants')
+  trained = sorted(os.path.relpath(path, root) for path, label in scan.files['train'] if label == 'animals')
+  assert trained == sorted(f'train/animals/{sub}/{i}.png' for sub in ('mammals', 'birds/small') for i in range(3))
+  assert len(scan.files['test']) == 6   # the hidden folder left out
+  root = _write_folder(tmp_path / 'other', {'train': ['cat', 'dog'], 'test': ['cat', 'owl/young']})
+  with pytest.raises(DataError, match=r"lacks \(images found below each class folder: 'owl': 3 in test, 0 in train\)"):
+    scan_image_folder(str(root))
+
+
 def _transparent_images():
   """A palette PNG with a transparent entry (as optimised emoji and icons are) and an RGBA
   PNG, 4×4: the left column opaque red, the rest transparent over a stored green."""

@@ -258,3 +258,23 @@ def test_xla_slow_operation_banners_stay_out_of_a_compilation_s_output(capfd):
     print('error: a line of ours', file=sys.stderr)   # Python's own: at once, never held
   err = capfd.readouterr().err
   assert err == 'error: a line of ours\nkept: a native line of its own\n'
+
+
+@pytest.mark.parametrize('overrides, message', [
+    # Python keywords in a key path: ml_collections' own parser would end in a traceback.
+    (['--config.lambda=1'], "unknown config key 'lambda'"),
+    (['--config.model.class=1'], "unknown config key 'model.class'"),
+    (['--config.None=1'], "unknown config key 'None'"),
+    # A tuple given twice would be joined into one ((0, 1) then (5,) → (0, 1, 5)).
+    (['--config.ensemble.seeds=(0,1)', '--config.ensemble.seeds=(5,)'], '--config.ensemble.seeds is given twice'),
+])
+def test_keys_ml_collections_would_misread_are_one_line(overrides, message):
+  assert launch.malformed_key_problem(['run.py', '--experiment=mnist_seeds'] + overrides, 'mnist_seeds') == (
+      message if 'twice' not in message else message + ': give it once')
+  assert launch.malformed_key_problem(['run.py', '--config.lambda_=1', '--config.seed=1'], 'mnist') is None
+
+
+def test_an_unknown_key_that_another_experiment_has_names_those_experiments(monkeypatch):
+  monkeypatch.setattr(launch, '_EXPERIMENTS_DIR', launch.installed_experiments_dir())
+  line = launch.unknown_key_problem(KeyError("'recipes'"), ['run.py', "--config.ensemble.recipes=('a:',)"], 'mnist_seeds')
+  assert line == "unknown config key 'ensemble.recipes' in experiment 'mnist_seeds'; experiments with it: mnist_lease"

@@ -136,6 +136,38 @@ def test_the_lease_experiment_is_four_recipes_by_three_seeds_and_refuses_what_ca
   assert 'sweep variant' in line and '\n' not in line
 
 
+@pytest.mark.parametrize('recipe, message', [
+    # A recipe's value passes the rule of its key as on the command line (None, True for a number).
+    ('warmup_steps=None', "'a': warmup_steps=None: allowed an integer >= 0"),
+    ('lr_schedule=None', "'a': lr_schedule=None: allowed one of exponential, cosine, linear"),
+    ('model.routing_iterations=None', "'a': model.routing_iterations=None: allowed an integer in [1, 100]"),
+    ('lr_staircase=None', "'a': lr_staircase=None: allowed True or False"),
+    ('loss.margin_reduction=None', "'a': loss.margin_reduction=None: allowed one of sum, official"),
+    ('augment.squish=None', "'a': augment.squish=None: allowed an integer in [0, 16]"),
+    ('augment.erase=None', "'a': augment.erase=None"),
+    ('learning_rate=True', "'a': learning_rate=True: allowed a finite number > 0"),
+    ('warmup_steps="x"', "'a': warmup_steps='x': allowed an integer >= 0"),
+    # A path below a value, an empty part, a key the layout moved.
+    ('learning_rate.x=1', "override 'learning_rate.x': no such config key (learning_rate is a value, not a section)"),
+    ('batch_size.=1', "override 'batch_size.': no such config key (a key path has no empty part)"),
+    ('model.conv_impl="xla"', "override 'model.conv_impl': no such config key (it is config.model.formulation."
+                              "conv_impl now)"),
+])
+def test_a_bad_recipe_or_sweep_value_is_one_line_naming_it(recipe, message):
+  from capsjax.experiments import mnist_lease, sweep_smoke  # pylint: disable=g-import-not-at-top
+  config = mnist_lease.get_config()
+  config.ensemble.recipes = ('paper:', f'a: {recipe}')
+  (line,) = problems_of(config)
+  assert line.startswith("config.ensemble.recipes 'a': ") and message in line, line
+  config = sweep_smoke.get_config()
+  config.sweep.variants = ('paper:', f'a: {recipe}')
+  (line,) = problems_of(config)
+  assert line.startswith("sweep variant 'a': ") and message.split(': ', 1)[1] in line, line
+  config = mnist_lease.get_config()
+  config.ensemble.recipes = ('paper:', 'a: learning_rate=2')   # an int for a float key: that float
+  assert assemble.recipes(config)[1][1].learning_rate == 2.0 and not problems_of(config)
+
+
 # ------------------------------------------------------------------------- validation split
 
 def test_validation_split_holds_out_the_last_training_images():
@@ -274,11 +306,14 @@ def test_recipes_as_one_program_equal_each_recipe_alone_and_resume_bit_for_bit(m
   table = (tmp_path / 'joint' / 'table.md').read_text()
   assert '| fast | 0 |' in table and 'seed ensemble test error' in table and 'never used to choose' in table
   _, _, joint_params = load_trained(str(tmp_path / 'joint'))
+  joint_rates = _logged_learning_rates(tmp_path / 'joint')   # one per member: each its own schedule's
+  assert joint_rates and all(len(rates) == 2 for rates in joint_rates.values())
   for member, (name, recipe) in enumerate(assemble.recipes(base)):
     recipe.ensemble = None
     train.train_and_evaluate(recipe, str(tmp_path / name))
     _, _, alone = load_trained(str(tmp_path / name))
     jax.tree.map(lambda j, a: np.testing.assert_allclose(j[member], a, atol=2e-5, err_msg=name), joint_params, alone)
+    assert {step: rates[member] for step, rates in joint_rates.items()} == _logged_learning_rates(tmp_path / name)
   # Stopped at step 2 and resumed: the same parameters, bit for bit.
   resumed = str(tmp_path / 'resumed')
   with pytest.raises(RunStopped, match='stopped at step 2 of 4'):
@@ -286,6 +321,11 @@ def test_recipes_as_one_program_equal_each_recipe_alone_and_resume_bit_for_bit(m
   train.train_and_evaluate(base, resumed)
   _, _, resumed_params = load_trained(resumed)
   jax.tree.map(np.testing.assert_array_equal, resumed_params, joint_params)
+
+
+def _logged_learning_rates(workdir):
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  return {row['step']: row['learning_rate'] for row in rows if row.get('split') == 'train' and 'learning_rate' in row}
 
 
 def test_schedules_hand_computed_at_chosen_steps():

@@ -127,6 +127,25 @@ def test_registry_entries_carry_declared_capabilities():
     things.get('z')
 
 
+def test_registering_a_built_in_routing_s_name_warns_and_reimporting_capsjax_s_own_does_not():
+  import importlib, warnings  # pylint: disable=g-import-not-at-top,multiple-imports
+  uniform_module = sys.modules['capsjax.routing.uniform']
+  built_in = ROUTINGS['uniform']
+  try:
+    with pytest.warns(UserWarning, match=r"register_routing\('uniform'\) replaces capsjax's built-in routing "
+                                         r"'uniform' for this process \(config.model.routing='uniform' now runs "
+                                         r".*\.mine\); register it under a name of its own"):
+      @register_routing('uniform', iterative=False)
+      def mine(prediction_vectors, input_activations):   # pylint: disable=unused-variable
+        del input_activations
+        return prediction_vectors.mean(axis=1), prediction_vectors.mean(axis=(1, 3))
+  finally:
+    ROUTINGS.register('uniform', built_in.value, **built_in.capabilities)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    importlib.reload(uniform_module)   # the same function registered again: no warning
+
+
 def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_dir, tmp_path):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   predictions = jnp.ones((2, 5, 3, 4))

@@ -52,7 +52,8 @@ BAD_VALUES = [
     ('log_every_steps', 0, 'config.log_every_steps=0: allowed an integer >= 1'),
     ('checkpoint_every_steps', 0, 'config.checkpoint_every_steps=0'),
     ('checkpoint_every_secs', -1.0, 'config.checkpoint_every_secs=-1.0'),
-    ('seed', -1, 'config.seed=-1: allowed an integer >= 0'),
+    ('seed', -1, 'config.seed=-1: allowed an integer in [0, 2147483647]'),
+    ('seed', 2 ** 31, 'config.seed=2147483648: allowed an integer in [0, 2147483647]'),
     ('max_shift', -1, 'config.max_shift=-1: allowed an integer in [0, 7]'),
     ('max_shift', 100, 'config.max_shift=100: allowed an integer in [0, 7]'),
     ('learning_rate', -1.0, 'config.learning_rate=-1.0: allowed a finite number > 0'),
@@ -92,6 +93,20 @@ def test_bad_values_are_named(key, value, message):
     validate(config)
   assert message in str(raised.value)
   assert '\n' not in str(raised.value)
+
+
+@pytest.mark.parametrize('seeds, message', [
+    ((0, 2 ** 31), 'config.ensemble.seeds=(0, 2147483648): allowed a tuple of distinct integers in [0, 2147483647]'),
+    ((3, 1, 3), 'config.ensemble.seeds=(3, 1, 3): allowed a tuple of distinct'),   # two identical members
+    ((-1,), 'config.ensemble.seeds=(-1,)'),
+])
+def test_ensemble_seeds_are_distinct_and_in_range(seeds, message):
+  from capsjax.experiments import mnist_seeds  # pylint: disable=g-import-not-at-top
+  config = mnist_seeds.get_config()
+  config.ensemble.seeds = seeds
+  assert problems_of(config) == [message] if message.endswith(']') else problems_of(config)[0].startswith(message)
+  config.ensemble.seeds = (0, 2 ** 31 - 1)
+  assert problems_of(config) == []
 
 
 def test_comparison_models_and_ensembles_are_checked():

@@ -318,3 +318,23 @@ def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path)
   config.model.routing_options.em.inverse_temperature = 3.0
   assert workdir_lib.bind_config(str(tmp_path), config, allow_change=True) == [
       'model.routing_options.em.inverse_temperature: 2.0 → 3.0']
+
+
+def test_recipes_compare_as_what_they_set_and_a_start_ending_in_a_traceback_leaves_no_workdir(tmp_path, monkeypatch):
+  from capsjax import assemble  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist_lease  # pylint: disable=g-import-not-at-top
+  config = mnist_lease.get_config()
+  saved = json.loads(json.dumps(config.to_dict()))
+  name, _, assignments = config.ensemble.recipes[2].partition(':')
+  reordered = f'{name}:  ' + ', '.join(reversed([part.strip() for part in assignments.split(',')]))
+  config.ensemble.recipes = config.ensemble.recipes[:2] + (reordered,) + config.ensemble.recipes[3:]
+  assert workdir_lib.config_differences(saved, config) == []   # spacing and order are the writer's
+  config.ensemble.recipes = config.ensemble.recipes[:2] + (reordered.replace('3e-3', '2e-3'),) + config.ensemble.recipes[3:]
+  assert [line.split(':')[0] for line in workdir_lib.config_differences(saved, config)] == ['ensemble.recipes']
+
+  def bug(config):   # an error no check foresaw, after the workdir was made
+    raise OverflowError('Python integer 2147483648 out of bounds for int32')
+  monkeypatch.setattr(assemble, 'resolve_data', bug)
+  with pytest.raises(OverflowError):
+    train.train_and_evaluate(mnist_lease.get_config(), str(tmp_path / 'w'))
+  assert not os.path.exists(tmp_path / 'w')

@@ -18,11 +18,12 @@ installed under capsjax's name by setup.cfg). The library never imports the expe
 """
 import ast
 import importlib.util
+import keyword
 import logging
 import os
 import re
 import sys
-from typing import Optional
+from typing import List, Optional
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -183,15 +184,33 @@ def unknown_key_problem(error: Exception, argv=(), experiment: Optional[str] = N
   spelt = [arg[len('--config.'):].split('=')[0] for arg in argv if arg.startswith('--config.')]
   dotted = next((path for path in spelt if path.split('.')[-1] == name or f'.{name}.' in f'.{path}.'), name)
   prefix = dotted[:dotted.index(name)] if name in dotted else ''
+  from capsjax.layout import moved_key  # pylint: disable=g-import-not-at-top
+  having = [] if suggestion or moved_key(dotted) else _experiments_with(dotted)
   return (f'unknown config key {dotted!r}'
           + (f" (did you mean '{prefix}{suggestion.group(1)}'?)" if suggestion else '')
           + _renamed_key_hint(dotted)
-          + (_routing_options_hint(argv, experiment) if 'routing_options.' in dotted else ''))
+          + (_routing_options_hint(argv, experiment) if 'routing_options.' in dotted else '')
+          + (f' in experiment {experiment!r}; experiments with it: {", ".join(having)}' if having and experiment else ''))
+
+
+def _experiments_with(dotted: str) -> List[str]:
+  """The experiments whose config has the key `dotted` (a section: not None there)."""
+  having = []
+  for other in available_experiments():
+    try:
+      value = load_experiment(other)
+      for part in dotted.split('.'):
+        value = value[part]
+    except Exception:  # pylint: disable=broad-except
+      continue
+    if value is not None:
+      having.append(other)
+  return having
 
 
 def _renamed_key_hint(dotted: str) -> str:
-  """Where a key moved by the config's layout lives now (capsjax.workdir.moved_key)."""
-  from capsjax.workdir import moved_key  # pylint: disable=g-import-not-at-top
+  """Where a key moved by the config's layout lives now (capsjax.layout.moved_key)."""
+  from capsjax.layout import moved_key  # pylint: disable=g-import-not-at-top
   now = moved_key(dotted)
   if now is None:
     return ''
@@ -223,16 +242,22 @@ def _routing_options_hint(argv, experiment: Optional[str]) -> str:
 
 def malformed_key_problem(argv, name: Optional[str]) -> Optional[str]:
   """One line for an override whose key path is not made of Python names
-  (`--config.batch-size=1`: ml_collections would end in a traceback), with the key it
-  likely means (hyphens as underscores) where the experiment has that one."""
+  (`--config.batch-size=1`, `--config.lambda=1`: ml_collections would end in a traceback),
+  with the key it likely means (hyphens as underscores) where the experiment has that one;
+  or for a key given twice (ml_collections would join two tuples into one)."""
   for arg in argv[1:]:
     if not arg.startswith('--config.'):
       continue
     dotted = arg[len('--config.'):].split('=', 1)[0]
-    if re.fullmatch(r'[A-Za-z_]\w*(\.[A-Za-z_]\w*)*', dotted, flags=re.ASCII):
+    if (re.fullmatch(r'[A-Za-z_]\w*(\.[A-Za-z_]\w*)*', dotted, flags=re.ASCII)
+        and not any(keyword.iskeyword(part) for part in dotted.split('.'))):
       continue
     guess = '.'.join(re.sub(r'\W', '_', part, flags=re.ASCII) for part in dotted.split('.'))
     return f'unknown config key {dotted!r}' + (f" (did you mean '{guess}'?)" if _has_key(argv, name, guess) else '')
+  given = [arg[len('--config.'):].split('=', 1)[0] for arg in argv[1:] if arg.startswith('--config.')]
+  repeated = next((dotted for index, dotted in enumerate(given) if dotted in given[:index]), None)
+  if repeated:
+    return f'--config.{repeated} is given twice: give it once'
   return None
 
 
@@ -252,16 +277,7 @@ def missing_section_problem(section: str, argv, name: Optional[str]) -> str:
   """One line for an override inside a section that the experiment leaves None (such as
   --config.ensemble.seeds on `mnist`): which experiments have the section."""
   spelt = next((arg.split('=')[0] for arg in argv if arg.startswith(f'--config.{section}.')), f'--config.{section}')
-  having = []
-  for other in available_experiments():
-    try:
-      value = load_experiment(other)
-      for part in section.split('.'):
-        value = value[part]
-    except Exception:  # pylint: disable=broad-except
-      continue
-    if value is not None:
-      having.append(other)
+  having = _experiments_with(section)
   return (f'{spelt}: experiment {name!r} has no {section!r} section (config.{section} is None there); '
           + (f'experiments with one: {", ".join(having)}' if having else 'no experiment has one'))
 

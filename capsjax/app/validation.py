@@ -20,7 +20,7 @@ from capsjax.keys import Key, RegisteredTuple
 from capsjax.models import MODELS, model_keys
 from capsjax.objectives import OBJECTIVES, loss_keys
 from capsjax.routing import ROUTINGS, routing_option_defaults, routing_option_keys
-from capsjax.workdir import moved_key
+from capsjax.layout import moved_key
 
 # The modules declaring experiment sections (baseline.*, affnist.*, routing_zoo.*, sweep.*):
 # imported here, their rules and help lines are checked and shown with the base config's.
@@ -71,9 +71,13 @@ def _value(config, dotted: str):
 
 
 def _check_keys(config, declared: Dict[str, Key], problems: List[str], prefix: str = '') -> None:
+  """Each declared key's value by its rule; None passes only a key whose default is None
+  (a section left out, a value chosen later): elsewhere the code would read None as a number."""
   for dotted, key in declared.items():
     found, value = _get(config, dotted)
-    if found and value is not None and key.rule is not None and not key.rule(value):
+    if value is None and key.default is None:
+      continue
+    if found and key.rule is not None and not key.rule(value):
       problems.append(f'config.{prefix}{dotted}={value!r}: allowed {key.rule}')
 
 
@@ -113,7 +117,7 @@ def _check_model(model, prefix: str, problems: List[str]) -> None:
 
 
 def moved_key_hint(dotted: str) -> str:
-  """' (it is config.NEW now)' for a key that today's layout moved (capsjax.workdir.moved_key), else ''."""
+  """' (it is config.NEW now)' for a key that today's layout moved (capsjax.layout.moved_key), else ''."""
   now = moved_key(dotted)
   return f' (it is config.{now} now)' if now else ''
 

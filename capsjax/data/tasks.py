@@ -13,7 +13,7 @@ from capsjax.data import affine
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, multimnist_pipeline
 from capsjax.data.sources import Dataset, SourceInfo
 from capsjax.errors import ConfigError
-from capsjax.keys import Across, key, int_at_least, registered
+from capsjax.keys import Across, key, int_at_least, registered, seed_value
 from capsjax.registry import Registry
 
 # config.task → the Task class, and what callers ask of a task:
@@ -130,11 +130,11 @@ KEYS = (
     # The project never selects on the test set: a held-out split is what results select by.
     key('validation_examples', 0, int_at_least(0), 'hold out the last N training images as a validation split, '
         'evaluated beside the test set (results.json: the test error at the best validation evaluation too)'),
-    key('expanded_test_seed', 2, int_at_least(0), "seed of the expanded task's fixed test placements"),
+    key('expanded_test_seed', 2, seed_value(), "seed of the expanded task's fixed test placements"),
     # multimnist: MultiMNIST pair generation (task=multimnist)
     key('multimnist.examples_per_digit', 1000, int_at_least(1), 'MultiMNIST pairs per source digit (the paper: 1000)',
         in_base=False),
-    key('multimnist.test_seed', 1, int_at_least(0), "seed of MultiMNIST's fixed test pairs", in_base=False),
+    key('multimnist.test_seed', 1, seed_value(), "seed of MultiMNIST's fixed test pairs", in_base=False),
 )
 
 

@@ -3,6 +3,7 @@ and the options a config may set."""
 import dataclasses
 import functools
 import inspect
+import warnings
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import chex
@@ -152,12 +153,27 @@ def register_routing(name: str, *, iterative: bool = True,
                       f'(allowed: {", ".join(LAYER_INPUTS)})')
 
   def register(function):
+    _warn_if_replacing_a_built_in(name, function)
     ROUTINGS.register(name, _as_registered(name, function, iterative), iterative=iterative,
                       learned=dict(learned or {}), returns_logits=returns_logits,
                       returns_couplings=returns_couplings, layer_inputs=tuple(layer_inputs),
                       shared=None if shared is None else _as_registered(name, shared, iterative, shared=True))
     return function
   return register
+
+
+def _warn_if_replacing_a_built_in(name: str, function: Callable[..., Any]) -> None:
+  """A routing of capsjax's own replaced by another function (not its module imported
+  again): every model of the process, the paper's included, would route with it."""
+  if name not in ROUTINGS:
+    return
+  built_in = getattr(ROUTINGS[name].value, '__wrapped__', ROUTINGS[name].value)
+  module = getattr(built_in, '__module__', '') or ''
+  same = (module, getattr(built_in, '__qualname__', None)) == (function.__module__, function.__qualname__)
+  if module.startswith('capsjax.') and not same:
+    warnings.warn(f'register_routing({name!r}) replaces capsjax\'s built-in routing {name!r} for this process '
+                  f'(config.model.routing={name!r} now runs {function.__module__}.{function.__qualname__}); '
+                  'register it under a name of its own to keep both', stacklevel=3)
 
 
 _LOOP_ARGUMENTS = ('num_iterations', 'max_iterations', 'unroll')

@@ -22,13 +22,13 @@ from capsjax.app.programs.common import with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.sources import Dataset
-from capsjax.keys import boolean, key, int_at_least, number_in, positive_number, text
+from capsjax.keys import boolean, key, int_at_least, number_in, positive_number, text, seed_value
 from capsjax.data.affine import AFFINE_RANGES
 from capsjax.app.programs import not_a_command, register_program
 
 KEYS = (
     # affnist: the affine test set (section 5.2): MNIST test digits under random affine maps
-    key('affnist.test_seed', 3, int_at_least(0), 'seed of the fixed affine test transformations', in_base=False),
+    key('affnist.test_seed', 3, seed_value(), 'seed of the fixed affine test transformations', in_base=False),
     key('affnist.ranges.rotation_degrees', AFFINE_RANGES['rotation_degrees'], number_in(0, 180),
         'affine test digits: rotation up to ± this many degrees', in_base=False),
     key('affnist.ranges.shear', AFFINE_RANGES['shear'], number_in(0, math.inf), 'affine test digits: shear factor up '

@@ -24,7 +24,7 @@ import numpy as np
 from capsjax import experiment, runtime, sharding, train
 from capsjax.app.trained import load_trained, select_member
 from capsjax.errors import ConfigError
-from capsjax.keys import key, int_at_least, ints_at_least, registered_tuple
+from capsjax.keys import key, int_at_least, registered_tuple, distinct_seeds
 from capsjax.app.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
 from capsjax.routing import ROUTINGS, routing_option_defaults
@@ -36,7 +36,7 @@ KEYS = (
     key('routing_zoo.routings', ('dynamic', 'em', 'self_attention', 'inverted_dot_product', 'self_routing',
                                  'variational_bayes', 'uniform', 'max_pooling'), registered_tuple(ROUTINGS.names, 'routing names'),
         'the routing algorithms the zoo trains, each over routing_zoo.seeds', in_base=False),
-    key('routing_zoo.seeds', (0, 1, 2), ints_at_least(0, allow_empty=False), 'the seeds of each routing (one '
+    key('routing_zoo.seeds', (0, 1, 2), distinct_seeds(allow_empty=False), 'the seeds of each routing (one '
         'vmapped program per routing)', in_base=False),
     # Checked as each member's model.routing_options is (capsjax.app.validation).
     key('routing_zoo.options', {}, None, 'per routing name, its options over its model.routing_options section '

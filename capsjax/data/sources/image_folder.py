@@ -73,7 +73,8 @@ class FolderScan:
   channels: int                             # 1 if every image is grey, else 3
 
 
-LAYOUT = 'DIR/train/CLASS/*.png and DIR/test/CLASS/*.png (or .jpg), a folder per class in each'
+LAYOUT = ('DIR/train/CLASS/*.png and DIR/test/CLASS/*.png (or .jpg; sub-folders of a class folder are read too), '
+          'a folder per class in each')
 
 
 def _check_classes(root: str, split: str, classes, train_classes) -> None:
@@ -85,8 +86,26 @@ def _check_classes(root: str, split: str, classes, train_classes) -> None:
                     f'folder layout is {LAYOUT}')
   unseen = sorted(classes - set(train_classes)) if split != 'train' else []
   if unseen:
+    counts = ', '.join(f'{name!r}: {_count(root, split, name)} in {split}, {_count(root, "train", name)} in train'
+                       for name in unseen[:5])
     raise DataError(f'{os.path.join(root, split)} has classes that {os.path.join(root, "train")} lacks '
-                    f'({", ".join(map(repr, unseen[:5]))}): the image folder layout is {LAYOUT}')
+                    f'(images found below each class folder: {counts}): the image folder layout is {LAYOUT}')
+
+
+def _count(root: str, split: str, label: str) -> int:
+  folder = os.path.join(root, split, label)
+  return len(_images_below(folder)) if os.path.isdir(folder) else 0
+
+
+def _images_below(class_dir: str) -> List[str]:
+  """The images of a class folder and of every folder below it (a collection sorted into
+  sub-folders, as torchvision's and Keras' folder readers take it), in a fixed order;
+  hidden folders (.ipynb_checkpoints) left out."""
+  found = []
+  for folder, subfolders, names in os.walk(class_dir):
+    subfolders[:] = sorted(name for name in subfolders if not name.startswith('.'))
+    found.extend(os.path.join(folder, name) for name in sorted(names) if image_files.is_image_file(name))
+  return found
 
 
 @functools.lru_cache(maxsize=4)
@@ -107,12 +126,10 @@ def scan_image_folder(root: str) -> FolderScan:
     split_dir = os.path.join(root, split)
     for label in sorted(name for name in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, name))):
       class_names.add(label)
-      label_dir = os.path.join(split_dir, label)
-      for name in sorted(os.listdir(label_dir)):
-        if image_files.is_image_file(name):
-          files[split].append((os.path.join(label_dir, name), label))
+      files[split].extend((path, label) for path in _images_below(os.path.join(split_dir, label)))
     if not files[split]:
-      raise DataError(f'{split_dir} holds no .png or .jpg images in class folders (CLASS/IMAGE)')
+      raise DataError(f'{split_dir} holds no .png or .jpg images in class folders (CLASS/IMAGE, or '
+                      'CLASS/SUBFOLDER/…/IMAGE)')
     _check_classes(root, split, {label for _, label in files[split]}, {label for _, label in files.get('train', ())})
     random.Random(split).shuffle(files[split])   # tfds.ImageFolder's order
     for path, _ in console.progress(files[split], what=f'scanning {split_dir}', unit='images'):
