@@ -37,7 +37,8 @@ def schedule(config, num_steps: int = 0) -> optax.Schedule:
   'linear' decay over; config.num_steps when not given)."""
   return steps.learning_rate_schedule(config.learning_rate, config.lr_decay_steps, config.lr_decay_rate,
                                       config.lr_staircase, config.lr_min, kind=config.lr_schedule,
-                                      warmup_steps=config.warmup_steps,
+                                      warmup_steps=steps.warmup_length(config.warmup_steps, config.warmup_max_fraction,
+                                                                       num_steps or config.num_steps),
                                       total_steps=num_steps or config.num_steps)
 
 
@@ -103,7 +104,8 @@ def overridden(config, overrides: Dict[str, Any], what: str = 'override') -> ml_
   (`what` names the override in the error: a sweep's, a recipe's). An integer given for a
   float key becomes that float, as on the command line; any other value is set as given,
   for validation to check by the key's rule (None, True for a number: refused there)."""
-  variant = ml_collections.ConfigDict(config.to_dict(), type_safe=False)   # a value of another type: refused by its rule
+  # Not type-safe: a value of another type is set as given, for its key's rule to refuse.
+  variant = ml_collections.ConfigDict(config.to_dict(), type_safe=False)
   for key, value in overrides.items():
     parts = key.split('.')
     node = variant
@@ -210,15 +212,19 @@ class Training:
 def training(config, num_train_examples: int) -> Training:
   """The config's training, for a split of `num_train_examples` (the length in epochs)."""
   num_steps = total_steps(config, num_train_examples)
-  if config.warmup_steps >= num_steps > 0:   # a length in epochs, known from the data
+  if steps.warmup_length(config.warmup_steps, config.warmup_max_fraction, num_steps) >= num_steps > 0:
     raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
                       f'({config.num_epochs} epochs of {num_train_examples} examples): the run would end inside '
-                      'the warm-up, below the configured learning rate')
+                      'the warm-up, below the configured learning rate (config.warmup_max_fraction < 1 caps it)')
   listed = members(config)
+  if listed and 'recipe' in listed[0]:   # each member's warm-up as long as this run allows
+    listed = [dict(member, warmup_steps=steps.warmup_length(member['warmup_steps'], member['warmup_max_fraction'],
+                                                            num_steps)) for member in listed]
   transform = optimizer(config, num_steps)
   per_member = (steps.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
                 if listed and 'recipe' in listed[0] else None)
-  run_objective, run_schedule, make_state = objective(config), schedule(config, num_steps), state_maker(config, transform)
+  run_objective, make_state = objective(config), state_maker(config, transform)
+  run_schedule = schedule(config, num_steps)
   if per_member:   # what each recipe member trains at, as metrics.jsonl records it
     by_recipe = {name: schedule(recipe, num_steps) for name, recipe in recipes(config)}
     run_schedule = lambda step: [by_recipe[member['recipe']](step) for member in listed]

@@ -52,7 +52,8 @@ RULES = (Across(('ensemble.routing_iterations', 'model.routing_iterations'), _it
 RECIPE_KEYS = {
     'learning_rate': 'learning_rate', 'lr_schedule': 'lr_schedule', 'lr_decay_rate': 'lr_decay_rate',
     'lr_decay_steps': 'lr_decay_steps', 'lr_staircase': 'lr_staircase', 'lr_min': 'lr_min',
-    'warmup_steps': 'warmup_steps', 'weight_decay': 'weight_decay', 'ema_decay': 'ema_decay',
+    'warmup_steps': 'warmup_steps', 'warmup_max_fraction': 'warmup_max_fraction', 'weight_decay': 'weight_decay',
+    'ema_decay': 'ema_decay',
     'loss.reconstruction_weight': 'reconstruction_weight', 'loss.margin_reduction': 'margin_reduction',
     'model.routing_iterations': 'routing_iterations',
     **{f'augment.{key}': f'augment.{key}' for key in ('rotation', 'scale', 'shear', 'rotation_std', 'margin_shift',

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Callable, Dict, Optional, Tuple
 
 from capsjax import assemble, sharding, steps
 from capsjax.data.pipeline import Pipeline
+from capsjax.data.tasks import TASKS
 from capsjax.keys import About, annotated_keys, boolean, int_at_least, int_in, number_in, registered, text
 from capsjax.registry import Registry
 
@@ -100,6 +101,7 @@ class Experiment:
   steps: steps.RunSteps
   recorded: Dict[str, Any]                   # the config as config.json and results.json record it
   notes: Tuple[str, ...] = ()                # an explicit formulation measured slow on the platform
+  labels_per_example: int = 1                # 2: MultiMNIST's pairs (accuracy: both among the top 2)
 
 
 def build(config, mesh, platform: str = '', loader=None) -> Experiment:
@@ -112,4 +114,4 @@ def build(config, mesh, platform: str = '', loader=None) -> Experiment:
   (train, test, validation), model, training, notes = assemble.run(config, platform, loader)
   return Experiment(settings, model, train, test, validation, training.num_steps, training.batch_size,
                     training.schedule, steps.build_program(training, model, train, test, mesh, validation),
-                    config.to_dict(), notes)
+                    config.to_dict(), notes, TASKS[config.task].labels_per_example)

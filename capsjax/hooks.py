@@ -46,7 +46,8 @@ class Run:
   last_eval: Optional[Dict[str, Any]] = None
   last_eval_step: Optional[int] = None
   last_validation: Optional[Dict[str, Any]] = None
-  learning_rate: Optional[Callable[[int], float]] = None   # the schedule: step → rate
+  learning_rate: Optional[Callable[[int], Any]] = None   # the schedule: step → rate (recipe members: a list)
+  describe: Callable[[Dict[str, Any]], str] = lambda m: reports.describe_test(m, False)   # metrics → console
   # Raises on divergence found so far (the DivergenceGuard's check); before output or saves.
   check: Callable[[], None] = lambda: None
   # Evaluations after a step up to the end of the run (the Evaluator's schedule).
@@ -269,9 +270,9 @@ class Evaluator(Hook):
       return
     took = f' ({self.last_seconds:.1f} s)'
     if self.validate is not None:
-      run.log(f'step {step} validation: {reports.describe_test(run.last_validation, run.num_members is not None)}')
+      run.log(f'step {step} validation: {run.describe(run.last_validation)}')
       run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
-    run.log(f'step {step} test: {reports.describe_test(results, run.num_members is not None)}{took}')
+    run.log(f'step {step} test: {run.describe(results)}{took}')
     run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds,
                       **results)
     for evaluation in self.evaluations:

@@ -50,19 +50,25 @@ def describe_values(values, ensemble: bool) -> str:
   return ' '.join(f'{v:.4f}' for v in values) if ensemble else f'{values:.4f}'
 
 
-def describe_test(metrics: Dict[str, Any], ensemble: bool) -> str:
-  """An evaluation's metrics (a run's, or an ensemble's per member) for the console."""
+def describe_test(metrics: Dict[str, Any], ensemble: bool, labels_per_example: int = 1) -> str:
+  """An evaluation's metrics (a run's, or an ensemble's per member) for the console. With
+  several labels per example (MultiMNIST's pairs) the accuracy is the pair's (all labels
+  among the top k scores, the paper's measure) and the per-digit accuracy stands beside it."""
+  k = labels_per_example
+  accuracy = 'accuracy' if k == 1 else f'pair accuracy (all {k} among the top {k})'
+  digits = (f'; per-digit accuracy {describe_values(metrics["digit_accuracy"], ensemble)}'
+            if labels_per_example > 1 and 'digit_accuracy' in metrics else '')
   if not ensemble:
     average = (f'; moving average: accuracy {metrics["ema_accuracy"]:.4f} (error {100 * metrics["ema_error"]:.2f}%)'
                if 'ema_accuracy' in metrics else '')
     shifted = (f'; shift-averaged error {100 * metrics["shift_averaged_error"]:.2f}%'
                if 'shift_averaged_error' in metrics else '')
-    return f'accuracy {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%){average}{shifted}'
+    return f'{accuracy} {metrics["accuracy"]:.4f} (error {100 * metrics["error"]:.2f}%){digits}{average}{shifted}'
   combined = (f', summed as one ensemble {metrics["ensemble_accuracy"]:.4f}'
               if 'ensemble_accuracy' in metrics else '')
   shifted = (f'; shift-averaged error per member {describe_values(metrics["shift_averaged_error"], True)}'
              if 'shift_averaged_error' in metrics else '')
-  return f'accuracy per member {describe_values(metrics["accuracy"], True)}{combined}{shifted}'
+  return f'{accuracy} per member {describe_values(metrics["accuracy"], True)}{combined}{digits}{shifted}'
 
 
 def markdown_table(columns: Sequence[Tuple[str, str]], rows: Sequence[Sequence[Any]]) -> List[str]:

@@ -58,6 +58,8 @@ KEYS = (
         "code), or cosine / linear to lr_min at the run's last step"),
     key('warmup_steps', 0, int_at_least(0), 'a linear rise of the learning rate from 0 over this many steps before '
         'the decay (0: none)'),
+    key('warmup_max_fraction', 1.0, number_in(0, 1, low_open=True), 'the warm-up takes at most this fraction of '
+        "the run's steps (a recipe's warm-up fits a shorter run; 1: a warm-up as long as the run is refused)"),
     key('optimizer', 'adam', one_of(OPTIMIZERS), 'adam (the paper), adamw (decoupled weight decay) or lion'),
     key('weight_decay', 0.0, number_in(0, math.inf), "adamw's or lion's decoupled weight decay (0: none)"),
     key('grad_clip_norm', 0.0, number_in(0, math.inf), 'gradients scaled to at most this global norm before the '
@@ -83,11 +85,19 @@ RULES = (
         f'config.weight_decay={weight_decay!r}: Adam has no decoupled weight decay; use --config.optimizer=adamw '
         '(or lion)') if weight_decay and optimizer == 'adam' else None),
     Across(('lr_min', 'learning_rate', 'lr_schedule'), _lr_min_problem),
-    Across(('warmup_steps', 'num_steps'), lambda warmup_steps, num_steps: (
+    Across(('warmup_steps', 'warmup_max_fraction', 'num_steps'), lambda warmup_steps, fraction, num_steps: (
         f'config.warmup_steps={warmup_steps!r}: allowed below num_steps={num_steps!r} (the run would end inside '
-        'the warm-up, below the configured learning rate)') if warmup_steps and num_steps and
-        warmup_steps >= num_steps else None),
+        'the warm-up, below the configured learning rate; config.warmup_max_fraction < 1 caps it)')
+        if num_steps and warmup_length(warmup_steps, fraction, num_steps) >= num_steps else None),
 )
+
+
+def warmup_length(warmup_steps: int, max_fraction: float, num_steps: int) -> int:
+  """The warm-up's steps in a run of `num_steps`: `warmup_steps`, at most `max_fraction`
+  of the run when that is below 1 (a recipe's 100 steps are 20 of an 80-step run at 0.25)."""
+  if max_fraction >= 1 or not num_steps:
+    return warmup_steps
+  return min(warmup_steps, int(max_fraction * num_steps))
 
 
 def learning_rate_schedule(learning_rate: float, decay_steps: int, decay_rate: float,
@@ -247,10 +257,12 @@ def make_train_step(objective, model, optimizer, pipeline, seed: int, ensemble: 
   return jax.jit(step, donate_argnums=(0,), **shardings)
 
 
-def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_averaging: int = 0, groups=()):
+def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_averaging: int = 0, groups=(),
+                   summed: bool = True):
   """Sums over one padded batch: correct examples, correct digits, loss, count; per member
-  for an ensemble, plus `ensemble_correct`: the ensemble's prediction is the class with
-  the largest score summed over the members (for CapsNets, the summed capsule lengths).
+  for an ensemble, plus (`summed`: members that differ by seed alone) `ensemble_correct`:
+  the ensemble's prediction is the class with the largest score summed over the members
+  (for CapsNets, the summed capsule lengths).
   With `shift_averaging` = s > 0 also `shift_correct` (and `shift_ensemble_correct`):
   the class scores averaged over the (2s + 1)² views of each image shifted by every
   (dy, dx) in [-s, s]² with zero fill (test-time augmentation; the choice of model never
@@ -284,11 +296,11 @@ def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_ave
     # Every member sees the same test batch.            # [members, batch], [members, batch, classes]
     per_example, scores = jax.vmap(member_outputs, in_axes=(0, None, 0))(params, batch, knobs)
     correct, digits_correct = jax.vmap(top_k_correct, in_axes=(0, None))(scores, labels)
-    ensemble_correct, _ = top_k_correct(jnp.sum(scores, axis=0), labels)
     members = scores.shape[0]
     sums = {'correct': jnp.sum(correct * weights, -1), 'digits_correct': jnp.sum(digits_correct * weights, -1),
-            'loss': jnp.sum(per_example * weights, -1), 'count': jnp.full((members,), jnp.sum(weights)),
-            'ensemble_correct': jnp.sum(ensemble_correct * weights)}
+            'loss': jnp.sum(per_example * weights, -1), 'count': jnp.full((members,), jnp.sum(weights))}
+    if summed:
+      sums['ensemble_correct'] = jnp.sum(top_k_correct(jnp.sum(scores, axis=0), labels)[0] * weights)
     group_correct = lambda member_scores: jnp.stack([   # [groups]
         jnp.sum(top_k_correct(jnp.sum(member_scores[jnp.asarray(group)], axis=0), labels)[0] * weights)
         for group in groups])
@@ -297,9 +309,9 @@ def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_ave
     if shift_averaging:                                  # [members, batch, classes]
       averaged = jax.vmap(shift_averaged_scores, in_axes=(0, None, 0))(params, batch, knobs)
       shift_correct, _ = jax.vmap(top_k_correct, in_axes=(0, None))(averaged, labels)
-      shift_ensemble_correct, _ = top_k_correct(jnp.sum(averaged, axis=0), labels)
-      sums.update(shift_correct=jnp.sum(shift_correct * weights, -1),
-                  shift_ensemble_correct=jnp.sum(shift_ensemble_correct * weights))
+      sums['shift_correct'] = jnp.sum(shift_correct * weights, -1)
+      if summed:
+        sums['shift_ensemble_correct'] = jnp.sum(top_k_correct(jnp.sum(averaged, axis=0), labels)[0] * weights)
       if groups:
         sums['shift_group_ensemble_correct'] = group_correct(averaged)
     return sums
@@ -455,6 +467,14 @@ class RunSteps:
     return self.jitted_step(*self.step_arguments(state, step))
 
 
+def seeds_alone(members) -> bool:
+  """Whether an ensemble's members differ by seed alone: only then are their summed scores
+  one classifier worth reporting (an ablation's or a recipe program's members are compared,
+  not pooled; a recipe's own seeds are: recipe_groups)."""
+  rest = [{field: value for field, value in member.items() if field != 'seed'} for member in members or ()]
+  return bool(rest) and all(other == rest[0] for other in rest)
+
+
 def recipe_groups(members) -> tuple:
   """The member indices of each recipe, in the recipes' order (empty without recipes)."""
   if not members or 'recipe' not in members[0]:
@@ -474,7 +494,8 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
   train_step = make_train_step(objective, model, training.optimizer, train, training.seed, ensemble, mesh,
                                training.ema_decay, training.member_optimizer)
   shifts, groups = training.shift_averaging, recipe_groups(members)
-  eval_step = make_eval_step(objective, model, test, ensemble, shifts, groups)
+  summed = ensemble and seeds_alone(members)
+  eval_step = make_eval_step(objective, model, test, ensemble, shifts, groups, summed)
   train_source = sharding.replicate(train.source, mesh)
   test_source = sharding.replicate(test.source, mesh)
   batch_size, eval_batch_size = training.batch_size, training.eval_batch_size
@@ -496,7 +517,7 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
 
   validate = None
   if validation is not None:
-    validation_step = make_eval_step(objective, model, validation, ensemble, shifts, groups)
+    validation_step = make_eval_step(objective, model, validation, ensemble, shifts, groups, summed)
     validation_source = sharding.replicate(validation.source, mesh)
     validate = lambda params, should_stop=None: evaluate(
         validation_step, params, validation, eval_batch_size, knobs, mesh, validation_source, should_stop)

@@ -157,6 +157,7 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
         num_members=len(members) if members else None, metrics=metrics_log, log=_log,
         evaluate=program.evaluate, wall_time_before=progress.get('wall_time_s', 0.0),
         learning_rate=built.learning_rate,
+        describe=lambda metrics: reports.describe_test(metrics, members is not None, built.labels_per_example),
         eval_examples=test.num_examples + (validation.num_examples if validation is not None else 0))
     if first_step:
       _log(f'resumed from checkpoint at step {first_step}')
@@ -212,7 +213,7 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
     workdir_lib.write_json(os.path.join(workdir, 'results.json'), results)
     with open(os.path.join(workdir, 'table.md'), 'w') as f:
       f.write(reports.results_table(results))
-  _log(f'test {reports.describe_test(run.last_eval, run.num_members is not None)} after {run.num_steps} steps; '
+  _log(f'test {run.describe(run.last_eval)} after {run.num_steps} steps; '
        f'results in {os.path.join(workdir, "results.json")}')
   return RunResult.from_results(results)
 

@@ -1,6 +1,7 @@
 """`images` with mnist_fast's recipe: your own images trained with the recipe that won the
-budgeted search on held-out MNIST images (Adam at 3e-3 after a 100-step warm-up, cosine
-decay to 1e-5, small random rotations, scalings and shears before the shifts).
+budgeted search on held-out MNIST images (Adam at 3e-3 after a 100-step warm-up, at most a
+quarter of a shorter run, cosine decay to 1e-5, small random rotations, scalings and shears
+before the shifts).
 
   python run.py --experiment=images_fast --config.data_dir=DIR --workdir=W [--config.num_epochs=N]
 
@@ -12,7 +13,7 @@ from capsjax.experiments import images
 from capsjax.experiments import mnist_fast
 
 # What mnist_fast changes in the paper's recipe (one place: mnist_fast.py).
-RECIPE_KEYS = ('learning_rate', 'lr_schedule', 'lr_min', 'warmup_steps')
+RECIPE_KEYS = ('learning_rate', 'lr_schedule', 'lr_min', 'warmup_steps', 'warmup_max_fraction')
 RECIPE_AUGMENTATION = ('rotation', 'scale', 'shear')
 
 

@@ -46,9 +46,9 @@ from capsjax.experiments import mnist_seeds
 RECIPES = (
     'paper:',
     'official: loss.margin_reduction="official", lr_min=1e-6',
-    'fast: learning_rate=3e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=100, augment.rotation=10.0, '
-    'augment.scale=0.1, augment.shear=0.1',
-    'fast_byerly: learning_rate=3e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=100, '
+    'fast: learning_rate=3e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=100, warmup_max_fraction=0.25, '
+    'augment.rotation=10.0, augment.scale=0.1, augment.shear=0.1',
+    'fast_byerly: learning_rate=3e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=100, warmup_max_fraction=0.25, '
     'augment.rotation_std=10.0, augment.margin_shift=1.0, augment.squish=4, augment.erase=4',
 )
 

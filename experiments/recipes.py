@@ -31,7 +31,7 @@ def get_config():
       'official: loss.margin_reduction="official", model.init_scheme="official", model.routing_inputs=("bias",), '
       'model.primary_scale_by_types=True, lr_min=1e-6',
       # The recipe the budgeted search chose (experiments/mnist_fast.py).
-      'fast: learning_rate=3e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=100, augment.rotation=10.0, '
-      'augment.scale=0.1, augment.shear=0.1',
+      'fast: learning_rate=3e-3, lr_schedule="cosine", lr_min=1e-5, warmup_steps=100, warmup_max_fraction=0.25, '
+      'augment.rotation=10.0, augment.scale=0.1, augment.shear=0.1',
   )))
   return config

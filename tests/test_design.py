@@ -21,7 +21,8 @@ PACKAGE = os.path.join(ROOT, 'capsjax')
 # Lowest first; a module may import its own layer and the layers below it. The library
 # (capsjax/ outside app/) is layers 0-8; the application (capsjax/app/) the layers above.
 LAYERS = [
-    ('errors', 'registry', 'keys', 'formulations', 'ops', 'console', 'events', 'runtime', 'sharding', 'memory'),
+    ('errors', 'registry', 'keys', 'formulations', 'layout', 'ops', 'console', 'events', 'runtime', 'sharding',
+     'memory'),
     ('routing', 'losses'),
     ('layers',),
     ('models', 'sizing'),

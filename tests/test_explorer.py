@@ -174,6 +174,9 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
   status, answer = call(url, '/api/encode_file', raw=photo.getvalue())
   assert status == 200 and answer['image'] == expected[..., 0].ravel().tolist()
   assert answer['prediction'] == [predictor.predict(expected[None])[0]['class_index']]
+  # Ink on paper (dark on light, MNIST's opposite): inverted first, and said so.
+  ink, plain = predictor.predict(np.stack([255 - expected, expected]))
+  assert ink['inverted'] and not plain['inverted'] and ink['activations'] == plain['activations']
 
 
 @pytest.mark.parametrize('path, body, raw, status, message', [

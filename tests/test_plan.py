@@ -264,23 +264,29 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
   # docs/planning.md's examples at a small model's size: mnist's evaluation batch of 500
   # does not divide by 16 devices (padded, as the run pads it). GPU plans find the CUDA
   # plugin in the folder $CAPSJAX_GPU_PLAN names (README's install, next to this environment).
+  # The TPU slice has more devices than the batch examples (as the documented v5e:16x16 has
+  # for mnist's 128): planned at one example per device, and said so.
+  batch = 8 if devices == 16 else 128
   overrides = ['--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.model.digit_dim=8',
                '--config.model.decoder_hidden=(32,)', '--config.num_test_examples=600',
-               '--config.model.formulation.routing_loop=rolled']
+               '--config.model.formulation.routing_loop=rolled', f'--config.batch_size={batch}']
   env = dict(os.environ, CAPSJAX_GPU_PLAN=GPU_PLAN)
   result = subprocess.run([sys.executable, '-m', 'capsjax.app.plan', '--experiment=mnist', f'--target={target}',
                            '--nofind_largest_batch', *overrides], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.splitlines()
-  assert (f'batch: 128 global, {128 // devices} per device (evaluation: 500 global, {-(-500 // devices)} per device)'
-          in result.stdout)
+  planned = max(batch, devices)
+  assert (f'batch: {planned} global, {planned // devices} per device (evaluation: 500 global, {-(-500 // devices)} '
+          'per device)' in result.stdout)
+  assert (f'config.batch_size=8 is smaller than the 16 devices of the slice: planned at 16 (one example per device'
+          in result.stdout) == (devices == 16)
   # Printed as it was known, before the report.
-  assert any(line.startswith(f'the training step at {128 // devices} per device: ') and ', fits; ' in line
+  assert any(line.startswith(f'the training step at {planned // devices} per device: ') and ', fits; ' in line
              for line in lines[:lines.index(launch)])
   command = ('python run.py --experiment=mnist --workdir=/mnt/shared/mnist '
              + ('--config.distributed=True ' if devices == 16 else '')
-             + ' '.join(map(shlex.quote, overrides)) + ' --config.batch_size=128')
+             + ' '.join(map(shlex.quote, overrides[:-1])) + f' --config.batch_size={planned}')
   assert command in lines[lines.index(launch) + (2 if devices == 16 else 1)]
 
 

@@ -328,6 +328,27 @@ def _logged_learning_rates(workdir):
   return {row['step']: row['learning_rate'] for row in rows if row.get('split') == 'train' and 'learning_rate' in row}
 
 
+def test_a_fast_recipe_runs_briefly_as_written_its_warm_up_capped_at_a_quarter_of_the_run():
+  from capsjax import steps  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import images_fast, mnist_fast, mnist_lease  # pylint: disable=g-import-not-at-top
+  assert [steps.warmup_length(100, 0.25, n) for n in (80, 400, 1000, 0)] == [20, 100, 100, 100]
+  assert steps.warmup_length(100, 1.0, 80) == 100
+  for experiment in (mnist_fast, images_fast, mnist_lease):
+    config = experiment.get_config()
+    config.num_steps = 80
+    assert problems_of(config) == [], experiment.__name__
+  config = mnist_lease.get_config()
+  config.num_steps = 80
+  members = assemble.training(config, 50000).members   # each member's warm-up as this run allows
+  assert {m['recipe']: m['warmup_steps'] for m in members} == {'paper': 0, 'official': 0, 'fast': 20, 'fast_byerly': 20}
+  config = mnist.get_config()   # an explicit warm-up without the cap: as long as the run, refused
+  config.num_steps, config.warmup_steps = 80, 100
+  assert problems_of(config)[0].startswith('config.warmup_steps=100: allowed below num_steps=80 (the run would end')
+  rates = steps.learning_rate_schedule(3e-3, 2000, 0.96, kind='cosine', total_steps=80,
+                                       warmup_steps=steps.warmup_length(100, 0.25, 80))
+  assert float(rates(10)) == pytest.approx(1.5e-3) and float(rates(20)) == pytest.approx(3e-3)
+
+
 def test_schedules_hand_computed_at_chosen_steps():
   config = mnist.get_config()
   config.learning_rate, config.lr_min, config.warmup_steps = 1e-3, 1e-5, 100

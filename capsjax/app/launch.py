@@ -190,7 +190,8 @@ def unknown_key_problem(error: Exception, argv=(), experiment: Optional[str] = N
           + (f" (did you mean '{prefix}{suggestion.group(1)}'?)" if suggestion else '')
           + _renamed_key_hint(dotted)
           + (_routing_options_hint(argv, experiment) if 'routing_options.' in dotted else '')
-          + (f' in experiment {experiment!r}; experiments with it: {", ".join(having)}' if having and experiment else ''))
+          + (f' in experiment {experiment!r}; experiments with it: {", ".join(having)}'
+             if having and experiment else ''))
 
 
 def _experiments_with(dotted: str) -> List[str]:

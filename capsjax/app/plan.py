@@ -439,6 +439,7 @@ class Plan:
   largest_batch: Optional[Dict[str, Any]] = None
   model_choice: Optional[str] = None
   members: int = 1   # an ensemble's members, trained side by side on each batch (vmapped)
+  batch_note: str = ''   # why the plan's batch is not the config's (a slice with more devices than it)
 
   @property
   def hbm_per_device(self) -> float:
@@ -492,6 +493,8 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
                    if plan.members > 1 else ''),
       f'formulations for the {platform}: ' + '; '.join(plan.formulations),
   ]
+  if plan.batch_note:
+    lines.append(plan.batch_note)
   if plan.model_choice:
     lines.append(plan.model_choice)
   usable = (f', {chip.usable_fraction:.0%} of {_gb(chip.hbm_bytes)}: what JAX preallocates'
@@ -619,6 +622,18 @@ def _memory_line(what: str, analysis: Dict[str, Any], hbm: float) -> str:
           + ('fits' if analysis['total'] <= hbm else 'DOES NOT FIT'))
 
 
+def planned_batch_note(batch_size: int, devices: int) -> str:
+  """Why a plan compiles another batch than the config's, or '': a batch smaller than the
+  slice's device count (the paper's 128 on a 256-chip slice) is planned at one example per
+  device, the smallest batch that divides over them; any other batch as configured (one
+  that does not divide is refused)."""
+  if batch_size >= devices:
+    return ''
+  return (f'config.batch_size={batch_size} is smaller than the {devices} devices of the slice: planned at '
+          f'{devices} (one example per device, the smallest batch that divides over them); the launch line '
+          'carries it, and the largest-batch search says how far it can grow')
+
+
 def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch: bool = True,
              log=_silent) -> Plan:
   """Compiles config's training step and evaluation batch for `target` ('v5e:4x4',
@@ -644,10 +659,14 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   validate(config)
   devices = compile_only_devices(parsed)
   mesh = sharding.data_mesh(devices)
+  config = ml_collections.ConfigDict(config.to_dict())
+  batch_note = planned_batch_note(config.batch_size, mesh.size)
+  if batch_note:   # a slice with more devices than the batch has examples: one example each
+    config.batch_size = mesh.size
+    log(batch_note)
   sharding.check_batch_size(config.batch_size, mesh)
   devices_per_chip = max(1, len(devices) // parsed.chips)
   hbm_per_device = parsed.chip.hbm_bytes * parsed.chip.usable_fraction / devices_per_chip
-  config = ml_collections.ConfigDict(config.to_dict())
   config.host_images = 'rows'   # a source without split sizes is read lazily, never whole
   started = time.time()
   config = assemble.resolve_data(config)
@@ -673,7 +692,7 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   chosen = formulations.describe(formulation) if formulation else []
   result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
                 config.batch_size, config.eval_batch_size, num_params, param_bytes,
-                chosen, training, evaluation, 0.0, model_choice=model_choice, members=members)
+                chosen, training, evaluation, 0.0, model_choice=model_choice, members=members, batch_note=batch_note)
   if find_largest_batch:
     result.largest_batch = _largest_batch(config, mesh, parsed.platform, result, train_examples // len(devices), log)
   result.compile_seconds = time.time() - started

@@ -3,7 +3,8 @@
   python -m capsjax.app.predict [--workdir=W] [--member=K] [--json] [--reconstruct=DIR] FILE...
 
 For each file: the class name and every class's activation (the routing's activations:
-for Procedure 1, the capsule lengths).
+for Procedure 1, the capsule lengths). A dark digit on a light ground, for a model of
+MNIST's light strokes on black, is inverted first, and a line on stderr says so.
 Without --workdir: the paper's MNIST CapsNet that ships with capsjax. A file of any size or
 colour is converted as training converted the run's images (capsjax.data.images: grey or
 RGB, resized to the run's size), then preprocessed as the run's test images. --json
@@ -41,7 +42,9 @@ class Predictor:
     >>> test = capsjax.load_dataset('mnist', 'test', data_dir=mnist_dir)
     >>> results = predictor.predict(test.images[:4])   # uint8 [4, 28, 28, 1]
     >>> [r['class'] for r in results], sorted(results[0])
-    (['7', '2', '1', '0'], ['activations', 'class', 'class_index', 'input', 'reconstruction'])
+    (['7', '2', '1', '0'], ['activations', 'class', 'class_index', 'input', 'inverted', 'reconstruction'])
+    >>> [r['class'] for r in predictor.predict(255 - test.images[:2])], results[0]['inverted']   # ink on paper
+    (['7', '2'], False)
     >>> results[0]['reconstruction'].shape
     (28, 28, 1)
   """
@@ -58,6 +61,10 @@ class Predictor:
     self.capsules = trained.family.capsules
     self.has_decoder = trained.has_decoder
     self.probabilities = trained.objective.probabilities   # class scores → what is shown
+    from capsjax.data.datasets import DATASETS  # pylint: disable=g-import-not-at-top
+    described = DATASETS.get(trained.config.get('dataset'))
+    # Light strokes on black (MNIST): an ink-on-paper image is inverted first (predict says so).
+    self.light_on_dark = bool(described and described.light_on_dark and self.info.image_shape[-1] == 1)
     self._scores = jax.jit(self._scores_and_reconstructions)
     self._classes = jax.jit(lambda params, images: jax.numpy.argmax(
         self._scores_and_reconstructions(params, images, reconstruct=False)[0], -1))
@@ -120,17 +127,32 @@ class Predictor:
         bar.update(len(chunk))
     return np.concatenate(classes) if classes else np.zeros((0,), np.int64)
 
+  def opposite_polarity(self, images_uint8: np.ndarray) -> np.ndarray:
+    """Per image of the run's shape: whether it is dark on light where the run's images are
+    light strokes on black (its frame, the outer 2 pixels, mostly light); always False
+    for a run of other images."""
+    if not self.light_on_dark:
+      return np.zeros(len(images_uint8), bool)
+    frame = np.ones(images_uint8.shape[1:3], bool)
+    frame[2:-2, 2:-2] = False
+    return images_uint8[:, frame].reshape(len(images_uint8), -1).mean(-1) > 127
+
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """For each image (an array, or a stacked batch of the run's shape): {'class',
     'class_index', 'activations' {name: value}, 'input' uint8, 'reconstruction' float
-    [0, 1] or None}. CapsNet activations are its routing's (Procedure 1: the capsule
-    lengths); a CNN's are its softmax (or sigmoid) outputs."""
+    [0, 1] or None, 'inverted'}. CapsNet activations are its routing's (Procedure 1: the
+    capsule lengths); a CNN's are its softmax (or sigmoid) outputs. An image of the
+    opposite polarity to the run's (a dark digit on white for an MNIST model:
+    opposite_polarity) is inverted first, and 'inverted' says so."""
     if isinstance(images, np.ndarray) and images.ndim == 4 and images.dtype == np.uint8 and \
         images.shape[1:] == self.info.image_shape:
       held = images
     else:
       held = np.stack([self.convert(image, (names or [None] * len(images))[i] or f'image {i}')
                        for i, image in enumerate(images)])
+    inverted = self.opposite_polarity(held)
+    if inverted.any():
+      held = np.where(inverted[:, None, None, None], 255 - held, held)
     results = []
     for chunk, padded in _padded_batches(held):
       scores, reconstructions = self._scores(self.params, padded)
@@ -140,7 +162,8 @@ class Predictor:
         index = int(np.argmax(row))
         results.append({'class': self.class_names[index], 'class_index': index,
                         'activations': {name: float(v) for name, v in zip(self.class_names, row)},
-                        'input': chunk[i], 'reconstruction': None if reconstructions is None else reconstructions[i]})
+                        'input': chunk[i], 'reconstruction': None if reconstructions is None else reconstructions[i],
+                        'inverted': bool(inverted[len(results)])})
     return results
 
 
@@ -212,6 +235,9 @@ def main(argv=None):
     os.makedirs(args.reconstruct, exist_ok=True)
   width = max(len(name) for name in predictor.class_names)
   for path, png, result in zip(args.files, _png_names(args.files), results):
+    if result['inverted']:   # on stderr: stdout stays the predictions
+      print(f'{path}: dark on a light ground, where {predictor.source}\'s images are light strokes on black: '
+            'inverted before classifying', file=sys.stderr, flush=True)
     if args.json:
       print(json.dumps({'file': path, 'class': result['class'], 'class_index': result['class_index'],
                         'activations': result['activations']}), flush=True)

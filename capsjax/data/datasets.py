@@ -44,6 +44,10 @@ class DatasetInfo(DescribesImages):
   # TFDS features: the images stacked as channels (smallNORB's stereo pair), the label.
   image_keys: Tuple[str, ...] = ('image',)
   label_key: str = 'label'
+  # Light strokes on a black ground (the MNIST family): an image of the opposite polarity
+  # (a digit drawn in ink on paper) is inverted before a model of this data sees it
+  # (capsjax.app.predict, saying so).
+  light_on_dark: bool = False
   splits: Tuple[str, str] = ('train', 'test')   # TFDS names of (training, test)
   preprocessing: Preprocessing = Preprocessing()
   source: str = ''                    # where the preprocessing choices come from
@@ -71,9 +75,10 @@ CIFAR10 = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'hors
 SMALLNORB = ('four-legged animal', 'human figure', 'airplane', 'truck', 'car')
 
 DATASETS: Dict[str, DatasetInfo] = {
-    'mnist': DatasetInfo('mnist', (28, 28, 1), DIGITS, idx_folder=True, split_sizes=(60000, 10000)),
+    'mnist': DatasetInfo('mnist', (28, 28, 1), DIGITS, idx_folder=True, split_sizes=(60000, 10000), light_on_dark=True),
     # Same format; Debian's dataset-fashion-mnist installs the IDX files.
-    'fashion_mnist': DatasetInfo('fashion_mnist', (28, 28, 1), FASHION, idx_folder=True, split_sizes=(60000, 10000)),
+    'fashion_mnist': DatasetInfo('fashion_mnist', (28, 28, 1), FASHION, idx_folder=True, split_sizes=(60000, 10000),
+                                 light_on_dark=True),
     # The small training set only (73 257 images; TFDS's `extra` split is not used).
     'svhn': DatasetInfo('svhn_cropped', (32, 32, 3), DIGITS, idx_folder=False,
                         source='paper section 7: the small training set; shifts as MNIST',

@@ -1,6 +1,6 @@
 """MultiMNIST figure 5 and pixel segmentation from a trained run.
 
-  python -m capsjax.app.programs.segmentation --workdir=W [--num=1000] [--rows=8]
+  python -m capsjax.app.programs.segmentation --workdir=W [--num=N] [--rows=8]
 
 Writes W/multimnist_reconstructions.png (figure 5 of the paper: input over the two
 reconstructions in red and green, captioned L:(labels) R:(reconstructed classes); the
@@ -51,7 +51,8 @@ def overlay(red: np.ndarray, green: np.ndarray) -> np.ndarray:
 def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax-segmentation', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
-  parser.add_argument('--num', type=cli.int_at_least(1), default=1000, help='test examples for the IoU')
+  parser.add_argument('--num', type=cli.int_at_least(1), default=None,
+                      help="test pairs for the IoU (default: the run's own, config.num_test_examples)")
   parser.add_argument('--rows', type=cli.int_at_least(1), default=8, help='examples in the figure')
   parser.add_argument('--threshold', type=cli.number_between(0.0, 1.0), default=0.1)
   cli.add_data_flags(parser)
@@ -66,8 +67,12 @@ def main(argv=None):
                        'segmentation needs a CapsNet with its decoder (e.g. --experiment=multimnist)')
   trained = TrainedModel.from_workdir(args.workdir, data=cli.data_overrides(args))
   config, model, params = trained.config, trained.model, trained.params
-  console.say(f'model: {trained.describe()}; generating {args.num} test pairs…')
-  config.num_test_examples = args.num
+  run_pairs = config.num_test_examples   # the pairs the run itself was evaluated on
+  pairs = args.num or run_pairs
+  console.say(f'model: {trained.describe()}; generating {pairs} test pairs ('
+              + ('the run\'s own, config.num_test_examples' if pairs == run_pairs else
+                 f'--num; the run was evaluated on {run_pairs}') + ')…')
+  config.num_test_examples = pairs
   _, test = assemble.pipelines(config)
   bar = console.progress(what='reconstructing', total=test.num_examples, unit='pairs')
 
