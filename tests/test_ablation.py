@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from capsjax import assemble, train
+from capsjax import assemble, steps, train
 from capsjax.app.trained import load_trained
 from capsjax.app.programs import ablation
 from capsjax.errors import ConfigError, RunStopped
@@ -40,6 +40,9 @@ def test_members_are_the_product_of_the_grid(mnist_dir):
   assert len(members) == 12
   assert {(m['seed'], m['routing_iterations'], m['reconstruction_weight']) for m in members} == {
       (s, r, w) for s in (0, 1, 2) for r in (1, 3) for w in (0.0, 0.0005)}
+  # Summed as one classifier only where members differ by seed alone (not an ablation's grid).
+  assert not steps.seeds_alone(members) and steps.seeds_alone(members[:1])
+  assert steps.seeds_alone([m for m in members if (m['routing_iterations'], m['reconstruction_weight']) == (3, 0.0)])
   config.ensemble.routing_iterations = (1, 5)   # beyond the model's static bound of 3
   with pytest.raises(ConfigError, match='exceed'):
     assemble.members(config)

@@ -162,12 +162,14 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   assert results['test_accuracy'] > 0.12, results
   assert results['test_digit_accuracy'] > 0.4, results
   assert json.loads((tmp_path / 'results.json').read_text())['config']['task'] == 'multimnist'
+  said = capsys.readouterr().out   # the console names the pair accuracy (the paper's) and the per-digit one
+  assert 'test: pair accuracy (all 2 among the top 2) ' in said and '; per-digit accuracy ' in said
   # Figure 5 and the segmentation IoU from the trained run.
-  capsys.readouterr()
   monkeypatch.setattr(console, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
   segmentation.main(['--workdir', str(tmp_path), '--num', '100', '--rows', '4'])
   said = capsys.readouterr()   # what it does first, then a bar with the count
   assert said.out.startswith(f'segmentation of {tmp_path}: loading the trained model…\nmodel: {tmp_path} at step')
+  assert '; generating 100 test pairs (--num; the run was evaluated on 500)…' in said.out
   assert 'reconstructing: 100%' in said.err and '100/100' in said.err
   report = json.loads((tmp_path / 'segmentation.json').read_text())
   assert report['num_examples'] == 100 and 0.0 < report['mean_iou'] < 1.0
