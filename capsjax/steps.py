@@ -171,8 +171,8 @@ def make_optimizer(schedule: optax.Schedule, kind: str = 'adam', weight_decay: f
 def initial_state(model, optimizer, input_shape, seed: int, member_seeds=None, ema: bool = False) -> State:
   """The fresh state of a run, or of every member of an ensemble (`member_seeds`) stacked
   on axis 0; with `ema`, an exponential moving average of the parameters beside them."""
-  if member_seeds is None:
-    return init_state(model, optimizer, input_shape, seed, ema)
+  if member_seeds is None:   # compiled: op by op, the paper model's took 5x as long (docs/results.md)
+    return jax.jit(lambda: init_state(model, optimizer, input_shape, seed, ema))()
   seeds = jnp.asarray(member_seeds, jnp.int32)
   return jax.jit(jax.vmap(lambda member_seed: init_state(model, optimizer, input_shape, member_seed, ema)))(seeds)
 

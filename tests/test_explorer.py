@@ -220,7 +220,7 @@ def test_multimnist_mode_decodes_the_two_capsules_separately():
   config.model.conv1_channels, config.model.primary_types = 8, 2
   config.model.decoder_hidden = (16, 32)
   model = build_model(**config.model)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 36, 36, 1)))['params']
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 36, 36, 1)))['params']
   images = np.random.default_rng(0).uniform(size=(4, 36, 36, 1)).astype(np.float32)
   labels = np.array([[1, 2], [3, 4], [5, 6], [7, 8]])
   explorer = Explorer(trained.TrainedModel(config, model, params, 'test'), images, labels)

@@ -48,7 +48,7 @@ def test_capsnet_routing_loop_option_keeps_the_outputs():
   # float32 on any backend (a GPU's 'auto' is bfloat16): the tolerance is float32's.
   rolled, unrolled = (CapsNet(formulation=Formulation(conv_impl='patches', routing_loop=loop, dtype='float32'), **small)
                       for loop in ('rolled', 'unrolled'))
-  params = rolled.init(jax.random.key(2), images)['params']
+  params = jax.jit(rolled.init)(jax.random.key(2), images)['params']
   out_rolled = jax.jit(rolled.apply)({'params': params}, images)
   out_unrolled = jax.jit(unrolled.apply)({'params': params}, images)
   np.testing.assert_allclose(out_unrolled['capsules'], out_rolled['capsules'], rtol=1e-5, atol=1e-7)

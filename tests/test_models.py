@@ -120,7 +120,7 @@ def test_capsnet_with_bfloat16_conv_inputs_stays_close_to_float32():
   # float32 compute on any backend (a GPU's 'auto' is bfloat16, which would round the inputs anyway).
   exact, rounded = (CapsNet(formulation=Formulation(conv_inputs=inputs, dtype='float32'), **small)
                     for inputs in ('float32', 'bfloat16'))
-  params = exact.init(jax.random.key(12), images)['params']
+  params = jax.jit(exact.init)(jax.random.key(12), images)['params']
   out_exact = jax.jit(exact.apply)({'params': params}, images)
   out_rounded = jax.jit(rounded.apply)({'params': params}, images)
   assert out_rounded['lengths'].dtype == jnp.float32
@@ -139,8 +139,8 @@ def test_bfloat16_compute_stays_close_to_float32_and_auto_picks_it_for_a_gpu():
                decoder_hidden=(16,), use_decoder=True)
   images = jax.random.uniform(jax.random.key(13), (4, 12, 12, 1))
   exact, halved = (CapsNet(formulation=Formulation(conv_impl='xla', dtype=dtype), **small) for dtype in ('float32', 'bfloat16'))
-  params = exact.init(jax.random.key(14), images)['params']
-  assert {leaf.dtype for leaf in jax.tree.leaves(halved.init(jax.random.key(14), images)['params'])} == {
+  params = jax.jit(exact.init)(jax.random.key(14), images)['params']
+  assert {leaf.dtype for leaf in jax.tree.leaves(jax.eval_shape(halved.init, jax.random.key(14), images)['params'])} == {
       jnp.dtype(jnp.float32)}
   out_exact = jax.jit(exact.apply)({'params': params}, images)
   out_halved = jax.jit(halved.apply)({'params': params}, images)
@@ -165,7 +165,7 @@ def test_capsnet_formulations_agree():
   # float32 on any backend (a GPU's 'auto' is bfloat16): the tolerance is float32's.
   model_xla, model_patches = (CapsNet(formulation=Formulation(conv_impl=impl, dtype='float32'), **small)
                               for impl in ('xla', 'patches'))
-  params = model_xla.init(jax.random.key(3), images)['params']
+  params = jax.jit(model_xla.init)(jax.random.key(3), images)['params']
   out_xla = jax.jit(model_xla.apply)({'params': params}, images)   # compiled: faster than op by op
   out_patches = jax.jit(model_patches.apply)({'params': params}, images)
   np.testing.assert_allclose(out_patches['lengths'], out_xla['lengths'], rtol=1e-4, atol=1e-6)
@@ -179,7 +179,7 @@ def test_capsnet_formulations_agree():
 def test_decoder_sees_only_the_masked_capsule():
   model = CapsNet(conv1_channels=16, primary_types=4)
   images = jax.random.uniform(jax.random.key(4), (2, 28, 28, 1))
-  params = model.init(jax.random.key(5), images)['params']
+  params = jax.jit(model.init)(jax.random.key(5), images)['params']
   apply = jax.jit(model.apply)   # compiled (once per mask or none): faster than op by op
   out = apply({'params': params}, images)
   assert out['capsules'].shape == (2, 10, 16) and out['reconstructions'].shape == (2, 28, 28, 1)
@@ -217,7 +217,7 @@ def test_same_padding_conv_equals_flax_conv(kernel):
   from capsjax.layers import Conv, Formulation  # pylint: disable=g-import-not-at-top
   images = jax.random.normal(jax.random.key(4), (2, 11, 11, 3))
   reference = nn.Conv(6, (kernel, kernel), padding='SAME')
-  params = reference.init(jax.random.key(5), images)['params']
+  params = jax.jit(reference.init)(jax.random.key(5), images)['params']
   expected = reference.apply({'params': params}, images)
   for impl in ('xla', 'patches', 'kernel_rows', 'fourier'):
     ours = Conv(6, kernel, padding='SAME', formulation=Formulation(conv_impl=impl))
@@ -233,14 +233,15 @@ def test_transposed_conv_equals_flax_conv_transpose_in_value_and_gradient(side, 
   from capsjax.layers import Formulation, TransposedConv  # pylint: disable=g-import-not-at-top
   images = jax.random.normal(jax.random.key(6), (2, side, side + 1, 3))
   reference = nn.ConvTranspose(4, (kernel, kernel), strides=(stride, stride), padding='SAME')
-  params = reference.init(jax.random.key(7), images)['params']
+  params = jax.jit(reference.init)(jax.random.key(7), images)['params']
   loss = lambda module: lambda p, x: jnp.sum(jnp.sin(module.apply({'params': p}, x)))
   expected = reference.apply({'params': params}, images)
   expected_grads = jax.grad(loss(reference), argnums=(0, 1))(params, images)
   assert expected.shape == (2, side * stride, (side + 1) * stride, 4)
   for impl in ('xla', 'patches'):
     ours = TransposedConv(4, kernel, stride, formulation=Formulation(conv_impl=impl))
-    assert jax.tree.map(jnp.shape, ours.init(jax.random.key(7), images)['params']) == jax.tree.map(jnp.shape, params)
+    assert jax.tree.map(jnp.shape, jax.eval_shape(ours.init, jax.random.key(7), images)['params']) == jax.tree.map(
+        jnp.shape, params)
     np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
     grads = jax.grad(loss(ours), argnums=(0, 1))(params, images)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):

@@ -96,7 +96,7 @@ def test_primary_caps_scaled_by_types_divides_the_convolution_before_the_bias():
   features = jax.random.normal(jax.random.key(1), (2, 12, 12, 5))
   scaled = PrimaryCaps(num_types=4, dim=3, kernel_size=3, stride=2, scale_by_types=True)
   plain = PrimaryCaps(num_types=4, dim=3, kernel_size=3, stride=2)
-  params = scaled.init(jax.random.key(0), features)['params']
+  params = jax.jit(scaled.init)(jax.random.key(0), features)['params']
   params['conv']['bias'] = jnp.linspace(-0.5, 0.5, 12)
   divided = jax.tree.map(lambda x: x, params)
   divided['conv']['kernel'] = params['conv']['kernel'] / 4

@@ -302,7 +302,7 @@ def test_a_model_key_and_a_routing_option_are_one_declaration_each(user_declarat
   assert problems_of(config)[:2] == ['config.model.routing_options.scaled_mean.scale=-1.0: allowed a finite '
                                      'number > 0', 'config.baseline.model.hidden=0: allowed an integer >= 1']
   config.baseline.model.hidden = 24                                                 # the built model
-  params = build_model(**config.baseline.model).init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+  params = jax.jit(build_model(**config.baseline.model).init)(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
   assert params['params']['Dense_0']['kernel'].shape == (784, 24)
   config.model.update(routing='scaled_mean', conv1_channels=8, primary_types=2, use_decoder=False)
   images = jax.random.uniform(jax.random.key(1), (2, 28, 28, 1))
@@ -310,7 +310,7 @@ def test_a_model_key_and_a_routing_option_are_one_declaration_each(user_declarat
   for scale in (1.0, 4.0):
     config.model.routing_options.scaled_mean.scale = scale
     model = build_model(**config.model)
-    variables = model.init(jax.random.key(0), images)
+    variables = jax.jit(model.init)(jax.random.key(0), images)
     lengths[scale] = model.apply(variables, images)['lengths']
   # squash: |v| = |s|² / (1 + |s|²), so |s| = sqrt(|v| / (1 − |v|)); the option scales |s| by 4.
   norm = lambda v: jnp.sqrt(v / (1 - v))

@@ -34,7 +34,7 @@ def test_the_peer_equals_capsjax_for_the_same_weights():
   rng = np.random.default_rng(0)
   images = rng.random((4, 28, 28, 1), np.float32)
   labels = np.array([3, 1, 4, 1])
-  params = model.init(jax.random.key(1), jnp.zeros((1, 28, 28, 1)))['params']
+  params = jax.jit(model.init)(jax.random.key(1), jnp.zeros((1, 28, 28, 1)))['params']
   objective = assemble.objective(config)
   batch = {'images': jnp.asarray(images), 'labels': jnp.asarray(labels)}
 
