@@ -137,14 +137,15 @@ class LogLines:
     self.stream.flush()
 
 
-def progress(iterable=None, *, what: str, total: Optional[int] = None, unit: str = 'it', disable: bool = False):
+def progress(iterable=None, *, what: str, total: Optional[int] = None, unit: str = 'it', disable: bool = False,
+             log_every_s: float = LOG_PROGRESS_INTERVAL_S):
   """tqdm's bar on stderr for work that takes more than PROGRESS_DELAY_S: `what`, the count,
   the rate and the ETA. On a terminal it redraws in place; in a log (no terminal) it
-  writes a line every LOG_PROGRESS_INTERVAL_S while the work goes on, and the final count."""
+  writes a line every `log_every_s` while the work goes on, and the final count."""
   terminal = sys.stderr.isatty()
   return tqdm.tqdm(iterable, desc=what, total=total, unit=unit, file=sys.stderr if terminal else LogLines(sys.stderr),
                    dynamic_ncols=terminal, ascii=None if terminal else True,
-                   mininterval=0.2 if terminal else LOG_PROGRESS_INTERVAL_S, smoothing=0.1, disable=disable,
+                   mininterval=0.2 if terminal else log_every_s, smoothing=0.1, disable=disable,
                    delay=PROGRESS_DELAY_S)
 
 

@@ -292,16 +292,25 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
 
 @needs_libtpu
 def test_a_stopped_plan_says_so_in_one_line():
-  # libtpu's own SIGTERM handler would print a crash dump; the plan's says it stopped.
-  plan = subprocess.Popen([sys.executable, '-m', 'capsjax.app.plan', '--experiment=mnist', '--target=v5e:2x2',
-                           '--nofind_largest_batch'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  # libtpu's own SIGTERM handler would print a crash dump; the plan's says it stopped. The
+  # estimate and the launch line come before the largest-batch search: a stop inside it
+  # (a compilation on the worker thread) keeps them.
+  small = ['--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.model.digit_dim=8',
+           '--config.model.decoder_hidden=(32,)', '--config.model.formulation.routing_loop=rolled']
+  plan = subprocess.Popen([sys.executable, '-m', 'capsjax.app.plan', '--experiment=mnist', '--target=v5e:2x2', *small],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     assert plan.stdout.readline().startswith('compiling the training step and an evaluation batch for v5e:2x2')
+    said = []
+    while not said or not said[-1].startswith('searching for the largest batch that fits'):
+      said.append(plan.stdout.readline())
+      assert said[-1], said
     plan.send_signal(signal.SIGTERM)
     _, err = plan.communicate(timeout=300)
   finally:
     plan.kill()
+  assert any(line.startswith('ESTIMATE (not a measurement)') for line in said)
+  assert any(line.startswith('launch (every host of the slice runs the same command):') for line in said)
   assert plan.returncode == 128 + signal.SIGTERM
   assert err.strip().splitlines()[-1] == 'error: capsjax-plan stopped by SIGTERM before the plan was complete'
   assert 'SIGTERM received' not in err and 'Traceback' not in err

@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import ml_collections
 
@@ -477,9 +477,11 @@ def _gb(value: float) -> str:
   return f'{value / 1e9:.2f} GB'
 
 
-def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', overrides: Sequence[str] = ()) -> List[str]:
+def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', overrides: Sequence[str] = (),
+           with_largest: bool = True) -> List[str]:
   """The plan as lines for the console; the launch line carries `overrides` (the
-  command line's --config.KEY=VALUE, but the batch size the plan sets)."""
+  command line's --config.KEY=VALUE, but the batch size the plan sets). `with_largest`:
+  the largest-batch search's lines among them (largest_batch_lines)."""
   target, chip = plan.target, plan.target.chip
   per_device = plan.global_batch // plan.devices
   platform = target.platform.upper()
@@ -532,18 +534,8 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
          if highest['step_s'] > default['step_s'] * 1.005 else
          'the same at \'highest\' float32 precision: the memory traffic, not the matmuls, sets the time')
       + (f'; XLA\'s own estimate {1e3 * training["xla_seconds"]:.2f} ms' if training['xla_seconds'] else ''))
-  if plan.largest_batch:
-    largest = plan.largest_batch
-    lines.append(f'largest per-device batch that fits: {largest["per_device"]} ({largest["per_device"] * plan.devices} '
-                 f'global; {_gb(largest["total"])} of {_gb(plan.hbm_per_device)} compiled; from compilations at '
-                 f'{", ".join(str(b) for b in largest["tried"])} per device)'
-                 + ('; the whole training split: a larger batch would not fit an epoch' if largest['capped'] else ''))
-    if largest.get('analysis'):
-      at_largest = plan.estimate(default_passes, largest['analysis'], largest['per_device'] * plan.devices)
-      lines.append(f'ESTIMATE at that batch (not a measurement): a training step ≈ {1e3 * at_largest["step_s"]:.2f} ms → '
-                   f'{at_largest["images_per_s"]:,.0f} images/s over the {over} (compute '
-                   f'{1e3 * at_largest["compute_s"]:.2f} ms, HBM traffic {1e3 * at_largest["memory_s"]:.2f} ms, '
-                   f'all-reduce {1e3 * at_largest["allreduce_s"]:.2f} ms)')
+  if with_largest:
+    lines += largest_batch_lines(plan)
   kept = [shlex.quote(flag) for flag in overrides
           if not flag.startswith(('--config.batch_size=', '--config.distributed='))]
   batch = ''.join(f' {flag}' for flag in kept) + f' --config.batch_size={plan.global_batch}'
@@ -562,6 +554,25 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
               f'--config.distributed=True{batch}"']
   lines += [f'(compiled in {plan.compile_seconds:.0f} s on this machine; XLA\'s analyses are an aid whose exact '
              'values may change between versions)']
+  return lines
+
+
+def largest_batch_lines(plan: Plan) -> List[str]:
+  """The largest-batch search's lines of the report (none without a search)."""
+  if not plan.largest_batch:
+    return []
+  largest, over = plan.largest_batch, 'GPUs' if plan.target.platform.upper() == 'GPU' else 'slice'
+  default_passes = plan.target.chip.float32_passes[0]
+  lines = [f'largest per-device batch that fits: {largest["per_device"]} ({largest["per_device"] * plan.devices} '
+               f'global; {_gb(largest["total"])} of {_gb(plan.hbm_per_device)} compiled; from compilations at '
+               f'{", ".join(str(b) for b in largest["tried"])} per device)'
+               + ('; the whole training split: a larger batch would not fit an epoch' if largest['capped'] else '')]
+  if largest.get('analysis'):
+    at_largest = plan.estimate(default_passes, largest['analysis'], largest['per_device'] * plan.devices)
+    lines.append(f'ESTIMATE at that batch (not a measurement): a training step ≈ {1e3 * at_largest["step_s"]:.2f} ms → '
+                 f'{at_largest["images_per_s"]:,.0f} images/s over the {over} (compute '
+                 f'{1e3 * at_largest["compute_s"]:.2f} ms, HBM traffic {1e3 * at_largest["memory_s"]:.2f} ms, '
+                 f'all-reduce {1e3 * at_largest["allreduce_s"]:.2f} ms)')
   return lines
 
 
@@ -607,7 +618,8 @@ def _compile(lowered, what: str, show: bool = True):
   worker = threading.Thread(target=work, name=f'compile {what}', daemon=True)
   started = time.time()
   worker.start()
-  with console.progress(what=f'compiling {what}', unit='s', total=None, disable=not show) as bar:
+  # In a log, a compilation's elapsed time once a minute (its line redraws in place on a terminal).
+  with console.progress(what=f'compiling {what}', unit='s', total=None, disable=not show, log_every_s=60.0) as bar:
     bar.bar_format = '{desc}: {elapsed} so far'
     while worker.is_alive():
       worker.join(0.5)
@@ -635,11 +647,12 @@ def planned_batch_note(batch_size: int, devices: int) -> str:
 
 
 def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch: bool = True,
-             log=_silent) -> Plan:
+             log=_silent, on_configured: Optional[Callable[[Plan], None]] = None) -> Plan:
   """Compiles config's training step and evaluation batch for `target` ('v5e:4x4',
   'v5litepod-16', 'h100:8', …) without its hardware and returns what they need. ConfigError
   for a bad target, a missing libtpu or CUDA plugin, or a batch that does not divide over
-  the devices.
+  the devices. `on_configured(plan)`: called with the plan at the configured batch before
+  the largest-batch search (the command prints its report then: a stop keeps it).
 
   Example:
     A CapsNet of `mnist_smoke`'s recipe, shrunk, planned for a 2×2 TPU v5e slice:
@@ -693,9 +706,12 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
                 config.batch_size, config.eval_batch_size, num_params, param_bytes,
                 chosen, training, evaluation, 0.0, model_choice=model_choice, members=members, batch_note=batch_note)
+  result.compile_seconds = time.time() - started
+  if on_configured is not None:
+    on_configured(result)
   if find_largest_batch:
     result.largest_batch = _largest_batch(config, mesh, parsed.platform, result, train_examples // len(devices), log)
-  result.compile_seconds = time.time() - started
+    result.compile_seconds = time.time() - started
   return result
 
 
@@ -786,10 +802,17 @@ def main(argv) -> int:
   if programs.get(config.program) is not train.train_and_evaluate:
     cli.fail(f'--experiment={flag_values.experiment}: its program ({config.program}) trains several models; '
              'plan one of them (e.g. its member config) with --config.program=train')
-  result = plan_run(config, target, flag_values.find_largest_batch, log=console.say)
   overrides = [arg for arg in sys.argv[1:] if arg.startswith('--config.')]
-  for line in report(result, flag_values.experiment or 'NAME', f'/mnt/shared/{flag_values.experiment or "run"}',
-                     overrides):
+
+  def configured(result: Plan) -> None:   # before the search: a stop during it keeps the estimate and launch line
+    for line in report(result, flag_values.experiment or 'NAME', f'/mnt/shared/{flag_values.experiment or "run"}',
+                       overrides, with_largest=False):
+      print(line, flush=True)
+    if flag_values.find_largest_batch:
+      console.say('searching for the largest batch that fits (--nofind_largest_batch skips it)…')
+
+  result = plan_run(config, target, flag_values.find_largest_batch, log=console.say, on_configured=configured)
+  for line in largest_batch_lines(result):
     print(line)
   if not result.fits(result.training) or not result.fits(result.evaluation):
     cli.fail(f'the run does not fit {result.target.name}: lower config.batch_size or config.eval_batch_size'

@@ -129,13 +129,13 @@ class Predictor:
 
   def opposite_polarity(self, images_uint8: np.ndarray) -> np.ndarray:
     """Per image of the run's shape: whether it is dark on light where the run's images are
-    light strokes on black (its frame, the outer 2 pixels, mostly light); always False
-    for a run of other images."""
+    light strokes on black (its frame, the outer 2 pixels, at least 3/4 light: paper, not
+    noise); always False for a run of other images."""
     if not self.light_on_dark:
       return np.zeros(len(images_uint8), bool)
     frame = np.ones(images_uint8.shape[1:3], bool)
     frame[2:-2, 2:-2] = False
-    return images_uint8[:, frame].reshape(len(images_uint8), -1).mean(-1) > 127
+    return (images_uint8[:, frame].reshape(len(images_uint8), -1) > 127).mean(-1) >= 0.75
 
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """For each image (an array, or a stacked batch of the run's shape): {'class',
