@@ -20,7 +20,7 @@ from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source, wit
 from capsjax.data.tasks import TASKS, Splits, Task, at_most
 from capsjax.errors import ConfigError
 from capsjax.keys import is_int
-from capsjax.layout import moved_key
+from capsjax.layout import moved_key_hint
 from capsjax.models import MODELS, formulation_of, model_for_platform
 from capsjax.objectives import OBJECTIVES, Objective, make_objective
 
@@ -115,18 +115,13 @@ def overridden(config, overrides: Dict[str, Any], what: str = 'override') -> ml_
       if not hasattr(node, 'keys'):
         raise ConfigError(f'{what} {key!r}: no such config key ({".".join(parts[:depth])} is a value, not a section)')
       if part not in node:
-        raise ConfigError(f'{what} {key!r}: no such config key' + _moved_key_hint(key))
+        raise ConfigError(f'{what} {key!r}: no such config key' + moved_key_hint(key))
       if depth < len(parts) - 1:
         node = node[part]
     given = float(value) if isinstance(node[parts[-1]], float) and is_int(value) else value
     del node[parts[-1]]   # (ml_collections would turn True into 1.0 for a float key)
     node[parts[-1]] = given
   return variant
-
-
-def _moved_key_hint(dotted: str) -> str:
-  now = moved_key(dotted)
-  return f' (it is config.{now} now)' if now else ''
 
 
 def recipes(config) -> List[Tuple[str, ml_collections.ConfigDict]]:

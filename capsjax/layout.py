@@ -41,3 +41,9 @@ def moved_key(dotted: str) -> Optional[str]:
     name, key, _ = FLAT_EVALUATOR_KEYS[dotted]
     return f'evals.{name}.{key}'
   return None
+
+
+def moved_key_hint(dotted: str) -> str:
+  """' (it is config.NEW now)' for a key that today's layout moved, else ''."""
+  now = moved_key(dotted)
+  return f' (it is config.{now} now)' if now else ''

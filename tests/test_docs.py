@@ -8,7 +8,7 @@ import textwrap
 import jax
 import pytest
 
-from capsjax.routing import ROUTINGS
+from capsjax.routing import ROUTINGS, route
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ('README.md', 'BUILD.md', os.path.join('docs', 'index.md'))
@@ -27,8 +27,15 @@ def test_every_documented_python_block_runs(document, code):
   votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # [batch, in, out, dim]
   given = {'prediction_vectors': votes, 'votes': votes, 'input_activations': jax.numpy.ones((2, 6))}
   registered = set(ROUTINGS.names())
+  namespace = dict(given)
   try:
-    exec(compile(code, document, 'exec'), dict(given))  # pylint: disable=exec-used
+    exec(compile(code, document, 'exec'), namespace)  # pylint: disable=exec-used
+    # What each block makes has the shape its comments say: parents [batch, out, dim].
+    made = [namespace['parents'] if 'parents' in namespace else None,
+            namespace['routed'].parents if 'routed' in namespace else None]
+    made += [route(name, votes).parents for name in set(ROUTINGS.names()) - registered]   # a block's own routing
+    made = [parents for parents in made if parents is not None]
+    assert made and all(parents.shape == (2, 3, 4) for parents in made), (document, made)
   finally:
     for name in set(ROUTINGS.names()) - registered:   # a block's own routing: this test's only
       ROUTINGS.unregister(name)

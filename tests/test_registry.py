@@ -139,11 +139,13 @@ def test_registering_a_built_in_routing_s_name_warns_and_reimporting_capsjax_s_o
       def mine(prediction_vectors, input_activations):   # pylint: disable=unused-variable
         del input_activations
         return prediction_vectors.mean(axis=1), prediction_vectors.mean(axis=(1, 3))
+      assert ROUTINGS['uniform'].value.__wrapped__ is mine   # replaced (for this process), and said so
   finally:
     ROUTINGS.register('uniform', built_in.value, **built_in.capabilities)
   with warnings.catch_warnings():
     warnings.simplefilter('error')
-    importlib.reload(uniform_module)   # the same function registered again: no warning
+    importlib.reload(uniform_module)   # the same function registered again: no warning (an error here)
+  assert ROUTINGS['uniform'].value.__wrapped__ is uniform_module.uniform
 
 
 def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_dir, tmp_path):

@@ -20,7 +20,7 @@ from capsjax.keys import Key, RegisteredTuple
 from capsjax.models import MODELS, model_keys
 from capsjax.objectives import OBJECTIVES, loss_keys
 from capsjax.routing import ROUTINGS, routing_option_defaults, routing_option_keys
-from capsjax.layout import moved_key
+from capsjax.layout import moved_key_hint
 
 # The modules declaring experiment sections (baseline.*, affnist.*, routing_zoo.*, sweep.*):
 # imported here, their rules and help lines are checked and shown with the base config's.
@@ -114,12 +114,6 @@ def _check_model(model, prefix: str, problems: List[str]) -> None:
   if inputs_problem:
     problems.append(f'config.{prefix}formulation.conv_inputs={inputs!r}: {inputs_problem}')
   problems.extend(MODELS[family].check(model, prefix))
-
-
-def moved_key_hint(dotted: str) -> str:
-  """' (it is config.NEW now)' for a key that today's layout moved (capsjax.layout.moved_key), else ''."""
-  now = moved_key(dotted)
-  return f' (it is config.{now} now)' if now else ''
 
 
 def _check_loss(loss, model, prefix: str, problems: List[str]) -> None:
