@@ -34,17 +34,29 @@ def line_counts() -> dict:
   return counts
 
 
+CHECKS = {('capsjax.validation', 'validate'), ('capsjax.models', 'model_problems')}
+
+
 @contextlib.contextmanager
 def config_probe():
   """While active (this thread), notes every capsjax function entered with a ConfigDict
   among its arguments or captured variables: yields the list of their modules in order
-  (a module listed again only after another)."""
+  (a module listed again only after another). A check (capsjax.validation.validate, and
+  build_model's of its model section, models.model_problems) counts as its own module
+  alone: it reads every key where the key's rule is declared, by design."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   path = []
+  checking = []   # the frame of validate while it runs
 
   def profile(frame, event, arg):
     del arg
     module = frame.f_globals.get('__name__', '')
+    if checking:
+      if event == 'return' and frame is checking[0]:
+        checking.clear()
+      return
+    if event == 'call' and (module, frame.f_code.co_name) in CHECKS:
+      checking.append(frame)
     if event == 'call' and module.startswith('capsjax.') and any(
         isinstance(value, ml_collections.ConfigDict) for value in frame.f_locals.values()):
       if not path or path[-1] != module:

@@ -17,7 +17,9 @@ runnable example; tests/test_api.py runs every example):
   are the package `capsjax.experiments`, e.g. `capsjax.experiments.mnist.get_config()`);
   `plan_run`: the run's steps compiled for a TPU slice that is not here (capsjax-plan);
 - trained models: `load_trained`, `TrainedModel`, `Predictor`;
-- data: `load_dataset`, `register_source` and the registry `SOURCES`.
+- data: `load_dataset`, `register_source` and the registry `SOURCES`;
+- checking a config: `validate(config)` (what every entry runs first) and what it raises,
+  `ConfigError` (one line: the key, the value, what is allowed: the line the command prints).
 
 Names load on first use: `import capsjax` itself imports no JAX, so the commands
 (`capsjax`, `capsjax-predict`, …) report a bad flag before anything heavy loads.
@@ -47,6 +49,7 @@ _EXPORTS = {
     'train_and_evaluate': 'train', 'RunResult': 'reports', 'plan_run': 'app.plan',
     'load_trained': 'app.trained', 'TrainedModel': 'app.trained', 'Predictor': 'app.predict',
     'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
+    'validate': 'validation', 'ConfigError': 'errors',
 }
 
 __all__ = list(_EXPORTS)

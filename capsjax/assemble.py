@@ -12,7 +12,7 @@ import jax
 import ml_collections
 import optax
 
-from capsjax import ensembles, evaluators, formulations, losses, memory, sizing, steps
+from capsjax import ensembles, evaluators, formulations, losses, memory, optimization, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preprocessing, images_on_demand
@@ -35,15 +35,15 @@ def objective(config) -> Objective:
 def schedule(config, num_steps: int = 0) -> optax.Schedule:
   """The run's learning rate per step; `num_steps`: the run's length (what 'cosine' and
   'linear' decay over; config.num_steps when not given)."""
-  return steps.learning_rate_schedule(config.learning_rate, config.lr_decay_steps, config.lr_decay_rate,
+  return optimization.learning_rate_schedule(config.learning_rate, config.lr_decay_steps, config.lr_decay_rate,
                                       config.lr_staircase, config.lr_min, kind=config.lr_schedule,
-                                      warmup_steps=steps.warmup_length(config.warmup_steps, config.warmup_max_fraction,
+                                      warmup_steps=optimization.warmup_length(config.warmup_steps, config.warmup_max_fraction,
                                                                        num_steps or config.num_steps),
                                       total_steps=num_steps or config.num_steps)
 
 
 def optimizer(config, num_steps: int = 0) -> optax.GradientTransformation:
-  return steps.make_optimizer(schedule(config, num_steps), config.optimizer,
+  return optimization.make_optimizer(schedule(config, num_steps), config.optimizer,
                               config.weight_decay, config.grad_clip_norm)
 
 
@@ -54,7 +54,7 @@ def model(config, platform: str = ''):
 
 
 def total_steps(config, num_train_examples: int) -> int:
-  return steps.total_steps(config.num_steps, config.num_epochs, config.batch_size, num_train_examples)
+  return optimization.total_steps(config.num_steps, config.num_epochs, config.batch_size, num_train_examples)
 
 
 def members(config) -> Optional[List[Dict[str, Any]]]:
@@ -192,7 +192,7 @@ class Training:
   objective: Objective
   schedule: Callable[[int], Any]                   # step → the learning rate (recipe members: one each)
   optimizer: optax.GradientTransformation
-  member_optimizer: Optional[Callable[..., Any]]   # recipe members: each its own (steps.member_optimizer)
+  member_optimizer: Optional[Callable[..., Any]]   # recipe members: each its own (optimization.member_optimizer)
   members: Optional[List[Dict[str, Any]]]          # None: a single run
   seed: int
   ema_decay: float
@@ -207,16 +207,16 @@ class Training:
 def training(config, num_train_examples: int) -> Training:
   """The config's training, for a split of `num_train_examples` (the length in epochs)."""
   num_steps = total_steps(config, num_train_examples)
-  if steps.warmup_length(config.warmup_steps, config.warmup_max_fraction, num_steps) >= num_steps > 0:
+  if optimization.warmup_length(config.warmup_steps, config.warmup_max_fraction, num_steps) >= num_steps > 0:
     raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
                       f'({config.num_epochs} epochs of {num_train_examples} examples): the run would end inside '
                       'the warm-up, below the configured learning rate (config.warmup_max_fraction < 1 caps it)')
   listed = members(config)
   if listed and 'recipe' in listed[0]:   # each member's warm-up as long as this run allows
-    listed = [dict(member, warmup_steps=steps.warmup_length(member['warmup_steps'], member['warmup_max_fraction'],
+    listed = [dict(member, warmup_steps=optimization.warmup_length(member['warmup_steps'], member['warmup_max_fraction'],
                                                             num_steps)) for member in listed]
   transform = optimizer(config, num_steps)
-  per_member = (steps.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
+  per_member = (optimization.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
                 if listed and 'recipe' in listed[0] else None)
   run_objective, make_state = objective(config), state_maker(config, transform)
   run_schedule = schedule(config, num_steps)

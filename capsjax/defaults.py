@@ -8,11 +8,11 @@ Experiments (experiments/NAME.py) start from `base_config()` and change what the
 the library reads its defaults here (a workdir made before a key existed ran with that
 key's default), never from an experiment.
 """
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import ml_collections
 
-from capsjax import ensembles, experiment, keys, runtime, steps
+from capsjax import ensembles, keys, optimization, runtime, settings
 from capsjax.data import augment, images, pipeline, rows, tasks
 from capsjax.data.datasets import dataset_info
 from capsjax.data.sources import core
@@ -20,7 +20,28 @@ from capsjax.data.sources import core
 
 # The modules whose `KEYS` are the run-level keys (in the base config unless a key says
 # in_base=False), in the order the base config lists them.
-SECTIONS = (experiment, tasks, core, images, rows, pipeline, augment, steps, ensembles, runtime)
+SECTIONS = (settings, tasks, core, images, rows, pipeline, augment, optimization, ensembles, runtime)
+
+
+# Modules outside the library declaring a section of their own (an experiment program's:
+# capsjax.app.programs.affnist declares affnist.*), each added by `register_section` when it
+# is imported: validation checks their keys and `RULES` with the library's.
+_REGISTERED_SECTIONS: List[Any] = []
+
+
+def register_section(module: Any) -> None:
+  """Adds `module`'s `KEYS` (and `RULES`, and a `config_problems(config)` returning the lines
+  of what only the program can check) to what capsjax.validation checks. Called by the
+  module itself at import; registering the same module again changes nothing."""
+  if all(module.__name__ != known.__name__ for known in _REGISTERED_SECTIONS):
+    _REGISTERED_SECTIONS.append(module)
+  else:   # the module imported again (a reload): its newest declarations
+    _REGISTERED_SECTIONS[:] = [module if known.__name__ == module.__name__ else known for known in _REGISTERED_SECTIONS]
+
+
+def registered_sections() -> Tuple[Any, ...]:
+  """The modules `register_section` added, in the order they registered."""
+  return tuple(_REGISTERED_SECTIONS)
 
 
 def run_keys(sections: Sequence[Any] = ()) -> Dict[str, keys.Key]:

@@ -48,7 +48,7 @@ RULES = (Across(('ensemble.routing_iterations', 'model.routing_iterations'), _it
 
 # The config keys a recipe may set, as the member's field each becomes: what one program
 # varies per member (traced in the step). The loss's reduction becomes a scale of the
-# summed margin loss; the schedule's kind an index into steps.SCHEDULES.
+# summed margin loss; the schedule's kind an index into optimization.SCHEDULES.
 RECIPE_KEYS = {
     'learning_rate': 'learning_rate', 'lr_schedule': 'lr_schedule', 'lr_decay_rate': 'lr_decay_rate',
     'lr_decay_steps': 'lr_decay_steps', 'lr_staircase': 'lr_staircase', 'lr_min': 'lr_min',

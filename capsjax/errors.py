@@ -10,7 +10,20 @@ class DataError(CapsjaxError):
 
 
 class ConfigError(CapsjaxError):
-  """An unknown experiment or config key, or an invalid value."""
+  """An unknown experiment or config key, or an invalid value: its message is the one line
+  the command prints (`config.KEY=VALUE: allowed …`).
+
+  Example:
+    >>> config = capsjax.base_config()
+    >>> config.learning_rate = -1.0
+    >>> try:
+    ...   capsjax.validate(config)
+    ... except capsjax.ConfigError as error:
+    ...   print(error)
+    config.learning_rate=-1.0: allowed a finite number > 0
+    >>> issubclass(capsjax.ConfigError, capsjax.errors.CapsjaxError)   # what every command catches
+    True
+  """
 
 
 class NaNLossError(CapsjaxError):

@@ -4,7 +4,7 @@ Three forms, one meaning:
 - a run-level key: `key('batch_size', 128, int_at_least(1), 'training examples per step')`,
   an entry of the `KEYS` tuple of the module that reads it (capsjax.steps, capsjax.data.…),
   which capsjax.defaults collects by a fixed list of those modules; the run's own keys are
-  the annotated fields of capsjax.experiment.RunSettings;
+  the annotated fields of capsjax.settings.RunSettings;
 - a model key: a field of the model family's Flax module, its type `Annotated` with
   `About(rule, help)` (`conv1_channels: Annotated[int, About(int_at_least(1), '…')] = 256`);
   a field whose default is a dataclass of such fields is a section of keys
@@ -12,7 +12,7 @@ Three forms, one meaning:
 - a routing's or an objective's option: a keyword argument of the routing or objective
   function, `Annotated` the same way.
 
-`capsjax.defaults.base_config()`, `capsjax.app.validation` and `--help` are generated from these
+`capsjax.defaults.base_config()`, `capsjax.validation` and `--help` are generated from these
 declarations; nothing else repeats a default, a rule or a help line. This module imports
 nothing of capsjax, so any module may declare its keys.
 """
@@ -21,7 +21,7 @@ import inspect
 import math
 import re
 import typing
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 
 # ----------------------------------------------------------------------------- rules
@@ -186,7 +186,7 @@ class Across:
   """A rule across keys, declared beside them (a module's `RULES`): `problem(*values)` of
   the keys named in `keys` (dotted, from the config's top; a missing run-level key at its
   default) is the error line, 'config.KEY=VALUE: …', or None. Checked once every key holds
-  a value its own rule allows (capsjax.app.validation)."""
+  a value its own rule allows (capsjax.validation)."""
   keys: Tuple[str, ...]
   problem: Callable[..., Optional[str]]
 
@@ -249,3 +249,26 @@ def annotated_keys(owner) -> Dict[str, Key]:
     default = about.config_default() if about.config_default else default
     declared[name] = Key(name, default, about.rule, about.help)
   return declared
+
+
+# ----------------------------------------------------------------------------- checking values
+
+def lookup(config, dotted: str):
+  """(True, value) for an existing dotted key, else (False, None)."""
+  node = config
+  for part in dotted.split('.'):
+    if node is None or not hasattr(node, 'keys') or part not in node.keys():
+      return False, None
+    node = node[part]
+  return True, node
+
+
+def check_values(config, declared: Dict[str, 'Key'], problems: List[str], prefix: str = '') -> None:
+  """Each declared key's value by its rule; None passes only a key whose default is None
+  (a section left out, a value chosen later): elsewhere the code would read None as a number."""
+  for dotted, key in declared.items():
+    found, value = lookup(config, dotted)
+    if value is None and key.default is None:
+      continue
+    if found and key.rule is not None and not key.rule(value):
+      problems.append(f'config.{prefix}{dotted}={value!r}: allowed {key.rule}')

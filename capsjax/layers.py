@@ -131,7 +131,8 @@ class CapsuleLayer(nn.Module):
   formulation: Formulation = Formulation()   # its routing_loop and dtype (of the predictions)
   weights_init: Initializer = nn.initializers.normal(0.01)
   bias_init: Initializer = nn.initializers.zeros
-  # The routing algorithm (capsjax.routing.ROUTINGS) and its options; the options it
+  # The routing algorithm (capsjax.routing.ROUTINGS) and its options, a section per routing
+  # as in the config ({'em': {'inverse_temperature': 2.0}}; its own is read); the options it
   # learns (EM's β, self-attention's log priors, …) are parameters `routing_NAME`.
   routing: str = 'dynamic'
   routing_options: Optional[Dict[str, Any]] = None
@@ -150,6 +151,8 @@ class CapsuleLayer(nn.Module):
     the routing-convergence probe) its `logits` per iteration, with `return_couplings`
     (returns_couplings: the routing diagnostics) its (first, last) `couplings` [batch, in,
     out]. `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
+    if capsules.ndim != 3:
+      raise ValueError(f'CapsuleLayer takes capsules [batch, in_caps, in_dim]; got shape {capsules.shape}')
     batch, in_caps, in_dim = capsules.shape
     dtype = self.formulation.dtype or capsules.dtype
     shared = None
@@ -188,7 +191,7 @@ class CapsuleLayer(nn.Module):
       raise ValueError(f'routing {self.routing!r} has no routing logits (see ROUTINGS[name].returns_logits)')
     if return_couplings and not entry.returns_couplings:
       raise ValueError(f'routing {self.routing!r} has no couplings (see ROUTINGS[name].returns_couplings)')
-    options = own_routing_options(self.routing, dict(self.routing_options or {}))   # another's is an error
+    options = own_routing_options(self.routing, self.routing_options)   # its own section, checked
     for name, (shape, initial) in entry.learned.items():
       options[name] = self.param(f'routing_{name}', nn.initializers.constant(initial),
                                  shape(in_caps, self.num_capsules, self.dim))

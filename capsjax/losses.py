@@ -1,4 +1,6 @@
 """The paper's losses as pure functions; every loss is per example, shape [batch]."""
+from typing import Optional
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -10,13 +12,15 @@ MARGIN_REDUCTIONS = ('sum', 'official')
 
 
 def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: float = 0.1,
-                negative_weight: float = 0.5, reduction: str = 'sum') -> Array:
+                negative_weight: float = 0.5, reduction: str = 'sum', scale: Optional[Array] = None) -> Array:
   """Eq. 4: L_k = T_k max(0, m+ − |v_k|)² + λ (1 − T_k) max(0, |v_k| − m−)².
 
   reduction 'sum': summed over the classes k, as the paper says ("the total loss is simply
   the sum of the losses of all digit capsules"). 'official': as the authors' released code,
   0.5·L_k averaged over the classes, i.e. the sum / (2·classes): 20× lighter for 10 classes,
-  which makes the reconstruction term relatively heavier.
+  which makes the reconstruction term relatively heavier. `scale` (a number or a traced
+  scalar) replaces the reduction's factor on the sum: one vmapped program trains members
+  of either reduction (`margin_reduction_scale`; a recipe ensemble's knob).
   lengths [batch, classes]; targets [batch, classes] in {0, 1}, any number of positives
   (two for MultiMNIST). Returns [batch].
 
@@ -33,6 +37,8 @@ def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: fl
   present = targets * jnp.square(jax.nn.relu(m_plus - lengths))
   absent = negative_weight * (1.0 - targets) * jnp.square(jax.nn.relu(lengths - m_minus))
   per_class = present + absent                                   # [batch, classes]
+  if scale is not None:
+    return scale * jnp.sum(per_class, axis=-1)
   if reduction == 'official':
     return 0.5 * jnp.mean(per_class, axis=-1)
   return jnp.sum(per_class, axis=-1)

@@ -11,10 +11,12 @@ from capsjax.layers import (CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryC
                             halved, stem_stages)
 from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
-                          nested, number_in, one_of, registered, registered_tuple)
+                          check_values, lookup, nested, number_in, one_of, registered, registered_tuple)
+from capsjax.errors import ConfigError
+from capsjax.layout import moved_key_hint
 from capsjax.registry import Registry
-from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, options_of, own_routing_options,
-                             routing_option_defaults, vector_norm)
+from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, own_section_problems,
+                             routing_option_defaults, routing_option_keys, vector_norm)
 
 Array = jax.Array
 
@@ -113,24 +115,15 @@ def _capsnet_problems(model, prefix: str) -> List[str]:
 
 
 def routing_options_problems(name: str, sections, prefix: str = 'model.') -> List[str]:
-  """config.model.routing_options (a section per routing) for `routing=name`: its own
-  section may hold only its options; another routing's may not change a default (it
-  would be silently unread); a bare option (the layout before sections) names its section."""
-  problems = []
-  own = routing_option_defaults(name)
-  inputs = ROUTINGS[name].layer_inputs
-  takes = (f'the options {", ".join(own)}' if own else 'no options'
-           + (f' (its inputs from the layer: model.routing_inputs, of {", ".join(inputs)})' if inputs else ''))
-  for section, options in dict(sections).items():
+  """config.model.routing_options (a section per routing) for `routing=name`: the shape and
+  its own section (routing.own_section_problems, what the layer checks too); another
+  routing's section may not change a default (it would be silently unread)."""
+  problems = own_section_problems(name, sections, f'config.{prefix}routing_options')
+  for section, options in dict(sections).items() if hasattr(sections, 'items') else ():
     where = f'config.{prefix}routing_options.{section}'
-    if not hasattr(options, 'items'):
-      owners = [other for other in ROUTINGS if section in routing_option_defaults(other)]
-      problems.append(f'{where}={options!r}: options are per routing, '
-                      + (f'e.g. routing_options.{owners[0]}.{section}' if owners else f'routing {name!r} has {takes}'))
-    elif section == name:
-      problems.extend(f'{where}.{option}={value!r}: routing {name!r} has {takes}'
-                      for option, value in options.items() if option not in own)
-    elif section in ROUTINGS:
+    if section == name or not hasattr(options, 'items'):
+      continue
+    if section in ROUTINGS:
       defaults = routing_option_defaults(section)
       problems.extend(f'{where}.{option}={value!r}: an option of routing {section!r}, but routing={name!r}'
                       for option, value in options.items() if option not in defaults or value != defaults[option])
@@ -206,8 +199,8 @@ class CapsNet(nn.Module):
                                                 "(the authors' code)")] = False
   routing: Annotated[str, About(registered(ROUTINGS.names), "the routing algorithm (capsjax.routing.ROUTINGS; "
                                 "dynamic: the paper's Procedure 1; see docs/results.md)")] = 'dynamic'
-  # The config holds a section per routing at its defaults (--config.model.routing_options.
-  # em.inverse_temperature=2); the module takes its own routing's options.
+  # A section per routing, in the config (at their defaults: --config.model.routing_options.
+  # em.inverse_temperature=2) as in the module and its capsule layer, which read their own.
   routing_options: Annotated[Optional[Dict[str, Any]], About(
       Rule(lambda v: hasattr(v, 'keys'), 'a dict: routing name → its options'),
       "the routings' options, a section per routing; the model reads model.routing's (learned parameters "
@@ -409,9 +402,48 @@ def model_config(name: str = 'capsnet') -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(nested(model_keys(name).values()))
 
 
-def build_model(name: str, **fields) -> nn.Module:
-  """The model family `name` with `fields` (config.model's other keys: `build_model(**config.model)`)
-  as its sizes (lists become tuples).
+def model_problems(model, prefix: str = 'model.') -> List[str]:
+  """Every rule the model section `model` (config.model) breaks, one line each, keys named
+  `config.{prefix}KEY`: its family's keys, each routing's options, the family's own checks.
+  capsjax.validation and `build_model` run it."""
+  problems: List[str] = []
+  family = model.get('name')
+  if family not in MODELS:
+    return [f'config.{prefix}name={family!r}: allowed one of {", ".join(MODELS.names())}']
+  declared = model_keys(family)
+  names = dict.fromkeys(name.split('.')[0] for name in declared)   # its keys and sections
+  unknown = [key for key in model.keys() if key not in names]
+  if unknown:
+    problems.append(f'config.{prefix}{unknown[0]}: not a key of the {family!r} model (its keys: '
+                    f'{", ".join(names)})' + moved_key_hint(prefix + unknown[0]))
+  for section in (name for name in names if name not in declared):
+    found, value = lookup(model, section)
+    keys_of = [name[len(section) + 1:] for name in declared if name.startswith(section + '.')]
+    if found and not hasattr(value, 'keys'):
+      problems.append(f'config.{prefix}{section}={value!r}: allowed a section of {", ".join(keys_of)}')
+    elif found and any(key not in keys_of for key in value.keys()):
+      other = next(key for key in value.keys() if key not in keys_of)
+      problems.append(f'config.{prefix}{section}.{other}: not a key of model.{section} (its keys: '
+                      f'{", ".join(keys_of)})')
+  check_values(model, declared, problems, prefix)
+  if 'routing_options' in declared:
+    for routing in ROUTINGS.names():   # each routing's section by its own options' rules
+      check_values(model, {f'routing_options.{routing}.{option}': key
+                          for option, key in routing_option_keys(routing).items()}, problems, prefix)
+  if problems:
+    return problems   # the family's own cross-field checks need valid fields
+  (has_impl, impl), (has_inputs, inputs) = (lookup(model, f'formulation.{key}') for key in ('conv_impl', 'conv_inputs'))
+  inputs_problem = formulations.conv_inputs_problem(impl, inputs) if has_impl and has_inputs else None
+  if inputs_problem:
+    problems.append(f'config.{prefix}formulation.conv_inputs={inputs!r}: {inputs_problem}')
+  return problems + list(MODELS[family].check(model, prefix))
+
+
+def build_model(name, **fields) -> nn.Module:
+  """The model family `name` with `fields` (config.model's other keys: `build_model(**config.model)`,
+  or the section itself, `build_model(config.model)`) as its sizes (lists become tuples),
+  checked first as the config's model is (capsjax.ConfigError, the command's line).
+  `routing_options` has one shape everywhere: a section per routing ({'em': {...}}).
 
   Example:
     >>> model = capsjax.build_model('capsnet', conv1_channels=32, primary_types=8, routing='em')
@@ -421,33 +453,67 @@ def build_model(name: str, **fields) -> nn.Module:
     >>> paper = capsjax.build_model(**config.model)             # the config's model
     >>> paper.conv1_channels, paper.routing_iterations
     (256, 3)
+    >>> capsjax.build_model(config.model).num_classes            # the same, given the section
+    10
+    >>> capsjax.build_model('capsnet', routing_iterations=0)
+    Traceback (most recent call last):
+    ...
+    capsjax.errors.ConfigError: config.model.routing_iterations=0: allowed an integer in [1, 100]
   """
-  cls = MODELS.get(name)
-  sections = {field.name: field.default for field in dataclasses.fields(cls)
+  name, fields, sections = _checked(name, fields)
+  return _construct(MODELS.get(name), fields, sections)
+
+
+def _checked(name, fields: Dict[str, Any]):
+  """(family, fields, its sections' defaults) of build_model's arguments, checked as the
+  config's model section is: ConfigError, the command's line."""
+  if hasattr(name, 'keys') and 'model' in name.keys():
+    raise ConfigError('build_model takes the model section, build_model(config.model) or '
+                      'build_model(**config.model), not the whole config')
+  if hasattr(name, 'keys'):   # build_model(config.model): the section, its name inside
+    fields = {**dict(name.items()), **fields}
+    name = fields.pop('name', None)
+  if name not in MODELS:
+    raise ConfigError(f'config.model.name={name!r}: allowed one of {", ".join(MODELS.names())}')
+  sections = {field.name: field.default for field in dataclasses.fields(MODELS.get(name))
               if dataclasses.is_dataclass(field.default) and not isinstance(field.default, type)}
+  fields = {key: tuple(value) if isinstance(value, list) else value.to_dict()
+            if isinstance(value, ml_collections.ConfigDict) else value for key, value in fields.items()}
+  problems = model_problems(_as_config(name, fields, sections))
+  if problems:
+    raise ConfigError(problems[0])
+  return name, fields, sections
+
+
+def _construct(cls, fields: Dict[str, Any], sections: Dict[str, Any]) -> nn.Module:
+  """The module of family `cls` with `fields` (checked), a section's dict over its defaults."""
   for key, value in fields.items():
-    if isinstance(value, list):
-      fields[key] = tuple(value)
-    elif isinstance(value, ml_collections.ConfigDict):
-      fields[key] = value.to_dict()
-    if key in sections and isinstance(fields[key], dict):   # a config's section: its keys over the family's
-      fields[key] = dataclasses.replace(sections[key], **fields[key])
-  if fields.get('routing_options'):
-    name = fields.get('routing', getattr(cls, 'routing', None))   # the family's own default
-    options = fields['routing_options']
-    # A config's holds a section per routing (its own is read); the API's, the routing's own.
-    sectioned = all(isinstance(value, dict) for value in options.values())
-    fields['routing_options'] = own_routing_options(name, options_of(name, options) if sectioned else options)
+    if key in sections and isinstance(value, dict):   # a config's section: its keys over the family's
+      fields[key] = dataclasses.replace(sections[key], **value)
   return cls(**fields)
+
+
+def _as_config(name: str, fields: Dict[str, Any], sections: Dict[str, Any]) -> ml_collections.ConfigDict:
+  """The model section `fields` make (the family's defaults for what they leave out, a
+  section given as its dataclass as its dict), as validation sees config.model."""
+  model = model_config(name).to_dict()
+  for key, value in fields.items():
+    if key in sections and dataclasses.is_dataclass(value):
+      value = {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+    if isinstance(model.get(key), dict) and isinstance(value, dict) and key != 'routing_options':
+      value = {**model[key], **value}
+    model[key] = value
+  return ml_collections.ConfigDict(model)
 
 
 def model_for_platform(model, platform: str = '') -> nn.Module:
   """The module of the model config `model` (config.model), its formulation's 'auto'
   options chosen once for `platform` (capsjax.formulations.for_platform; '' : JAX's default
   backend): what a run, the planner and the memory estimate build."""
-  if 'formulation' not in model:   # a user's family may declare none
-    return build_model(**model)
-  return build_model(**{**model, 'formulation': formulations.for_platform(model.formulation, platform)})
+  name, fields, sections = _checked(model, {})   # as given: 'auto' is a config value, a rule is not
+  if 'formulation' in model:   # a user's family may declare none
+    fields['formulation'] = formulations.for_platform(model.formulation, platform)
+  return _construct(MODELS.get(name), fields, sections)
 
 
 def formulation_of(module: nn.Module) -> Optional[formulations.Formulation]:

@@ -118,18 +118,15 @@ def capsnet_objective(
   margin_kwargs = dict(m_plus=m_plus, m_minus=m_minus, negative_weight=negative_weight,
                        reduction=margin_reduction)
   routing_kwargs = {}
-  margin_scale = None
   if knobs is not None:
     # The model's own (static) count bounds the traced one; see dynamic_routing.
     routing_kwargs = dict(routing_iterations=knobs['routing_iterations'], max_iterations=model.routing_iterations)
     reconstruction_weight = knobs['reconstruction_weight']
-    if 'margin_scale' in knobs:   # a recipe's reduction: the summed loss scaled (losses.margin_reduction_scale)
-      margin_scale = knobs['margin_scale']
-      margin_kwargs['reduction'] = 'sum'
+    if 'margin_scale' in knobs:   # a recipe's reduction, as the margin loss's traced scale
+      margin_kwargs['scale'] = knobs['margin_scale']
   if not train:
     _, activations = model.apply(variables, images, method='classify', **routing_kwargs)
-    margin = losses.margin_loss(activations, targets, **margin_kwargs)
-    return (margin if margin_scale is None else margin_scale * margin), activations, {}
+    return losses.margin_loss(activations, targets, **margin_kwargs), activations, {}
   per_label = labels if labels.ndim == 2 else labels[:, None]                 # [batch, k]
   if 'digits' in batch:                          # MultiMNIST: each digit on its own
     reconstruction_targets = batch['digits']     # [batch, k, h, w, c]
@@ -139,9 +136,6 @@ def capsnet_objective(
   total, parts = losses.capsnet_loss(
       outputs['activations'], targets, outputs.get('reconstructions'), reconstruction_targets,
       reconstruction_weight, **margin_kwargs)
-  if margin_scale is not None:
-    parts = dict(parts, margin_loss=margin_scale * parts['margin_loss'])
-    total = parts['margin_loss'] + reconstruction_weight * parts['reconstruction_loss']
   return total, outputs['activations'], parts
 
 

@@ -15,14 +15,14 @@ from typing import Any, Dict, Optional
 import jax
 import ml_collections
 
-from capsjax import assemble, console, memory, reports, runtime, sharding
+from capsjax import assemble, console, memory, reports, runtime, sharding, validation
 from capsjax import checkpoints as ckpt
 from capsjax import experiment as experiment_lib
 from capsjax import hooks as hooks_lib
 from capsjax import workdir as workdir_lib
 from capsjax.errors import RunStopped
 from capsjax.events import EventWriter
-from capsjax.experiment import PROGRAMS, RunSettings
+from capsjax.settings import PROGRAMS, TRAINING_LOOP, RunSettings
 from capsjax.models import count_params
 from capsjax.reports import RunResult
 from capsjax.runtime import StopRequests
@@ -67,15 +67,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        stop_at_step: Optional[int] = None) -> RunResult:
   """Trains `config`'s model, evaluating periodically; resumes from workdir's checkpoint.
 
-  Returns the finished run's RunResult. `stop_at_step` (or config.stop_at_step) ends this
+  Returns the finished run's RunResult; a bad value raises capsjax.ConfigError (the command's
+  line) before anything is read or written. `stop_at_step` (or config.stop_at_step) ends this
   invocation early (after checkpointing), as a preemption would, by raising RunStopped;
-  calling again with the same workdir continues the same run. SIGTERM or Ctrl-C (or, on
-  several processes, JAX's preemption notice) does the same at the next step. The workdir
-  gets config.json, metrics.jsonl, checkpoints and, at the end, results.json.
+  calling again with the same workdir continues the same run, as SIGTERM or Ctrl-C (or JAX's
+  preemption notice) do at the next step. The workdir gets config.json, metrics.jsonl,
+  checkpoints and, at the end, results.json.
 
-  Example:
-    `mnist_dir`: a folder of the MNIST IDX files, else TFDS downloads MNIST; `workdir`: a new
-    folder.
+  Example (`mnist_dir`: a folder of the MNIST IDX files, else TFDS; `workdir`: a new folder):
 
     >>> from capsjax.experiments import mnist_smoke
     >>> config = mnist_smoke.get_config()
@@ -87,6 +86,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     >>> result.steps, 0.0 <= result.test_error <= 1.0
     (12, True)
   """
+  validation.validate(config)   # ConfigError, the command's line, before the workdir is touched
   absolute = os.path.abspath(os.path.expanduser(workdir))
   created = not os.path.exists(absolute)
   previous = workdir_lib.read_results(absolute)
@@ -119,7 +119,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     raise
 
 
-PROGRAMS.register('train', train_and_evaluate)
+PROGRAMS.register(TRAINING_LOOP, train_and_evaluate)
 
 
 def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optional[int],

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import jax
 import ml_collections
 
-from capsjax import defaults, ensembles, evaluators, formulations, steps
+from capsjax import defaults, ensembles, evaluators, formulations, optimization
 
 from capsjax.errors import CheckpointError, ConfigError, WorkdirError
 from capsjax.layout import FLAT_EVALUATOR_KEYS, FORMULATION_KEYS, ROUTING_INPUT_FLAGS
@@ -471,6 +471,6 @@ def answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[s
     return False
   if not config.num_steps and 'num_train_examples' not in previous:
     return False
-  length = steps.total_steps(config.num_steps, config.num_epochs, config.batch_size,
+  length = optimization.total_steps(config.num_steps, config.num_epochs, config.batch_size,
                              previous.get('num_train_examples', 0))
   return run_status(workdir, reevaluate, previous, newest, length) == 'finished'

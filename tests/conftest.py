@@ -37,6 +37,11 @@ _cli.quiet_libtpu_environment()   # libtpu (the tpu extra, for capsjax.app.plan)
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest
 
+# The experiments' configs are checked here as the command checks them: with the built-in
+# programs registered (their sections: capsjax.defaults.register_section).
+from capsjax.app import launch as _launch  # pylint: disable=g-import-not-at-top,wrong-import-position
+_launch.registered_programs()
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:   # benchmarks/ (not installed) is importable by tests, from any directory
   sys.path.insert(0, ROOT)

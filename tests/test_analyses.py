@@ -82,7 +82,7 @@ def test_sweep_variants_parse_and_reject_bad_keys():
   with pytest.raises(ConfigError, match='Python literal'):
     sweep.parse_variant('x: learning_rate=fast')
   # Validation checks each variant as the config it trains, before any variant runs.
-  from capsjax.app.validation import problems_of  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import problems_of  # pylint: disable=g-import-not-at-top
   assert problems_of(config) == []
   config.sweep.variants = ('base:', 'slow: learning_rate=-1.0', 'odd: learnig_rate=1.0')
   problems = problems_of(config)

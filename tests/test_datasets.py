@@ -18,7 +18,7 @@ from capsjax.data.sources import Dataset
 from capsjax.errors import DataError
 from capsjax.models import build_model
 from capsjax.objectives import top_k_correct
-from capsjax.app.validation import problems_of
+from capsjax.validation import problems_of
 from helpers import evaluators_off
 
 # cifar10 trains as cifar10_ensemble's members do (the same config, vmapped): one run covers

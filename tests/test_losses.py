@@ -54,3 +54,32 @@ def test_masking_by_label_and_by_longest_capsule():
   masked = mask_capsules(capsules, mask)
   np.testing.assert_array_equal(masked[0], [[0, 0], [2, 3], [0, 0]])
   np.testing.assert_array_equal(masked[1], [[6, 7], [0, 0], [0, 0]])
+
+
+def test_a_recipe_s_margin_scale_is_an_argument_of_the_loss_so_an_added_term_trains_in_every_member(monkeypatch):
+  """The official reduction of a recipe member is the margin loss's `scale` (one traced
+  factor): the objective no longer rewrites capsnet_loss's total, so a term a researcher
+  adds to capsnet_loss reaches members of either reduction."""
+  from capsjax import losses, objectives  # pylint: disable=g-import-not-at-top
+  from capsjax.models import CapsNet  # pylint: disable=g-import-not-at-top
+  lengths, targets = jnp.array([[0.95, 0.3], [0.2, 0.7]]), jnp.array([[1.0, 0.0], [0.0, 1.0]])
+  summed = margin_loss(lengths, targets)
+  np.testing.assert_allclose(margin_loss(lengths, targets, reduction='official'), summed / 4, rtol=1e-6)
+  np.testing.assert_allclose(margin_loss(lengths, targets, scale=jnp.float32(0.25)), summed / 4, rtol=1e-6)
+  original = losses.capsnet_loss
+
+  def with_an_added_term(*arguments, **keywords):
+    total, parts = original(*arguments, **keywords)
+    return total + 7.0, parts
+  model = CapsNet(conv1_channels=4, primary_types=2, digit_dim=4, decoder_hidden=(8,), num_classes=2)
+  batch = {'images': jnp.zeros((2, 28, 28, 1)), 'labels': jnp.array([0, 1])}
+  params = jax.jit(model.init)(jax.random.key(0), batch['images'])['params']
+  objective = objectives.make_objective('capsnet', num_classes=2)
+  official = dict(routing_iterations=jnp.int32(3), reconstruction_weight=jnp.float32(0.0005),
+                  margin_scale=jnp.float32(losses.margin_reduction_scale('official', 2)))
+  train = lambda: jax.jit(lambda knobs: objective(model, params, batch, True, knobs))   # traced anew each
+  plain, _, parts = train()(official)
+  monkeypatch.setattr(losses, 'capsnet_loss', with_an_added_term)
+  added, _, added_parts = train()(official)
+  np.testing.assert_allclose(added, plain + 7.0, rtol=1e-6)
+  np.testing.assert_allclose(parts['margin_loss'], added_parts['margin_loss'])

@@ -20,7 +20,7 @@ from capsjax.layers import PrimaryCaps
 from capsjax.models import build_model
 from capsjax.app.programs import sweep
 from capsjax.app.programs.sweep import parse_variant, variant_config
-from capsjax.app.validation import problems_of
+from capsjax.validation import problems_of
 from capsjax.experiments import mnist, mnist_official, mnist_seeds, recipes
 from helpers import tiny_config
 
@@ -265,15 +265,29 @@ def test_sweep_ranks_by_validation_when_there_is_a_split():
   assert 'never used to choose' in table
 
 
+def _optax_schedule(kind, rate, decay, every, staircase, floor, warmup, total):
+  """The reference: each schedule as optax writes it (capsjax.optimization.learning_rate_at is the
+  one definition both a run and a recipe member use)."""
+  import optax  # pylint: disable=g-import-not-at-top
+  length = max(total - warmup, 1)
+  if kind == 'exponential':
+    decayed = optax.exponential_decay(rate, every, decay, staircase=staircase, end_value=floor or None)
+  elif kind == 'cosine':
+    decayed = optax.cosine_decay_schedule(rate, length, alpha=floor / rate)
+  else:
+    decayed = optax.linear_schedule(rate, floor, length)
+  return optax.join_schedules([optax.linear_schedule(0.0, rate, warmup), decayed], [warmup]) if warmup else decayed
+
+
 def test_a_recipe_member_s_traced_schedule_equals_the_run_s_own():
-  from capsjax import steps  # pylint: disable=g-import-not-at-top
+  from capsjax import optimization, steps  # pylint: disable=g-import-not-at-top
   settings = [dict(kind='exponential', rate=1e-3, decay=0.96, every=20, staircase=False, floor=0.0, warmup=0),
               dict(kind='exponential', rate=2e-3, decay=0.5, every=7, staircase=True, floor=3e-4, warmup=5),
               dict(kind='cosine', rate=3e-3, decay=0.96, every=20, staircase=False, floor=1e-5, warmup=10),
               dict(kind='linear', rate=1e-3, decay=0.96, every=20, staircase=False, floor=0.0, warmup=0)]
   total, counts = 60, np.arange(0, 70)
   for s in settings:
-    own = steps.learning_rate_schedule(s['rate'], s['every'], s['decay'], s['staircase'], s['floor'], kind=s['kind'],
+    own = optimization.learning_rate_schedule(s['rate'], s['every'], s['decay'], s['staircase'], s['floor'], kind=s['kind'],
                                        warmup_steps=s['warmup'], total_steps=total)
     knobs = steps.member_knobs([dict(seed=0, routing_iterations=3, reconstruction_weight=0.0, recipe='r',
                                          learning_rate=s['rate'], lr_schedule=s['kind'], lr_decay_rate=s['decay'],
@@ -281,8 +295,12 @@ def test_a_recipe_member_s_traced_schedule_equals_the_run_s_own():
                                          warmup_steps=s['warmup'], weight_decay=0.0, ema_decay=0.0, margin_scale=1.0,
                                          augment={'rotation': 0.0})])
     member = jax.tree.map(lambda v: v[0], knobs)
-    traced = jax.vmap(lambda c: steps.member_learning_rate(c, member, total))(counts)
-    np.testing.assert_allclose(traced, [own(c) for c in counts], rtol=1e-5, atol=1e-12, err_msg=str(s))   # float32 rounding
+    traced = jax.vmap(lambda c: optimization.member_learning_rate(c, member, total))(counts)
+    reference = _optax_schedule(s['kind'], s['rate'], s['decay'], s['every'], s['staircase'], s['floor'],
+                                s['warmup'], total)
+    expected = [float(reference(c)) for c in counts]
+    np.testing.assert_allclose(traced, expected, rtol=1e-5, atol=1e-12, err_msg=str(s))   # float32 rounding
+    np.testing.assert_allclose([own(c) for c in counts], expected, rtol=1e-5, atol=1e-12, err_msg=str(s))
 
 
 @pytest.mark.float32_matmuls
@@ -329,10 +347,10 @@ def _logged_learning_rates(workdir):
 
 
 def test_a_fast_recipe_runs_briefly_as_written_its_warm_up_capped_at_a_quarter_of_the_run():
-  from capsjax import steps  # pylint: disable=g-import-not-at-top
+  from capsjax import optimization  # pylint: disable=g-import-not-at-top
   from capsjax.experiments import images_fast, mnist_fast, mnist_lease  # pylint: disable=g-import-not-at-top
-  assert [steps.warmup_length(100, 0.25, n) for n in (80, 400, 1000, 0)] == [20, 100, 100, 100]
-  assert steps.warmup_length(100, 1.0, 80) == 100
+  assert [optimization.warmup_length(100, 0.25, n) for n in (80, 400, 1000, 0)] == [20, 100, 100, 100]
+  assert optimization.warmup_length(100, 1.0, 80) == 100
   for experiment in (mnist_fast, images_fast, mnist_lease):
     config = experiment.get_config()
     config.num_steps = 80
@@ -344,8 +362,8 @@ def test_a_fast_recipe_runs_briefly_as_written_its_warm_up_capped_at_a_quarter_o
   config = mnist.get_config()   # an explicit warm-up without the cap: as long as the run, refused
   config.num_steps, config.warmup_steps = 80, 100
   assert problems_of(config)[0].startswith('config.warmup_steps=100: allowed below num_steps=80 (the run would end')
-  rates = steps.learning_rate_schedule(3e-3, 2000, 0.96, kind='cosine', total_steps=80,
-                                       warmup_steps=steps.warmup_length(100, 0.25, 80))
+  rates = optimization.learning_rate_schedule(3e-3, 2000, 0.96, kind='cosine', total_steps=80,
+                                       warmup_steps=optimization.warmup_length(100, 0.25, 80))
   assert float(rates(10)) == pytest.approx(1.5e-3) and float(rates(20)) == pytest.approx(3e-3)
 
 

@@ -15,7 +15,7 @@ from capsjax.errors import ConfigError
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.routing import ROUTINGS, register_routing, route
-from capsjax.app.validation import problems_of
+from capsjax.validation import problems_of
 from helpers import tiny_config
 
 # A user's routing, as README's "Add a routing" gives it: one file, one decorator.
@@ -169,16 +169,28 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
   config.model.routing_inputs = ('leaky',)   # Procedure 1's input; this routing reads none
   assert 'leaky is an input of routing=dynamic only' in problems_of(config)[0]
   config.model.routing_inputs = ()
-  # In the Python API a misspelt option is an error, not silently ignored (build_model reads
-  # the config's section of the model's routing).
+  # In the Python API a misspelt option is an error, not silently ignored, and routing_options
+  # has the config's shape everywhere (a section per routing), checked the same way.
   import jax  # pylint: disable=g-import-not-at-top
-  from capsjax import CapsNet, build_model  # pylint: disable=g-import-not-at-top
-  typo = CapsNet(conv1_channels=4, primary_types=2, routing='uniform_mean', routing_options={'sclae': 0.5})
-  with pytest.raises(ValueError, match=r"routing 'uniform_mean' takes no option 'sclae' \(its options are scale\)"):
+  from capsjax import CapsNet, CapsuleLayer, ConfigError, build_model  # pylint: disable=g-import-not-at-top
+  typo = CapsNet(conv1_channels=4, primary_types=2, routing='uniform_mean',
+                 routing_options={'uniform_mean': {'sclae': 0.5}})
+  with pytest.raises(ConfigError, match=r"routing_options.uniform_mean.sclae=0.5: routing 'uniform_mean' has the "
+                                        r"options scale"):
     typo.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
-  with pytest.raises(ValueError, match="takes no option 'sclae'"):
-    build_model('capsnet', routing='uniform_mean', routing_options={'sclae': 0.5})
-  assert build_model(**config.model).routing_options == {'scale': 2.0}
+  with pytest.raises(ConfigError, match=r"^config.model.routing_options.uniform_mean.sclae=0.5: routing"):
+    build_model('capsnet', routing='uniform_mean', routing_options={'uniform_mean': {'sclae': 0.5}})
+  flat = CapsuleLayer(num_capsules=3, dim=4, routing='uniform_mean', routing_options={'scale': 0.5})
+  with pytest.raises(ConfigError, match=r"routing_options.scale=0.5: options are per routing, e.g. "
+                                        r"routing_options.uniform_mean.scale"):
+    flat.init(jax.random.key(0), jnp.ones((1, 6, 8)))
+  built = build_model(**config.model)
+  assert built.routing_options['uniform_mean'] == {'scale': 2.0}
+  layer = CapsuleLayer(num_capsules=3, dim=4, routing='uniform_mean', routing_options=built.routing_options)
+  capsules = jnp.ones((1, 6, 8))
+  halved = CapsuleLayer(num_capsules=3, dim=4, routing='uniform_mean', routing_options={'uniform_mean': {'scale': 1.0}})
+  params = layer.init(jax.random.key(0), capsules)
+  assert not np.allclose(layer.apply(params, capsules)[0], halved.apply(params, capsules)[0])   # the option is read
   # A routing written to the earlier protocol (declaring the loop's arguments although not
   # iterative) is adapted at registration: it routes, and it trains, unchanged.
   old = route('uniform_mean_old', predictions, scale=0.5)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from capsjax import routing
-from capsjax.app import validation
+from capsjax import validation
 from capsjax.errors import RunStopped
 from capsjax.routing import coupling_coefficients, dynamic_routing, squash
 from helpers import evaluators_off

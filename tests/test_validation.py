@@ -13,7 +13,7 @@ import pytest
 import capsjax.experiments as experiments
 from capsjax.errors import ConfigError
 from capsjax.app.launch import config_lines
-from capsjax.app.validation import key_help, problems_of, validate
+from capsjax.validation import key_help, problems_of, validate
 from capsjax.experiments import ablation, mnist, multimnist_baseline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +179,7 @@ def test_a_backend_jax_cannot_start_is_one_line(monkeypatch):
 
 def test_a_comma_separated_list_of_routings_on_the_command_line_is_the_tuple_of_them():
   from capsjax.experiments import routing_zoo  # pylint: disable=g-import-not-at-top
-  from capsjax.app.validation import problems_of, split_name_lists  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import problems_of, split_name_lists  # pylint: disable=g-import-not-at-top
   config = routing_zoo.get_config()
   config.routing_zoo.routings = ('dynamic, self_routing',)   # what the flag parser makes of it
   split_name_lists(config)
@@ -235,3 +235,71 @@ def test_the_routing_zoo_names_each_routing_once_and_only_options_it_takes(routi
   config.routing_zoo.routings = ('dynamic', 'uniform')
   assert problems_of(config)[0].startswith("config.model.routing_options.em.inverse_temperature=2.0: an option of "
                                            "routing 'em', but routing='dynamic'")
+
+
+def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdir(tmp_path):
+  """From Python (the documented entry, a notebook's), each bad value raises the exported
+  ConfigError whose message is the command's line, within seconds, and the workdir is
+  never made; the builders check the model section the same way."""
+  import capsjax  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
+  cases = {'batch_size': (0, 'config.batch_size=0: allowed an integer >= 1'),
+           'learning_rate': (-1.0, 'config.learning_rate=-1.0: allowed a finite number > 0'),
+           'model.routing': ('dynamical', "config.model.routing='dynamical': allowed one of dynamic, "),
+           'model.routing_iterations': (0, 'config.model.routing_iterations=0: allowed an integer in [1, 100]'),
+           'eval_batch_size': (-5, 'config.eval_batch_size=-5: allowed an integer in [1, 65536]')}
+  for key, (value, line) in cases.items():
+    config = mnist_smoke.get_config()
+    _set(config, key, value)
+    workdir = tmp_path / key
+    start = time.monotonic()
+    with pytest.raises(capsjax.ConfigError) as raised:
+      capsjax.train_and_evaluate(config, str(workdir))
+    assert str(raised.value).startswith(line) and time.monotonic() - start < 10, (key, str(raised.value))
+    assert not workdir.exists(), key
+    command = subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist_smoke',
+                              f'--workdir={workdir}', f'--config.{key}={value}'], capture_output=True, text=True,
+                             timeout=120) if key == 'batch_size' else None
+    if command is not None:   # the command's own output: that line, one line, exit 2
+      assert command.returncode == 2 and command.stderr.strip().splitlines() == [f'error: {raised.value}']
+  config = mnist_smoke.get_config()
+  assert capsjax.build_model(config.model).routing == capsjax.build_model(**config.model).routing == 'dynamic'
+  with pytest.raises(capsjax.ConfigError, match=r'^build_model takes the model section'):
+    capsjax.build_model(config)
+  with pytest.raises(capsjax.ConfigError, match=r'^config.model.conv1_channels=0: allowed an integer >= 1$'):
+    capsjax.build_model('capsnet', conv1_channels=0)
+
+
+def test_routing_results_and_layers_of_the_wrong_shape_are_named_at_trace_time():
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import capsjax  # pylint: disable=g-import-not-at-top
+  from capsjax.routing import ROUTINGS  # pylint: disable=g-import-not-at-top
+  votes = jnp.ones((3, 6, 2, 4))   # û [batch, in, out, dim]
+
+  def one_array(prediction_vectors, input_activations):   # the measured mistake: a bare array
+    del input_activations
+    return capsjax.squash(prediction_vectors.mean(axis=1))
+
+  def short_parents(prediction_vectors, input_activations):
+    del input_activations
+    parents = capsjax.squash(prediction_vectors.mean(axis=1))
+    return parents[:, :1], capsjax.vector_norm(parents)
+  try:
+    capsjax.register_routing('test_one_array', iterative=False)(one_array)
+    capsjax.register_routing('test_short_parents', iterative=False)(short_parents)
+    with pytest.raises(ValueError, match=r'returned one array of shape \(3, 2, 4\): a routing returns'):
+      capsjax.route('test_one_array', votes)
+    with pytest.raises(ValueError, match=r'returned parents \(3, 1, 4\) and activations \(3, 2\); expected '
+                                         r'\(3, 2, 4\)'):
+      capsjax.route('test_short_parents', votes)
+  finally:
+    ROUTINGS.unregister('test_one_array')
+    ROUTINGS.unregister('test_short_parents')
+  with pytest.raises(ValueError, match=r'input_activations \(3, 5\) do not match the votes \(3, 6, 2, 4\)'):
+    capsjax.route('dynamic', votes, jnp.ones((3, 5)))
+  with pytest.raises(TypeError, match=r'read by name, result.parents and result.activations'):
+    parents, activations = capsjax.route('dynamic', votes)  # pylint: disable=unused-variable
+  with pytest.raises(ValueError, match=r'CapsuleLayer takes capsules \[batch, in_caps, in_dim\]; got shape '
+                                       r'\(2, 28, 28, 1\)'):
+    capsjax.CapsuleLayer(num_capsules=2, dim=4).init(jax.random.key(0), jnp.ones((2, 28, 28, 1)))

@@ -125,7 +125,8 @@ def print_help(name=None, config_path=None, doc: Optional[str] = None) -> None:
 def print_keys(config, title: str) -> None:
   """Every key of `config` with its value, meaning and allowed values (the registries'
   names as they are now: a routing registered by the config file is listed)."""
-  from capsjax.app.validation import key_help  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import key_help  # pylint: disable=g-import-not-at-top
+  registered_programs()   # their sections' keys are listed with the run's
   print(f'\n{title}')
   print('\nConfig keys, defaults, what each does [allowed values] (override with --config.KEY=VALUE):')
   for line in config_lines(config):
@@ -165,7 +166,8 @@ def override_problem(message: str) -> str:
   first = message.splitlines()[0]
   parsed = re.match(r"flag --config\.([\w.]+)=(.*?): (invalid literal for|could not convert)", first)
   if parsed:
-    from capsjax.app.validation import allowed  # pylint: disable=g-import-not-at-top
+    from capsjax.validation import allowed  # pylint: disable=g-import-not-at-top
+    registered_programs()   # their sections' keys
     key, value = parsed.group(1), parsed.group(2)
     what = allowed(key) or 'a value of the type of its default'
     return f'config.{key}={value!r}: allowed {what}'
@@ -344,7 +346,8 @@ def main(argv):
     except BrokenPipeError:   # `run.py --show_config | head`
       os._exit(0)
     return 0
-  from capsjax.app.validation import split_name_lists, validate  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import split_name_lists, validate  # pylint: disable=g-import-not-at-top
+  registered_programs()   # the built-in programs' sections are checked with the run's keys
   split_name_lists(config)   # --config.routing_zoo.routings=dynamic,self_routing
   validate(config)   # before any data is read or anything compiled
   cli.check_xla_flags()   # before JAX starts a backend: XLA would end the process its own way

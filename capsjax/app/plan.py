@@ -667,7 +667,9 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   """
   import jax  # pylint: disable=g-import-not-at-top
   from capsjax import assemble, formulations, models, sharding  # pylint: disable=g-import-not-at-top
-  from capsjax.app.validation import validate  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
+  from capsjax.app import launch  # pylint: disable=g-import-not-at-top
+  launch.registered_programs()   # the built-in programs' sections are checked with the run's keys
   parsed = parse_target(target)
   validate(config)
   devices = compile_only_devices(parsed)
@@ -790,7 +792,7 @@ def main(argv) -> int:
   config = flag_values.config
   if config is None:
     cli.fail(f'--experiment=NAME is required; available: {", ".join(launch.available_experiments())}')
-  from capsjax.app.validation import split_name_lists  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import split_name_lists  # pylint: disable=g-import-not-at-top
   split_name_lists(config)
   parsed = parse_target(target)   # a bad target is one line before anything is compiled
   # libtpu installs its own SIGTERM handler as it loads (a crash dump on every stop): load

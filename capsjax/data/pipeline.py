@@ -24,7 +24,7 @@ from capsjax.data.sources import Dataset
 from capsjax.keys import Across, Rule, is_int, key
 
 KEYS = (
-    # Checked against the image's side by capsjax.app.validation's rules across keys.
+    # Checked against the image's side by capsjax.validation's rules across keys.
     key('max_shift', 2, Rule(lambda v: True, 'an integer in [0, a quarter of the image side]'),
         'training images shifted by up to ± this many pixels (zero padding)'),
 )

@@ -4,7 +4,7 @@ A task turns the (train, test[, held-out validation]) splits of a source
 (capsjax.data.sources) into the loop's pipelines (capsjax.data.pipeline: host batch,
 evaluation batches, device batch). Each task is built with the values of the few config
 keys it names in `keys` (capsjax.assemble.task reads them), never the config. Adding one
-is a class and a decorator; capsjax.app.validation reads the names from TASKS.
+is a class and a decorator; capsjax.validation reads the names from TASKS.
 """
 import types
 from typing import Callable, Optional, Tuple

@@ -4,7 +4,7 @@ import dataclasses
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import chex
 import jax
@@ -69,6 +69,10 @@ class RoutingResult:
   couplings: Optional[Tuple[Array, Array]] = None  # (first, last) c_ij [batch, in, out]
   logits: Optional[Array] = None                   # b_ij after each iteration [iterations, batch, in, out]
 
+  def __iter__(self):
+    raise TypeError('a RoutingResult is read by name, result.parents and result.activations '
+                    '(`parents, activations = route(...)` was the earlier API)')
+
 
 def loop_arguments(name: str, num_iterations, max_iterations=None, unroll: bool = False) -> Tuple[tuple, dict]:
   """(positional, keyword) loop arguments for routing `name`: (num_iterations,) and
@@ -78,13 +82,26 @@ def loop_arguments(name: str, num_iterations, max_iterations=None, unroll: bool 
   return (num_iterations,), {'max_iterations': max_iterations, 'unroll': unroll}
 
 
-def as_result(output, options: Dict[str, Any]) -> RoutingResult:
+def as_result(output, options: Dict[str, Any], expected: Optional[Tuple[int, int, int]] = None,
+              what: str = 'a routing') -> RoutingResult:
   """A routing's output as a RoutingResult: a routing of one's own may return the plain
   (parents, activations) pair, and a third value, the logits or the couplings that
-  `options` asked for (the registry applies this to every routing it calls)."""
-  if isinstance(output, RoutingResult):
-    return output
-  parents, activations, *extra = output
+  `options` asked for (the registry applies this to every routing it calls). Anything
+  else, or parents and activations not [batch, out, dim] and [batch, out] (`expected`:
+  (batch, out, dim)), is a ValueError naming the shapes, at trace time."""
+  if not isinstance(output, (RoutingResult, tuple, list)) or (
+      not isinstance(output, RoutingResult) and len(output) not in (2, 3)):
+    shape = getattr(output, 'shape', None)
+    raise ValueError(f'{what} returned ' + (f'one array of shape {tuple(shape)}' if shape else type(output).__name__)
+                     + ': a routing returns a RoutingResult or the pair (parents [batch, out, dim], '
+                     'activations [batch, out])')
+  result = output if isinstance(output, RoutingResult) else None
+  parents, activations, *extra = (result.parents, result.activations) if result else output
+  if expected is not None and (tuple(parents.shape) != expected or tuple(activations.shape) != expected[:2]):
+    raise ValueError(f'{what} returned parents {tuple(parents.shape)} and activations {tuple(activations.shape)}; '
+                     f'expected {expected} [batch, out, dim] and {expected[:2]} [batch, out] for its votes')
+  if result is not None:
+    return result
   if not extra:
     return RoutingResult(parents, activations)
   if options.get('return_logits'):
@@ -202,7 +219,11 @@ def _as_registered(name: str, function: Callable[..., Any], iterative: bool, sha
     inputs = arguments[:positional]
     keywords.update({'num_iterations': arguments[positional]} if iterative else _ONE_PASS)
     keywords = {key: value for key, value in keywords.items() if key not in _LOOP_ARGUMENTS or key in parameters}
-    return as_result(function(*inputs, **keywords), keywords)
+    if shared:   # capsules [batch, pos, types, in_dim], transforms [types, out, dim, in_dim]
+      expected = (inputs[0].shape[0],) + tuple(inputs[1].shape[1:3])
+    else:        # û [batch, in, out, dim]
+      expected = (inputs[0].shape[0],) + tuple(inputs[0].shape[2:])
+    return as_result(function(*inputs, **keywords), keywords, expected, what)
   return registered
 
 
@@ -241,6 +262,9 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   batch, in_caps, out_caps, dim = prediction_vectors.shape
   if input_activations is None:
     input_activations = jnp.ones((batch, in_caps), prediction_vectors.dtype)
+  elif tuple(input_activations.shape) != (batch, in_caps):
+    raise ValueError(f'route: input_activations {tuple(input_activations.shape)} do not match the votes '
+                     f'{tuple(prediction_vectors.shape)}: expected [batch, in] = {(batch, in_caps)}')
   for option, (shape, initial) in entry.learned.items():
     if option not in options or options[option] is None:
       options[option] = jnp.full(shape(in_caps, out_caps, dim), initial, prediction_vectors.dtype)
@@ -265,15 +289,38 @@ def routing_option_keys(name: str) -> Dict[str, Key]:
           for option, default in routing_option_defaults(name).items()}
 
 
-def own_routing_options(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
-  """`options` checked against what routing `name` takes: ValueError for any other (a
-  typo, another routing's option), naming what it takes."""
+def own_section_problems(name: str, sections, where: str = 'config.model.routing_options') -> List[str]:
+  """The lines of what is wrong with `sections` (routing_options: a section per routing,
+  {'em': {'inverse_temperature': 2.0}}) for `routing=name`, one shape everywhere (the
+  config, `build_model`, CapsNet, CapsuleLayer): not a dict of sections (a bare option,
+  the layout before sections, names its section), or an option routing `name` does not
+  take in its own section. Other routings' sections are not read here."""
+  if not hasattr(sections, 'items'):
+    return [f'{where}={sections!r}: allowed a dict: routing name → its options']
+  problems = []
   own = routing_option_defaults(name)
-  for option in options:
-    if option not in own:
-      takes = f'its options are {", ".join(own)}' if own else 'it takes no options'
-      raise ValueError(f'routing {name!r} takes no option {option!r} ({takes})')
-  return dict(options)
+  inputs = ROUTINGS[name].layer_inputs
+  takes = (f'the options {", ".join(own)}' if own else 'no options'
+           + (f' (its inputs from the layer: model.routing_inputs, of {", ".join(inputs)})' if inputs else ''))
+  for section, options in dict(sections).items():
+    if not hasattr(options, 'items'):
+      owners = [other for other in ROUTINGS if section in routing_option_defaults(other)]
+      problems.append(f'{where}.{section}={options!r}: options are per routing, '
+                      + (f'e.g. routing_options.{owners[0]}.{section}' if owners else f'routing {name!r} has {takes}'))
+    elif section == name:
+      problems.extend(f'{where}.{section}.{option}={value!r}: routing {name!r} has {takes}'
+                      for option, value in options.items() if option not in own)
+  return problems
+
+
+def own_routing_options(name: str, sections) -> Dict[str, Any]:
+  """Routing `name`'s options from `sections` (a section per routing; None: none): its own
+  section, checked (ConfigError naming the option and what the routing takes); the other
+  sections are other routings' and are not read."""
+  problems = own_section_problems(name, sections if sections is not None else {}, 'routing_options')
+  if problems:
+    raise ConfigError(problems[0])
+  return dict((sections or {}).get(name) or {})
 
 
 def configurable_routing_options() -> Dict[str, Dict[str, Any]]:
@@ -286,9 +333,3 @@ def configurable_routing_options() -> Dict[str, Dict[str, Any]]:
     if own:
       sections[name] = own
   return sections
-
-
-def options_of(name: str, sections: Dict[str, Any]) -> Dict[str, Any]:
-  """Routing `name`'s options from a config's routing_options (a section per routing): its
-  own section; the other sections are other routings' and are not read."""
-  return dict(sections.get(name) or {})

@@ -11,17 +11,28 @@ from capsjax.routing.core import (Array, coupling_coefficients, iterate, loop_le
                                   vector_norm, vote_dots)
 
 
-def _routing_iteration(predictions_by_parent, logits_by_parent, leaky, bias):
-  """One pass of Procedure 1's loop body: returns (parents v_j, updated logits b)."""
-  coupling = coupling_coefficients(logits_by_parent, leaky, axis=1)  # [batch, out_caps, in_caps]
-  # s_j = sum_i c_ij û_{j|i}                              # [batch, out_caps, out_dim]
-  total_input = jnp.einsum('bji,bjid->bjd', coupling, predictions_by_parent)
+def procedure1_iteration(logits: Array, couple, total_input_of, agreement_of, bias: Optional[Array]):
+  """One pass of Procedure 1's loop body, the one written here (û's form and the
+  shared-transform form without û both call it with their own sums): c = couple(b),
+  s_j = Σ_i c_ij û_{j|i} (`total_input_of(c)`), plus the bias, v_j = squash(s_j),
+  b_ij += û_{j|i}·v_j (`agreement_of(v)`). Returns (parents v_j, updated logits b)."""
+  total_input = total_input_of(couple(logits))
   if bias is not None:
     total_input = total_input + bias
   parents = squash(total_input)
-  # a_ij = û_{j|i} · v_j                                  # [batch, out_caps, in_caps]
-  agreement = jnp.einsum('bjid,bjd->bji', predictions_by_parent, parents)
-  return parents, logits_by_parent + agreement
+  return parents, logits + agreement_of(parents)
+
+
+def _routing_iteration(predictions_by_parent, logits_by_parent, leaky, bias):
+  """Procedure 1's pass on û, parent-major: returns (parents v_j, updated logits b)."""
+  return procedure1_iteration(
+      logits_by_parent,
+      lambda logits: coupling_coefficients(logits, leaky, axis=1),                 # c [batch, out_caps, in_caps]
+      # s_j = sum_i c_ij û_{j|i}                                                   # [batch, out_caps, out_dim]
+      lambda coupling: jnp.einsum('bji,bjid->bjd', coupling, predictions_by_parent),
+      # a_ij = û_{j|i} · v_j                                                       # [batch, out_caps, in_caps]
+      lambda parents: jnp.einsum('bjid,bjd->bji', predictions_by_parent, parents),
+      bias)
 
 
 def dynamic_routing(
@@ -173,13 +184,12 @@ def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, n
 
   def body(t, carry):
     _, logits = carry
-    coupling = jax.nn.softmax(logits, axis=-1)                                 # [batch, pos, types, out]
-    total_input = pooled_votes(coupling, capsules, transforms, offsets)        # s_j [batch, out, dim]
-    if bias is not None:
-      total_input = total_input + bias
-    parents = squash(total_input)                                              # [batch, out, dim]
-    agreement = vote_dots(parents, capsules, transforms, offsets)              # [batch, pos, types, out]
-    return parents, logits + agreement
+    return procedure1_iteration(
+        logits,
+        lambda logits: jax.nn.softmax(logits, axis=-1),                           # c [batch, pos, types, out]
+        lambda coupling: pooled_votes(coupling, capsules, transforms, offsets),   # s_j [batch, out, dim]
+        lambda parents: vote_dots(parents, capsules, transforms, offsets),        # [batch, pos, types, out]
+        bias)
 
   state = (jnp.zeros((batch, out_caps, out_dim), dtype), jnp.zeros((batch, positions, types, out_caps), dtype))
   parents, _ = iterate(body, state, num_iterations, max_iterations, unroll)

@@ -8,11 +8,21 @@ imports the built-in ones. An inner run that stops
 (a signal, --config.stop_at_step) raises capsjax.errors.RunStopped through the program:
 the command exits 75 and the same command resumes every run where it stopped.
 """
-from capsjax.experiment import PROGRAMS
+import sys
+
+from capsjax import defaults
+from capsjax.settings import PROGRAMS
 
 
 def register_program(name: str):
-  return PROGRAMS.register(name)
+  """Registers the decorated function(config, workdir) as program `name`, and its module's
+  section (its `KEYS`, `RULES`, `config_problems`, `model_as_checked`) with capsjax.validation."""
+  def register(function):
+    module = sys.modules[function.__module__]
+    if hasattr(module, 'KEYS'):
+      defaults.register_section(module)
+    return PROGRAMS.register(name)(function)
+  return register
 
 
 # The experiments that run each built-in program (what `python -m capsjax.app.programs.NAME`,

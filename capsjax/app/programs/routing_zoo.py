@@ -14,14 +14,14 @@ routing_diagnostics.png (one panel per diagnostic, one line per routing).
 import json
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from capsjax import experiment, runtime, sharding, train
+from capsjax import experiment, runtime, sharding, train, validation
 from capsjax.app.trained import load_trained, select_member
 from capsjax.errors import ConfigError
 from capsjax.keys import key, int_at_least, registered_tuple, distinct_seeds
@@ -38,7 +38,7 @@ KEYS = (
         'the routing algorithms the zoo trains, each over routing_zoo.seeds', in_base=False),
     key('routing_zoo.seeds', (0, 1, 2), distinct_seeds(allow_empty=False), 'the seeds of each routing (one '
         'vmapped program per routing)', in_base=False),
-    # Checked as each member's model.routing_options is (capsjax.app.validation).
+    # Checked as each member's model.routing_options is (capsjax.validation).
     key('routing_zoo.options', {}, None, 'per routing name, its options over its model.routing_options section '
         '(a dict: routing name → its options)', in_base=False),
     # Speed, measured after training in interleaved rounds (every routing once per round): the
@@ -66,6 +66,77 @@ def routing_config(config, name: str) -> ml_collections.ConfigDict:
   member.model.routing_options = ml_collections.ConfigDict(sections)
   member.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(config.routing_zoo.seeds)))
   return member
+
+
+def _routings(config) -> Tuple[str, ...]:
+  found, routings = validation.lookup(config, 'routing_zoo.routings')
+  return tuple(routings) if found and routings else ()
+
+
+def model_as_checked(config, model):
+  """The model as the base config's check sees it: the sections of the routings the zoo
+  trains beside model.routing are their members' (checked there), at their defaults here
+  (capsjax.validation asks each registered section's module)."""
+  sections = model.get('routing_options')
+  others = [name for name in _routings(config) if name != model.get('routing') and name in ROUTINGS]
+  if not others or not hasattr(sections, 'keys') or not any(name in sections for name in others):
+    return model
+  checked = ml_collections.ConfigDict(model.to_dict())
+  for name in others:
+    if name in checked.routing_options:
+      checked.routing_options[name] = routing_option_defaults(name)
+  return checked
+
+
+def _zoo_sections_problems(config) -> List[str]:
+  """model.routing_options.NAME of a routing the zoo trains, checked as its member's own
+  section (the options it takes, the values their rules allow)."""
+  sections = config.model.get('routing_options')
+  problems = []
+  for name in _routings(config):
+    if name == config.model.get('routing') or name not in ROUTINGS or not hasattr(sections, 'keys') \
+        or name not in sections or not hasattr(sections[name], 'items'):
+      continue
+    problems.extend(line for line in _member_problems(config, name, sections[name])
+                    if f'routing_options.{name}.' in line)
+  return problems
+
+
+def _member_problems(config, name: str, options) -> List[str]:
+  """The problems of config.model as the zoo's member of routing `name` with `options`
+  (its own section) sees it."""
+  member = config.model.to_dict()
+  member.update(routing=name, routing_options={name: dict(options)})
+  return validation.model_problems(ml_collections.ConfigDict(member), 'model.')
+
+
+def _zoo_options_problems(config, zoo_options) -> List[str]:
+  """routing_zoo.options checked as each member's model.routing_options is: a routing the
+  zoo trains, options it takes, values the model's rules allow."""
+  if not hasattr(zoo_options, 'keys'):
+    return [f'config.routing_zoo.options={zoo_options!r}: allowed a dict: routing name → its options']
+  problems = []
+  routings = _routings(config)
+  for name, options in zoo_options.items():
+    where = f'config.routing_zoo.options.{name}'
+    if name not in routings:
+      problems.append(f'{where}: {name!r} is not among routing_zoo.routings ({", ".join(routings)})')
+      continue
+    if not hasattr(options, 'keys'):
+      problems.append(f'{where}={options!r}: allowed a dict of the routing\'s options')
+      continue
+    problems.extend(line.replace(f'config.model.routing_options.{name}.', f'{where}.')
+                    for line in _member_problems(config, name, options))
+  return problems
+
+
+def config_problems(config) -> List[str]:
+  """routing_zoo.options and the routing sections of the members, each checked as the
+  member's own model (capsjax.validation runs it: this module registered its section)."""
+  found, zoo_options = validation.lookup(config, 'routing_zoo.options')
+  if not found or zoo_options is None or 'model' not in config:
+    return []
+  return _zoo_options_problems(config, zoo_options) + _zoo_sections_problems(config)
 
 
 def training_timer(config, name: str, steps: int) -> Callable[[], float]:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 import ml_collections
 import numpy as np
 
-from capsjax import reports, train
+from capsjax import reports, train, validation
 from capsjax.assemble import overridden
 from capsjax.ensembles import parse_variant
 from capsjax.errors import ConfigError
@@ -42,6 +42,32 @@ def variant_config(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDi
   variant = overridden(config, overrides, 'sweep override')
   variant.program = 'train'
   return variant
+
+
+def config_problems(config) -> List[str]:
+  """Each sweep variant checked as the config it trains (one line per rule broken, naming
+  the variant): a bad variant is refused before the first one trains (capsjax.validation
+  runs it: this module registered its section)."""
+  found, variants = validation.lookup(config, 'sweep.variants')
+  if not found or not variants:
+    return []
+  try:
+    parsed = [parse_variant(spec) for spec in variants]
+  except ConfigError as e:
+    return [str(e)]
+  names = [name for name, _ in parsed]
+  if len(set(names)) != len(names):
+    return [f'config.sweep.variants: variant names repeat: {names}']
+  problems = []
+  for name, overrides in parsed:
+    try:
+      variant = variant_config(config, overrides)
+    except ConfigError as e:
+      problems.append(f'sweep variant {name!r}: {e}')
+      continue
+    variant.sweep.variants = ()   # the variant trains alone
+    problems += [f'sweep variant {name!r}: {line}' for line in validation.problems_of(variant)]
+  return problems
 
 
 def summarize_run(name: str, overrides: Dict[str, Any], result: reports.RunResult) -> Dict[str, Any]:
@@ -117,7 +143,7 @@ def plot(rows, path: str) -> None:
 
 @register_program('sweep')
 def run(config, workdir: str) -> Dict[str, Any]:
-  # Each variant was checked as the config it trains with the sweep's own (capsjax.app.validation).
+  # Each variant was checked as the config it trains with the sweep's own (capsjax.validation).
   variants = [parse_variant(spec) for spec in config.sweep.variants]
   if not variants:
     raise ConfigError('config.sweep.variants is empty')

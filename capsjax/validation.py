@@ -1,0 +1,214 @@
+"""`validate(config)`: every value checked before any data is read or anything compiled.
+
+The library's own check: `train_and_evaluate`, `experiment.build` and `plan_run` run it
+first, and the command runs the same one (a bad value from Python raises the ConfigError
+whose line the command prints).
+
+Each config key's rule is declared with the key, where the code that reads it lives
+(capsjax.keys; `declared(config)` below lists them for a config: the run's keys, the
+evaluators', and the model's and loss's of the family and objective the config names). A config that breaks
+one raises ConfigError with one line: `config.KEY=VALUE: allowed ...`. Below the rules of
+single keys, the rules across keys. Comparison models (`baseline.model`, `cnn.model`) are
+checked as the run's model is. An experiment program's section (routing_zoo.*, sweep.*) is
+checked once its module has registered it (capsjax.defaults.register_section: the program's
+`KEYS`, `RULES` and `config_problems(config)`).
+"""
+from typing import Iterator, List, Tuple
+
+from capsjax import assemble, defaults
+from capsjax.errors import ConfigError
+from capsjax.evaluators import EVALUATORS, evaluator_keys
+from capsjax.keys import Key, RegisteredTuple, check_values, lookup
+from capsjax.models import MODELS, model_keys, model_problems
+from capsjax.objectives import OBJECTIVES, loss_keys
+from capsjax.routing import ROUTINGS, routing_option_keys
+
+# Sections holding a comparison model (their own `model` and `loss`, checked as the run's).
+COMPARISON_MODELS = ('baseline', 'cnn')
+
+
+def declared(config) -> Iterator[Tuple[str, Key]]:
+  """(dotted key, its declaration) for every key `config` may hold: the run's, and for its
+  model and loss (and a comparison model's, `baseline.model`, `cnn.loss`) those of the
+  family and objective it names, with each routing's options under model.routing_options."""
+  yield from defaults.run_keys(defaults.registered_sections()).items()
+  for name in EVALUATORS:
+    for key in evaluator_keys(name).values():
+      yield f'evals.{name}.{key.name}', key
+  for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS):
+    found, model = lookup(config, prefix + 'model')
+    if found and hasattr(model, 'keys'):
+      family = model.get('name', 'capsnet')
+      for key in model_keys(family if family in MODELS else 'capsnet').values():
+        yield f'{prefix}model.{key.name}', key
+      for routing in ROUTINGS.names():
+        for key in routing_option_keys(routing).values():
+          yield f'{prefix}model.routing_options.{routing}.{key.name}', key
+    found, loss = lookup(config, prefix + 'loss')
+    if found and hasattr(loss, 'keys'):
+      objective = loss.get('name', 'capsnet')
+      for key in loss_keys(objective if objective in OBJECTIVES else 'capsnet').values():
+        yield f'{prefix}loss.{key.name}', key
+
+
+def _check_loss(loss, model, prefix: str, problems: List[str]) -> None:
+  name = loss.get('name')
+  if name not in OBJECTIVES:
+    problems.append(f'config.{prefix}name={name!r}: allowed one of {", ".join(OBJECTIVES.names())}')
+    return
+  before = len(problems)
+  check_values(loss, loss_keys(name), problems, prefix)
+  if len(problems) > before or model.get('name') not in MODELS:
+    return
+  objective, family = OBJECTIVES[name], MODELS[model.name]
+  if model.name not in objective.families:
+    trained_with = ' or '.join(repr(name) for name in family.objectives) or 'its own'
+    problems.append(f'config.{prefix}name={loss.name!r}: a {model.name!r} model is trained with the '
+                    f'{trained_with} loss')
+  problems.extend(objective.check(loss, prefix))
+
+
+def _check_evals(evals, problems: List[str]) -> None:
+  """config.evals: a section per registered evaluator, each of its declared keys."""
+  if not hasattr(evals, 'items'):
+    problems.append(f'config.evals={evals!r}: allowed a dict: evaluator name → its section')
+    return
+  for name, section in evals.items():
+    if name not in EVALUATORS:
+      problems.append(f'config.evals.{name}: no evaluator {name!r} is registered (allowed: '
+                      f'{", ".join(EVALUATORS.names())})')
+      continue
+    declared = evaluator_keys(name)
+    unknown = [key for key in (section.keys() if hasattr(section, 'keys') else ()) if key not in declared]
+    if unknown:
+      problems.append(f'config.evals.{name}.{unknown[0]}: not a key of the {name!r} evaluator (its keys: '
+                      f'{", ".join(declared)})')
+    check_values(section, declared, problems, f'evals.{name}.')
+
+
+def _across_problems(config) -> List[str]:
+  """The lines of the rules across keys (each section's RULES: capsjax.keys.Across) that
+  `config` breaks; a run-level key it lacks at its declared default, another as None."""
+  declared = defaults.run_keys(defaults.registered_sections())
+  problems = []
+  for module in defaults.SECTIONS + defaults.registered_sections():
+    for rule in getattr(module, 'RULES', ()):
+      values = []
+      for name in rule.keys:
+        found, value = lookup(config, name)
+        values.append(value if found else declared[name].default if name in declared else None)
+      line = rule.problem(*values)
+      if line:
+        problems.append(line)
+  return problems
+
+
+def problems_of(config) -> List[str]:
+  """Every rule `config` breaks, one line each (empty when it is valid)."""
+  problems: List[str] = []
+  check_values(config, defaults.run_keys(defaults.registered_sections()), problems)
+  found, evals = lookup(config, 'evals')
+  if found and evals is not None:
+    _check_evals(evals, problems)
+  for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS):
+    found, model = lookup(config, prefix + 'model')
+    if found and model is not None:
+      if not prefix:   # a program training other routings checks their sections as its members'
+        for module in defaults.registered_sections():
+          model = getattr(module, 'model_as_checked', lambda config, model: model)(config, model)
+      problems.extend(model_problems(model, prefix + 'model.'))
+      found_loss, loss = lookup(config, prefix + 'loss')
+      if found_loss and loss is not None:
+        _check_loss(loss, model, prefix + 'loss.', problems)
+  if problems:
+    return problems
+  problems.extend(_across_problems(config))   # the rules across keys, declared beside them
+  found, recipes = lookup(config, 'ensemble.recipes')
+  if found and recipes:
+    problems.extend(_recipe_problems(config))
+  for module in defaults.registered_sections():   # what only a program can check (its members)
+    problems.extend(getattr(module, 'config_problems', lambda config: [])(config))
+  return problems
+
+
+
+
+def _recipe_problems(config) -> List[str]:
+  """Each recipe of config.ensemble.recipes checked as the config it makes (one line per
+  rule broken, naming the recipe); its routing iterations bounded by the shared model's."""
+  try:
+    listed = assemble.recipes(config)
+  except ConfigError as e:
+    return [str(e)]
+  problems = []
+  for name, recipe in listed:
+    recipe.ensemble.recipes = ()
+    problems += [f'config.ensemble.recipes {name!r}: ' + line.removeprefix('config.') for line in problems_of(recipe)]
+  if not problems:
+    try:
+      assemble.members(config)   # what only the program as a whole can break (the shared model's bounds)
+    except ConfigError as e:
+      return [str(e)]
+  return problems
+
+
+def split_name_lists(config) -> None:
+  """Tuple-of-names keys given on the command line as one comma-separated word
+  (`--config.routing_zoo.routings=dynamic,self_routing`, which the flag parser reads as a
+  one-element tuple) become the tuple of those names, in place: run keys and model keys
+  (`--config.model.routing_inputs=bias,leaky`) alike."""
+  for key, declared_key in list(declared(config)):
+    if not isinstance(declared_key.rule, RegisteredTuple):
+      continue
+    parent, _, leaf = key.rpartition('.')
+    holder = config
+    for part in filter(None, parent.split('.')):
+      holder = holder.get(part) if holder is not None else None
+    value = holder.get(leaf) if holder is not None else None
+    if isinstance(value, (tuple, list)) and any(isinstance(v, str) and ',' in v for v in value):
+      holder[leaf] = tuple(name.strip() for v in value for name in str(v).split(',') if name.strip())
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming the first invalid key, its value and what is allowed: the
+  line the command prints. `train_and_evaluate`, `experiment.build` and `plan_run` run it
+  first; an experiment program's section is checked once the program is imported.
+
+  Example:
+    >>> config = capsjax.base_config()
+    >>> capsjax.validate(config)            # the paper's setup: nothing to say
+    >>> config.batch_size, config.model.routing = 0, 'dynamical'
+    >>> capsjax.validate(config)
+    Traceback (most recent call last):
+    ...
+    capsjax.errors.ConfigError: config.batch_size=0: allowed an integer >= 1 (and 1 more problem(s))
+  """
+  problems = problems_of(config)
+  if problems:
+    more = f' (and {len(problems) - 1} more problem(s))' if len(problems) > 1 else ''
+    raise ConfigError(problems[0] + more)
+
+
+# ----------------------------------------------------------------------------- key help
+# `run.py --experiment=NAME --help`: each key's help line and allowed values, from its
+# declaration (capsjax.keys), for the family and objective the config names.
+
+def _declaration(key: str, config=None):
+  config = defaults.base_config() if config is None else config
+  return dict(declared(config)).get(key)
+
+
+def allowed(key: str, config=None) -> str:
+  """What config.KEY allows (dotted key) in `config` (default: the base config), or ''."""
+  declared = _declaration(key, config)
+  return str(declared.rule) if declared is not None and declared.rule is not None else ''
+
+
+def key_help(key: str, config=None) -> str:
+  """'help [allowed]' of config.KEY (dotted) in `config` (default: the base config), for
+  --help; '' when undeclared."""
+  declared = _declaration(key, config)
+  if declared is None:
+    return ''
+  rule = str(declared.rule) if declared.rule is not None else ''
+  return f'{declared.help} [{rule}]' if declared.help and rule else declared.help
