@@ -88,6 +88,25 @@ def measure_jax(config, batch: int, steps: int, input_shape: str = '') -> dict:
           'train_buffer_bytes': memory['train'], 'infer_buffer_bytes': memory['infer']}
 
 
+def exported_file_timer(path: str, batch: int, steps: int):
+  """images/s of an ONNX file written by `capsjax-export --format=onnx` (uint8 images in),
+  run by ONNX Runtime on the CPU, timed as the peers are: a warm-up call, then `steps`."""
+  import time  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import onnxruntime  # pylint: disable=g-import-not-at-top
+  session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+  shape = session.get_inputs()[0].shape[1:]
+  images = np.random.default_rng(0).integers(0, 256, (batch, *shape), np.uint8)
+
+  def time_file():
+    session.run(None, {'images': images})
+    start = time.perf_counter()
+    for _ in range(steps):
+      session.run(None, {'images': images})
+    return batch * steps / (time.perf_counter() - start)
+  return time_file
+
+
 # The peer's runtimes: name → (torch_capsnet.py's --runtime, the modes it runs, the module it needs).
 PEERS = {'torch': ('eager', ('train', 'infer'), 'torch'),
          'torch.compile': ('compile', ('train', 'infer'), 'torch'),
@@ -133,6 +152,9 @@ def main():
   parser.add_argument('--peers', default=','.join(PEERS),
                       help=f'comma-separated peer runtimes, of {", ".join(PEERS)} (each skipped where not installed)')
   parser.add_argument('--torch_script', default=DEFAULT_TORCH_SCRIPT)
+  parser.add_argument('--exported', default='',
+                      help='an ONNX file of `capsjax-export --format=onnx --reconstructions` (what inference here '
+                           'computes): ONNX Runtime runs it beside, the row capsjax.onnx')
   parser.add_argument('--huge_pages', default='on', choices=['on', 'off'],
                       help="both sides' large buffers in transparent huge pages where Linux allows it "
                            "(on: what capsjax's commands do; capsjax.app.cli.huge_pages_environment)")
@@ -201,13 +223,19 @@ def main():
       print(f'peer {name}: not measured ({module} is not installed: pip install \'capsjax[peers]\')')
       peers.remove(name)
   timers, memory = jax_timers(config, args.batch, args.steps, args.input_shape)
+  if args.exported:   # capsjax's own model leaving JAX: a row beside the peers, not one of them
+    timers['exported'] = exported_file_timer(args.exported, args.batch, args.steps)
   rates = {('jax', mode): [] for mode in ('train', 'infer')}
+  rates.update({('capsjax.onnx', 'infer'): []} if args.exported else {})
   rates.update({(name, mode): [] for name in peers for mode in PEERS[name][1]})
   failed = set()
   for round_index in range(args.rounds):
     for mode in ('train', 'infer'):   # neighbours in time: capsjax, then each peer
       rates['jax', mode].append(timers[mode]())
       print(f'round {round_index + 1}: ' + line('jax', mode, args.batch, rates['jax', mode][-1], memory[mode]))
+      if mode == 'infer' and args.exported:
+        rates['capsjax.onnx', mode].append(timers['exported']())
+        print(f'round {round_index + 1}: ' + line('capsjax.onnx', mode, args.batch, rates['capsjax.onnx', mode][-1]))
       for name in peers:
         if mode not in PEERS[name][1] or name in failed:
           continue
@@ -226,6 +254,10 @@ def main():
   best = {}
   for mode in ('train', 'infer'):
     print('median ' + line('jax', mode, args.batch, medians['jax', mode], memory[mode]))
+    if ('capsjax.onnx', mode) in medians:
+      per_round = [ours / theirs for ours, theirs in zip(rates['jax', mode], rates['capsjax.onnx', mode])]
+      print('median ' + line('capsjax.onnx', mode, args.batch, medians['capsjax.onnx', mode]) +
+            f'  → capsjax/capsjax.onnx = {statistics.median(per_round):.2f} (the exported file, ONNX Runtime)')
     mode_peers = [name for name in peers if (name, mode) in medians]
     for name in mode_peers:
       per_round = [ours / theirs for ours, theirs in zip(rates['jax', mode], rates[name, mode])]

@@ -31,7 +31,7 @@ LAYERS = [
     ('ensembles', 'steps', 'diagnostics', 'evaluators', 'hooks', 'checkpoints', 'reports'),
     ('assemble', 'experiment', 'defaults', 'validation'),
     ('train', 'workdir'),
-    ('app', 'app.cli', 'app.distributed', 'app.trained', 'app.plots', 'app.multimnist'),
+    ('app', 'app.cli', 'app.distributed', 'app.trained', 'app.plots', 'app.multimnist', 'app.serving'),
     ('app.predict', 'app.explorer', 'app.programs'),
     ('app.launch', 'app.plan'),
     ('app.commands',),

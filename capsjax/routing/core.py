@@ -91,6 +91,17 @@ def loop_length(num_iterations, max_iterations) -> int:
   return max_iterations
 
 
+def fori_loop(lower: int, upper: int, body, state, unroll: bool = False):
+  """jax.lax.fori_loop over static bounds; `unroll`: the iterations as straight-line code
+  (a Python loop: what fori_loop(..., unroll=True) makes, and what a converter that
+  replaces fori_loop while it traces, jax2onnx for capsjax-export, can read)."""
+  if unroll:
+    for t in range(lower, upper):
+      state = body(t, state)
+    return state
+  return jax.lax.fori_loop(lower, upper, body, state)
+
+
 def iterate(body, state, num_iterations, max_iterations, unroll):
   """state after body(t, state) for t = 0 … r−1 (a fori_loop): the loop of an iterative
   routing of your own (registered with `iterative=True`, it receives `num_iterations,
@@ -118,7 +129,7 @@ def iterate(body, state, num_iterations, max_iterations, unroll):
       return new
     active = t < num_iterations
     return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, carry)
-  return jax.lax.fori_loop(0, length, step, state, unroll=unroll)
+  return fori_loop(0, length, step, state, unroll)
 
 
 # ============================================================================= shared transforms

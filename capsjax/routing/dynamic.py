@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.routing.base import RoutingResult, register_routing
-from capsjax.routing.core import (Array, coupling_coefficients, iterate, loop_length, pooled_votes, squash,
+from capsjax.routing.core import (Array, coupling_coefficients, fori_loop, iterate, loop_length, pooled_votes, squash,
                                   vector_norm, vote_dots)
 
 
@@ -123,8 +123,7 @@ def dynamic_routing(
       history = history.at[t].set(jnp.transpose(new_logits, (0, 2, 1)))
     return new_parents, new_logits, history
 
-  parents, _, history = jax.lax.fori_loop(
-      0, length, body, (parents, routing_logits, history), unroll=unroll)
+  parents, _, history = fori_loop(0, length, body, (parents, routing_logits, history), unroll)
   return RoutingResult(parents, vector_norm(parents), logits=history)
 
 

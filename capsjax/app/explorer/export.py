@@ -1,23 +1,36 @@
-"""Export a trained run as the explorer's (and predict's) shipped model.
+"""Export a trained run: the explorer's (and predict's) files, or one ONNX or StableHLO file.
 
-  python -m capsjax.app.explorer.export --workdir=W [--out=capsjax/app/explorer/assets]
-      [--step=best|latest|N] [--member=K] [--num_images=1000] [--evaluate]
+  capsjax-export --workdir=W [--out=capsjax/app/explorer/assets] [--step=best|latest|N]
+      [--member=K] [--num_images=1000] [--evaluate]
+  capsjax-export --format=onnx|stablehlo [--workdir=W] [--out=FILE] [--force]
+      [--reconstructions] [--evaluate [--data_dir=DIR]]
 
-Writes the run's config, its parameters as float16 (no optimiser state) and the first
---num_images test images of its dataset: the files `python -m capsjax.app.explorer` and
-`python -m capsjax.app.predict` use when they are given no --workdir.
+--format=explorer (the default) writes the run's config, its parameters as float16 (no
+optimiser state) and the first --num_images test images of its dataset: the files
+`python -m capsjax.app.explorer` and `python -m capsjax.app.predict` use when they are
+given no --workdir.
+
+--format=onnx / stablehlo writes one self-contained file with the inference function
+(capsjax.app.serving): images uint8 [batch, h, w, c] → activations [batch, classes] and
+capsules [batch, classes, dim] (with --reconstructions the decoder's image of the
+predicted class too), the batch dynamic; of the run in --workdir, or of the shipped model
+without one. ONNX through jax2onnx (the `export` extra), StableHLO through jax.export
+(lowered for cpu, cuda and tpu). An existing --out is refused unless --force; an
+ensemble needs --member.
 
 Which parameters: --step=best (the default) takes the checkpoint of the best validation
 evaluation (results.json's `selected_by_validation`; the training loop keeps that
 checkpoint), and of an ensemble the member with the lowest validation error there, unless
 --member names one; a run without a validation split gives its latest checkpoint.
 --step=latest, or a step number, takes that checkpoint. --evaluate then counts the test
-error of the float16 parameters as written (read back; on the run's test split).
-docs/results.md has the command that made the shipped files.
+error of what was written (read back; on the run's test split), beside the JAX model's
+for an ONNX or StableHLO file. docs/results.md has the command that made the shipped files.
 """
 import argparse
+import importlib.util
 import os
 import sys
+from typing import Optional
 
 import numpy as np
 
@@ -36,17 +49,45 @@ def step_argument(text: str) -> str:
 
 @cli.main_wrapper
 def main(argv=None):
+  from capsjax.app.serving import FORMATS  # pylint: disable=g-import-not-at-top
   parser = cli.ArgumentParser(prog='capsjax-export', description=__doc__.splitlines()[0])
-  parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
-  parser.add_argument('--out', default=None, help='output folder (default: the package assets)')
+  parser.add_argument('--format', choices=FORMATS, default='explorer',
+                      help="explorer (the explorer's files, the default), onnx or stablehlo (one file), savedmodel (a folder)")
+  parser.add_argument('--workdir', default=None, type=cli.existing_workdir,
+                      help='the run (for onnx and stablehlo, default: the shipped model)')
+  parser.add_argument('--out', default=None, help='output folder (explorer; default: the package assets) or '
+                      'file (onnx, stablehlo; default: EXPERIMENT.onnx / .stablehlo here)')
   parser.add_argument('--num_images', type=cli.int_at_least(1), default=1000)
   parser.add_argument('--member', type=cli.int_at_least(0), default=None,
-                      help='ensemble member (default: the best on validation; with --step=latest, the last)')
+                      help='ensemble member (explorer default: the best on validation; with --step=latest, the last)')
   parser.add_argument('--step', type=step_argument, default='best',
                       help='best (validation-selected, the default), latest, or a step number')
   parser.add_argument('--evaluate', action='store_true',
-                      help='count the test error of the float16 parameters as written')
+                      help="count the test error of what was written (onnx, stablehlo: beside the JAX model's)")
+  parser.add_argument('--force', action='store_true', help='replace an existing --out file (onnx, stablehlo)')
+  parser.add_argument('--reconstructions', action='store_true',
+                      help="also output the decoder's image of the predicted class (onnx, stablehlo)")
+  parser.add_argument('--data_dir', default=None, help="where the run's dataset is read for --evaluate (default: "
+                      "the run's own data_dir)")
   args = parser.parse_args(argv)
+  if args.format == 'explorer':
+    if not args.workdir:
+      cli.fail('--workdir is required for --format=explorer (the shipped model is already its files)')
+    if args.force or args.reconstructions:
+      cli.fail(f'--{"force" if args.force else "reconstructions"} is for --format=onnx or stablehlo')
+    return _explorer_files(args)
+  return _one_file(args)
+
+
+def _test_split(config, data_dir: Optional[str]):
+  from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
+  test = load_dataset(config.dataset, 'test', data_dir or config.data_dir, config.tfds_data_dir)
+  if config.get('num_test_examples'):   # the run's test split, as its evaluations counted
+    test = test.take(min(config.num_test_examples, len(test)))
+  return test
+
+
+def _explorer_files(args) -> int:
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
   from capsjax.app.trained import SHIPPED, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
   from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
@@ -54,7 +95,7 @@ def main(argv=None):
   config = read_config(args.workdir)
   step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
   console.say(f'exporting {args.workdir}: {why}; reading the test images…')
-  test = load_dataset(config.dataset, 'test', config.data_dir, config.tfds_data_dir)
+  test = load_dataset(config.dataset, 'test', args.data_dir or config.data_dir, config.tfds_data_dir)
   sample = test.take(args.num_images)
   summary = export(args.workdir, out, np.asarray(sample.images), np.asarray(sample.labels), member, step)
   total = sum(summary['bytes'].values())
@@ -68,12 +109,54 @@ def main(argv=None):
     from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
     from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
     predictor = Predictor(TrainedModel.exported(out))
-    if config.get('num_test_examples'):   # the run's test split, as its evaluations counted
-      test = test.take(min(config.num_test_examples, len(test)))
+    test = _test_split(config, args.data_dir)
     wrong = int(np.sum(predictor.classify(test.images, 'evaluating the float16 parameters')
                        != np.asarray(test.labels)))
     print(f'test error of the float16 parameters as written: {100 * wrong / len(test):.2f} % '
           f'({wrong} of {len(test)} test images)')
+  return 0
+
+
+def _one_file(args) -> int:
+  from capsjax.app import serving  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import TrainedModel, choose_checkpoint  # pylint: disable=g-import-not-at-top
+  if args.format == 'onnx' and importlib.util.find_spec('jax2onnx') is None:   # before any JAX loads
+    cli.fail(f'--format=onnx needs the jax2onnx converter: {serving.EXTRA}')
+  if args.out:
+    serving.check_output(args.out, args.force)   # before the model is read
+  if args.workdir:
+    from capsjax import assemble  # pylint: disable=g-import-not-at-top
+    from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
+    config = read_config(args.workdir)
+    if config.ensemble and args.member is None:
+      members = len(assemble.members(config))
+      cli.fail(f'{args.workdir} holds an ensemble of {members} models: name the one to export with '
+               f'--member=K (0 to {members - 1})')
+    step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
+    console.say(f'exporting {args.workdir}: {why}…')
+    trained = TrainedModel.from_workdir(args.workdir, member, step=step)
+  else:
+    if args.member is not None or args.step != 'best':
+      cli.fail('--member and --step choose within a --workdir (without one: the shipped model)')
+    console.say('exporting the shipped model…')
+    trained = TrainedModel.shipped()
+  path = args.out or serving.default_path(trained, args.format)
+  serving.check_output(path, args.force)   # before the conversion's minute
+  console.say(f'converting {trained.describe()} to {args.format}…')
+  summary = serving.write_file(trained, args.format, path, args.reconstructions, args.force)
+  for line in serving.describe(summary, path, trained):
+    print(line)
+  if args.evaluate:
+    from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
+    test = _test_split(trained.config, args.data_dir)
+    images, labels = np.asarray(test.images), np.asarray(test.labels)
+    own = Predictor(trained).classify(images, 'the JAX model')
+    console.say(f'running the {args.format} file on {len(images)} test images…')
+    activations = serving.run_file(path, images)[0]
+    exported = np.argmax(activations, -1)
+    print(f'test error on {len(labels)} test images: {args.format} file {100 * np.mean(exported != labels):.2f} %, '
+          f'JAX model {100 * np.mean(own != labels):.2f} %; the predicted classes differ on '
+          f'{int(np.sum(exported != own))}')
   return 0
 
 

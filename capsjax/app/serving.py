@@ -1,0 +1,223 @@
+"""A trained CapsNet as one file that runs outside capsjax: ONNX (through jax2onnx; ONNX
+Runtime, and any ONNX runtime, reads it), StableHLO (`jax.export`, serialized; any JAX
+reloads it with `jax.export.deserialize`, on the platforms it was lowered for), or a
+TensorFlow SavedModel folder (jax2tf, with the TensorFlow that TFDS already brings:
+`tf.saved_model.load`, TF Serving; its signature `serving_default`).
+
+The file holds the inference function with the parameters as constants:
+  images   uint8 [batch, height, width, channels], 0–255: the run's image shape (what a PNG
+           decodes to; the file does the run's preprocessing itself), the batch dynamic;
+  outputs  `activations` [batch, classes] (the class capsules' lengths under Procedure 1,
+           the routing's activations otherwise: the predicted class is their argmax),
+           `capsules` [batch, classes, dim] (the class capsule vectors) and, with
+           `reconstructions=True`, `reconstructions` [batch, height, width, channels] in
+           [0, 1]: the decoder's image of the predicted class.
+Every file computes with one formulation, `EXPORT_FORMULATION` (formulations compute the
+same values; this one converts cleanly): XLA's convolution, the routing loop as
+straight-line code, float32.
+"""
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+from typing import Any, Callable, Dict, Sequence, Tuple
+
+import numpy as np
+
+from capsjax.errors import CapsjaxError, ConfigError
+
+FORMATS = ('explorer', 'onnx', 'stablehlo', 'savedmodel')
+SUFFIXES = {'onnx': '.onnx', 'stablehlo': '.stablehlo', 'savedmodel': '_savedmodel'}
+EXPORT_FORMULATION = {'conv_impl': 'xla', 'routing_loop': 'unrolled', 'dtype': 'float32'}
+# The platforms a StableHLO file is lowered for (a JAX on any of them can call it).
+LOWERED_FOR = ('cpu', 'cuda', 'tpu')
+EXTRA = "pip install 'capsjax[export]'"
+OUTPUT_NAMES = ('activations', 'capsules', 'reconstructions')
+
+
+class ExportError(CapsjaxError):
+  """A model that cannot be exported as asked (one line: what, and what to do instead)."""
+
+
+def inference_function(trained, reconstructions: bool = False) -> Tuple[Callable[..., Any], Tuple[str, ...]]:
+  """(images uint8 [batch, h, w, c] → outputs, their names) of `trained` (a TrainedModel
+  of a capsule family), its parameters closed over, built with EXPORT_FORMULATION."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble  # pylint: disable=g-import-not-at-top
+  from capsjax.data import augment  # pylint: disable=g-import-not-at-top
+  from capsjax.models import longest_capsule_mask  # pylint: disable=g-import-not-at-top
+  if not trained.family.capsules:
+    raise ExportError(f'{trained.source} holds a {trained.config.model.name!r} model: the ONNX and StableHLO '
+                      'exports are of capsule networks (their capsules are outputs)')
+  if not trained.task.single_images:
+    raise ExportError(f'{trained.source} holds a {trained.config.task} run: the export classifies one object '
+                      'per image')
+  if reconstructions and not trained.has_decoder:
+    raise ExportError(f'{trained.source}: the model has no decoder, so no --reconstructions')
+  config = ml_collections.ConfigDict(trained.config.to_dict())
+  if 'formulation' in config.model:
+    config.model.formulation.update(EXPORT_FORMULATION)
+  model, params, preprocessing = assemble.model(config, 'cpu'), trained.params, trained.info.preprocessing
+
+  def infer(images):   # uint8 [batch, h, w, c]
+    inputs, _ = augment.prepare(images, preprocessing)
+    variables = {'params': params}
+    capsules, activations = model.apply(variables, inputs, method='classify')   # [b, classes, dim], [b, classes]
+    if not reconstructions:
+      return activations, capsules
+    decoded = model.apply(variables, capsules, longest_capsule_mask(activations), method='decode')
+    return activations, capsules, decoded
+  return infer, OUTPUT_NAMES[:3 if reconstructions else 2]
+
+
+def input_spec(trained):
+  """The images' abstract value: uint8 [batch, *the run's image shape], batch symbolic."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  batch, = jax.export.symbolic_shape('batch')
+  return jax.ShapeDtypeStruct((batch,) + tuple(trained.info.image_shape), jnp.uint8)
+
+
+def _onnx_proto(trained, reconstructions: bool):
+  try:
+    import jax2onnx  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ExportError(f'--format=onnx needs the jax2onnx converter: {EXTRA}') from None
+  infer, names = inference_function(trained, reconstructions)
+  chatter = io.StringIO()   # jax2onnx prints its plugins' debugging lines; kept for a failure
+  quiet = [logging.getLogger(name) for name in ('jax2onnx', 'onnx_ir')]
+  levels = [logger.level for logger in quiet]
+  try:
+    for logger in quiet:
+      logger.setLevel(logging.ERROR)
+    with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+      proto = jax2onnx.to_onnx(infer, [input_spec(trained)], model_name='capsnet', input_names=['images'],
+                               output_names=list(names))
+  except NotImplementedError as error:
+    primitive = re.search(r"primitive '([^']+)'", str(error))
+    raise ExportError(f'ONNX: jax2onnx cannot convert the JAX primitive {primitive.group(1) if primitive else error!s}'
+                      f' (routing {trained.config.model.get("routing")!r}); --format=stablehlo exports every model'
+                      ) from None
+  finally:
+    for logger, level in zip(quiet, levels):
+      logger.setLevel(level)
+  metadata = {'capsjax_classes': json.dumps(list(trained.info.class_names)),
+              'capsjax_images': f'uint8 [batch, {", ".join(map(str, trained.info.image_shape))}], 0-255',
+              'capsjax_formulation': json.dumps(EXPORT_FORMULATION), 'capsjax_source': trained.describe()}
+  for key, value in metadata.items():
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = key, value
+  return proto
+
+
+def _stablehlo_bytes(trained, reconstructions: bool) -> bytes:
+  import jax  # pylint: disable=g-import-not-at-top
+  infer, _ = inference_function(trained, reconstructions)
+  exported = jax.export.export(jax.jit(infer), platforms=LOWERED_FOR)(input_spec(trained))
+  return bytes(exported.serialize())
+
+
+def _write_savedmodel(trained, reconstructions: bool, folder: str) -> None:
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')   # TensorFlow's start-up lines
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top
+  except ImportError as error:
+    raise ExportError(f'--format=savedmodel needs TensorFlow and jax2tf ({error})') from None
+  infer, names = inference_function(trained, reconstructions)
+  shape = ', '.join(map(str, trained.info.image_shape))
+  converted = jax2tf.convert(infer, polymorphic_shapes=[f'(batch, {shape})'], with_gradient=False)
+  module = tf.Module()
+  module.serve = tf.function(lambda images: dict(zip(names, converted(images))), autograph=False,
+                             input_signature=[tf.TensorSpec([None, *trained.info.image_shape], tf.uint8,
+                                                            name='images')])
+  tf.saved_model.save(module, folder, signatures={'serving_default': module.serve})
+
+
+def default_path(trained, format_name: str) -> str:
+  return f'{trained.config.experiment.replace("/", "_")}{SUFFIXES[format_name]}'
+
+
+def check_output(path: str, force: bool) -> None:
+  """One line for an output path that cannot be written (before anything is converted)."""
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder):
+    raise ExportError(f'--out={path}: the folder {folder} does not exist')
+  if os.path.isdir(path) and not path.endswith(SUFFIXES['savedmodel']):
+    raise ExportError(f'--out={path} is a folder: give the file to write')
+  if os.path.exists(path) and not force:
+    raise ExportError(f'--out={path} exists: give another path, or --force to replace it')
+
+
+def write_file(trained, format_name: str, path: str, reconstructions: bool = False, force: bool = False) -> Dict[str, Any]:
+  """Writes `trained` as one `format_name` file at `path` (a partial file never stays: it
+  is written beside and renamed when complete). Returns {'bytes', 'outputs', ...}."""
+  if format_name not in SUFFIXES:
+    raise ConfigError(f'--format={format_name!r}: allowed one of {", ".join(FORMATS)}')
+  check_output(path, force)
+  partial = f'{path}.partial'
+  try:
+    if format_name == 'savedmodel':   # a folder, written beside and renamed
+      _write_savedmodel(trained, reconstructions, partial)
+      if os.path.exists(path):
+        shutil.rmtree(path)
+      os.replace(partial, path)
+      size = sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
+    else:
+      content = (_onnx_proto(trained, reconstructions).SerializeToString() if format_name == 'onnx'
+                 else _stablehlo_bytes(trained, reconstructions))
+      with open(partial, 'wb') as f:
+        f.write(content)
+      os.replace(partial, path)
+      size = len(content)
+  except OSError as error:
+    raise ExportError(f'{path}: cannot write ({error.strerror or error})') from None
+  finally:
+    if os.path.isdir(partial):
+      shutil.rmtree(partial)
+    elif os.path.exists(partial):
+      os.remove(partial)
+  names = OUTPUT_NAMES[:3 if reconstructions else 2]
+  return {'bytes': size, 'outputs': names, 'formulation': dict(EXPORT_FORMULATION),
+          'platforms': LOWERED_FOR if format_name == 'stablehlo' else None}
+
+
+def run_file(path: str, images: np.ndarray, batch_size: int = 256) -> Tuple[np.ndarray, ...]:
+  """The outputs of the exported file at `path` (.onnx through ONNX Runtime, .stablehlo
+  through jax.export.deserialize, a SavedModel folder through TensorFlow) for uint8 images
+  [n, h, w, c], in batches."""
+  if os.path.isdir(path):   # a SavedModel
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    serve = tf.saved_model.load(path).signatures['serving_default']
+    call = lambda chunk: [serve(images=tf.constant(chunk))[name].numpy() for name in OUTPUT_NAMES
+                          if name in serve.structured_outputs]
+  elif path.endswith(SUFFIXES['onnx']):
+    try:
+      import onnxruntime  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise ExportError(f'running an ONNX file needs onnxruntime: {EXTRA}') from None
+    session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+    call = lambda chunk: session.run(None, {'images': chunk})
+  else:
+    import jax  # pylint: disable=g-import-not-at-top
+    with open(path, 'rb') as f:
+      exported = jax.export.deserialize(bytearray(f.read()))
+    call = lambda chunk: [np.asarray(value) for value in exported.call(chunk)]
+  parts = [call(np.ascontiguousarray(images[start:start + batch_size]))
+           for start in range(0, len(images), batch_size)]
+  return tuple(np.concatenate([part[index] for part in parts]) for index in range(len(parts[0])))
+
+
+def describe(summary: Dict[str, Any], path: str, trained) -> Sequence[str]:
+  """The lines the command prints for a written file."""
+  shape = ', '.join(map(str, trained.info.image_shape))
+  lines = [f'wrote {path} ({summary["bytes"] / 2**20:.1f} MiB): images uint8 [batch, {shape}] (0-255) → '
+           + ', '.join(summary['outputs']),
+           'formulation: ' + ', '.join(f'{k}={v}' for k, v in summary['formulation'].items())
+           + (f'; lowered for {", ".join(summary["platforms"])}' if summary['platforms'] else ''),
+           f'classes (the index of each activation): {", ".join(trained.info.class_names)}']
+  return lines
