@@ -6,7 +6,7 @@ and schedule, and its jitted steps (capsjax.steps.RunSteps, built by
 `steps.build_program` from capsjax.assemble's typed pieces: a run or a vmapped ensemble).
 
 The run's own keys (`RunSettings`, `PROGRAMS`) are declared in capsjax.settings; the config
-is checked (capsjax.validation) before anything is built.
+is checked (capsjax.validation, by the callers) before anything is built.
 """
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -15,7 +15,6 @@ from capsjax import assemble, sharding, steps
 from capsjax.data.pipeline import Pipeline
 from capsjax.data.tasks import TASKS
 from capsjax.settings import RunSettings
-from capsjax.validation import validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +41,8 @@ def build(config, mesh, platform: str = '', loader=None) -> Experiment:
   """`config` (validated, its data resolved: assemble.resolve_data) built on `mesh`, whose
   devices are `platform`'s ('' : JAX's default backend): splits (read by `loader`, default
   the config's source), the model (its formulation chosen for the platform), the training
-  and its steps. The config is read here and in capsjax.assemble, once; a value no key
-  allows is capsjax.ConfigError before anything is read."""
-  validate(config)
+  and its steps. The config is read here and in capsjax.assemble, once; it is checked
+  before (capsjax.validate: train_and_evaluate and plan_run run it first)."""
   sharding.check_batch_size(config.batch_size, mesh)
   settings = RunSettings.of(config)
   (train, test, validation), model, training, notes = assemble.run(config, platform, loader)

@@ -37,9 +37,7 @@ def array_bytes(aval) -> int:
 def _sub_jaxprs(params: Dict[str, Any]) -> Iterable[Any]:
   for value in params.values():
     for item in (value if isinstance(value, (tuple, list)) else (value,)):
-      if isinstance(item, jex_core.ClosedJaxpr):
-        yield item.jaxpr
-      elif isinstance(item, jex_core.Jaxpr):
+      if isinstance(item, (jex_core.ClosedJaxpr, jex_core.Jaxpr)):   # the walk reads what both expose
         yield item
 
 
@@ -52,8 +50,9 @@ def _same_buffer(a, b) -> bool:
 
 
 def jaxpr_peak_bytes(jaxpr) -> int:
-  """The largest sum of live buffers while `jaxpr` runs in program order (its inputs and
-  constants included)."""
+  """The largest sum of live buffers while `jaxpr` (a ClosedJaxpr or a Jaxpr: their public
+  eqns, invars, outvars and constvars) runs in program order (its inputs and constants
+  included)."""
   last_use = {}
   for index, eqn in enumerate(jaxpr.eqns):
     for atom in eqn.invars:
@@ -92,7 +91,7 @@ def jaxpr_peak_bytes(jaxpr) -> int:
 def traced_peak_bytes(jitted, *args) -> int:
   """The estimate for one call of the jitted function `jitted` on `args` (arrays or
   jax.ShapeDtypeStruct: nothing is allocated)."""
-  return jaxpr_peak_bytes(jitted.trace(*args).jaxpr.jaxpr)
+  return jaxpr_peak_bytes(jitted.trace(*args).jaxpr)   # the ClosedJaxpr itself (no legacy .jaxpr)
 
 
 def _cgroup_limit() -> Optional[int]:

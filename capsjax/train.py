@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 import jax
 import ml_collections
 
-from capsjax import assemble, console, memory, reports, runtime, sharding, validation
+from capsjax import assemble, console, memory, reports, runtime, sharding, stored_config, validation
 from capsjax import checkpoints as ckpt
 from capsjax import experiment as experiment_lib
 from capsjax import hooks as hooks_lib
@@ -100,7 +100,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   try:
     _log(f'{settings.experiment}: reading the data ({config.dataset}) and tracing the model…')
     config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
-    recorded = (workdir_lib.read_config(workdir).to_dict()
+    recorded = (stored_config.read_config(workdir).to_dict()
                 if os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)) else None)
     config, chosen = assemble.choose_model(config, recorded)
     if chosen:

@@ -1,7 +1,7 @@
 """`validate(config)`: every value checked before any data is read or anything compiled.
 
-The library's own check: `train_and_evaluate`, `experiment.build` and `plan_run` run it
-first, and the command runs the same one (a bad value from Python raises the ConfigError
+The library's own check: `train_and_evaluate` and `plan_run` run it first (`build_model`
+checks its model section the same way), and the command runs the same one (a bad value from Python raises the ConfigError
 whose line the command prints).
 
 Each config key's rule is declared with the key, where the code that reads it lives
@@ -171,8 +171,8 @@ def split_name_lists(config) -> None:
 
 def validate(config) -> None:
   """Raises ConfigError naming the first invalid key, its value and what is allowed: the
-  line the command prints. `train_and_evaluate`, `experiment.build` and `plan_run` run it
-  first; an experiment program's section is checked once the program is imported.
+  line the command prints. `train_and_evaluate` and `plan_run` run it first; an
+  experiment program's section is checked once the program is imported.
 
   Example:
     >>> config = capsjax.base_config()

@@ -30,7 +30,7 @@ LAYERS = [
     ('data',),
     ('ensembles', 'steps', 'diagnostics', 'evaluators', 'hooks', 'checkpoints', 'reports'),
     ('assemble', 'experiment', 'defaults', 'validation'),
-    ('train', 'workdir'),
+    ('train', 'workdir', 'stored_config'),
     ('app', 'app.cli', 'app.distributed', 'app.trained', 'app.plots', 'app.multimnist', 'app.serving'),
     ('app.predict', 'app.explorer', 'app.programs'),
     ('app.launch', 'app.plan'),
@@ -42,7 +42,7 @@ LAYERS = [
 LIBRARY_LAYERS = 9   # layers 0-8
 # Modules (besides capsjax.app.programs.*) that may take a ConfigDict `config`: the boundary.
 CONFIG_READERS = ('app.launch', 'app.plan', 'validation', 'keys', 'settings', 'assemble', 'experiment', 'train',
-                  'workdir')
+                  'workdir', 'stored_config')
 
 
 def _modules():
@@ -242,6 +242,36 @@ def test_the_import_graph_has_no_cycle():
     if node not in index:
       visit(node)
   assert not cycles, [sorted(c) for c in cycles]
+
+
+def test_the_library_s_longest_import_chain_is_short_and_the_workdir_keeps_the_directory():
+  """The library (capsjax/ without app/) imported module by module: its longest chain of
+  module-level imports (what importing the first loads through the others; a subpackage,
+  data/ or routing/, counts once) is at most 9 modules (11 before the settings, the stored
+  config and validation had modules of their own: issue 70); workdir.py keeps the
+  directory (lock, status, files) in at most 300 lines."""
+  import functools  # pylint: disable=g-import-not-at-top
+  modules = {module: tree for module, tree in _modules() if not _part(module).startswith('app')
+             and module not in ('capsjax', 'capsjax.__main__')}
+  graph = {}
+  for module, tree in modules.items():
+    imported = set()
+    for node in tree.body:   # module level: the imports a module's own import runs
+      if isinstance(node, ast.Import):
+        imported.update(alias.name for alias in node.names)
+      elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        imported.update(f'{node.module}.{alias.name}' if f'{node.module}.{alias.name}' in modules else node.module
+                        for alias in node.names)
+    graph.setdefault(_part(module), set()).update(_part(name) for name in imported if name in modules)
+  for part, edges in graph.items():
+    edges.discard(part)
+
+  @functools.lru_cache(maxsize=None)
+  def longest(part):
+    return max([(part,)] + [(part,) + longest(other) for other in sorted(graph[part])], key=len)
+  chain = max((longest(part) for part in sorted(graph)), key=len)
+  assert len(chain) <= 9, ' → '.join(chain)
+  assert len(open(os.path.join(PACKAGE, 'workdir.py')).readlines()) <= 300
 
 
 def test_the_trainer_is_short():

@@ -349,3 +349,22 @@ def test_without_libtpu_the_plan_names_the_extra(monkeypatch):
   with pytest.raises(ConfigError, match=r"needs libtpu, which is not installed: pip install 'capsjax\[tpu\]'"):
     plan_lib.compile_only_devices(plan_lib.parse_target('v5e:2x2'))
 
+
+
+def test_flops_come_from_jax_s_public_cost_analysis_else_the_cpu_client_s_else_unknown(monkeypatch):
+  """The lowered program's FLOPs: `Lowered.cost_analysis()` (public), else the CPU client's
+  analysis of its HLO (private to JAX: the CUDA plugin's compile-only devices give no
+  public one), else 0 (unknown) where a JAX has moved the private names."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  lowered = jax.jit(lambda a, b: a @ b).lower(jnp.ones((8, 16)), jnp.ones((16, 4)))
+  assert plan_lib._hlo_flops(lowered, 2) == 8 * 16 * 4 * 2 / 2   # 2 FLOPs per multiply-add, per device
+
+  class NoPublicAnalysis:   # as a compile-only GPU's lowering
+    _lowering = lowered._lowering  # pylint: disable=protected-access
+
+    def cost_analysis(self):
+      raise RuntimeError('no cost analysis on this backend')
+  assert plan_lib._hlo_flops(NoPublicAnalysis(), 1) == 8 * 16 * 4 * 2   # the CPU client's
+  monkeypatch.delattr(NoPublicAnalysis, '_lowering')
+  assert plan_lib._hlo_flops(NoPublicAnalysis(), 1) == 0.0   # unknown, not a traceback

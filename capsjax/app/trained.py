@@ -19,7 +19,8 @@ from capsjax.data.tasks import TASKS
 from capsjax.errors import CheckpointError
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
-from capsjax.workdir import MetricsLog, read_config, read_results, upgraded
+from capsjax.stored_config import read_config, upgraded
+from capsjax.workdir import MetricsLog, read_results
 
 # The paper's MNIST CapsNet that ships with the package (mnist_official, docs/results.md
 # "The capsule explorer"), exported with its sample of test images: what predict and the explorer serve without --workdir.

@@ -38,7 +38,7 @@ def main(argv=None):
   from capsjax.app.explorer.server import make_server, serve_explorer  # pylint: disable=g-import-not-at-top
 
   if args.workdir is not None:   # a workdir without a run: one line before anything else
-    from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
+    from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
     read_config(args.workdir)
   try:   # bound before the model loads: a busy port or a bad --host is found at once
     server = make_server(None, args.host, args.port)

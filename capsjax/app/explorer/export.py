@@ -30,7 +30,6 @@ import argparse
 import importlib.util
 import os
 import sys
-from typing import Optional
 
 import numpy as np
 
@@ -79,18 +78,17 @@ def main(argv=None):
   return _one_file(args)
 
 
-def _test_split(config, data_dir: Optional[str]):
+def _test_split(dataset: str, data_dir: str, tfds_data_dir: str, num_test_examples: int):
+  """The run's test split, as its evaluations counted it (its first num_test_examples)."""
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
-  test = load_dataset(config.dataset, 'test', data_dir or config.data_dir, config.tfds_data_dir)
-  if config.get('num_test_examples'):   # the run's test split, as its evaluations counted
-    test = test.take(min(config.num_test_examples, len(test)))
-  return test
+  test = load_dataset(dataset, 'test', data_dir, tfds_data_dir)
+  return test.take(min(num_test_examples, len(test))) if num_test_examples else test
 
 
 def _explorer_files(args) -> int:
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
   from capsjax.app.trained import SHIPPED, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
-  from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
+  from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
   out = args.out or SHIPPED
   config = read_config(args.workdir)
   step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
@@ -109,7 +107,8 @@ def _explorer_files(args) -> int:
     from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
     from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
     predictor = Predictor(TrainedModel.exported(out))
-    test = _test_split(config, args.data_dir)
+    test = _test_split(config.dataset, args.data_dir or config.data_dir, config.tfds_data_dir,
+                       config.get('num_test_examples'))
     wrong = int(np.sum(predictor.classify(test.images, 'evaluating the float16 parameters')
                        != np.asarray(test.labels)))
     print(f'test error of the float16 parameters as written: {100 * wrong / len(test):.2f} % '
@@ -126,7 +125,7 @@ def _one_file(args) -> int:
     serving.check_output(args.out, args.force)   # before the model is read
   if args.workdir:
     from capsjax import assemble  # pylint: disable=g-import-not-at-top
-    from capsjax.workdir import read_config  # pylint: disable=g-import-not-at-top
+    from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
     config = read_config(args.workdir)
     if config.ensemble and args.member is None:
       members = len(assemble.members(config))
@@ -148,7 +147,8 @@ def _one_file(args) -> int:
     print(line)
   if args.evaluate:
     from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
-    test = _test_split(trained.config, args.data_dir)
+    run = trained.config
+    test = _test_split(run.dataset, args.data_dir or run.data_dir, run.tfds_data_dir, run.get('num_test_examples'))
     images, labels = np.asarray(test.images), np.asarray(test.labels)
     own = Predictor(trained).classify(images, 'the JAX model')
     console.say(f'running the {args.format} file on {len(images)} test images…')

@@ -34,7 +34,7 @@ from capsjax.data.tasks import TASKS
 from capsjax.models import MODELS
 from capsjax.routing import ROUTINGS, coupling_changes, routing_logit_changes
 from capsjax.app.trained import TrainedModel
-from capsjax.workdir import read_config
+from capsjax.stored_config import read_config
 
 
 def classify(model, params, images, batch_size=500, show_progress=False):

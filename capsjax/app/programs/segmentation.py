@@ -26,7 +26,7 @@ from capsjax.models import MODELS
 from capsjax.app.plots import image_grid
 from capsjax.errors import CapsjaxError
 from capsjax.app.trained import TrainedModel
-from capsjax.workdir import read_config
+from capsjax.stored_config import read_config
 
 
 def reconstruct_pairs(model, params, images, masks):
