@@ -72,6 +72,32 @@ def test_digits_come_from_the_same_split_with_bounded_shifts(generated):
     assert match, f'example {n}: second digit is not a shifted test digit of class {labels[n, 1]}'
 
 
+def test_validation_pairs_are_overlays_of_the_held_out_training_digits_only():
+  """validation_examples on MultiMNIST: the last N training digits are held out and the
+  validation pairs are made of them alone (training never sees one)."""
+  from capsjax import assemble  # pylint: disable=g-import-not-at-top
+  from capsjax.data.sources import Dataset  # pylint: disable=g-import-not-at-top
+  config = multimnist_config.get_config()
+  config.validation_examples, config.num_test_examples, config.batch_size = 20, 64, 16
+  rng = np.random.default_rng(0)
+  digits = Dataset(rng.integers(0, 256, (120, 28, 28, 1), np.uint8), np.arange(120) % 10)
+  train_part, held_out = assemble.split_validation(config, digits)
+  info = type('Info', (), {'num_classes': 10})()
+  _, test, validation = assemble.task(config).pipelines(info, train_part, digits, held_out)
+  assert validation is not None and validation.num_examples == test.num_examples == 64
+  (indices,), _ = next(validation.eval_batches(64))
+  batch = validation.device_batch(validation.source, (indices,), None)
+  held = held_out.images.astype(np.float32) / 255.0
+  trained_on = train_part.images.astype(np.float32) / 255.0
+  digits_placed = np.asarray(batch['digits'])   # [pairs, 2, 36, 36, 1]: each digit on its own
+  for n in range(8):
+    for placed in digits_placed[n]:
+      windows = [placed[dy:dy + 28, dx:dx + 28] for dy in range(9) for dx in range(9)
+                 if np.isclose(placed[dy:dy + 28, dx:dx + 28].sum(), placed.sum(), atol=1e-3)]
+      assert any(np.allclose(w, d, atol=1e-6) for w in windows for d in held), n
+      assert not any(np.allclose(w, d, atol=1e-6) for w in windows for d in trained_on), n
+
+
 def test_same_index_same_example_and_seed_matters(generated):
   _, source, images, labels, _ = generated
   again, again_labels, _ = multimnist.generate(source, 0, jnp.array([300, 5, 77]))

@@ -180,9 +180,17 @@ def test_validation_split_holds_out_the_last_training_images():
   config.validation_examples = 10
   with pytest.raises(ConfigError, match='fewer than the 10'):
     split_validation(config, data)
-  config.validation_examples, config.task = 3, 'multimnist'
-  with pytest.raises(ConfigError, match="'classify', 'expanded' tasks only"):
-    split_validation(config, data)
+  config.validation_examples, config.task = 3, 'multimnist'   # its validation pairs: the held-out digits'
+  assert split_validation(config, data)[1].labels.tolist() == [7, 8, 9]
+  from capsjax.data.tasks import TASKS, Classify  # pylint: disable=g-import-not-at-top
+  TASKS.register('no_validation', has_validation=False)(type('NoValidation', (Classify,), {}))
+  try:   # a task of one's own without a validation split
+    config.task = 'no_validation'
+    with pytest.raises(ConfigError, match="a held-out validation split exists for the 'classify', 'expanded', "
+                                          "'multimnist' tasks only"):
+      split_validation(config, data)
+  finally:
+    TASKS.unregister('no_validation')
 
 
 def test_selection_uses_validation_never_test():

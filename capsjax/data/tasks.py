@@ -104,11 +104,13 @@ class Expanded(Task):
             make(held_out, False, seed + 1) if held_out else None)
 
 
-@register_task('multimnist', labels_per_example=2, has_validation=False, generates_examples=True,
-               per_label_targets=True, single_images=False)
+@register_task('multimnist', labels_per_example=2, generates_examples=True, per_label_targets=True,
+               single_images=False)
 class MultiMnist(Task):
   """Two digits of different classes overlaid on the model's canvas (section 6),
-  generated on device from (seed, example index)."""
+  generated on device from (seed, example index). With validation_examples, the validation
+  pairs are overlays of the held-out training digits only (as many as the test pairs, from
+  seed test_seed + 1): training never sees those digits."""
   keys = Task.keys + ('multimnist',)
 
   def pipelines(self, info, train, test, held_out):
@@ -119,7 +121,8 @@ class MultiMnist(Task):
     make = lambda data, seed, count: multimnist_pipeline(
         data, seed, count, batch_size=options.batch_size, examples_per_digit=pairs['examples_per_digit'],
         num_classes=info.num_classes)
-    return make(train, options.seed, 0), make(test, pairs['test_seed'], options.num_test_examples), None
+    validation = make(held_out, pairs['test_seed'] + 1, options.num_test_examples) if held_out else None
+    return make(train, options.seed, 0), make(test, pairs['test_seed'], options.num_test_examples), validation
 
 
 KEYS = (
