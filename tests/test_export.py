@@ -64,7 +64,8 @@ def _agree(outputs, predicted, images):
   np.testing.assert_allclose(reconstructions, [r['reconstruction'] for r in predicted], atol=TOLERANCE)
 
 
-def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mnist_run, mnist_dir, tmp_path):
+def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mnist_run, mnist_dir, tmp_path,
+                                                                             monkeypatch, capsys):
   images = np.asarray(load_dataset('mnist', 'test', data_dir=mnist_dir).images[:7])   # an odd batch
   trained = TrainedModel.from_workdir(mnist_run)
   predicted = Predictor(trained).predict(images)
@@ -87,33 +88,31 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
   serving.write_file(trained, 'savedmodel', savedmodel_path, reconstructions=True)
   _agree(serving.run_file(savedmodel_path, images), predicted, images)
   _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, images[0], tmp_path / 'documented')
-  # Bad input: one line each, exit 2, nothing written.
-  for arguments, line in [
-      (['--format=onnx', f'--out={onnx_path}'], f'error: --out={onnx_path} exists: give another path, or --force'),
-      (['--format=stablehlo', '--member=1'], 'error: --member and --step choose within a --workdir'),
-      (['--format=onnx', f'--workdir={tmp_path}', f'--out={tmp_path}/x.onnx'], 'error: '),
-      (['--format=onnx', f'--out={tmp_path}/no/x.onnx'], f'error: --out={tmp_path}/no/x.onnx: the folder')]:
-    result = subprocess.run([sys.executable, '-m', 'capsjax.app.explorer.export', *arguments], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 2 and result.stderr.startswith(line), (arguments, result.stderr)
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+  # Bad input: one line each, exit 2, nothing written (the command's main, in this process).
   ensemble = tmp_path / 'ensemble'   # the config of a 3-member ensemble (checked before any checkpoint)
   os.makedirs(ensemble)
   recorded = json.load(open(os.path.join(mnist_run, 'config.json')))
   recorded['ensemble'] = {'seeds': [0, 1, 2]}
   json.dump(recorded, open(ensemble / 'config.json', 'w'))
-  result = subprocess.run([sys.executable, '-m', 'capsjax.app.explorer.export', '--format=stablehlo',
-                           f'--workdir={ensemble}', f'--out={tmp_path}/e.stablehlo'], capture_output=True, text=True,
-                          timeout=120)
-  assert result.returncode == 2 and result.stderr.strip() == (
-      f'error: {ensemble} holds an ensemble of 3 models: name the one to export with --member=K (0 to 2)')
+  for arguments, line in [
+      (['--format=onnx', f'--out={onnx_path}'], f'error: --out={onnx_path} exists: give another path, or --force'),
+      (['--format=stablehlo', '--member=1'], 'error: --member and --step choose within a --workdir'),
+      (['--format=onnx', f'--workdir={tmp_path}', f'--out={tmp_path}/x.onnx'], 'error: '),
+      (['--format=onnx', f'--out={tmp_path}/no/x.onnx'], f'error: --out={tmp_path}/no/x.onnx: the folder'),
+      (['--format=stablehlo', f'--workdir={ensemble}', f'--out={tmp_path}/e.stablehlo'],
+       f'error: {ensemble} holds an ensemble of 3 models: name the one to export with --member=K (0 to 2)'),
+      (['--format=onnx', '--force'], "error: --format=onnx needs the jax2onnx converter: pip install 'capsjax[export]'")]:
+    with monkeypatch.context() as patched:
+      if '--force' in arguments:   # the converter missing
+        patched.setitem(sys.modules, 'jax2onnx', None)
+      capsys.readouterr()
+      with pytest.raises(SystemExit) as exited:
+        export.main(arguments)
+    errors = capsys.readouterr().err
+    assert exited.value.code == 2 and errors.startswith(line), (arguments, errors)
+    assert len(errors.strip().splitlines()) == 1, errors
   assert sorted(os.listdir(tmp_path)) == ['documented', 'ensemble', 'images.npy', 'model.onnx', 'model.stablehlo',
                                          'model_savedmodel', 'out.npz']
-  missing = subprocess.run([sys.executable, '-c', "import sys; sys.modules['jax2onnx'] = None; "
-                            "from capsjax.app.explorer.export import main; main(['--format=onnx'])"],
-                           capture_output=True, text=True, timeout=120)
-  assert missing.returncode == 2 and missing.stderr.strip() == (
-      "error: --format=onnx needs the jax2onnx converter: pip install 'capsjax[export]'")
 
 
 def test_an_own_images_model_exports_and_agrees(tmp_path):
@@ -129,6 +128,7 @@ def test_an_own_images_model_exports_and_agrees(tmp_path):
         Image.fromarray(pixels).save(tmp_path / 'photos' / split / name / f'{k}.png')
   config = images_smoke.get_config()
   config.data_dir = str(tmp_path / 'photos')
+  config.model.update(conv1_channels=8, primary_types=2, digit_dim=8, decoder_hidden=(16,))   # small: fast to convert
   config = assemble.resolve_data(config)
   config, _ = assemble.choose_model(config)
   assert tuple(config.model.input_shape) == (64, 64, 3)

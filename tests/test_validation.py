@@ -256,12 +256,7 @@ def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdi
     with pytest.raises(capsjax.ConfigError) as raised:
       capsjax.train_and_evaluate(config, str(workdir))
     assert str(raised.value).startswith(line) and time.monotonic() - start < 10, (key, str(raised.value))
-    assert not workdir.exists(), key
-    command = subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist_smoke',
-                              f'--workdir={workdir}', f'--config.{key}={value}'], capture_output=True, text=True,
-                             timeout=120) if key == 'batch_size' else None
-    if command is not None:   # the command's own output: that line, one line, exit 2
-      assert command.returncode == 2 and command.stderr.strip().splitlines() == [f'error: {raised.value}']
+    assert not workdir.exists(), key   # (the command's own line for each: tests/test_launch.py)
   config = mnist_smoke.get_config()
   assert capsjax.build_model(config.model).routing == capsjax.build_model(**config.model).routing == 'dynamic'
   with pytest.raises(capsjax.ConfigError, match=r'^build_model takes the model section'):
