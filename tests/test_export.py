@@ -2,12 +2,14 @@
 checked on real MNIST test digits with ONNX Runtime alone (no JAX in that process), the
 StableHLO file reloaded and the SavedModel loaded by TensorFlow; an own-images model (3
 channels, 64 px) too; bad input one line; README's serving snippet without JAX."""
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from PIL import Image
@@ -88,10 +90,37 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
   serving.write_file(trained, 'savedmodel', savedmodel_path, reconstructions=True)
   _agree(serving.run_file(savedmodel_path, images), predicted, images)
   _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, images[0], tmp_path / 'documented')
+  # A routing with a JAX primitive jax2onnx has no plugin for (a user's own primitive): one
+  # line naming the primitive and the format that exports every model; nothing written.
+  import capsjax  # pylint: disable=g-import-not-at-top
+  from jax.extend.core import Primitive  # pylint: disable=g-import-not-at-top
+  from jax.interpreters import mlir  # pylint: disable=g-import-not-at-top
+  from capsjax.routing import ROUTINGS  # pylint: disable=g-import-not-at-top
+  halve = Primitive('test_halve')
+  halve.def_impl(lambda x: x / 2)
+  halve.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+  mlir.register_lowering(halve, mlir.lower_fun(lambda x: x / 2, multiple_results=False))
+
+  def halved_mean(prediction_vectors, input_activations):
+    del input_activations
+    parents = capsjax.squash(halve.bind(prediction_vectors.mean(axis=1)))   # [batch, out, dim]
+    return parents, capsjax.vector_norm(parents)
+  capsjax.register_routing('test_halved_mean', iterative=False)(halved_mean)
+  try:
+    other = dataclasses.replace(trained, config=ml_collections.ConfigDict(trained.config.to_dict()))
+    other.config.model.routing = 'test_halved_mean'
+    with pytest.raises(serving.ExportError, match=r"^ONNX: jax2onnx cannot convert the JAX primitive test_halve "
+                                                  r"\(routing 'test_halved_mean'\); --format=stablehlo"):
+      serving.write_file(other, 'onnx', str(tmp_path / 'halved.onnx'))
+  finally:
+    ROUTINGS.unregister('test_halved_mean')
   # Bad input: one line each, exit 2, nothing written (the command's main, in this process).
+  recorded = json.load(open(os.path.join(mnist_run, 'config.json')))
+  untrained = tmp_path / 'untrained'   # a run's config.json, no checkpoint yet
+  os.makedirs(untrained)
+  json.dump(recorded, open(untrained / 'config.json', 'w'))
   ensemble = tmp_path / 'ensemble'   # the config of a 3-member ensemble (checked before any checkpoint)
   os.makedirs(ensemble)
-  recorded = json.load(open(os.path.join(mnist_run, 'config.json')))
   recorded['ensemble'] = {'seeds': [0, 1, 2]}
   json.dump(recorded, open(ensemble / 'config.json', 'w'))
   for arguments, line in [
@@ -99,6 +128,7 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
       (['--format=stablehlo', '--member=1'], 'error: --member and --step choose within a --workdir'),
       (['--format=onnx', f'--workdir={tmp_path}', f'--out={tmp_path}/x.onnx'], 'error: '),
       (['--format=onnx', f'--out={tmp_path}/no/x.onnx'], f'error: --out={tmp_path}/no/x.onnx: the folder'),
+      (['--format=onnx', f'--workdir={untrained}', f'--out={tmp_path}/u.onnx'], 'error: '),
       (['--format=stablehlo', f'--workdir={ensemble}', f'--out={tmp_path}/e.stablehlo'],
        f'error: {ensemble} holds an ensemble of 3 models: name the one to export with --member=K (0 to 2)'),
       (['--format=onnx', '--force'], "error: --format=onnx needs the jax2onnx converter: pip install 'capsjax[export]'")]:
@@ -112,7 +142,7 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
     assert exited.value.code == 2 and errors.startswith(line), (arguments, errors)
     assert len(errors.strip().splitlines()) == 1, errors
   assert sorted(os.listdir(tmp_path)) == ['documented', 'ensemble', 'images.npy', 'model.onnx', 'model.stablehlo',
-                                         'model_savedmodel', 'out.npz']
+                                         'model_savedmodel', 'out.npz', 'untrained']
 
 
 def test_an_own_images_model_exports_and_agrees(tmp_path):

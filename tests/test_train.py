@@ -139,7 +139,8 @@ def test_divergence_stops_with_step_named_and_checkpoint_kept(mnist_dir, tmp_pat
   workdir = str(tmp_path)
   with pytest.raises(RunStopped):
     train.train_and_evaluate(tiny_config(mnist_dir, num_steps=4), workdir, stop_at_step=2)
-  diverging = tiny_config(mnist_dir, num_steps=4, learning_rate=float('inf'), allow_config_change=True)
+  # A rate the check allows (finite) whose first update overflows float32: ‖update‖ is inf.
+  diverging = tiny_config(mnist_dir, num_steps=4, learning_rate=1e30, allow_config_change=True)
   with pytest.raises(NaNLossError, match=r'at step 2; stopped \(last good checkpoint: step 2'):
     train.train_and_evaluate(diverging, workdir)
   step, params = _restore_params(workdir)
@@ -147,11 +148,13 @@ def test_divergence_stops_with_step_named_and_checkpoint_kept(mnist_dir, tmp_pat
   assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(params))
 
 
-def test_nan_from_the_first_step(mnist_dir, tmp_path):
-  config = tiny_config(mnist_dir)
-  config.loss.reconstruction_weight = float('nan')
+def test_nan_from_the_first_step(mnist_dir, tmp_path, monkeypatch):
+  from capsjax import losses  # pylint: disable=g-import-not-at-top
+  original = losses.capsnet_loss   # a loss that is NaN from the start (a NaN option is refused by the check)
+  monkeypatch.setattr(losses, 'capsnet_loss', lambda *args, **kwargs: (
+      original(*args, **kwargs)[0] * float('nan'), original(*args, **kwargs)[1]))
   with pytest.raises(NaNLossError, match='at step 0; stopped \\(no checkpoint was written yet\\)'):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(tiny_config(mnist_dir), str(tmp_path))
 
 
 def test_corrupt_checkpoint_is_reported_and_left_in_place(mnist_dir, tmp_path):
