@@ -9,7 +9,7 @@ memory is its own and a crash or a hang costs that row alone:
   device   name, memory, versions; the matmul peak (float32, TF32 on a GPU, bfloat16) and
            the device-to-device copy bandwidth, measured now
   capsjax  the paper's MNIST CapsNet through the training loop's own program
-           (steps.build_program: host batch → global batch → the jitted, donated step),
+           (experiment.build_program: host batch → global batch → the jitted, donated step),
            train and inference images/s for conv xla|patches × float32|bfloat16 × routing
            loop rolled|unrolled; the 3-seed vmapped program (mnist_seeds); inference at a
            larger batch; the patches conv's inference as one matmul over the whole batch
@@ -162,7 +162,7 @@ def _capsjax_setup(spec):
   import importlib  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from capsjax import assemble, sharding, steps  # pylint: disable=g-import-not-at-top
+  from capsjax import assemble, experiment, sharding  # pylint: disable=g-import-not-at-top
   from capsjax.data import pipeline  # pylint: disable=g-import-not-at-top
   from capsjax.data.tasks import TASKS  # pylint: disable=g-import-not-at-top
   from capsjax.data.datasets import dataset_info  # pylint: disable=g-import-not-at-top
@@ -189,7 +189,7 @@ def _capsjax_setup(spec):
   else:
     train_data, test_data = assemble.pipeline(config, dataset, True), assemble.pipeline(config, dataset, False)
   model = build_model(**config.model)
-  program = steps.build_program(assemble.training(config, train_data.num_examples), model, train_data,
+  program = experiment.build_program(assemble.training(config, train_data.num_examples), model, train_data,
                                      test_data, sharding.data_mesh())
   return config, model, program, test_data, dataset
 

@@ -7,7 +7,7 @@ and FLOPs per call, set beside a device report's measured rows and fitted to the
 Each capsjax row of the report (a mode, batch, ensemble size and the formulations it
 resolved to on the GPU) is compiled again here for a compile-only GPU of capsjax-plan's
 description (`capsjax.app.plan.GPUS`; `--target`): training as the run's own step
-(`steps.build_program`), inference as the report times it (`model.apply` on a batch). From
+(`experiment.build_program`), inference as the report times it (`model.apply` on a batch). From
 the compiled module: the kernels per call and the bytes they read and write
 (`capsjax.app.plan.kernel_traffic`); the FLOPs are the project's count of what the formulation
 computes (benchmarks/timing.py: XLA's cost analysis counts a loop's body once, and the

@@ -187,7 +187,7 @@ def initial_state(config, model_module, optimizer_transform):
 @dataclasses.dataclass(frozen=True)
 class Training:
   """What a run's steps are built from, read from the config once
-  (capsjax.steps.build_program takes it; the steps never see the config)."""
+  (capsjax.experiment.build_program takes it; the steps never see the config)."""
   num_steps: int
   objective: Objective
   schedule: Callable[[int], Any]                   # step → the learning rate (recipe members: one each)

@@ -1,22 +1,20 @@
-"""The jitted computations of a run: state, the train step, evaluation, and
-`build_program`: a run's (or a vmapped ensemble's) steps as one `RunSteps` (the optimizer,
-its schedules and their config keys: capsjax.optimization).
+"""The jitted computations of a run: state, the train step, evaluation, a member's traced
+knobs (a run's or a vmapped ensemble's steps are put together as one `RunSteps` by
+capsjax.experiment.build_program; the optimizer, its schedules and their config keys:
+capsjax.optimization).
 
 State is a plain pytree {'params', 'opt_state', 'step'}; the step's randomness is
 `fold_in(key(seed), step)`, and the data order is a function of (seed, epoch), so a run
 resumed from a checkpoint continues exactly as the uninterrupted run would have.
 """
-import dataclasses
-import functools
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from capsjax import memory, sharding
-from capsjax.data.pipeline import Pipeline
+from capsjax import sharding
 from capsjax.optimization import SCHEDULES
 from capsjax.objectives import top_k_correct
 from capsjax.routing import coupling_changes, routing_logit_changes
@@ -281,48 +279,6 @@ def member_knobs(members):
   return knobs
 
 
-@dataclasses.dataclass
-class RunSteps:
-  """The jitted train step and evaluation of one run or one vmapped ensemble (not an
-  experiment program: those are capsjax.app.programs.PROGRAMS, which compose runs)."""
-  # The jitted step and, for step n, its arguments (state, data source, global host batch
-  # [, knobs]): apart so that a benchmark can lower, compile and time the very program.
-  jitted_step: Callable[..., Any]
-  step_arguments: Callable[[Any, int], tuple]
-  evaluate: Callable[[Any], Dict[str, Any]]  # params → test metrics
-  validate: Optional[Callable[[Any], Dict[str, Any]]]   # params → validation metrics
-  evaluations: List[Any]               # capsjax.evaluators.Evaluation: config.evals that apply
-  make_state: Callable[[], Any]        # the fresh state (allocated when first asked for)
-  members: Optional[List[Dict[str, Any]]]
-  # abstract state → {what: (estimated peak bytes per device, the setting that lowers it)}
-  # (capsjax.memory): traced, nothing allocated
-  memory_estimates: Optional[Callable[[Any], Dict[str, Tuple[int, str]]]] = None
-  mesh: Optional[jax.sharding.Mesh] = None   # where the jitted step keeps the state (replicated)
-  # abstract state → {'training': the train step lowered, 'evaluation': an evaluation batch
-  # lowered} for the mesh's devices, nothing placed: what capsjax.app.plan compiles for a target
-  lower: Optional[Callable[[Any], Dict[str, Any]]] = None
-
-  @functools.cached_property
-  def abstract_state(self):
-    return jax.eval_shape(self.make_state)
-
-  @functools.cached_property
-  def initial_state(self):
-    """The fresh state, replicated on the mesh as the jitted step returns it: placed
-    otherwise (one device, uncommitted), the step's second call compiled it again
-    (10 s for the zoo smoke's model, inside the zoo's first timed sample)."""
-    return self.place(self.make_state())
-
-  def place(self, state):
-    """`state` (fresh, or restored from a checkpoint) replicated on the mesh, where the
-    jitted step keeps it."""
-    return state if self.mesh is None else sharding.replicate(sharding.to_host(state), self.mesh)
-
-  def train_step(self, state, step: int):
-    """(state, step) → (state, metrics); the state is donated."""
-    return self.jitted_step(*self.step_arguments(state, step))
-
-
 def seeds_alone(members) -> bool:
   """Whether an ensemble's members differ by seed alone: only then are their summed scores
   one classifier worth reporting (an ablation's or a recipe program's members are compared,
@@ -337,69 +293,3 @@ def recipe_groups(members) -> tuple:
     return ()
   names = list(dict.fromkeys(member['recipe'] for member in members))
   return tuple(tuple(k for k, member in enumerate(members) if member['recipe'] == name) for name in names)
-
-
-def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
-                  validation: Optional[Pipeline] = None) -> RunSteps:
-  """The jitted steps of `training` (capsjax.assemble.Training: a run, or a vmapped
-  ensemble of its members) for `model` on `mesh`, over the pipelines; nothing here reads a
-  config."""
-  objective, members = training.objective, training.members
-  ensemble = members is not None
-  knobs = sharding.replicate(member_knobs(members), mesh) if ensemble else None
-  train_step = make_train_step(objective, model, training.optimizer, train, training.seed, ensemble, mesh,
-                               training.ema_decay, training.member_optimizer)
-  shifts, groups = training.shift_averaging, recipe_groups(members)
-  summed = ensemble and seeds_alone(members)
-  eval_step = make_eval_step(objective, model, test, ensemble, shifts, groups, summed)
-  train_source = sharding.replicate(train.source, mesh)
-  test_source = sharding.replicate(test.source, mesh)
-  batch_size, eval_batch_size = training.batch_size, training.eval_batch_size
-  rows = sharding.process_rows(batch_size)   # this process reads only these rows
-  seeds = [member['seed'] for member in members] if ensemble else [None]
-
-  def host_batch(step):
-    parts = [train.host_batch(step, seed, rows) for seed in seeds]
-    if not ensemble:
-      return sharding.global_batch(mesh, parts[0], batch_size)
-    stacked = tuple(np.stack(arrays) for arrays in zip(*parts))  # [members, rows, ...]
-    return sharding.global_batch(mesh, stacked, batch_size, leading_axes=1)
-
-  def step_arguments(state, step):
-    return (state, train_source, host_batch(step)) + ((knobs,) if ensemble else ())
-
-  def evaluate_test(params, should_stop=None):
-    return evaluate(eval_step, params, test, eval_batch_size, knobs, mesh, test_source, should_stop)
-
-  validate = None
-  if validation is not None:
-    validation_step = make_eval_step(objective, model, validation, ensemble, shifts, groups, summed)
-    validation_source = sharding.replicate(validation.source, mesh)
-    validate = lambda params, should_stop=None: evaluate(
-        validation_step, params, validation, eval_batch_size, knobs, mesh, validation_source, should_stop)
-
-  evaluations = training.evaluations(model, test, test_source, mesh, knobs)
-
-  def memory_estimates(abstract_state):
-    """Peak bytes per device of a training step and of an evaluation batch, from their
-    traces: the batch-dependent part is split over the mesh's devices."""
-    state_bytes = sum(memory.array_bytes(leaf) for leaf in jax.tree.leaves(abstract_state))
-    per_device = lambda total: state_bytes + (total - state_bytes) // mesh.size
-    host_batch, weights = next(eval_batches(test, eval_batch_size, mesh))
-    eval_args = (abstract_state['params'], test_source, host_batch, weights, knobs)
-    return {f'training at batch_size={batch_size}': (
-                per_device(memory.traced_peak_bytes(train_step, *step_arguments(abstract_state, 0))),
-                'lower config.batch_size or the model\'s size'),
-            f'evaluation at eval_batch_size={eval_batch_size}': (
-                per_device(memory.traced_peak_bytes(eval_step, *eval_args)), 'lower config.eval_batch_size')}
-
-  def lower(abstract_state):
-    """The training step and an evaluation batch lowered as the run calls them (its
-    shardings and donation), from shapes alone (on a compile-only mesh nothing is placed)."""
-    state = sharding.replicate(abstract_state, mesh)
-    host_batch, weights = next(eval_batches(test, eval_batch_size, mesh))
-    return {'training': train_step.lower(*step_arguments(state, 0)),
-            'evaluation': eval_step.lower(state['params'], test_source, host_batch, weights, knobs)}
-
-  return RunSteps(train_step, step_arguments, evaluate_test, validate, evaluations,
-                  lambda: training.make_state(model), members, memory_estimates, mesh, lower)

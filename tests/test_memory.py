@@ -70,7 +70,7 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line_before_anything_is_allocat
   allocated = []
   workdir = str(tmp_path / 'run')
   with monkeypatch.context() as patch:
-    patch.setattr(steps.RunSteps, 'initial_state', property(lambda self: allocated.append(1)))
+    patch.setattr(experiment.RunSteps, 'initial_state', property(lambda self: allocated.append(1)))
     with pytest.raises(ConfigError) as refused:
       train.train_and_evaluate(config, workdir)
   message = str(refused.value)

@@ -5,7 +5,7 @@
   capsjax-plan --experiment=mnist --target=h100:8             # 8 H100s in one host (h100:2x8: two hosts)
   capsjax-plan --target=list                                  # what can be described here
 
-The run's own jitted training step and evaluation step (capsjax.steps.build_program: the
+The run's own jitted training step and evaluation step (capsjax.experiment.build_program: the
 same config, shardings and donation as `train_and_evaluate`) are lowered from shapes alone
 and compiled by the real compiler for compile-only devices (`jax.experimental.topologies`):
 a TPU topology that libtpu describes, or NVIDIA GPUs that JAX's CUDA plugin compiles for
