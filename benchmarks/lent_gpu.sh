@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.carry
-LEGS=/tmp/capsjax_legs
+LEGS=${CAPSJAX_LEGS:-/tmp/capsjax_legs}   # (another folder: the suite's rehearsal)
 OUT=${OUT:-/tmp/lent_gpu_out}
 mkdir -p "$OUT"
 # Wheels the GPU image lacks (ml-collections; TFDS and its dependencies for the suite's
@@ -43,7 +43,7 @@ environment() {
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
       || { echo "error: pip install -e . (offline) failed: capsjax.experiments is not importable" >&2; exit 2; }
   fi
-  export CAPSJAX_MNIST_DIR=$PWD/$CARRY/mnist
+  export CAPSJAX_MNIST_DIR=${CAPSJAX_MNIST_DIR:-$PWD/$CARRY/mnist}
 }
 
 # What a lease's first seconds print: a wrong environment shows before anything long starts.
@@ -120,7 +120,7 @@ case "${1:-}" in
     deadline=$(( $(date +%s) + ${3:-0} ))
     running() { pgrep -f -- "--workdir=$LEGS/$name" >/dev/null; }
     while running && [ "$(date +%s)" -lt "$deadline" ]; do
-      sleep 20
+      sleep "${CAPSJAX_LEG_POLL_S:-20}"
       tail -n 1 "$LEGS/$name.log"
     done
     mkdir -p "$OUT/$name"

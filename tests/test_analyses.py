@@ -10,6 +10,7 @@ from capsjax.app import plots
 from capsjax.app.programs import figures, sweep
 from capsjax.errors import ConfigError, RunStopped
 from capsjax.experiments import sweep_smoke
+import documented
 from helpers import tiny_config
 
 
@@ -48,7 +49,11 @@ def test_figures_command_on_a_trained_run(mnist_dir, tmp_path, capsys, monkeypat
   workdir_lib.write_json(os.path.join(workdir, 'config.json'), stored)
   capsys.readouterr()
   monkeypatch.setattr(console, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
-  assert figures.main(['--workdir', workdir, '--digits', '2', '--num', '200', f'--config.data_dir={mnist_dir}']) == 0
+  # README's command and docs/results.md's, for 2 digits and 200 images.
+  readme = documented.command(r'^capsjax-figures --workdir=workdirs/mnist$').args({'workdirs/mnist': workdir})
+  results = documented.command(r'^capsjax-figures --workdir=W_OF').args({'W_OF_A_TRAINED_MNIST_RUN': workdir})
+  assert readme == results
+  assert figures.main([*readme, '--digits', '2', '--num', '200', f'--config.data_dir={mnist_dir}']) == 0
   said = capsys.readouterr()   # what it does, first; then bars with counts (stderr)
   assert said.out.splitlines()[:2] == [f'figures of {workdir}: loading the trained model…',
                                        f'model: {workdir} at step 4 of 4 (finished); reading 200 test images…']

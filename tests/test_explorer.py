@@ -33,6 +33,7 @@ from capsjax.app.explorer.server import make_server
 from capsjax.models import build_model
 from capsjax.app.predict import Predictor
 from capsjax.experiments import multimnist as multimnist_experiment
+import documented
 from helpers import tiny_config
 
 # Compares formulations / the model's own answers at float32 tolerances (see conftest).
@@ -453,22 +454,34 @@ def test_clients_that_leave_mid_answer_are_not_reported(explorer, monkeypatch, c
     server.server_close()
 
 
-def test_command_serves_then_stops_on_ctrl_c():
+@pytest.mark.parametrize('trained', [False, True], ids=['shipped', 'workdir'])
+def test_command_serves_then_stops_on_ctrl_c(trained, request):
   import signal  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  process = subprocess.Popen([sys.executable, '-u', '-m', 'capsjax.app.explorer', '--port', '0'],
+  # README's two commands (the tutorial's is the second with its own workdir's name).
+  if trained:
+    workdir = request.getfixturevalue('trained_workdir')
+    readme = documented.command(r'^capsjax-explorer --workdir=workdirs/mnist$').args({'workdirs/mnist': workdir})
+    assert documented.command(r'^capsjax-explorer --workdir=W$').args({'W': workdir}) == readme
+  else:
+    readme = documented.command(r'^capsjax-explorer$').args()
+  process = subprocess.Popen([sys.executable, '-u', '-m', 'capsjax.app.explorer', *readme, '--port', '0'],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     lines = [process.stdout.readline()]
     while 'http://' not in lines[-1] and lines[-1]:
       lines.append(process.stdout.readline())
     # What it is doing, stage by stage, then which model it serves and where.
-    assert lines == ['loading the shipped model…\n', 'model: the shipped model (exported from mnist_official)\n',
-                     'compiling the decoder for the page…\n', lines[-1]]
+    if trained:
+      assert lines[0] == f'loading the model in {workdir}…\n' and lines[-1].startswith(
+          f'capsule explorer for {workdir} (mnist, 1000 test inputs): http://'), lines
+    else:
+      assert lines == ['loading the shipped model…\n', 'model: the shipped model (exported from mnist_official)\n',
+                       'compiling the decoder for the page…\n', lines[-1]]
     url = lines[-1].split('http://')[1].split('/')[0]
     status, info = call(f'http://{url}', '/api/info')
-    assert status == 200 and info['experiment'] == 'mnist_official'
+    assert status == 200 and info['experiment'] == ('mnist' if trained else 'mnist_official')
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
   finally:

@@ -19,6 +19,7 @@ from capsjax.app.explorer import export
 from capsjax.app.predict import Predictor
 from capsjax.app.trained import TrainedModel
 from capsjax.data.sources import load_dataset
+import documented
 from helpers import tiny_config
 
 pytest.importorskip('jax2onnx')
@@ -79,15 +80,26 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
   import onnx  # pylint: disable=g-import-not-at-top
   metadata = {p.key: p.value for p in onnx.load(onnx_path).metadata_props}
   assert json.loads(metadata['capsjax_classes']) == [str(k) for k in range(10)]
-  stablehlo_path = str(tmp_path / 'model.stablehlo')
-  summary = serving.write_file(trained, 'stablehlo', stablehlo_path, reconstructions=True)
-  assert summary['platforms'] == ('cpu', 'cuda', 'tpu')
+  # README's and docs/serving.md's commands for a run (with the reconstructions this test
+  # compares): README's writes mnist.stablehlo in the current folder, serving.md's names it.
+  readme = documented.command(r'^capsjax-export --format=stablehlo --workdir=workdirs/mnist$').args(
+      {'workdirs/mnist': mnist_run})
+  serving_md = documented.command(r'^capsjax-export --format=stablehlo --workdir=workdirs/mnist --out=').args(
+      {'workdirs/mnist': mnist_run})
+  assert serving_md == [*readme, '--out=mnist.stablehlo']
+  monkeypatch.chdir(tmp_path)
+  assert export.main([*readme, '--reconstructions']) == 0
+  stablehlo_path = str(tmp_path / 'mnist.stablehlo')
+  said = capsys.readouterr().out
+  assert 'mnist.stablehlo (' in said and '→ activations, capsules, reconstructions' in said, said
+  assert '; lowered for cpu, cuda, tpu' in said, said
   _agree(serving.run_file(stablehlo_path, images), predicted, images)
   reloaded = jax.export.deserialize(bytearray(open(stablehlo_path, 'rb').read()))
   assert reloaded.platforms == ('cpu', 'cuda', 'tpu') and str(reloaded.in_avals[0]) == 'uint8[batch,28,28,1]'
   _agree([np.asarray(v) for v in reloaded.call(images[:1])], predicted[:1], images[:1])
   savedmodel_path = str(tmp_path / 'model_savedmodel')   # jax2tf, with the TensorFlow TFDS brings
-  serving.write_file(trained, 'savedmodel', savedmodel_path, reconstructions=True)
+  assert export.main([*documented.command(r'^capsjax-export --format=savedmodel ').args(
+      {'workdirs/mnist': mnist_run, 'mnist_savedmodel': savedmodel_path}), '--reconstructions']) == 0
   _agree(serving.run_file(savedmodel_path, images), predicted, images)
   _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, images[0], tmp_path / 'documented')
   # A routing with a JAX primitive jax2onnx has no plugin for (a user's own primitive): one
@@ -141,8 +153,12 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
     errors = capsys.readouterr().err
     assert exited.value.code == 2 and errors.startswith(line), (arguments, errors)
     assert len(errors.strip().splitlines()) == 1, errors
-  assert sorted(os.listdir(tmp_path)) == ['documented', 'ensemble', 'images.npy', 'model.onnx', 'model.stablehlo',
-                                         'model_savedmodel', 'out.npz', 'untrained']
+  # docs/results.md's export of a run for the explorer (its --out the package's assets unless given).
+  results = documented.command(r'^capsjax-export --workdir=/tmp/runs/explorer$').args({'/tmp/runs/explorer': mnist_run})
+  assert export.main([*results, f'--out={tmp_path}/explorer', '--num_images=20']) == 0
+  assert {'params.npz', 'test_sample.npz', 'config.json'} <= set(os.listdir(tmp_path / 'explorer'))
+  assert sorted(os.listdir(tmp_path)) == ['documented', 'ensemble', 'explorer', 'images.npy', 'mnist.stablehlo',
+                                         'model.onnx', 'model_savedmodel', 'out.npz', 'untrained']
 
 
 def test_an_own_images_model_exports_and_agrees(tmp_path):
@@ -180,7 +196,12 @@ def _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, digit, fo
   import re  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
   os.makedirs(folder)
-  shutil.copy(onnx_path, folder / 'mnist_official.onnx')
+  # README's (and docs/serving.md's) export of the shipped model, as written, in that folder.
+  readme = documented.command(r'^capsjax-export --format=onnx --out=mnist_official.onnx$').args()
+  exported = subprocess.run([sys.executable, '-m', 'capsjax.app.explorer.export', *readme], cwd=folder,
+                            capture_output=True, text=True, timeout=600)
+  assert exported.returncode == 0 and os.path.getsize(folder / 'mnist_official.onnx') > 20e6, exported.stderr[-2000:]
+  del onnx_path
   shutil.copy(stablehlo_path, folder / 'mnist.stablehlo')
   shutil.copytree(savedmodel_path, folder / 'mnist_savedmodel')
   Image.fromarray(digit[..., 0]).save(folder / 'digit.png')

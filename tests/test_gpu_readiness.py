@@ -17,6 +17,7 @@ from capsjax import formulations, ops
 from capsjax.formulations import Formulation
 from capsjax.models import CapsNet
 from capsjax.routing import dynamic_routing
+import documented
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,7 +96,8 @@ def test_the_lease_s_speed_call_runs_every_row_on_the_cpu(tmp_path):
   # machine too): the primary convolution alone (gpu_speed.py), then every cell of the
   # device report's smoke (fp32 peer rows, shared processes; a budget above the smoke's own
   # 165 s: beside the suite's other worker it runs slower).
-  done = subprocess.run(['bash', os.path.join(ROOT, 'benchmarks', 'lent_gpu.sh'), 'speed', '--smoke'],
+  speed = documented.command(r'lent_gpu.sh speed$').words   # docs/gpu.md's call, --smoke
+  done = subprocess.run([*speed, '--smoke'],
                         capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
                         env=dict(os.environ, JAX_PLATFORMS='cpu', OUT=str(tmp_path)))
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -180,3 +182,35 @@ def test_profile_summary_reads_a_gpu_trace_s_xla_ops_line(tmp_path):
   assert report.summarise_trace(str(path), steps=2) == [
       {'name': 'fusion.12', 'ms_per_step': 0.25, 'share': 500 / 600},
       {'name': 'cublas-gemm.3', 'ms_per_step': 0.05, 'share': 100 / 600}]
+
+
+def test_a_lease_s_training_leg_starts_is_waited_for_and_exported_on_the_cpu(mnist_dir, tmp_path):
+  # docs/gpu.md's `leg`, `wait` and `export` calls, rehearsed with a small plain run (the legs'
+  # own configs are checked as written by tests/test_documented_commands.py): the leg outlives
+  # the command that started it, `wait` brings back its files, `export` the validation-selected
+  # model with its measured test error.
+  waits = documented.commands_like(r'lent_gpu\.sh wait \w+ \d+$')
+  exports = documented.commands_like(r'lent_gpu\.sh export \w+$')
+  script = waits[0].words[:2]   # bash benchmarks/lent_gpu.sh
+  assert all(c.words[:3] == [*script, 'wait'] for c in waits) and all(c.words[:3] == [*script, 'export'] for c in exports)
+  env = dict(os.environ, JAX_PLATFORMS='cpu', OUT=str(tmp_path / 'out'), CAPSJAX_LEGS=str(tmp_path / 'legs'),
+             CAPSJAX_MNIST_DIR=mnist_dir, CAPSJAX_LEG_POLL_S='1')
+  small = ['--experiment=mnist_smoke', '--config.num_steps=4', '--config.batch_size=16', '--config.eval_every_steps=2',
+           '--config.validation_examples=100', '--config.num_test_examples=100', '--config.model.conv1_channels=16',
+           '--config.model.primary_types=4', '--config.model.formulation.conv_impl=xla',
+           '--config.evals.routing_probe.enabled=False', '--config.evals.routing_diagnostics.enabled=False',
+           '--config.evals.reconstructions.enabled=False']
+  run = lambda *args: subprocess.run([*script, *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  started = run('leg', 'small', *small)
+  assert started.returncode == 0 and started.stdout.startswith('leg small started (pid '), started.stderr[-2000:]
+  waited = run('wait', 'small', '240')
+  assert waited.returncode == 0 and waited.stdout.strip().endswith('leg small: stopped, finished: results.json'), (
+      waited.stdout[-2000:])
+  results = json.loads((tmp_path / 'out' / 'small' / 'results.json').read_text())
+  assert results['steps'] == 4 and (tmp_path / 'out' / 'small' / 'run.log').stat().st_size > 0
+  exported = run('export', 'small', '--num_images=20')
+  assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-2000:]
+  assert 'test error of the float16 parameters as written: ' in exported.stdout
+  assert {'params.npz', 'test_sample.npz', 'config.json'} <= set(os.listdir(tmp_path / 'out' / 'small' / 'shipped'))
+  missing = run('wait', 'nothing')
+  assert missing.returncode == 2 and missing.stderr.strip() == 'error: no leg nothing on this machine (machines start bare)'

@@ -18,6 +18,7 @@ from PIL import Image
 from capsjax.data import images as image_files
 from capsjax.data.sources import DataSpec, describe_source, load_dataset
 from capsjax.errors import DataError
+import documented
 from helpers import EVALUATORS_OFF_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,8 +85,10 @@ def test_predict_names_the_classes_of_files(trained, digit_folder, tmp_path):
   files = sorted(str(path) for path in (digit_folder / 'test').glob('*/*.png'))[::30]   # 10 files, 8×8 PNGs
   rgb = tmp_path / 'big_rgb.png'   # another size and colour: converted as training converted
   Image.open(files[0]).convert('RGB').resize((40, 40)).save(rgb)
-  predicted = _run('-m', 'capsjax.app.predict', f'--workdir={workdir}', '--json', f'--reconstruct={tmp_path}/rec',
-                   *files, str(rgb))
+  # README's command: its two files stand for these 11.
+  readme = documented.command(r'^capsjax-predict ').args({'workdirs/mine': str(workdir)})
+  assert readme[1:] == ['photo.png', 'scan.jpg']
+  predicted = _run('-m', 'capsjax.app.predict', readme[0], '--json', f'--reconstruct={tmp_path}/rec', *files, str(rgb))
   assert predicted.returncode == 0, predicted.stderr[-3000:]
   rows = [json.loads(line) for line in predicted.stdout.splitlines()]
   assert [row['file'] for row in rows] == files + [str(rgb)]

@@ -14,6 +14,7 @@ from capsjax.data.sources import load_idx_split
 from capsjax.models import build_model, count_params
 from capsjax.experiments import multimnist as multimnist_config
 from capsjax.experiments import multimnist_baseline
+import documented
 from helpers import evaluators_off
 
 
@@ -126,7 +127,9 @@ def test_bounding_box_overlap_is_reported(generated):
 
 def test_export_writes_the_documented_file(mnist_dir, tmp_path):
   out = tmp_path / 'mm.npz'
-  multimnist_export.main(['--data_dir', mnist_dir, '--split', 'test', '--num', '20', '--out', str(out)])
+  # README's command, 20 pairs instead of 1 000.
+  readme = documented.command(r'^capsjax-multimnist ').args({'/path/to/mnist': mnist_dir, 'pairs.npz': str(out)})
+  multimnist_export.main([*readme, '--num=20'])
   data = np.load(out)
   assert data['images'].shape == (20, 36, 36) and data['images'].dtype == np.float32
   assert data['labels'].shape == (20, 2) and np.issubdtype(data['labels'].dtype, np.integer)
@@ -192,7 +195,8 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   assert 'test: pair accuracy (all 2 among the top 2) ' in said and '; per-digit accuracy ' in said
   # Figure 5 and the segmentation IoU from the trained run.
   monkeypatch.setattr(console, 'PROGRESS_DELAY_S', 0)   # bars even for quick work
-  segmentation.main(['--workdir', str(tmp_path), '--num', '100', '--rows', '4'])
+  readme = documented.command(r'^capsjax-segmentation ').args({'workdirs/multimnist': str(tmp_path)})
+  segmentation.main([*readme, '--num', '100', '--rows', '4'])   # README's command, 100 pairs
   said = capsys.readouterr()   # what it does first, then a bar with the count
   assert said.out.startswith(f'segmentation of {tmp_path}: loading the trained model…\nmodel: {tmp_path} at step')
   assert '; generating 100 test pairs (--num; the run was evaluated on 500)…' in said.out

@@ -668,6 +668,27 @@ def planned_batch_note(batch_size: int, devices: int) -> str:
           'carries it, and the largest-batch search says how far it can grow')
 
 
+def configure(config: ml_collections.ConfigDict, target: str, log=_silent):
+  """What a plan settles before it compiles anything (seconds): the target, its compile-only
+  devices and data mesh, and the config as planned (the batch it compiles at, with the note
+  that says why where it is not the configured one). ConfigError as plan_run raises it."""
+  from capsjax import sharding  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
+  from capsjax.app import launch  # pylint: disable=g-import-not-at-top
+  launch.registered_programs()   # the built-in programs' sections are checked with the run's keys
+  parsed = parse_target(target)
+  validate(config)
+  devices = compile_only_devices(parsed)
+  mesh = sharding.data_mesh(devices)
+  config = ml_collections.ConfigDict(config.to_dict())
+  batch_note = planned_batch_note(config.batch_size, mesh.size)
+  if batch_note:   # a slice with more devices than the batch has examples: one example each
+    config.batch_size = mesh.size
+    log(batch_note)
+  sharding.check_batch_size(config.batch_size, mesh)
+  return parsed, devices, mesh, config, batch_note
+
+
 def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch: bool = True,
              log=_silent, on_configured: Optional[Callable[[Plan], None]] = None) -> Plan:
   """Compiles config's training step and evaluation batch for `target` ('v5e:4x4',
@@ -688,20 +709,8 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
     (4, 8)
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from capsjax import assemble, formulations, models, sharding  # pylint: disable=g-import-not-at-top
-  from capsjax.validation import validate  # pylint: disable=g-import-not-at-top
-  from capsjax.app import launch  # pylint: disable=g-import-not-at-top
-  launch.registered_programs()   # the built-in programs' sections are checked with the run's keys
-  parsed = parse_target(target)
-  validate(config)
-  devices = compile_only_devices(parsed)
-  mesh = sharding.data_mesh(devices)
-  config = ml_collections.ConfigDict(config.to_dict())
-  batch_note = planned_batch_note(config.batch_size, mesh.size)
-  if batch_note:   # a slice with more devices than the batch has examples: one example each
-    config.batch_size = mesh.size
-    log(batch_note)
-  sharding.check_batch_size(config.batch_size, mesh)
+  from capsjax import assemble, formulations, models  # pylint: disable=g-import-not-at-top
+  parsed, devices, mesh, config, batch_note = configure(config, target, log)
   devices_per_chip = max(1, len(devices) // parsed.chips)
   hbm_per_device = parsed.chip.hbm_bytes * parsed.chip.usable_fraction / devices_per_chip
   config.host_images = 'rows'   # a source without split sizes is read lazily, never whole
