@@ -139,6 +139,7 @@ def main():
   parser.add_argument('--conv_impl', default='auto', choices=list(formulations.CONV_IMPLS))
   parser.add_argument('--dtype', default='auto', help="model compute dtype (auto: the backend's, capsjax.formulations)")
   parser.add_argument('--patches_inference', default='auto', choices=['auto', 'chunked', 'whole_batch'])
+  parser.add_argument('--routing_loop', default='auto', choices=list(formulations.ROUTING_LOOPS))
   parser.add_argument('--conv_inputs', default='float32', choices=['float32', 'bfloat16'],
                       help="the convolutions' matmul inputs (bfloat16: accumulated in float32)")
   parser.add_argument('--input_shape', default='',
@@ -169,6 +170,7 @@ def main():
   config.model.formulation.dtype = args.dtype
   config.model.formulation.conv_inputs = args.conv_inputs
   config.model.formulation.patches_inference = args.patches_inference
+  config.model.formulation.routing_loop = args.routing_loop
   config, _, _ = random_inputs(config, args.batch, args.input_shape)   # the model timed below
   # FLOPs from the shapes count the paper's layers only; the `images` models' are not counted.
   flops = capsnet_flops(config.model, batch=args.batch) if is_paper_architecture(config.model) else None
@@ -186,7 +188,8 @@ def main():
   print(f'model: input_shape={tuple(config.model.input_shape)} stem={config.model.stem} '
         f'transforms={config.model.transforms} decoder={config.model.decoder}; the peer: the paper\'s layers at '
         f'{args.input_shape or "28,28,1"}')
-  print(f'capsjax: conv_impl={args.conv_impl} patches_inference={args.patches_inference} dtype={args.dtype} '
+  print(f'capsjax: conv_impl={args.conv_impl} patches_inference={args.patches_inference} '
+        f'routing_loop={args.routing_loop} dtype={args.dtype} '
         f'conv_inputs={args.conv_inputs}; '
         f'torch: precision={args.torch_precision or "fp32"}; both: '
         f'GLIBC_TUNABLES={os.environ.get("GLIBC_TUNABLES", "")!r} (--huge_pages {args.huge_pages})')

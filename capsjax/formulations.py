@@ -24,7 +24,7 @@ from capsjax.keys import About, one_of
 # strided convolution as a unit-stride one on s×s pixel blocks folded into channels
 # (capsjax.ops).
 CONV_IMPLS = ('auto', 'xla', 'patches', 'kernel_rows', 'fourier', 'space_to_depth')
-ROUTING_LOOPS = ('auto', 'rolled', 'unrolled')
+ROUTING_LOOPS = ('auto', 'rolled', 'unrolled', 'unrolled_inference')
 # The im2col ('patches') convolution without gradients: a few images at a time
 # (capsjax.ops.PATCHES_CHUNK, through lax.map) or the whole batch as one matmul.
 PATCHES_INFERENCE = ('auto', 'chunked', 'whole_batch')
@@ -67,7 +67,8 @@ class Formulation:
       "the convolutions' matmul inputs: float32, or bfloat16 accumulated in float32 (faster on AVX-512 BF16 "
       'CPUs; not the same values)'))] = 'float32'
   routing_loop: Annotated[str, About(one_of(ROUTING_LOOPS), (
-      'the routing loop rolled or unrolled (same values; auto: faster on the backend; models with '
+      'the routing loop rolled, unrolled, or unrolled where nothing differentiates it (evaluation, '
+      'predict) and rolled in training (same values; auto: faster on the backend; models with '
       'routing)'))] = 'auto'
   dtype: Annotated[Optional[Any], About(one_of(DTYPES), (
       'compute dtype of convolutions and capsule predictions (routing, losses, dense layers and the '
@@ -203,9 +204,9 @@ FASTEST = {
         # Chunks of 16 images: a chunk's patch matrix stays in cache, the whole batch's is
         # memory traffic (docs/results.md, "GPU readiness": patches inference).
         'patches_inference': 'chunked',
-        # Rolled and unrolled within the repeats' spread: the design card's rolled loop
-        # (docs/results.md, "GPU readiness": routing loop).
-        'routing_loop': 'rolled',
+        # With the Fourier PrimaryCaps, unrolled inferred faster and rolled trained faster
+        # (Zen 3, 2026-11-27: docs/results.md, "CPU speed"): each where it is faster.
+        'routing_loop': 'unrolled_inference',
         # bfloat16 outputs take a slow XLA:CPU path (SLOW_CHOICES below).
         'dtype': 'float32',
     },

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 
 from capsjax import formulations, ops
 from capsjax.formulations import Formulation
-from capsjax.routing import (LAYER_INPUTS, ROUTINGS, coordinate_offsets, loop_arguments, route, own_routing_options,
-                             shared_form, shared_votes, squash, vector_norm)
+from capsjax.routing import (LAYER_INPUTS, ROUTINGS, UNROLLED_INFERENCE, coordinate_offsets, loop_arguments, route,
+                             own_routing_options, shared_form, shared_votes, squash, vector_norm)
 
 Array = jax.Array
 
@@ -108,8 +108,9 @@ class CapsuleLayer(nn.Module):
   û_{j|(p,t)} = (W_tj u_(p,t) + o_p) / √positions (capsjax.routing.coordinate_offsets): its parameters
   do not grow with the image, and a routing with a `shared` form (all but EM) routes
   without materialising û. [batch, in_caps, in_dim] → [batch, out_caps, out_dim].
-  `formulation.routing_loop` 'rolled' or 'unrolled' (same values; 'auto': the backend's
-  faster one, capsjax.formulations).
+  `formulation.routing_loop` 'rolled', 'unrolled', or 'unrolled_inference' (unrolled where
+  nothing differentiates it, rolled in training; all the same values; 'auto': the
+  backend's faster one, capsjax.formulations).
 
   Example:
     >>> layer = capsjax.CapsuleLayer(num_capsules=10, dim=16, routing='dynamic')
@@ -185,7 +186,8 @@ class CapsuleLayer(nn.Module):
     log_priors = (self.param('log_priors', nn.initializers.zeros, (in_caps, self.num_capsules))
                   if 'log_priors' in self.routing_inputs else None)
     iterations = self.routing_iterations if routing_iterations is None else routing_iterations
-    unroll = formulations.resolve('routing_loop', self.formulation.routing_loop) == 'unrolled'
+    unroll = {'rolled': False, 'unrolled': True, 'unrolled_inference': UNROLLED_INFERENCE}[
+        formulations.resolve('routing_loop', self.formulation.routing_loop)]
     entry = ROUTINGS[self.routing]
     if return_logits and not entry.returns_logits:
       raise ValueError(f'routing {self.routing!r} has no routing logits (see ROUTINGS[name].returns_logits)')

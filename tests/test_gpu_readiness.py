@@ -16,7 +16,7 @@ import pytest
 from capsjax import formulations, ops
 from capsjax.formulations import Formulation
 from capsjax.models import CapsNet
-from capsjax.routing import dynamic_routing
+from capsjax.routing import UNROLLED_INFERENCE, dynamic_routing
 import documented
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +39,18 @@ def test_unrolled_routing_loop_equals_the_rolled_one_in_value_and_gradient(trace
   # The unrolled program really has no loop left.
   assert 'while' not in jax.jit(lambda u: loss(u, True)).lower(u_hat).as_text()
   assert 'while' in jax.jit(lambda u: loss(u, False)).lower(u_hat).as_text()
+  # 'inference' (routing_loop 'unrolled_inference', the CPU's auto): unrolled where nothing
+  # differentiates the loop, the rolled loop's derivatives where something does; the same
+  # values and gradients, under vmap too.
+  inference = lambda u: loss(u, UNROLLED_INFERENCE)
+  np.testing.assert_allclose(jax.jit(inference)(u_hat), rolled(u_hat), rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(inference)(u_hat), jax.grad(lambda u: loss(u, False))(u_hat), rtol=1e-5,
+                             atol=1e-7)
+  assert 'while' not in jax.jit(inference).lower(u_hat).as_text()
+  assert 'while' in jax.jit(jax.grad(inference)).lower(u_hat).as_text()
+  batched = jnp.stack([u_hat, 2 * u_hat])
+  np.testing.assert_allclose(jax.vmap(jax.grad(inference))(batched),
+                             jax.vmap(jax.grad(lambda u: loss(u, False)))(batched), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.float32_matmuls
@@ -73,6 +85,8 @@ def test_auto_formulations_come_from_the_one_table():
   assert (formulations.resolve('dtype', 'auto', 'gpu'), formulations.resolve('dtype', 'auto', 'cpu')) == (
       'bfloat16', 'float32')
   assert formulations.resolve('routing_loop', 'unrolled', 'cpu') == 'unrolled'   # explicit values stay
+  # The CPU: unrolled where nothing differentiates the loop, rolled in a training step.
+  assert formulations.resolve('routing_loop', 'auto', 'cpu') == 'unrolled_inference'
   assert ops.resolve_conv_impl('auto', paper_primary) == formulations.resolve('conv_impl', 'auto', layer=paper_primary)
   with pytest.raises(ValueError, match='routing_loop must be one of'):
     formulations.resolve('routing_loop', 'twice')

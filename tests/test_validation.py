@@ -32,8 +32,9 @@ def test_experiment_help_explains_each_key():
   result = subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist', '--help'],
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 0
-  assert ("  model.formulation.routing_loop = 'auto'  — the routing loop rolled or unrolled (same values; auto: "
-          'faster on the backend; models with routing) [one of auto, rolled, unrolled]') in result.stdout.splitlines()
+  assert ("  model.formulation.routing_loop = 'auto'  — the routing loop rolled, unrolled, or unrolled where nothing "
+          'differentiates it (evaluation, predict) and rolled in training (same values; auto: faster on the backend; '
+          'models with routing) [one of auto, rolled, unrolled, unrolled_inference]') in result.stdout.splitlines()
 
 
 def _set(config, key, value):
@@ -72,7 +73,7 @@ BAD_VALUES = [
     ('model.routing_iterations', 0, 'config.model.routing_iterations=0: allowed an integer in [1, 100]'),
     ('model.routing_iterations', 10 ** 6, 'config.model.routing_iterations=1000000: allowed an integer in [1, 100]'),
     ('evals.routing_probe.iterations', 101, 'config.evals.routing_probe.iterations=101: allowed an integer in [1, 100]'),
-    ('model.formulation.routing_loop', 'sideways', "config.model.formulation.routing_loop='sideways': allowed one of auto, rolled, unrolled"),
+    ('model.formulation.routing_loop', 'sideways', "config.model.formulation.routing_loop='sideways': allowed one of auto, rolled, unrolled, unrolled_inference"),
     ('model.formulation.dtype', 'float99', "config.model.formulation.dtype='float99': allowed one of auto, float32, bfloat16, float16"),
     ('model.formulation.conv_impl', 'bogus', "config.model.formulation.conv_impl='bogus': allowed one of auto, xla, patches"),
     ('model.digit_dim', 0, 'config.model.digit_dim=0'),

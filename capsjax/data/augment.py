@@ -27,15 +27,17 @@ KEYS = (
     key('augment.elastic_sigma', 4.0, number_in(0, math.inf, low_open=True), 'elastic distortion: the Gaussian '
         'smoothing of the displacement field, in pixels'),
     # The augmentation of the strongest MNIST capsule results (Byerly, Kalganova, Dear 2020, "No
-    # routing needed between capsules"; reused by Efficient-CapsNet), each a key of its own.
+    # routing needed between capsules"; reused by Efficient-CapsNet), each a key of its own,
+    # drawn as their code draws it (github.com/AdamByerly/BMCNNwHFCs, python/input/).
     key('augment.rotation_std', 0.0, number_in(0, 90), 'a random half of the training images rotated by an '
-        'angle drawn from a normal of this std in degrees, clipped at ± 2 std (0: none)'),
-    key('augment.margin_shift', 0.0, number_in(0, 1), 'training images shifted by whole pixels, up to this '
-        'fraction of the free margin around their ink on each side (0: none; 1: the whole margin)'),
-    key('augment.squish', 0, int_in(0, 16), 'training images squeezed horizontally by 1 … this many pixels '
-        '(0: none; Byerly et al.: 8)'),
+        'angle drawn from a normal of this std in degrees, clipped at ± 3 std (0: none; Byerly et al.: 10)'),
+    key('augment.margin_shift', 0.0, number_in(0, 1), 'training images shifted by whole pixels, each axis by a '
+        'half-normal share (std 0.33, below 1) of the free margin around their ink on a random side, times this '
+        '(0: none; Byerly et al.: 1)'),
+    key('augment.squish', 0, int_in(0, 16), 'training images squeezed horizontally by 1 … this many pixels, '
+        'fewer more often (a half-normal share, std 0.33; 0: none; Byerly et al.: 7 of 28)'),
     key('augment.erase', 0, int_in(0, 16), 'one random square of this side in pixels set to 0 in each '
-        'training image (0: none; Byerly et al.: 4)'),
+        'training image, away from the border (0: none; Byerly et al.: 4)'),
 )
 AUGMENT = section_defaults(KEYS, 'augment')
 
@@ -155,14 +157,24 @@ def elastic_distortion(images: Array, key: Array, alpha: float, sigma: float) ->
 
 # ----------------------------------------------------------------------------- Byerly et al.'s
 # The augmentation of the strongest MNIST capsule results (Byerly, Kalganova, Dear 2020,
-# "No routing needed between capsules"; reused by Efficient-CapsNet), each its own key.
+# "No routing needed between capsules"; reused by Efficient-CapsNet), each its own key,
+# with the distributions of their code (github.com/AdamByerly/BMCNNwHFCs,
+# python/input/input_pipeline_base.py and MNIST_input_pipeline.py): there every amount is
+# min(|N(0, 0.33)|, 0.9999) of its range. Interpolation differs: bilinear here, OpenCV's
+# and TensorFlow's Lanczos there.
+
+def _half_normal_share(key: Array, shape) -> Array:
+  """min(|N(0, 0.33)|, 0.9999): Byerly et al.'s share of a range (mean ≈ 0.26)."""
+  return jnp.minimum(jnp.abs(0.33 * jax.random.normal(key, shape)), 0.9999)
+
 
 def random_normal_rotation(images: Array, key: Array, std: float) -> Array:
   """A random half of the images [batch, h, w, c] rotated by an angle drawn from a normal
-  of `std` degrees clipped at ±2 std; the other half unchanged."""
+  of `std` degrees clipped at ±3 std (theirs: 30° × N(0, 0.33) clipped at ±0.9999); the
+  other half unchanged."""
   batch = images.shape[0]
   rotate = jax.random.bernoulli(jax.random.fold_in(key, 0), 0.5, (batch,))
-  angles = jnp.clip(std * jax.random.normal(jax.random.fold_in(key, 1), (batch,)), -2 * std, 2 * std)
+  angles = jnp.clip(std * jax.random.normal(jax.random.fold_in(key, 1), (batch,)), -3 * std, 3 * std)
   ones, zeros = jnp.ones(batch), jnp.zeros(batch)
   rotated = jax.vmap(affine_warp)(images, angles, ones, zeros)
   return jnp.where(rotate[:, None, None, None], rotated, images)
@@ -178,24 +190,27 @@ def ink_margins(image: Array, threshold: float = 0.0) -> Array:
 
 
 def random_margin_shift(images: Array, key: Array, fraction: float) -> Array:
-  """Each image [batch, h, w, c] shifted by a random whole number of pixels in each axis,
-  up to `fraction` of the free margin on that side of its ink (the ink stays inside)."""
+  """Each image [batch, h, w, c] shifted by a whole number of pixels in each axis, toward a
+  random side, by a half-normal share of the free margin on that side of its ink times
+  `fraction` (the ink stays inside): theirs with `fraction` 1, floor(share × (margin + 1))
+  down or right, floor(−share × margin) up or left."""
   batch, height, width, _ = images.shape
   margins = jax.vmap(ink_margins)(images).astype(jnp.float32)        # [batch, 4]
-  u = jax.random.uniform(key, (batch, 2), minval=-1.0, maxval=1.0)    # [batch, (rows, columns)]
-  # Down by up to the bottom margin, up by up to the top one (likewise right / left).
-  reach = jnp.where(u >= 0, margins[:, jnp.array([1, 3])], margins[:, jnp.array([0, 2])])
-  shifts = jnp.trunc(u * fraction * reach).astype(jnp.int32)          # [batch, 2]
+  share = fraction * _half_normal_share(jax.random.fold_in(key, 0), (batch, 2))   # [batch, (rows, columns)]
+  forward = jax.random.bernoulli(jax.random.fold_in(key, 1), 0.5, (batch, 2))
+  shifts = jnp.where(forward, jnp.floor(share * (margins[:, jnp.array([1, 3])] + 1)),
+                     jnp.floor(-share * margins[:, jnp.array([0, 2])])).astype(jnp.int32)   # [batch, 2]
   side = max(height, width)
   return jax.vmap(shift_image, in_axes=(0, 0, 0, None))(images, shifts[:, 0], shifts[:, 1], side)
 
 
 def random_squish(images: Array, key: Array, most: int) -> Array:
-  """Each image [batch, h, w, c] squeezed horizontally by a whole number of pixels drawn
-  from 1 … `most`, about its centre (bilinear, zero fill)."""
+  """Each image [batch, h, w, c] squeezed horizontally by floor(share × `most`) + 1 pixels,
+  1 … `most` (a half-normal share: fewer more often), about its centre (bilinear, zero
+  fill; theirs resizes the image narrower and pads it back, its offset ±1 px)."""
   batch, _, width, _ = images.shape
   most = jnp.asarray(most, jnp.int32)
-  pixels = jax.random.randint(key, (batch,), 1, most + 1).astype(jnp.float32)
+  pixels = jnp.floor(_half_normal_share(key, (batch,)) * most.astype(jnp.float32)) + 1.0
   factors = jnp.where(most >= 1, (width - pixels) / width, 1.0)   # a traced 0 (a recipe member): unchanged
 
   def squish(image, factor):
@@ -204,12 +219,21 @@ def random_squish(images: Array, key: Array, most: int) -> Array:
   return jax.vmap(squish)(images, factors)
 
 
+def _corner_range(size: int, side: Array):
+  """Where an erased square's corner may lie: `side` … size − side − 2 (theirs: 4 … 22 of 28,
+  the square away from the border), or anywhere it fits where that range is empty."""
+  low, high = side, size - side - 1   # randint's high is exclusive
+  inside = high > low
+  return jnp.where(inside, low, 0), jnp.where(inside, high, size - side + 1)
+
+
 def random_erase(images: Array, key: Array, side: int) -> Array:
-  """One side × side square of each image [batch, h, w, c] set to 0 at a random position."""
+  """One side × side square of each image [batch, h, w, c] set to 0 at a uniform position
+  away from the border (`_corner_range`)."""
   batch, height, width, _ = images.shape
   side = jnp.asarray(side, jnp.int32)
-  tops = jax.random.randint(jax.random.fold_in(key, 0), (batch, 1, 1), 0, height - side + 1)
-  lefts = jax.random.randint(jax.random.fold_in(key, 1), (batch, 1, 1), 0, width - side + 1)
+  tops = jax.random.randint(jax.random.fold_in(key, 0), (batch, 1, 1), *_corner_range(height, side))
+  lefts = jax.random.randint(jax.random.fold_in(key, 1), (batch, 1, 1), *_corner_range(width, side))
   rows, columns = jnp.arange(height)[None, :, None], jnp.arange(width)[None, None, :]
   inside = (rows >= tops) & (rows < tops + side) & (columns >= lefts) & (columns < lefts + side)   # [batch, h, w]
   return jnp.where(inside[..., None], 0.0, images)

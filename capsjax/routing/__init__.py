@@ -4,8 +4,8 @@ registry, `route`, the options), and one file per algorithm, each registering it
 
 Add a routing: a new file here with one `@register_routing` function, imported below.
 """
-from capsjax.routing.core import (MAX_ROUTING_ITERATIONS, Array, coordinate_offsets, coupling_coefficients, iterate, loop_length,
-                                  pooled_votes, shared_votes, squash, vector_norm, vote_dots)
+from capsjax.routing.core import (MAX_ROUTING_ITERATIONS, UNROLLED_INFERENCE, Array, coordinate_offsets, coupling_coefficients,
+                                  iterate, loop_length, pooled_votes, shared_votes, squash, vector_norm, vote_dots)
 from capsjax.routing.base import (LAYER_INPUTS, ROUTINGS, RoutingResult, as_result, configurable_routing_options, loop_arguments,
                                   own_section_problems, own_routing_options, register_routing, route, routing_option_defaults,
                                   routing_option_keys, shared_form)
@@ -21,7 +21,7 @@ from capsjax.routing.max_pooling import max_routing
 from capsjax.routing.variational_bayes import variational_bayes
 
 __all__ = [
-    'MAX_ROUTING_ITERATIONS', 'Array', 'coordinate_offsets', 'coupling_coefficients', 'iterate', 'loop_length', 'pooled_votes',
+    'MAX_ROUTING_ITERATIONS', 'UNROLLED_INFERENCE', 'Array', 'coordinate_offsets', 'coupling_coefficients', 'iterate', 'loop_length', 'pooled_votes',
     'shared_votes', 'squash', 'vector_norm', 'vote_dots',
     'LAYER_INPUTS', 'ROUTINGS', 'RoutingResult', 'as_result', 'configurable_routing_options', 'loop_arguments', 'own_section_problems', 'own_routing_options', 'register_routing', 'route',
     'routing_option_defaults', 'routing_option_keys', 'shared_form',

@@ -7,6 +7,9 @@ Shapes used throughout:
   coupling            c_ij      [batch, in_caps, out_caps]   (softmax of b over out_caps)
   parents             v_j       [batch, out_caps, out_dim]
 """
+import functools
+from typing import Union
+
 import jax
 import jax.numpy as jnp
 
@@ -91,15 +94,44 @@ def loop_length(num_iterations, max_iterations) -> int:
   return max_iterations
 
 
-def fori_loop(lower: int, upper: int, body, state, unroll: bool = False):
-  """jax.lax.fori_loop over static bounds; `unroll`: the iterations as straight-line code
-  (a Python loop: what fori_loop(..., unroll=True) makes, and what a converter that
-  replaces fori_loop while it traces, jax2onnx for capsjax-export, can read)."""
+# `unroll` of fori_loop and iterate: True, False, or this: unrolled where nothing
+# differentiates the loop (an evaluation, predict, the explorer), rolled inside a training
+# step's gradient (formulations: routing_loop 'unrolled_inference').
+UNROLLED_INFERENCE = 'inference'
+
+
+def fori_loop(lower: int, upper: int, body, state, unroll: Union[bool, str] = False):
+  """jax.lax.fori_loop over static bounds; `unroll` True: the iterations as straight-line
+  code (a Python loop: what fori_loop(..., unroll=True) makes, and what a converter that
+  replaces fori_loop while it traces, jax2onnx for capsjax-export, can read);
+  UNROLLED_INFERENCE: straight-line code where nothing differentiates the loop, the rolled
+  loop's derivatives where something does (the same values either way)."""
+  if unroll == UNROLLED_INFERENCE:
+    # The arrays `body` closes over (û, …) become explicit arguments, so the derivative
+    # rule sees them (a custom_jvp must not differentiate through a closure).
+    converted, constants = jax.closure_convert(body, lower, state)
+    return _unrolled_unless_differentiated(lower, upper, converted, state, constants)
   if unroll:
     for t in range(lower, upper):
       state = body(t, state)
     return state
   return jax.lax.fori_loop(lower, upper, body, state)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _unrolled_unless_differentiated(lower, upper, body, state, constants):
+  for t in range(lower, upper):
+    state = body(t, state, *constants)
+  return state
+
+
+@_unrolled_unless_differentiated.defjvp
+def _rolled_derivatives(lower, upper, body, primals, tangents):
+  """A training step differentiates the rolled loop: its linearisation keeps one loop (and
+  trained faster than the unrolled one on a CPU: docs/results.md, "CPU speed")."""
+  def rolled(state, constants):
+    return jax.lax.fori_loop(lower, upper, lambda t, carry: body(t, carry, *constants), state)
+  return jax.jvp(rolled, primals, tangents)
 
 
 def iterate(body, state, num_iterations, max_iterations, unroll):
