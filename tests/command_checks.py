@@ -2,9 +2,9 @@
 tests/test_documented_commands.py): a JSON list of [kind, argv] on stdin, a JSON list of
 {status, stdout, stderr} on stdout's last line.
 
-  train   `capsjax ARGS --summary`: capsjax's flag parsing, the experiment's config with
-          the overrides, the command's validation and the model built (its parameter
-          table), through the functions the command itself calls; nothing trains.
+  training  `capsjax ARGS --summary`: capsjax's flag parsing, the experiment's config with
+            the overrides, the command's validation and the model built (its parameter
+            table), through the functions the command itself calls; nothing trains.
   plan    `capsjax-plan ARGS` up to its first compilation: its flags, checks, target,
           compile-only devices and the batch it would compile (capsjax.app.plan.configure);
           the compilations themselves are tests/test_plan.py's, at a small model's size.
@@ -38,7 +38,7 @@ def _forget_flags():
   flags.FLAGS.unparse_flags()
 
 
-def _train(argv):
+def _training(argv):
   from absl import app  # pylint: disable=g-import-not-at-top
   from capsjax.app import launch  # pylint: disable=g-import-not-at-top
   launch.set_experiments_dir(os.path.join(ROOT, 'experiments'))
@@ -97,7 +97,7 @@ def main():
     status = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       try:
-        {'train': _train, 'plan': _plan, 'script': _script}[kind](argv)
+        {'training': _training, 'plan': _plan, 'script': _script}[kind](argv)
       except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
       except Exception as e:  # pylint: disable=broad-except

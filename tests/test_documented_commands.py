@@ -126,7 +126,7 @@ def test_documented_training_plan_and_benchmark_commands_check_as_written(mnist_
   assert {kind for kind, _ in checks} >= {'training', 'script'}
   env = dict(os.environ, CAPSJAX_GPU_PLAN=os.path.join(ROOT, '.gpu-plan'))   # .ci/run fills it
   done = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'command_checks.py')], input=json.dumps(
-      [['train' if kind == 'training' else kind, argv] for kind, argv in checks]), capture_output=True, text=True,
+      checks), capture_output=True, text=True,
                         timeout=600, cwd=tmp_path, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads(done.stdout.splitlines()[-1])
