@@ -61,7 +61,7 @@ class Formulation:
       "convolutions as XLA's, im2col + matmul, im2col by kernel rows, products of Fourier transforms, or "
       'unit-stride on pixel blocks folded into channels (space_to_depth) (same values; auto: faster on the '
       'backend, on a CPU per layer)'))] = 'auto'
-  patches_inference: Annotated[str, About(one_of(PATCHES_INFERENCE), (
+  patches_inference: Annotated[Any, About(one_of(PATCHES_INFERENCE), (
       'the im2col conv at inference a few images at a time or the whole batch (same values)'))] = 'auto'
   conv_inputs: Annotated[str, About(one_of(CONV_INPUTS), (
       "the convolutions' matmul inputs: float32, or bfloat16 accumulated in float32 (faster on AVX-512 BF16 "
@@ -138,18 +138,24 @@ class ConvLayer(NamedTuple):
     taps = -(-self.kernel_size // self.stride) * self.stride
     return out_h * out_w * taps ** 2 * self.channels * self.features
 
+  def patch_matrix_bytes(self) -> int:
+    """The im2col matrix of the whole call: [batch, out_h, out_w, k·k·channels]."""
+    out_h, out_w = self.output_size()
+    itemsize = 2 if self.dot_inputs == 'bfloat16' else 4
+    return self.batch * out_h * out_w * self.kernel_size ** 2 * self.channels * itemsize
+
   def fourier_multiply_adds(self) -> float:
     """Per image, as capsjax.ops.fourier_conv2d computes it: the image's transform, the
     complex product per frequency (three real matmuls), the inverse at the valid outputs,
     and the kernel's transform shared by the call's `batch` images (a single image pays
-    all of it: 705 M for PrimaryCaps against 191 M direct; 55 M at batch 128)."""
+    all of it: 1 025 M for PrimaryCaps against 191 M direct; 63 M at batch 128)."""
     grid_h, grid_w = -(-self.height // self.stride), -(-self.width // self.stride)
     taps = -(-self.kernel_size // self.stride)
     complex_bins, real_bins = (len(bins) for bins in spectrum_bins(grid_h, grid_w))
-    rows = 2 * complex_bins + real_bins            # transform rows: cos and sin per complex bin
+    rows = 3 * complex_bins + real_bins   # a row per real matmul of the products (Gauss's three per complex bin)
     phase_channels = self.stride ** 2 * self.channels
     out_h, out_w = self.output_size()
-    return (rows * grid_h * grid_w * phase_channels + (3 * complex_bins + real_bins) * phase_channels * self.features
+    return (rows * grid_h * grid_w * phase_channels + rows * phase_channels * self.features
             + rows * out_h * out_w * self.features + rows * taps ** 2 * phase_channels * self.features / self.batch)
 
 
@@ -193,17 +199,34 @@ class StrideRule:
     return (self.unit, self.strided)
 
 
+@dataclasses.dataclass(frozen=True)
+class PatchesRule:
+  """A `patches_inference` entry decided per layer: 'whole_batch' where the whole call's
+  patch matrix takes at most `whole_batch_bytes` (one matmul, no loop), else 'chunked'
+  (a chunk's patch matrix at a time). Without a layer: 'chunked'."""
+  whole_batch_bytes: int
+
+  def pick(self, layer: Optional[ConvLayer]) -> str:
+    small = layer is not None and layer.patch_matrix_bytes() <= self.whole_batch_bytes
+    return 'whole_batch' if small else 'chunked'
+
+  def choices(self) -> tuple:
+    return ('chunked', 'whole_batch')
+
+
 # Table entries decided per layer (the rest are one value).
-_RULES = (ConvRule, StrideRule)
+_RULES = (ConvRule, StrideRule, PatchesRule)
 
 FASTEST = {
     'cpu': {
         # The rule from PrimaryCaps, Conv1 and a 5×5 layer timed in the three forms at batches
         # 1–256 (docs/results.md, "Three convolutions"; XLA's convolution: "CPU speed").
         'conv_impl': ConvRule(fourier_share=0.5, fourier_min_batch=128, row_depth=1024, rows_min_batch=32),
-        # Chunks of 16 images: a chunk's patch matrix stays in cache, the whole batch's is
-        # memory traffic (docs/results.md, "GPU readiness": patches inference).
-        'patches_inference': 'chunked',
+        # One matmul where the whole batch's patch matrix is small (Conv1 alone inferred 1.3x
+        # faster whole than in chunks at 16 MB, batch 128; level at 63 MB), chunks of 16 images
+        # where it is large (PrimaryCaps' 382 MB: docs/results.md, "GPU readiness": patches
+        # inference; "CPU speed": the patches rule).
+        'patches_inference': PatchesRule(whole_batch_bytes=32 * 2 ** 20),
         # With the Fourier PrimaryCaps, unrolled inferred faster and rolled trained faster
         # (Zen 3, 2026-11-27: docs/results.md, "CPU speed"): each where it is faster.
         'routing_loop': 'unrolled_inference',
@@ -267,7 +290,7 @@ def for_platform(section: Mapping[str, Any], platform: str = '') -> Formulation:
                         for option, value in section.items()})
 
 
-Choice = Union[str, ConvRule, StrideRule]
+Choice = Union[str, ConvRule, StrideRule, PatchesRule]
 
 
 def resolve(option: str, value: Choice, platform: str = '', layer: Optional[ConvLayer] = None) -> str:
@@ -289,7 +312,7 @@ def describe(chosen: Formulation) -> List[str]:
   for option, value in ((field.name, getattr(chosen, field.name)) for field in dataclasses.fields(chosen)):
     if isinstance(value, StrideRule):
       lines += [f'{option} (stride 1) {value.unit}', f'{option} (stride > 1) {value.strided}']
-    elif isinstance(value, ConvRule):
+    elif isinstance(value, (ConvRule, PatchesRule)):
       lines.append(f'{option} (by each layer\'s shape and batch) {" | ".join(value.choices())}')
     else:
       lines.append(f'{option} {value}')

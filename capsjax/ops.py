@@ -240,38 +240,33 @@ def _kernel_rows_bwd(stride, chunk, train_chunk, dot_inputs, residuals, output_g
 kernel_rows_conv2d.defvjp(_kernel_rows_fwd, _kernel_rows_bwd)
 
 
-class _BinTransform(NamedTuple):
-  """A real DFT's matrices [bins, points] for the complex bins (real and imaginary rows)
-  and the self-conjugate bins (real rows only: their sines vanish)."""
-  complex_re: np.ndarray
-  complex_im: np.ndarray
-  real: np.ndarray
-
-  def apply(self, array: Array, subscripts: str):
-    """(complex re, complex im, real) parts of the transform of `array` (each one matmul)."""
-    exact = jax.lax.Precision.HIGHEST
-    return tuple(jnp.einsum(subscripts, matrix, array, precision=exact) for matrix in self)
-
-  def apply_transposed(self, parts, subscripts: str) -> Array:
-    """Σ over the three parts of matrixᵀ · part (the transform's transpose, summed)."""
-    exact = jax.lax.Precision.HIGHEST
-    return sum(jnp.einsum(subscripts, np.ascontiguousarray(matrix.T), part, precision=exact)
-               for matrix, part in zip(self, parts))
+class _SpectralMatrices(NamedTuple):
+  """The Fourier form as three matrices on stacked rows (`_fourier_matrices`)."""
+  images: np.ndarray    # [rows, grid positions]
+  kernel: np.ndarray    # [rows, taps]
+  inverse: np.ndarray   # [valid outputs, rows]
 
 
 @functools.lru_cache(maxsize=None)
 def _fourier_matrices(grid_h: int, grid_w: int, taps_h: int, taps_w: int, out_h: int, out_w: int):
   """The real DFT of a grid_h × grid_w grid on its independent bins
-  (formulations.spectrum_bins), signs folded in (a negation would be one more pass over a
-  large array, and its gradient another): the images' (cos, -sin) [bins, grid positions];
-  the kernel's (cos, sin) at its taps [bins, taps]; the inverse at the valid outputs
-  (cos, -sin) [bins, outputs], each bin weighted by how many bins it stands for (itself
-  and its conjugate twin: 2; a self-conjugate bin: 1) and by 1/N."""
+  (formulations.spectrum_bins), with each complex product's three real matmuls folded in.
+
+  Per complex bin, X = a_re + i·a_im (the images' cos and −sin rows) times conj(K) =
+  b_re + i·b_im (the kernel's cos and sin rows at its taps) is Gauss's k1 = (a_re + a_im)·
+  b_re, k2 = a_re·(b_im − b_re), k3 = a_im·(b_re + b_im), re = k1 − k3, im = k1 + k2. The
+  sums are linear in the inputs, so they are rows of the transforms: the images' rows are
+  [cos − sin | cos | −sin | real bins' cos], the kernel's [cos | sin − cos | cos + sin |
+  real bins' cos], and one product per row gives [k1 | k2 | k3 | real products]. The
+  inverse at the valid outputs, y = Σ w_f (cos·re − sin·im) + real bins' w_f cos·Y (w_f:
+  2/N for a complex bin, standing for its conjugate twin too; 1/N for a real one), then
+  reads the stacked products directly: [w(cos − sin) | −w sin | −w cos | w cos]. So the
+  form is three matmuls and a batched product, with no pass of its own over any large
+  array (each would be memory traffic)."""
   rows, columns = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing='ij')
   complex_bins, real_bins = formulations.spectrum_bins(grid_h, grid_w)
   taps = (rows[:taps_h, :taps_w] * grid_w + columns[:taps_h, :taps_w]).reshape(-1)
   outputs = (rows[:out_h, :out_w] * grid_w + columns[:out_h, :out_w]).reshape(-1)
-  as32 = lambda a: np.asarray(a, np.float32).reshape(-1, a.shape[-1])
 
   def angle(bins, points):   # [bins, points]
     freq = np.asarray(bins, np.float64).reshape(-1, 2)
@@ -279,42 +274,36 @@ def _fourier_matrices(grid_h: int, grid_w: int, taps_h: int, taps_w: int, out_h:
                         + freq[:, 1:] * columns.reshape(1, -1)[:, points] / grid_w)
 
   every = np.arange(grid_h * grid_w)
-  images = _BinTransform(as32(np.cos(angle(complex_bins, every))), as32(-np.sin(angle(complex_bins, every))),
-                         as32(np.cos(angle(real_bins, every))))
-  kernel = _BinTransform(as32(np.cos(angle(complex_bins, taps))), as32(np.sin(angle(complex_bins, taps))),
-                         as32(np.cos(angle(real_bins, taps))))
+  cos, sin, real = np.cos(angle(complex_bins, every)), np.sin(angle(complex_bins, every)), np.cos(angle(real_bins, every))
+  images = np.concatenate([cos - sin, cos, -sin, real]).reshape(-1, grid_h * grid_w)
+  cos, sin, real = np.cos(angle(complex_bins, taps)), np.sin(angle(complex_bins, taps)), np.cos(angle(real_bins, taps))
+  kernel = np.concatenate([cos, sin - cos, cos + sin, real]).reshape(-1, len(taps))
   size = grid_h * grid_w
-  inverse = _BinTransform(as32(2 / size * np.cos(angle(complex_bins, outputs))),
-                          as32(-2 / size * np.sin(angle(complex_bins, outputs))),
-                          as32(1 / size * np.cos(angle(real_bins, outputs))))
-  return images, kernel, inverse
+  cos, sin, real = (2 / size * np.cos(angle(complex_bins, outputs)), 2 / size * np.sin(angle(complex_bins, outputs)),
+                    1 / size * np.cos(angle(real_bins, outputs)))
+  inverse = np.concatenate([cos - sin, -sin, -cos, real]).reshape(-1, len(outputs)).T
+  as32 = lambda matrix: np.ascontiguousarray(matrix, np.float32)
+  return _SpectralMatrices(as32(images), as32(kernel), as32(inverse))
 
 
-def _complex_product(a_re: Array, a_im: Array, b_re: Array, b_im: Array, subscripts: str):
-  """(a_re + i·a_im)(b_re + i·b_im) contracted as `subscripts` says, in three real matmuls
-  instead of four (Gauss: k1 = (a_re + a_im)·b_re, k2 = a_re·(b_im − b_re), k3 =
-  a_im·(b_re + b_im); re = k1 − k3, im = k1 + k2)."""
-  k1 = jnp.einsum(subscripts, a_re + a_im, b_re)
-  k2 = jnp.einsum(subscripts, a_re, b_im - b_re)
-  k3 = jnp.einsum(subscripts, a_im, b_re + b_im)
-  return k1 - k3, k1 + k2
+# The transforms at HIGHEST precision: a TF32 DFT would lose digits on a GPU.
+_EXACT = jax.lax.Precision.HIGHEST
 
 
 def _spectral_forward(phased, phased_kernel, grid):
-  images_dft, kernel_dft, inverse_dft = _fourier_matrices(*grid)
+  matrices = _fourier_matrices(*grid)
   with jax.named_scope('transforms'):
-    # X = Σ_p x e^{-iθ}                                   # [bins, batch, s²c] per part
-    images_re, images_im, images_real = images_dft.apply(phased, 'fp,pbc->fbc')
-    # conj(K) = Σ_t k e^{+iθ}                             # [bins, s²c, out] per part
-    kernel_re, kernel_conj_im, kernel_real = kernel_dft.apply(phased_kernel, 'ft,tco->fco')
+    # [a_re + a_im | a_re | a_im | real bins] of X = Σ_p x e^{-iθ}            # [rows, batch, s²c]
+    images_rows = jnp.einsum('fp,pbc->fbc', matrices.images, phased, precision=_EXACT)
+    # [b_re | b_im − b_re | b_re + b_im | real bins] of conj(K) = Σ_t k e^{+iθ}  # [rows, s²c, out]
+    kernel_rows = jnp.einsum('ft,tco->fco', matrices.kernel, phased_kernel, precision=_EXACT)
   with jax.named_scope('products'):
-    # Correlation: Y = X conj(K), one product per bin    # [bins, batch, out]
-    outputs_re, outputs_im = _complex_product(images_re, images_im, kernel_re, kernel_conj_im, 'fbc,fco->fbo')
-    outputs_real = jnp.einsum('fbc,fco->fbo', images_real, kernel_real)
+    # Correlation: Y = X conj(K) per bin, as [k1 | k2 | k3 | real products]  # [rows, batch, out]
+    products = jnp.einsum('fbc,fco->fbo', images_rows, kernel_rows)
   with jax.named_scope('transforms'):
-    # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs      # [outputs, batch, out]
-    outputs = inverse_dft.apply_transposed((outputs_re, outputs_im, outputs_real), 'qf,fbo->qbo')
-  return outputs, (images_re, images_im, images_real, kernel_re, kernel_conj_im, kernel_real)
+    # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs                          # [outputs, batch, out]
+    outputs = jnp.einsum('qf,fbo->qbo', matrices.inverse, products, precision=_EXACT)
+  return outputs, (images_rows, kernel_rows)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -322,29 +311,24 @@ def _spectral_correlation(phased: Array, phased_kernel: Array, grid: tuple) -> A
   """The Fourier form's transforms and products: phased images [positions, batch, s²c],
   phased kernel [taps, s²c, out] → valid outputs [outputs, batch, out]. Written with its
   own gradient so that every matmul of the backward pass is a plain (or right-transposed)
-  one on position- or bin-major arrays: the automatic one contracted the batch axis of
-  [bins, batch, s²c] arrays (a transposed-left matmul XLA:CPU leaves to a slower
-  kernel) and moved the bin axes innermost (docs/results.md, "CPU speed")."""
+  one on position- or row-major arrays: the automatic one contracted the batch axis of
+  [rows, batch, s²c] arrays (a transposed-left matmul XLA:CPU leaves to a slower
+  kernel) and moved the row axes innermost (docs/results.md, "CPU speed")."""
   return _spectral_forward(phased, phased_kernel, grid)[0]
 
 
 def _spectral_correlation_bwd(grid, residuals, outputs_grad):
-  images_re, images_im, images_real, kernel_re, kernel_conj_im, kernel_real = residuals
-  images_dft, kernel_dft, inverse_dft = _fourier_matrices(*grid)
+  images_rows, kernel_rows = residuals
+  matrices = _fourier_matrices(*grid)
   with jax.named_scope('transforms'):
-    # dY = Σ_q w_f e^{∓iθ} dy                             # [bins, batch, out] per part
-    grad_re, grad_im, grad_real = inverse_dft.apply(outputs_grad, 'fq,qbo->fbo')
+    products_grad = jnp.einsum('fq,qbo->fbo', matrices.inverse.T, outputs_grad, precision=_EXACT)   # [rows, batch, out]
   with jax.named_scope('products'):
-    # dX = dY conj(K)ᴴ                                    # [bins, batch, s²c]
-    images_grad = (*_complex_product(grad_re, grad_im, kernel_re, -kernel_conj_im, 'fbo,fco->fbc'),
-                   jnp.einsum('fbo,fco->fbc', grad_real, kernel_real))
-    # d conj(K)ᵀ = dYᵀ X̄: the batch contracted as the right factor's rows   # [bins, out, s²c]
-    grad_re_t, grad_im_t, grad_real_t = (jnp.swapaxes(part, 1, 2) for part in (grad_re, grad_im, grad_real))
-    kernel_grad = (*_complex_product(grad_re_t, grad_im_t, images_re, -images_im, 'fob,fbc->foc'),
-                   jnp.einsum('fob,fbc->foc', grad_real_t, images_real))
+    images_rows_grad = jnp.einsum('fbo,fco->fbc', products_grad, kernel_rows)          # [rows, batch, s²c]
+    # The batch contracted as the right factor's rows                            # [rows, out, s²c]
+    kernel_rows_grad = jnp.einsum('fob,fbc->foc', jnp.swapaxes(products_grad, 1, 2), images_rows)
   with jax.named_scope('transforms'):
-    phased_grad = images_dft.apply_transposed(images_grad, 'pf,fbc->pbc')     # [positions, batch, s²c]
-    kernel_grad = kernel_dft.apply_transposed(kernel_grad, 'tf,foc->toc')     # [taps, out, s²c]
+    phased_grad = jnp.einsum('pf,fbc->pbc', matrices.images.T, images_rows_grad, precision=_EXACT)  # [positions, batch, s²c]
+    kernel_grad = jnp.einsum('tf,foc->toc', matrices.kernel.T, kernel_rows_grad, precision=_EXACT)  # [taps, out, s²c]
   return phased_grad, jnp.swapaxes(kernel_grad, 1, 2)
 
 
@@ -358,11 +342,12 @@ def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:
   and the kernel is split alike, leaving a stride-1 correlation of s²·c channels on a
   ⌈h/s⌉ × ⌈w/s⌉ grid. Its discrete Fourier transform turns the correlation into one
   complex [batch, s²c] × [s²c, out] product per frequency (Y = X · conj(K)), three real
-  matmuls each (`_complex_product`), one for the self-conjugate bins, whose values are
-  real; circular wrap-around never reaches the valid outputs, and only those are
-  transformed back. For PrimaryCaps (9×9, stride 2, 256 → 256 on 20×20: 48 complex and 4
-  real bins) that is 55 M multiply-adds per image at batch 128 instead of im2col's 191 M, which is why
-  'auto' picks it where the count says so (capsjax.formulations). The transforms run at
+  matmuls each (Gauss's, folded into the transforms' rows: `_fourier_matrices`), one for
+  the self-conjugate bins, whose values are real; circular wrap-around never reaches the
+  valid outputs, and only those are transformed back. For PrimaryCaps (9×9, stride 2, 256
+  → 256 on 20×20: 48 complex and 4 real bins) that is 63 M multiply-adds per image at batch
+  128 instead of im2col's 191 M, which is why 'auto' picks it where the count says so
+  (capsjax.formulations). The transforms run at
   HIGHEST precision (a TF32 DFT would lose digits on a GPU); values equal the direct
   convolution's to float32 rounding.
   """
@@ -447,7 +432,7 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
       return space_to_depth_conv2d(images, kernel, stride, dot_inputs)
   if impl == 'xla':
     return xla_conv2d(images, kernel, stride, dot_inputs)
-  whole_batch = formulations.resolve('patches_inference', patches_inference) == 'whole_batch'
+  whole_batch = formulations.resolve('patches_inference', patches_inference, layer=layer) == 'whole_batch'
   chunk = batch_chunk_size(images.shape[0], PATCHES_CHUNK)
   inference_chunk = images.shape[0] if whole_batch else chunk
   if impl == 'kernel_rows':

@@ -74,7 +74,9 @@ def test_auto_formulations_come_from_the_one_table():
     expected = rule.pick(paper_primary) if hasattr(rule, 'pick') else rule
     assert formulations.resolve('conv_impl', 'auto', backend, paper_primary) == expected
     assert formulations.resolve('routing_loop', 'auto', backend) == entry['routing_loop']
-    assert formulations.resolve('patches_inference', 'auto', backend) == entry['patches_inference']
+    rule = entry['patches_inference']
+    expected = rule.pick(paper_conv1) if hasattr(rule, 'pick') else rule
+    assert formulations.resolve('patches_inference', 'auto', backend, paper_conv1) == expected
     assert formulations.resolve('dtype', 'auto', backend) == entry['dtype']
   # FASTEST['gpu'], from the H200 lease of 2026-11-26: strided convolutions as space-to-depth,
   # unit-stride ones as patches (the H100 report), bfloat16 compute.

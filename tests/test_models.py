@@ -60,13 +60,13 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   layer = formulations.ConvLayer
   primary, conv1 = layer(20, 20, 256, 256, 9, 2), layer(28, 28, 1, 256, 9, 1)
   # Hand counts for PrimaryCaps: 6·6·81·256·256 direct; fourier on the 10×10 grid of 4 phases
-  # (1024 channels), 48 complex bins (rows cos and sin) and 4 real ones ((0|5, 0|5): 100
-  # transform rows), three matmuls per complex product (Gauss), one per real one:
-  # 100·100·1024 + (3·48 + 4)·1024·256 + 100·36·256 + 100·25·1024·256/128.
+  # (1024 channels), 48 complex bins and 4 real ones ((0|5, 0|5)), three matmuls per complex
+  # product (Gauss's, each a row of every transform), one per real one: 148 rows,
+  # 148·100·1024 + 148·1024·256 + 148·36·256 + 148·25·1024·256/128.
   assert primary.direct_multiply_adds() == 6 * 6 * 81 * 256 * 256
   assert formulations.spectrum_bins(10, 10)[1] == ((0, 0), (5, 0), (0, 5), (5, 5))
   assert len(formulations.spectrum_bins(10, 10)[0]) == 48
-  assert primary.fourier_multiply_adds() == 100 * 100 * 1024 + (3 * 48 + 4) * 1024 * 256 + 100 * 36 * 256 + 100 * 25 * 1024 * 2
+  assert primary.fourier_multiply_adds() == 148 * 100 * 1024 + 148 * 1024 * 256 + 148 * 36 * 256 + 148 * 25 * 1024 * 2
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary) == 'fourier'
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=64)) == 'kernel_rows'
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=1)) == 'patches'   # the explorer
@@ -76,6 +76,16 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   assert formulations.resolve('conv_impl', 'auto', 'gpu', primary) == 'space_to_depth'
   assert formulations.resolve('conv_impl', 'auto', 'gpu', conv1) == 'patches'
   assert formulations.resolve('conv_impl', 'kernel_rows', 'cpu', conv1) == 'kernel_rows'   # explicit stays
+  # Patches without gradients: one matmul where the whole call's patch matrix is ≤ 32 MiB
+  # (Conv1 at batch 128: 128·20·20·81·4 bytes, 15.8 MiB), chunks above (Conv1 at 512: 63.3
+  # MiB; PrimaryCaps at 32: 91.1 MiB); explicit values stay, a GPU takes one matmul.
+  assert conv1.patch_matrix_bytes() == 128 * 20 * 20 * 81 * 4
+  assert formulations.resolve('patches_inference', 'auto', 'cpu', conv1) == 'whole_batch'
+  assert formulations.resolve('patches_inference', 'auto', 'cpu', conv1._replace(batch=512)) == 'chunked'
+  assert formulations.resolve('patches_inference', 'auto', 'cpu', primary._replace(batch=32)) == 'chunked'
+  assert formulations.resolve('patches_inference', 'auto', 'cpu') == 'chunked'   # without a layer
+  assert formulations.resolve('patches_inference', 'chunked', 'cpu', conv1) == 'chunked'
+  assert formulations.resolve('patches_inference', 'auto', 'gpu', primary) == 'whole_batch'
   with pytest.raises(ValueError, match="'fourier' computes in float32"):
     ops.conv2d(jnp.ones((1, 9, 9, 2)), jnp.ones((3, 3, 2, 2)), 2, 'fourier', dot_inputs='bfloat16')
 
