@@ -220,8 +220,9 @@ _RULES = (ConvRule, StrideRule, PatchesRule)
 FASTEST = {
     'cpu': {
         # The rule from PrimaryCaps, Conv1 and a 5×5 layer timed in the three forms at batches
-        # 1–256 (docs/results.md, "Three convolutions"; XLA's convolution: "CPU speed").
-        'conv_impl': ConvRule(fourier_share=0.5, fourier_min_batch=128, row_depth=1024, rows_min_batch=32),
+        # 1–256 (docs/results.md, "Three convolutions"; XLA's convolution: "CPU speed"); the
+        # Fourier form from batch 64 since its rows took Gauss's sums ("CPU speed", 2026-11-27).
+        'conv_impl': ConvRule(fourier_share=0.5, fourier_min_batch=64, row_depth=1024, rows_min_batch=32),
         # One matmul where the whole batch's patch matrix is small (Conv1 alone inferred 1.3x
         # faster whole than in chunks at 16 MB, batch 128; level at 63 MB), chunks of 16 images
         # where it is large (PrimaryCaps' 382 MB: docs/results.md, "GPU readiness": patches

@@ -68,7 +68,8 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   assert len(formulations.spectrum_bins(10, 10)[0]) == 48
   assert primary.fourier_multiply_adds() == 148 * 100 * 1024 + 148 * 1024 * 256 + 148 * 36 * 256 + 148 * 25 * 1024 * 2
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary) == 'fourier'
-  assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=64)) == 'kernel_rows'
+  assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=64)) == 'fourier'
+  assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=32)) == 'kernel_rows'
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=1)) == 'patches'   # the explorer
   assert formulations.resolve('conv_impl', 'auto', 'cpu', conv1) == 'patches'          # fourier: 10x the work
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(dot_inputs='bfloat16')) == 'kernel_rows'
