@@ -41,7 +41,7 @@ def worker(experiment: str, batch: int, steps: int) -> None:
 
 def start(side_dir: str, args) -> subprocess.Popen:
   env = dict(os.environ, PYTHONPATH=side_dir)
-  command = [sys.executable, os.path.join(HERE, 'revisions.py'), '--worker', '--base', args.base, '--experiment', args.experiment,
+  command = [sys.executable, os.path.join(HERE, 'revisions.py'), '--worker', '--experiment', args.experiment,
              '--batch', str(args.batch), '--steps', str(args.steps)]
   return subprocess.Popen(command, cwd=side_dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -58,7 +58,7 @@ def ask(process: subprocess.Popen, mode: str = '') -> dict:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--base', required=True, help='the git revision to compare this checkout with')
+  parser.add_argument('--base', help='the git revision to compare this checkout with (required)')
   parser.add_argument('--experiment', default='mnist', help='config module in capsjax.experiments')
   parser.add_argument('--batch', type=int, default=128)
   parser.add_argument('--steps', type=int, default=8, help='timed calls per round')
@@ -68,6 +68,8 @@ def main():
   if args.worker:
     worker(args.experiment, args.batch, args.steps)
     return
+  if not args.base:
+    parser.error('the following arguments are required: --base')
   sys.path.insert(0, CHECKOUT)
   from capsjax.app import cli  # pylint: disable=g-import-not-at-top
   cli.use_huge_pages()   # restarts this process once; the workers inherit it
