@@ -3,6 +3,7 @@ checked on real MNIST test digits with ONNX Runtime alone (no JAX in that proces
 StableHLO file reloaded and the SavedModel loaded by TensorFlow; an own-images model (3
 channels, 64 px) too; bad input one line; README's serving snippet without JAX."""
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,8 +23,10 @@ from capsjax.data.sources import load_dataset
 import documented
 from helpers import tiny_config
 
-pytest.importorskip('jax2onnx')
-pytest.importorskip('onnxruntime')
+# Looked up, not imported: jax2onnx and ONNX Runtime take 1.2 s to import, which every test
+# worker would pay at collection (the tests that convert import them).
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ('jax2onnx', 'onnxruntime')),
+                                reason="the export extra installs jax2onnx and onnxruntime: pip install 'capsjax[export]'")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Measured (2026-11-27, Zen 3): the exported files' activations within 7.5e-9 of capsjax's

@@ -13,10 +13,12 @@ import pytest
 from capsjax import assemble
 from helpers import tiny_config
 
-torch = pytest.importorskip('torch', reason='the test extra installs torch (setup.cfg)')
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.float32_matmuls
+# Looked up at collection, imported by the test: PyTorch takes 5 s to import, which every
+# test worker would pay at collection.
+pytestmark = [pytest.mark.float32_matmuls,
+              pytest.mark.skipif(importlib.util.find_spec('torch') is None,
+                                 reason='the test extra installs torch (setup.cfg)')]
 
 
 def _peer():
@@ -27,6 +29,7 @@ def _peer():
 
 
 def test_the_peer_equals_capsjax_for_the_same_weights():
+  import torch  # pylint: disable=g-import-not-at-top
   peer = _peer()
   config = tiny_config('')
   config.model.formulation.dtype = 'float32'   # as the peer, on any backend (a GPU's 'auto' is bfloat16)
