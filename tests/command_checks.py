@@ -1,10 +1,14 @@
-"""Runs documented commands' own front ends in one process (used by
-tests/test_documented_commands.py): a JSON list of [kind, argv] on stdin, a JSON list of
-{status, stdout, stderr} on stdout's last line.
+"""Runs commands' own front ends in one process (`run`; used by
+tests/test_documented_commands.py for the documented commands, and by the tests of bad
+arguments): a JSON list of [kind, argv] on stdin, a JSON list of {status, stdout, stderr}
+on stdout's last line.
 
   training  `capsjax ARGS --summary`: capsjax's flag parsing, the experiment's config with
             the overrides, the command's validation and the model built (its parameter
             table), through the functions the command itself calls; nothing trains.
+  capsjax   `capsjax ARGS` as written, through the same functions, up to the start of the
+            run: a command that gets that far (past its flags, config and validation)
+            stops there with status 3 ('would start the run'); nothing trains.
   plan    `capsjax-plan ARGS` up to its first compilation: its flags, checks, target,
           compile-only devices and the batch it would compile (capsjax.app.plan.configure);
           the compilations themselves are tests/test_plan.py's, at a small model's size.
@@ -12,6 +16,8 @@ tests/test_documented_commands.py): a JSON list of [kind, argv] on stdin, a JSON
           parsed ARGS (its imports and flags as written), then stops before it measures.
 
 One process for all of them: a command's start (imports) costs more than its checks.
+What only a process of its own shows (its exit status as the shell sees it, what C++ or
+the interpreter's teardown print) stays with a few cases run as real commands.
 """
 import argparse
 import contextlib
@@ -19,6 +25,7 @@ import io
 import json
 import os
 import runpy
+import subprocess
 import sys
 
 from absl import flags
@@ -28,6 +35,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class _Parsed(Exception):
   pass
+
+
+class _WouldRun(Exception):
+  pass
+
+
+def run(checks, cwd=None, env=None, timeout=600):
+  """[{status, stdout, stderr}] of each [kind, argv] in `checks`, in one new process."""
+  done = subprocess.run([sys.executable, os.path.abspath(__file__)], input=json.dumps(checks),
+                        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+  if done.returncode != 0:
+    raise AssertionError(f'tests/command_checks.py ended with status {done.returncode}:\n{done.stderr[-3000:]}')
+  return json.loads(done.stdout.splitlines()[-1])
 
 
 def _forget_flags():
@@ -46,6 +66,28 @@ def _training(argv):
   argv = ['capsjax', *argv, '--summary']
   remaining = launch.parse_flags(argv)
   app.run(launch.main, argv=remaining)
+
+
+def _capsjax(argv):
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from capsjax.app import distributed, launch  # pylint: disable=g-import-not-at-top
+  launch.set_experiments_dir(os.path.join(ROOT, 'experiments'))
+  _forget_flags()
+
+  def would_run(*args, **kwargs):
+    del args, kwargs
+    raise _WouldRun()
+
+  initialize = distributed.initialize_distributed
+  distributed.initialize_distributed = would_run   # launch.main's first step of a run
+  try:
+    argv = ['capsjax', *argv]
+    app.run(launch.main, argv=launch.parse_flags(argv))
+  except _WouldRun:
+    print('command_checks: would start the run', file=sys.stderr)
+    raise SystemExit(3) from None
+  finally:
+    distributed.initialize_distributed = initialize
 
 
 def _plan(argv):
@@ -97,7 +139,7 @@ def main():
     status = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       try:
-        {'training': _training, 'plan': _plan, 'script': _script}[kind](argv)
+        {'training': _training, 'capsjax': _capsjax, 'plan': _plan, 'script': _script}[kind](argv)
       except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
       except Exception as e:  # pylint: disable=broad-except

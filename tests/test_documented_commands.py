@@ -15,16 +15,13 @@ How each is run:
 """
 import configparser
 import importlib.util
-import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
-import pytest
 from PIL import Image
 
+import command_checks
 import documented
 
 ROOT = documented.ROOT
@@ -125,11 +122,7 @@ def test_documented_training_plan_and_benchmark_commands_check_as_written(mnist_
   checks = [_check_argv(c, placeholders) for c in commands]
   assert {kind for kind, _ in checks} >= {'training', 'script'}
   env = dict(os.environ, CAPSJAX_GPU_PLAN=os.path.join(ROOT, '.gpu-plan'))   # .ci/run fills it
-  done = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'command_checks.py')], input=json.dumps(
-      checks), capture_output=True, text=True,
-                        timeout=600, cwd=tmp_path, env=env)
-  assert done.returncode == 0, done.stderr[-3000:]
-  results = json.loads(done.stdout.splitlines()[-1])
+  results = command_checks.run(checks, cwd=tmp_path, env=env)
   failed = [f'{c}\n    {r["stderr"].strip()[-500:]}' for c, r in zip(commands, results) if r['status'] != 0]
   assert not failed, 'documented commands that fail as written:\n' + '\n'.join(failed)
   said = {c.text: r['stdout'] for c, r in zip(commands, results)}

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from capsjax.app import launch
+import command_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,12 +26,18 @@ def test_summary_prints_the_paper_count():
   assert any(line.startswith('digit_caps/weights') and '(1152, 10, 16, 8)' in line for line in lines)
 
 
-def test_summary_follows_config_overrides():
-  result = run('--experiment=mnist', '--summary', '--config.model.use_decoder=False')
-  assert result.stdout.strip().splitlines()[-1] == 'num_params=6804224'
+SUMMARY_WITHOUT_DECODER = ['--experiment=mnist', '--summary', '--config.model.use_decoder=False']
 
 
-@pytest.mark.parametrize('args,message', [
+def test_summary_follows_config_overrides(front_end):
+  result = front_end[tuple(SUMMARY_WITHOUT_DECODER)]
+  assert result['status'] == 0, result
+  assert result['stdout'].strip().splitlines()[-1] == 'num_params=6804224'
+
+
+# Each through the command's own front end, all in one process (tests/command_checks.py);
+# a few as real commands below, for what only a process of its own shows.
+BAD_ARGUMENTS = [
     (['--experiment=nope', '--workdir=/tmp/x'], "unknown experiment 'nope'"),
     (['--experiment=mnist', '--config.no_such_key=1', '--summary'], "error: unknown config key 'no_such_key'"),
     (['--experiment=mnist', '--config.learning_rte=1', '--summary'],
@@ -55,7 +62,7 @@ def test_summary_follows_config_overrides():
      "unknown config key 'routing_probe_iterations' (it is config.evals.routing_probe.iterations now; 0 (off) is "
      '--config.evals.routing_probe.enabled=False)'),
     (['--experiment=ablation', '--workdir=/tmp/x', '--config.program=nope'],
-     "config.program='nope': allowed one of train, ablation"),
+     "config.program='nope': allowed one of train, "),   # (then the programs in the order they registered)
     (['--experiment=sweep_smoke', '--workdir=/tmp/x', '--config.sweep.variants=("a: learning_rat=1",)'],
      "sweep override 'learning_rat': no such config key"),
     # A key path that is not made of Python names: ml_collections would end in a traceback.
@@ -72,10 +79,30 @@ def test_summary_follows_config_overrides():
      'error: config.loss.reconstruction_weight=1e+300: allowed a finite number >= 0'),
     (['--experiment=mnist', '--workdir=/tmp/x', '--config.lr_min=0.1'],
      'error: config.lr_min=0.1: allowed below learning_rate=0.001 (the exponential decay is floored at it'),
-])
-def test_bad_arguments_give_one_line(args, message):
+]
+
+
+@pytest.fixture(scope='module')
+def front_end(tmp_path_factory):
+  """This module's commands through capsjax's front end in one process: {argv: result}."""
+  commands = [args for args, _ in BAD_ARGUMENTS] + [SUMMARY_WITHOUT_DECODER]
+  results = command_checks.run([['capsjax', args] for args in commands], cwd=tmp_path_factory.mktemp('front_end'))
+  return dict(zip(map(tuple, commands), results))
+
+
+@pytest.mark.parametrize('args,message', BAD_ARGUMENTS)
+def test_bad_arguments_give_one_line(args, message, front_end):
+  result = front_end[tuple(args)]
+  assert result['status'] == 2, result
+  assert result['stderr'].strip().count('\n') == 0, result['stderr']
+  assert message in result['stderr'] and 'Traceback' not in result['stderr']
+
+
+@pytest.mark.parametrize('index', [0, 2, 15])   # the experiment's name, a key, a value: each a real command
+def test_bad_arguments_end_the_command_with_one_line(index):
+  args, message = BAD_ARGUMENTS[index]
   result = run(*args)
-  assert result.returncode != 0
+  assert result.returncode == 2
   assert result.stderr.strip().count('\n') == 0, result.stderr
   assert message in result.stderr and 'Traceback' not in result.stderr
 

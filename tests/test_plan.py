@@ -11,6 +11,7 @@ import pytest
 
 from capsjax.app import plan as plan_lib
 from capsjax.errors import ConfigError
+import command_checks
 import documented
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -327,26 +328,48 @@ def dataclass_replace(result, chip):
   return dataclasses.replace(result, target=dataclasses.replace(result.target, chip=chip), largest_batch=None)
 
 
-@pytest.mark.parametrize('args, message', [
+BAD_PLANS = [
     (['--experiment=mnist', '--target=v9:2x2'], "error: --target='v9:2x2': not a TPU topology"),
     (['--experiment=mnist', '--target=v5e:2x2', '--config.batch_size=30'],
      'error: global batch_size 30 does not divide by the 4 devices'),
     (['--experiment=mnist'], 'error: --target=NAME is required'),
     (['--experiment=ablation', '--target=v5e:2x2'], 'error: --experiment=ablation: its program (ablation)'),
     (['--target=list'], None),
-])
-def test_bad_plans_are_one_line(args, message):
+]
+
+
+@pytest.fixture(scope='module')
+def bad_plan_results():
+  """capsjax-plan's front end for each of BAD_PLANS, all in one process (tests/command_checks.py)."""
+  results = command_checks.run([['plan', args] for args, _ in BAD_PLANS], cwd=ROOT, timeout=120)
+  return {tuple(args): result for (args, _), result in zip(BAD_PLANS, results)}
+
+
+def _expected(args, message):
   if ('batch_size=30' in ' '.join(args) or message is None) and not HAVE_LIBTPU:
-    message = 'error: planning for a TPU needs libtpu'
+    return 'error: planning for a TPU needs libtpu'
+  return message
+
+
+@pytest.mark.parametrize('args, message', BAD_PLANS)
+def test_bad_plans_are_one_line(args, message, bad_plan_results):
+  result, message = bad_plan_results[tuple(args)], _expected(args, message)
+  if message is None:   # the topologies this libtpu describes, without an experiment
+    assert result['status'] == 0 and 'v5e:4x4        16 chips,   16 devices,   4 hosts' in result['stdout'], result
+    assert not result['stderr'], result['stderr']
+    return
+  assert result['status'] == 2, result['stderr']
+  assert result['stderr'].strip().splitlines() == [result['stderr'].strip()], result['stderr']
+  assert result['stderr'].startswith(message), result['stderr']
+
+
+def test_a_bad_plan_ends_the_command_with_one_line():
+  args, message = BAD_PLANS[1]
   result = subprocess.run([sys.executable, '-m', 'capsjax.app.plan'] + args, capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
-  if message is None:   # the topologies this libtpu describes, without an experiment
-    assert result.returncode == 0 and 'v5e:4x4        16 chips,   16 devices,   4 hosts' in result.stdout, result
-    assert not result.stderr, result.stderr
-    return
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr[-2000:]
-  assert result.stderr.startswith(message), result.stderr
+  assert result.stderr.startswith(_expected(args, message)), result.stderr
 
 
 def test_without_libtpu_the_plan_names_the_extra(monkeypatch):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import command_checks
 import capsjax.experiments as experiments
 from capsjax.errors import ConfigError
 from capsjax.app.launch import config_lines
@@ -125,32 +126,57 @@ def test_comparison_models_and_ensembles_are_checked():
   assert "a 'cnn' model is trained with the 'softmax_xent' or 'sigmoid_xent' loss" in problems_of(config)[0]
 
 
-@pytest.mark.parametrize('override,message', [
+BAD_VALUES = [
     ('--config.batch_size=0', 'config.batch_size=0: allowed an integer >= 1'),
     ('--config.learning_rate=-1', 'config.learning_rate=-1.0'),
     ('--config.model.formulation.dtype=float99', "config.model.formulation.dtype='float99'"),
     ('--config.loss.name=bogus', "config.loss.name='bogus'"),
     ('--config.num_epochs=0', 'config.num_epochs=0.0'),
-])
-def test_cli_rejects_bad_values_before_reading_data(override, message, tmp_path):
+]
+
+
+def _bad_value_command(override, folder):
   # No data folder exists at all: the error must come from validation, not from data.
+  return ['--experiment=mnist', f'--workdir={folder}/w', f'--config.data_dir={folder}/no_data', override]
+
+
+@pytest.fixture(scope='module')
+def bad_value_results(tmp_path_factory):
+  """Each command through capsjax's own front end, all in one process (tests/command_checks.py):
+  the folder they were given, {override: result} ('--summary': a summary's validation)."""
+  folder = tmp_path_factory.mktemp('bad_values')
+  commands = {override: _bad_value_command(override, folder) for override, _ in BAD_VALUES}
+  commands['--summary'] = ['--experiment=mnist', '--summary', '--config.model.digit_dim=0']
+  results = command_checks.run([['capsjax', args] for args in commands.values()], cwd=folder, timeout=120)
+  return folder, dict(zip(commands, results))
+
+
+@pytest.mark.parametrize('override,message', BAD_VALUES)
+def test_cli_rejects_bad_values_before_reading_data(override, message, bad_value_results):
+  folder, results = bad_value_results
+  result = results[override]
+  assert result['status'] == 2, result
+  assert result['stderr'].strip().splitlines() == [f'error: {result["stderr"].strip()[7:]}']
+  assert message in result['stderr']
+  assert not (folder / 'w').exists()
+
+
+def test_a_bad_value_ends_the_command_before_reading_data(tmp_path):
+  override, message = BAD_VALUES[0]
   started = time.time()
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist', f'--workdir={tmp_path}/w',
-       f'--config.data_dir={tmp_path}/no_data', override],
-      capture_output=True, text=True, timeout=120)
+  result = subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), *_bad_value_command(override, tmp_path)],
+                          capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
-  assert result.stderr.strip().splitlines() == [f'error: {result.stderr.strip()[7:]}']
-  assert message in result.stderr
+  assert result.stderr.strip() == f'error: {message}'
   assert time.time() - started < 60
   assert not (tmp_path / 'w').exists()
 
 
-def test_summary_validates_too():
-  result = subprocess.run([sys.executable, os.path.join(ROOT, 'run.py'), '--experiment=mnist', '--summary',
-                           '--config.model.digit_dim=0'], capture_output=True, text=True, timeout=120)
-  assert result.returncode == 2
-  assert result.stderr.strip() == 'error: config.model.digit_dim=0: allowed an integer >= 1'
+def test_summary_validates_too(bad_value_results):
+  _, results = bad_value_results
+  result = results['--summary']
+  assert result['status'] == 2
+  assert result['stderr'].strip() == 'error: config.model.digit_dim=0: allowed an integer >= 1'
 
 
 @pytest.mark.parametrize('overrides,message', [
