@@ -17,6 +17,7 @@ declarations; nothing else repeats a default, a rule or a help line. This module
 nothing of capsjax, so any module may declare its keys.
 """
 import dataclasses
+import functools
 import inspect
 import math
 import re
@@ -224,21 +225,27 @@ def _about(annotation) -> Optional[About]:
   return None
 
 
+@functools.lru_cache(maxsize=None)
+def _annotated_arguments(owner) -> Tuple[Tuple[str, Any, Any], ...]:
+  """(name, annotation, default) of each key `owner` declares. Read once per owner: the
+  signatures and type hints are most of what --help and validation spend on a config's
+  ~100 keys (`config_default`s are still called each time: they follow registrations)."""
+  if dataclasses.is_dataclass(owner):
+    hints = typing.get_type_hints(owner, include_extras=True)
+    return tuple((field.name, hints.get(field.name), field.default) for field in dataclasses.fields(owner)
+                 if field.name not in ('parent', 'name'))   # Flax's own fields
+  return tuple((p.name, p.annotation, p.default) for p in inspect.signature(owner).parameters.values()
+               if p.kind == p.KEYWORD_ONLY and p.default is not p.empty)
+
+
 def annotated_keys(owner) -> Dict[str, Key]:
   """The keys a dataclass (a Flax module: its fields) or a function (its keyword-only
   arguments with defaults) declares, by name, in their order, at the config's defaults; the
   rule and help from `Annotated[…, About(…)]` (none: any value, no help line). A field
   whose default is a dataclass (a model's `formulation`) is a section: its class's keys,
   dotted under the field's name, at the default's values."""
-  if dataclasses.is_dataclass(owner):
-    hints = typing.get_type_hints(owner, include_extras=True)
-    found = [(field.name, hints.get(field.name), field.default) for field in dataclasses.fields(owner)
-             if field.name not in ('parent', 'name')]   # Flax's own fields
-  else:
-    found = [(p.name, p.annotation, p.default) for p in inspect.signature(owner).parameters.values()
-             if p.kind == p.KEYWORD_ONLY and p.default is not p.empty]
   declared = {}
-  for name, annotation, default in found:
+  for name, annotation, default in _annotated_arguments(owner):
     if dataclasses.is_dataclass(default) and not isinstance(default, type):
       # A section (a model's formulation): its class's keys, at this field's values.
       for inner in annotated_keys(type(default)).values():

@@ -272,11 +272,18 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   return entry.value(prediction_vectors, input_activations, *loop, **loop_options, **options)
 
 
+@functools.lru_cache(maxsize=None)
+def _parameters(function) -> Tuple[inspect.Parameter, ...]:
+  """`function`'s parameters, read once: validation and --help ask for each routing's
+  options once per config key."""
+  return tuple(inspect.signature(function).parameters.values())
+
+
 def routing_option_defaults(name: str) -> Dict[str, Any]:
   """The options a config may set for routing `name` (keyword arguments that are neither
   learned, nor the loop's own, nor the capsule layer's features), with their defaults."""
   entry = ROUTINGS[name]
-  return {p.name: p.default for p in inspect.signature(entry.value).parameters.values()
+  return {p.name: p.default for p in _parameters(entry.value)
           if p.name not in _OWN_ARGUMENTS and p.name not in entry.learned and p.name not in entry.layer_inputs}
 
 
