@@ -52,7 +52,7 @@ def test_the_peer_equals_capsjax_for_the_same_weights():
   capsnet = peer.load_capsjax(peer.CapsNet(input_shape=(28, 28, 1), conv1_channels=config.model.conv1_channels,
                                            primary_types=config.model.primary_types,
                                            decoder_hidden=config.model.decoder_hidden), params)
-  torch_images, torch_targets = torch.from_numpy(images), torch.from_numpy(np.asarray(targets))
+  torch_images, torch_targets = torch.from_numpy(images), torch.from_numpy(np.array(targets))   # (a writable copy)
   lengths, reconstructions = capsnet(torch_images, torch_targets)
   torch_loss = peer.loss_fn(lengths, reconstructions, torch_images, torch_targets)
   torch_loss.backward()
