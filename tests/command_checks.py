@@ -59,13 +59,7 @@ def _forget_flags():
 
 
 def _training(argv):
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from capsjax.app import launch  # pylint: disable=g-import-not-at-top
-  launch.set_experiments_dir(os.path.join(ROOT, 'experiments'))
-  _forget_flags()
-  argv = ['capsjax', *argv, '--summary']
-  remaining = launch.parse_flags(argv)
-  app.run(launch.main, argv=remaining)
+  _capsjax([*argv, '--summary'])
 
 
 def _capsjax(argv):
