@@ -69,7 +69,10 @@ def main():
     worker(args.experiment, args.batch, args.steps)
     return
   if not args.base:
-    parser.error('the following arguments are required: --base')
+    raise SystemExit('error: --base=REV is required: the git revision to compare this checkout with')
+  for name in ('batch', 'steps', 'rounds'):   # before two sides compile for minutes
+    if getattr(args, name) < 1:
+      raise SystemExit(f'error: --{name}={getattr(args, name)}: allowed an integer >= 1')
   sys.path.insert(0, CHECKOUT)
   from capsjax.app import cli  # pylint: disable=g-import-not-at-top
   cli.use_huge_pages()   # restarts this process once; the workers inherit it
