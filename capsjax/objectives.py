@@ -66,7 +66,7 @@ def make_objective(name: str, num_classes: int, **options) -> Objective:
     >>> objective = capsjax.make_objective('capsnet', num_classes=10, reconstruction_weight=0.0005)
     >>> model = capsjax.CapsNet(conv1_channels=32, primary_types=8)
     >>> batch = {'images': jnp.zeros((4, 28, 28, 1)), 'labels': jnp.array([0, 1, 2, 3])}
-    >>> params = model.init(jax.random.key(0), batch['images'])['params']
+    >>> params = jax.jit(model.init)(jax.random.key(0), batch['images'])['params']   # jitted: one program
     >>> loss, scores, parts = objective(model, params, batch, True)
     >>> loss.shape, scores.shape, sorted(parts)
     ((4,), (4, 10), ['margin_loss', 'reconstruction_loss'])

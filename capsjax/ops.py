@@ -30,8 +30,13 @@ def resolve_conv_impl(impl, layer: Optional[formulations.ConvLayer] = None) -> s
   return formulations.resolve('conv_impl', impl, layer=layer)
 
 
+@functools.partial(jax.jit, static_argnames=('kernel_size', 'stride'))
 def extract_patches(images: Array, kernel_size: int, stride: int) -> Array:
-  """VALID im2col: [batch, h, w, c] → [batch, out_h, out_w, kh*kw*c] (kh, kw, c order)."""
+  """VALID im2col: [batch, h, w, c] → [batch, out_h, out_w, kh*kw*c] (kh, kw, c order).
+
+  Jitted so that a call outside jit (`model.init` as the Flax docs write it) compiles one
+  program, not one per kernel offset's slice (81 for PrimaryCaps); inside a traced
+  program it is inlined."""
   out_h, out_w = formulations.valid_output_size(images.shape[1], images.shape[2], kernel_size, stride)
   # One strided slice per kernel offset; concatenated in (kh, kw, c) order to match the
   # row order of kernel.reshape(kh*kw*c, out).

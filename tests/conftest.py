@@ -91,11 +91,15 @@ if ROOT not in sys.path:   # benchmarks/ (not installed) is importable by tests,
 
 MNIST_DIR = os.environ.get('CAPSJAX_MNIST_DIR', os.path.join(ROOT, '..', 'shared', 'data', 'mnist'))
 MARKER = 'float32_matmuls'
+COMPILE_BOUND = 'compile_bound'
 
 
 def pytest_configure(config):
   config.addinivalue_line('markers', f'{MARKER}: run with full float32 matmuls and convolutions '
                           '(no TF32 on a GPU); for tests that compare formulations, members or a reference')
+  config.addinivalue_line('markers', f'{COMPILE_BOUND}: on a CPU, XLA compiles without most optimisations '
+                          '(jax_disable_most_optimizations, in-process and in the commands the test starts), '
+                          'for tests whose time is compiling small programs run a few times')
   config.addinivalue_line('markers', 'slow: trains, compiles a paper-size model or runs a program end to end '
                           '(CI runs every test; `-m "not slow"` is the quick loop while editing)')
 
@@ -111,19 +115,48 @@ def float32_matmuls():
     jax.config.update('jax_default_matmul_precision', previous)
 
 
-def _marked(node) -> bool:
-  return node is not None and node.get_closest_marker(MARKER) is not None
+@contextlib.contextmanager
+def little_optimisation():
+  """XLA's cheap compilation on a CPU (JAX's `jax_disable_most_optimizations`): the modules
+  marked compile_bound compile many small programs and run each a few times, so their time
+  is compilation, which this halves (docs/results.md, session 32); a step runs about 3×
+  slower, so tests that train stay optimised. The same results either way: this only
+  changes how hard XLA optimises, not what is computed. A GPU's compiles are left alone."""
+  if jax.default_backend() != 'cpu':
+    yield
+    return
+  previous = jax.config.values['jax_disable_most_optimizations']   # a flag: no attribute, no context manager
+  jax.config.update('jax_disable_most_optimizations', True)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')   # the commands the test starts
+    try:
+      yield
+    finally:
+      jax.config.update('jax_disable_most_optimizations', previous)
+
+
+def _marked(node, marker: str = MARKER) -> bool:
+  return node is not None and node.get_closest_marker(marker) is not None
+
+
+def _marked_contexts(node):
+  stack = contextlib.ExitStack()
+  if _marked(node):
+    stack.enter_context(float32_matmuls())
+  if _marked(node, COMPILE_BOUND):
+    stack.enter_context(little_optimisation())
+  return stack
 
 
 @pytest.fixture(autouse=True, scope='module')
-def _module_float32_matmuls(request):
-  with float32_matmuls() if _marked(request.node) else contextlib.nullcontext():
+def _module_markers(request):
+  with _marked_contexts(request.node):
     yield
 
 
 @pytest.fixture(autouse=True)
-def _test_float32_matmuls(request):
-  with float32_matmuls() if _marked(request.node) else contextlib.nullcontext():
+def _test_markers(request):
+  with _marked_contexts(request.node):
     yield
 
 

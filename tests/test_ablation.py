@@ -15,6 +15,9 @@ from capsjax.models import build_model, count_params
 from capsjax.experiments import ablation as ablation_experiment
 from helpers import tiny_config
 
+# Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+pytestmark = pytest.mark.compile_bound
+
 
 def member_config(config, member) -> ml_collections.ConfigDict:
   """The stand-alone config that trains exactly like `member` of config's ensemble."""

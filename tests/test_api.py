@@ -15,6 +15,9 @@ import capsjax
 from capsjax import routing
 from capsjax.data import idx
 
+# Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+pytestmark = pytest.mark.compile_bound
+
 # Names that take or return arrays: their docstrings give the shapes ([batch, …]).
 ARRAY_NAMES = ('squash', 'vector_norm', 'coupling_coefficients', 'dynamic_routing', 'route',
                'routing_logit_changes', 'register_routing', 'ROUTINGS', 'RoutingResult', 'margin_loss', 'reconstruction_loss',

@@ -7,6 +7,9 @@ import pytest
 
 from capsjax import diagnostics, routing
 
+# Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+pytestmark = pytest.mark.compile_bound
+
 
 def test_entropy_is_one_for_uniform_and_zero_for_one_parent_and_movement_is_total_variation():
   uniform = jnp.full((1, 2, 4), 0.25)

@@ -29,7 +29,9 @@ pytestmark = [
     pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ('jax2onnx', 'onnxruntime')),
                        reason="the export extra installs jax2onnx and onnxruntime: pip install 'capsjax[export]'"),
     # jax2onnx 0.12.5's own use of a deprecated JAX name, met when a test first imports it.
-    pytest.mark.filterwarnings('ignore:jax.core.DropVar is deprecated:DeprecationWarning')]
+    pytest.mark.filterwarnings('ignore:jax.core.DropVar is deprecated:DeprecationWarning'),
+    # Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+    pytest.mark.compile_bound]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Measured (2026-11-27, Zen 3): the exported files' activations within 7.5e-9 of capsjax's

@@ -2,9 +2,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from capsjax.losses import capsnet_loss, margin_loss, reconstruction_loss
 from capsjax.models import longest_capsule_mask, mask_capsules
+
+# Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+pytestmark = pytest.mark.compile_bound
 
 
 def test_margin_loss_hand_computed():

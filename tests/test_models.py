@@ -10,7 +10,8 @@ from capsjax.models import CapsNet, build_model, count_params
 from capsjax.experiments import mnist
 
 # Compares formulations / the model's own answers at float32 tolerances (see conftest).
-pytestmark = pytest.mark.float32_matmuls
+# Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+pytestmark = [pytest.mark.float32_matmuls, pytest.mark.compile_bound]
 
 
 def _param_shapes(model, input_shape=(28, 28, 1)):

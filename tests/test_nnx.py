@@ -5,8 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+import pytest
 
 import capsjax
+
+# Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+pytestmark = pytest.mark.compile_bound
 
 
 class NnxCapsNet(nnx.Module):

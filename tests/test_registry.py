@@ -18,6 +18,9 @@ from capsjax.routing import ROUTINGS, register_routing, route
 from capsjax.validation import problems_of
 from helpers import tiny_config
 
+# Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+pytestmark = pytest.mark.compile_bound
+
 # A user's routing, as README's "Add a routing" gives it: one file, one decorator.
 USER_ROUTING = '''
 import jax.numpy as jnp

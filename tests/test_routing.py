@@ -17,7 +17,8 @@ from capsjax.errors import RunStopped
 from capsjax.routing import coupling_coefficients, dynamic_routing, squash
 from helpers import evaluators_off
 
-pytestmark = pytest.mark.float32_matmuls
+# Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
+pytestmark = [pytest.mark.float32_matmuls, pytest.mark.compile_bound]
 
 
 def reference_squash(s):
