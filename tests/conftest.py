@@ -119,9 +119,10 @@ def float32_matmuls():
 def little_optimisation():
   """XLA's cheap compilation on a CPU (JAX's `jax_disable_most_optimizations`): the modules
   marked compile_bound compile many small programs and run each a few times, so their time
-  is compilation, which this halves (docs/results.md, session 32); a step runs about 3×
-  slower, so tests that train stay optimised. The same results either way: this only
-  changes how hard XLA optimises, not what is computed. A GPU's compiles are left alone."""
+  is compilation, which this shortens; the compiled steps run slower, so modules that train
+  stay optimised (each module measured both ways: docs/results.md, session 32). It changes
+  how hard XLA's backend optimises the code it emits, not the program. A GPU's compiles are
+  left alone."""
   if jax.default_backend() != 'cpu':
     yield
     return
