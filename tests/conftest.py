@@ -121,8 +121,9 @@ def little_optimisation():
   marked compile_bound compile many small programs and run each a few times, so their time
   is compilation, which this shortens; the compiled steps run slower, so modules that train
   stay optimised (each module measured both ways: docs/results.md, session 32). It changes
-  how hard XLA's backend optimises the code it emits, not the program. A GPU's compiles are
-  left alone."""
+  how hard XLA's backend optimises the code it emits, not the program (JAX's in-memory jit
+  cache does not key on it: a function compiled on either side is reused as it is, correct
+  either way). A GPU's compiles are left alone."""
   if jax.default_backend() != 'cpu':
     yield
     return
@@ -140,13 +141,14 @@ def _marked(node, marker: str = MARKER) -> bool:
   return node is not None and node.get_closest_marker(marker) is not None
 
 
+@contextlib.contextmanager
 def _marked_contexts(node):
-  stack = contextlib.ExitStack()
-  if _marked(node):
-    stack.enter_context(float32_matmuls())
-  if _marked(node, COMPILE_BOUND):
-    stack.enter_context(little_optimisation())
-  return stack
+  with contextlib.ExitStack() as stack:
+    if _marked(node):
+      stack.enter_context(float32_matmuls())
+    if _marked(node, COMPILE_BOUND):
+      stack.enter_context(little_optimisation())
+    yield
 
 
 @pytest.fixture(autouse=True, scope='module')
