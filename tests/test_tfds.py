@@ -12,7 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-from capsjax.data.sources import load_dataset, load_idx_split, load_tfds_split
+from capsjax.data.sources import load_dataset, load_idx_split, load_tfds_split, tfds_builder
+from capsjax.data.sources import tfds_builders
 from capsjax.data.rows import ImageRows
 from capsjax.errors import DataError
 
@@ -102,6 +103,38 @@ def test_prepared_data_is_reused_without_network(prepared, tmp_path):
                 '--config.model.formulation.conv_impl=xla')
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'downloading' not in result.stdout
+
+
+def test_a_decoded_split_is_kept_and_read_back_until_its_prepared_files_change(prepared, monkeypatch):
+  tfds_dir, _, result = prepared
+  assert result.returncode == 0
+  decoded = []
+  stacked = tfds_builders._stacked
+  monkeypatch.setattr(tfds_builders, '_stacked', lambda *a: decoded.append(1) or stacked(*a))
+  folder = tfds_builder('mnist', str(tfds_dir)).data_dir
+  copies = lambda: sorted(f for f in os.listdir(folder) if f.startswith('capsjax-decoded-test-'))
+  assert len(copies()) == 1   # the README command's run decoded the test split and kept it
+  kept = load_tfds_split('mnist', 'test', str(tfds_dir))
+  assert not decoded and kept.images.shape == (10000, 28, 28, 1) and kept.images.dtype == np.uint8
+  # Prepared again (a newer file): decoded again, the same examples, the old copy replaced.
+  test_file = os.path.join(folder, 'mnist-test.array_record-00000-of-00001')
+  stat = os.stat(test_file)
+  os.utime(test_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+  before = copies()
+  again = load_tfds_split('mnist', 'test', str(tfds_dir))
+  assert len(decoded) == 1 + 10000   # (the shape probe, then every row)
+  np.testing.assert_array_equal(again.images, kept.images)
+  np.testing.assert_array_equal(again.labels, kept.labels)
+  assert len(copies()) == 1 and copies() != before
+  # A folder it cannot write to: the data all the same, nothing left behind.
+  def full_disk(*args, **kwargs):
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(np, 'savez', full_disk)
+  os.utime(test_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2 * 10**9))
+  unkept = load_tfds_split('mnist', 'test', str(tfds_dir))
+  np.testing.assert_array_equal(unkept.images, kept.images)
+  assert copies() == [name for name in copies() if name.endswith('.npz')] and len(copies()) == 1
+  assert not [f for f in os.listdir(folder) if f.endswith('.tmp')]
 
 
 @pytest.mark.parametrize('url', ['http://127.0.0.1:9/', 'http://capsjax-offline.invalid/'])

@@ -2,11 +2,13 @@
 downloaded and prepared on first use, read from array_record files."""
 import contextlib
 import functools
+import hashlib
+import json
 import logging
 import os
 import socket
 import urllib.parse
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -72,7 +74,9 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
   """One split through TFDS: downloaded and prepared on first use, then read back with
   `tfds.data_source` (array_record, random access, no TensorFlow at read time). The
   labels are read once without decoding any image; the images are decoded into one
-  uint8 array (in chunks), or with `on_demand` only when rows are indexed.
+  uint8 array (in chunks), or with `on_demand` only when rows are indexed. A whole split,
+  once decoded, is kept beside the prepared files (`decoded_copy_path`) and later reads
+  load that copy instead of decoding every image again.
 
   Preparation decodes the source files through `tf.io`, so it needs TensorFlow (the
   `tensorflow-cpu` dependency); later runs only read the prepared files.
@@ -103,6 +107,11 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
                     '--config.tfds_data_dir') from None
   if not len(source):
     raise DataError(f'TFDS {name}:{split} is empty')
+  copy = None if on_demand else decoded_copy_path(builder, split, image_keys, label_key)
+  if copy is not None:
+    kept = _read_decoded_copy(copy, len(source))
+    if kept is not None:
+      return kept
   labels = np.empty(len(source), np.int32)
   for start in range(0, len(labels), CHUNK_ROWS):   # bounded: the encoded images are large
     stop = min(start + CHUNK_ROWS, len(labels))
@@ -113,7 +122,78 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
       return np.stack([_stacked(example, image_keys) for example in source.__getitems__(ids.tolist())])
 
   images = ImageRows(read, read(np.zeros(1, np.int64)).shape[1:], num_rows=len(source))
-  return Dataset(images if on_demand else np.asarray(images), labels)
+  if on_demand:
+    return Dataset(images, labels)
+  dataset = Dataset(np.asarray(images), labels)
+  if copy is not None:
+    _keep_decoded_copy(copy, dataset)
+  return dataset
+
+
+# The decoded copy of a split: `DECODED_COPY_PREFIX` + split + a digest of what it was
+# decoded from (`decoded_copy_path`) + '.npz'. Decoding is per image in Python (TFDS's
+# example parser and PIL), at every start of every run; the copy loads at disk speed
+# (docs/results.md, "Reading a prepared TFDS split again").
+DECODED_COPY_PREFIX = 'capsjax-decoded-'
+# Changes when what a copy holds changes (its arrays' names, dtypes or layout).
+DECODED_COPY_FORMAT = 1
+
+
+def decoded_copy_path(builder, split: str, image_keys: Sequence[str], label_key: str) -> Optional[str]:
+  """Where the decoded copy of `split` lives: in the prepared dataset's folder, named by a
+  digest of the split's prepared files (names, sizes, modification times), the feature
+  keys and the copy's format, so a dataset prepared again (or read with other keys) is
+  decoded again. None where the files cannot be listed."""
+  try:
+    files = sorted(builder.info.splits[split].filepaths, key=str)
+    stats = [(os.path.basename(str(path)), os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in files]
+  except Exception:  # pylint: disable=broad-except  (no such split or files: decode, keep nothing)
+    return None
+  if not stats:
+    return None
+  what = json.dumps([DECODED_COPY_FORMAT, split, list(image_keys), label_key, stats])
+  digest = hashlib.sha256(what.encode()).hexdigest()[:16]
+  return os.path.join(str(builder.data_dir), f'{DECODED_COPY_PREFIX}{_file_safe(split)}-{digest}.npz')
+
+
+def _file_safe(split: str) -> str:
+  return ''.join(c if c.isalnum() or c in '_.' else '_' for c in split)
+
+
+def _read_decoded_copy(path: str, num_rows: int) -> Optional[Dataset]:
+  """The copy at `path` if it is there, whole and of `num_rows` examples; else None (the
+  split is then decoded again and the copy rewritten)."""
+  try:
+    with np.load(path, allow_pickle=False) as kept:
+      images, labels = kept['images'], kept['labels']
+  except Exception:  # pylint: disable=broad-except  (absent, truncated, not an npz: decode)
+    return None
+  if (len(images) != num_rows or len(labels) != num_rows or images.dtype != np.uint8 or images.ndim != 4
+      or labels.dtype != np.int32):
+    return None
+  return Dataset(images, labels)
+
+
+def _keep_decoded_copy(path: str, dataset: Dataset) -> None:
+  """Writes the copy (to a temporary name, then renamed: a reader never sees half of one,
+  and processes writing it at once each rename a whole one) and removes the split's older
+  copies. Where the folder is not writable (a shared read-only TFDS folder, a full disk)
+  nothing is kept and the run goes on: the next one decodes again."""
+  temporary = f'{path}.{os.getpid()}.tmp'
+  try:
+    with open(temporary, 'wb') as f:
+      np.savez(f, images=dataset.images, labels=dataset.labels)
+    os.replace(temporary, path)
+  except OSError:
+    with contextlib.suppress(OSError):
+      os.remove(temporary)
+    return
+  folder, name = os.path.split(path)
+  split_prefix = name[:name.rindex('-') + 1]
+  for other in os.listdir(folder):
+    if other.startswith(split_prefix) and other.endswith('.npz') and other != name:
+      with contextlib.suppress(OSError):
+        os.remove(os.path.join(folder, other))
 
 
 def _stacked(example, image_keys) -> np.ndarray:
