@@ -116,6 +116,14 @@ def test_a_decoded_split_is_kept_and_read_back_until_its_prepared_files_change(p
   assert len(copies()) == 1   # the README command's run decoded the test split and kept it
   kept = load_tfds_split('mnist', 'test', str(tfds_dir))
   assert not decoded and kept.images.shape == (10000, 28, 28, 1) and kept.images.dtype == np.uint8
+  # A copy cut short (a full disk, a killed writer elsewhere): decoded again and rewritten.
+  copy = os.path.join(folder, copies()[0])
+  size = os.path.getsize(copy)
+  os.truncate(copy, size // 2)
+  mended = load_tfds_split('mnist', 'test', str(tfds_dir))
+  assert len(decoded) == 1 + 10000 and os.path.getsize(copy) == size   # (the shape probe, then every row)
+  np.testing.assert_array_equal(mended.images, kept.images)
+  decoded.clear()
   # Prepared again (a newer file): decoded again, the same examples, the old copy replaced.
   test_file = os.path.join(folder, 'mnist-test.array_record-00000-of-00001')
   stat = os.stat(test_file)
