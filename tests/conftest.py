@@ -193,7 +193,7 @@ SLOW = frozenset((
     'tests/test_datasets.py::test_each_new_experiment_trains_beyond_chance',
     'tests/test_datasets.py::test_ensemble_eval_step_sums_the_members_lengths',
     'tests/test_diagnostics.py::test_every_routing_says_whether_it_has_couplings_and_they_are_distributions_over_parents',
-    'tests/test_explorer.py::test_command_serves_then_stops_on_ctrl_c',
+    'tests/test_explorer.py::test_command_serves_then_stops_on_ctrl_c_or_sigterm',
     'tests/test_explorer.py::test_example_is_the_model_encoding_of_the_test_image',
     'tests/test_explorer.py::test_multimnist_mode_decodes_the_two_capsules_separately',
     'tests/test_explorer.py::test_shipped_model_is_the_paper_model_and_classifies_its_test_sample',

@@ -455,7 +455,7 @@ def test_clients_that_leave_mid_answer_are_not_reported(explorer, monkeypatch, c
 
 
 @pytest.mark.parametrize('trained', [False, True], ids=['shipped', 'workdir'])
-def test_command_serves_then_stops_on_ctrl_c(trained, request):
+def test_command_serves_then_stops_on_ctrl_c_or_sigterm(trained, request):
   import signal  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
@@ -482,7 +482,8 @@ def test_command_serves_then_stops_on_ctrl_c(trained, request):
     url = lines[-1].split('http://')[1].split('/')[0]
     status, info = call(f'http://{url}', '/api/info')
     assert status == 200 and info['experiment'] == ('mnist' if trained else 'mnist_official')
-    process.send_signal(signal.SIGINT)
+    # Ctrl-C, or a service manager's SIGTERM: the same quiet stop.
+    process.send_signal(signal.SIGTERM if trained else signal.SIGINT)
     out, err = process.communicate(timeout=30)
   finally:
     process.kill()

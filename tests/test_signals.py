@@ -71,3 +71,24 @@ def test_ctrl_c_before_training_is_one_line(mnist_dir, tmp_path):
         process.kill()   # never left running beside the rest of the suite
     text = open(tmp_path / 'log').read()
     assert text.strip().splitlines()[-1] == 'error: interrupted' and 'Traceback' not in text, text[-2000:]
+
+
+def test_sigterm_outside_a_training_loop_is_one_line():
+  # Every command's main is a cli.main_wrapper: a SIGTERM (`kill`, a scheduler's or a
+  # service manager's stop) while it reads, converts or exports is one line and exit 143,
+  # not a silent end. (Inside the loop it saves first: test_hooks.py, test_sharding.py.)
+  program = (
+      'import os, signal, sys, time\n'
+      'from capsjax.app import cli\n'
+      '@cli.main_wrapper\n'
+      'def main(argv):\n'
+      '  print("working", flush=True)\n'
+      '  os.kill(os.getpid(), signal.SIGTERM)\n'
+      '  time.sleep(30)\n'
+      '  return 0\n'
+      'cli.run_program(main)\n')
+  done = subprocess.run([sys.executable, '-c', program], capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, CAPSJAX_HUGE_PAGES='0'))
+  assert (done.returncode, done.stdout, done.stderr) == (128 + signal.SIGTERM, 'working\n',
+                                                          'error: stopped by SIGTERM\n')
+

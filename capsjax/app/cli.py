@@ -292,20 +292,29 @@ def _interrupted(signum, frame) -> NoReturn:
   fail('interrupted', 130, hard=True)
 
 
+def _terminated(signum, frame) -> NoReturn:
+  del frame
+  sys.stdout.flush()
+  fail(f'stopped by {signal.Signals(signum).name}', 128 + signum, hard=True)
+
+
 def main_wrapper(main: Callable[[Optional[Sequence[str]]], int]):
   """Runs `main(argv)`: a CapsjaxError or an OS error is one line and exit 2, Ctrl-C exit 130,
-  a run stopped before its end (RunStopped, any program's inner run) exit 75.
+  SIGTERM one line and exit 143 (unhandled, it ended the process without a word), a run
+  stopped before its end (RunStopped, any program's inner run) exit 75.
 
   Ctrl-C exits from the signal handler itself: Python's default handler raises
   KeyboardInterrupt wherever the main thread is, and inside a garbage-collection callback
   (JAX registers one) that exception is printed and dropped, so the program ran on. The
-  training loop installs its own handler (save, then stop) while it runs.
+  training loop installs its own handlers (save, then stop) while it runs; with several
+  processes JAX's preemption service takes SIGTERM over as it starts.
   """
 
   @functools.wraps(main)
   def wrapped(argv: Optional[Sequence[str]] = None) -> int:
     try:
-      previous = signal.signal(signal.SIGINT, _interrupted)
+      previous = {signal.SIGINT: signal.signal(signal.SIGINT, _interrupted),
+                  signal.SIGTERM: signal.signal(signal.SIGTERM, _terminated)}
     except ValueError:   # not the main thread: leave signals alone
       previous = None
     try:
@@ -322,7 +331,7 @@ def main_wrapper(main: Callable[[Optional[Sequence[str]]], int]):
     except KeyboardInterrupt:
       fail('interrupted', 130, hard=True)
     finally:
-      if previous is not None:
-        signal.signal(signal.SIGINT, previous)
+      for signum, handler in (previous or {}).items():
+        signal.signal(signum, handler)
 
   return wrapped

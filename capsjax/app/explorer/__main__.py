@@ -61,7 +61,8 @@ def main(argv=None):
   host, port = server.server_address[:2]
   print(f'capsule explorer for {explorer.source} ({explorer.config.experiment}, '
         f'{len(explorer.labels)} test inputs): http://{host}:{port}/  (Ctrl-C stops it)', flush=True)
-  signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C stops serving, quietly
+  for signum in (signal.SIGINT, signal.SIGTERM):   # Ctrl-C (or a service manager's stop) stops serving
+    signal.signal(signum, signal.default_int_handler)
   try:
     server.serve_forever()
   except KeyboardInterrupt:
