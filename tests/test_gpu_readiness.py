@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.float32_matmuls
+@pytest.mark.compile_bound
 @pytest.mark.parametrize('traced', [False, True])
 def test_unrolled_routing_loop_equals_the_rolled_one_in_value_and_gradient(traced):
   u_hat = 0.3 * jax.random.normal(jax.random.key(0), (2, 12, 4, 5))
@@ -34,8 +35,9 @@ def test_unrolled_routing_loop_equals_the_rolled_one_in_value_and_gradient(trace
 
   rolled, unrolled = (jax.jit(lambda u, unroll=unroll: loss(u, unroll)) for unroll in (False, True))
   np.testing.assert_allclose(unrolled(u_hat), rolled(u_hat), rtol=1e-6)
-  np.testing.assert_allclose(jax.grad(lambda u: loss(u, True))(u_hat),
-                             jax.grad(lambda u: loss(u, False))(u_hat), rtol=1e-5, atol=1e-7)
+  grad_of = lambda f: jax.jit(jax.grad(f))   # jitted: one program each, not one per operation
+  rolled_grad = grad_of(lambda u: loss(u, False))
+  np.testing.assert_allclose(grad_of(lambda u: loss(u, True))(u_hat), rolled_grad(u_hat), rtol=1e-5, atol=1e-7)
   # The unrolled program really has no loop left.
   assert 'while' not in jax.jit(lambda u: loss(u, True)).lower(u_hat).as_text()
   assert 'while' in jax.jit(lambda u: loss(u, False)).lower(u_hat).as_text()
@@ -44,16 +46,16 @@ def test_unrolled_routing_loop_equals_the_rolled_one_in_value_and_gradient(trace
   # values and gradients, under vmap too.
   inference = lambda u: loss(u, UNROLLED_INFERENCE)
   np.testing.assert_allclose(jax.jit(inference)(u_hat), rolled(u_hat), rtol=1e-6)
-  np.testing.assert_allclose(jax.grad(inference)(u_hat), jax.grad(lambda u: loss(u, False))(u_hat), rtol=1e-5,
-                             atol=1e-7)
+  np.testing.assert_allclose(grad_of(inference)(u_hat), rolled_grad(u_hat), rtol=1e-5, atol=1e-7)
   assert 'while' not in jax.jit(inference).lower(u_hat).as_text()
   assert 'while' in jax.jit(jax.grad(inference)).lower(u_hat).as_text()
   batched = jnp.stack([u_hat, 2 * u_hat])
-  np.testing.assert_allclose(jax.vmap(jax.grad(inference))(batched),
-                             jax.vmap(jax.grad(lambda u: loss(u, False)))(batched), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(inference)))(batched),
+                             jax.jit(jax.vmap(jax.grad(lambda u: loss(u, False))))(batched), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.float32_matmuls
+@pytest.mark.compile_bound
 def test_capsnet_routing_loop_option_keeps_the_outputs():
   small = dict(conv1_channels=8, conv1_kernel=3, primary_types=2, primary_kernel=3, input_shape=(12, 12, 1),
                decoder_hidden=(16,))

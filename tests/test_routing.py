@@ -121,25 +121,28 @@ def test_gradients_match_finite_differences(traced):
 
 def test_traced_and_static_gradients_agree():
   u_hat = random_predictions(8)
-  static = jax.grad(lambda u: jnp.sum(dynamic_routing(u, 2).parents ** 2))(u_hat)
-  traced = jax.grad(lambda u: jnp.sum(dynamic_routing(u, jnp.asarray(2), max_iterations=5).parents ** 2))(u_hat)
+  # (Jitted here and below: one program each, not one per operation.)
+  static = jax.jit(jax.grad(lambda u: jnp.sum(dynamic_routing(u, 2).parents ** 2)))(u_hat)
+  traced = jax.jit(jax.grad(lambda u: jnp.sum(dynamic_routing(u, jnp.asarray(2), max_iterations=5).parents ** 2)))(
+      u_hat)
   np.testing.assert_allclose(traced, static, rtol=1e-5, atol=1e-7)
 
 
 def test_stop_gradient_keeps_values_and_changes_only_gradients():
   u_hat = random_predictions(9)
   loss = lambda u, sg: jnp.sum(dynamic_routing(u, 3, stop_gradient_predictions=sg).parents ** 2)
-  np.testing.assert_allclose(dynamic_routing(u_hat, 3, stop_gradient_predictions=True).parents,
-                             dynamic_routing(u_hat, 3).parents, rtol=1e-6)
-  full, stopped = jax.grad(loss)(u_hat, False), jax.grad(loss)(u_hat, True)
+  parents = jax.jit(lambda u, sg: dynamic_routing(u, 3, stop_gradient_predictions=sg).parents, static_argnums=1)
+  np.testing.assert_allclose(parents(u_hat, True), parents(u_hat, False), rtol=1e-6)
+  grad_of = lambda f: jax.jit(jax.grad(f), static_argnums=1)
+  full, stopped = grad_of(loss)(u_hat, False), grad_of(loss)(u_hat, True)
   assert not np.allclose(full, stopped, atol=1e-6)
   # With the coupling frozen, the gradient is that of one pass with fixed c.
-  c = coupling_coefficients(dynamic_routing(u_hat, 3, return_logits=True).logits[1])
+  c = coupling_coefficients(jax.jit(lambda u: dynamic_routing(u, 3, return_logits=True).logits[1])(u_hat))
   frozen = lambda u: jnp.sum(squash(jnp.einsum('bij,bijd->bjd', c, u)) ** 2)
-  np.testing.assert_allclose(stopped, jax.grad(frozen)(u_hat), rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(stopped, jax.jit(jax.grad(frozen))(u_hat), rtol=1e-4, atol=1e-7)
   # With one iteration there is nothing to stop.
   one_pass = lambda u, sg: jnp.sum(dynamic_routing(u, 1, stop_gradient_predictions=sg).parents ** 2)
-  np.testing.assert_allclose(jax.grad(one_pass)(u_hat, True), jax.grad(one_pass)(u_hat, False), rtol=1e-6)
+  np.testing.assert_allclose(grad_of(one_pass)(u_hat, True), grad_of(one_pass)(u_hat, False), rtol=1e-6)
 
 
 def test_leaky_routing_matches_reference_with_extra_parent():
@@ -189,11 +192,11 @@ def test_squash_limits_and_direction():
 def test_squash_is_safe_at_zero():
   zero = jnp.zeros((3, 8))
   assert np.all(squash(zero) == 0)
-  grad = jax.grad(lambda s: jnp.sum(squash(s)))(zero)
+  grad = jax.jit(jax.grad(lambda s: jnp.sum(squash(s))))(zero)
   assert np.all(np.isfinite(grad))
-  jac = jax.jacobian(squash)(jnp.zeros(4))
+  jac = jax.jit(jax.jacobian(squash))(jnp.zeros(4))
   np.testing.assert_array_equal(jac, np.zeros((4, 4)))  # squash(s) = O(|s|²) near 0
-  routed_grad = jax.grad(lambda u: jnp.sum(dynamic_routing(u, 3).parents))(jnp.zeros((1, 4, 2, 3)))
+  routed_grad = jax.jit(jax.grad(lambda u: jnp.sum(dynamic_routing(u, 3).parents)))(jnp.zeros((1, 4, 2, 3)))
   assert np.all(np.isfinite(routed_grad))
 
 
@@ -484,13 +487,15 @@ def test_traced_iteration_count_under_vmap_matches_separate_calls(name):
     parents, activations = _pair(routing.route(name, u, a, count, max_iterations=4))
     return jnp.sum(parents) + jnp.sum(activations)
 
-  values = jax.vmap(summed)(jnp.arange(1, 5))   # one program over r = 1 … 4
+  values = jax.jit(jax.vmap(summed))(jnp.arange(1, 5))   # one program over r = 1 … 4
+  separate = jax.jit(lambda count: sum(jnp.sum(x) for x in _pair(routing.route(name, u, a, count))),
+                     static_argnums=0)   # (jitted here and below: one program each, not one per operation)
   for count, value in zip(range(1, 5), values):
-    parents, activations = _pair(routing.route(name, u, a, count))
-    assert value == pytest.approx(float(jnp.sum(parents) + jnp.sum(activations)), rel=1e-5)
+    assert value == pytest.approx(float(separate(count)), rel=1e-5)
   # Gradients through the traced count equal the static ones.
-  traced = jax.grad(lambda u_: jnp.sum(routing.route(name, u_, a, jnp.asarray(2), max_iterations=4).activations))(u)
-  static = jax.grad(lambda u_: jnp.sum(routing.route(name, u_, a, 2).activations))(u)
+  traced = jax.jit(jax.grad(lambda u_: jnp.sum(routing.route(name, u_, a, jnp.asarray(2), max_iterations=4)
+                                               .activations)))(u)
+  static = jax.jit(jax.grad(lambda u_: jnp.sum(routing.route(name, u_, a, 2).activations)))(u)
   np.testing.assert_allclose(traced, static, rtol=1e-5, atol=1e-7)
 
 

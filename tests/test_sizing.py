@@ -51,15 +51,16 @@ def test_stem_halves_to_at_most_40_px(side, stages, out):
   assert features.shape == (1, out, out, 8 if stages else 3)   # no stage: the image itself
 
 
+@pytest.mark.compile_bound
 @pytest.mark.parametrize('shape', [(28, 28, 1), (128, 128, 3), (37, 50, 3)])
 def test_deconv_decoder_gives_the_image_shape_in_unit_range(shape):
   decoder = DeconvDecoder(shape)
   capsules = jax.random.normal(jax.random.key(0), (2, 10 * 16))
-  pixels, variables = decoder.init_with_output(jax.random.key(1), capsules)
+  pixels, variables = jax.jit(decoder.init_with_output)(jax.random.key(1), capsules)   # jitted: one program
   assert pixels.shape == (2,) + shape and bool(jnp.all((pixels > 0) & (pixels < 1)))
   assert count_params(variables['params']) < 700_000
   # Every output pixel depends on the capsules (no corner left out of the crop).
-  grad = jax.grad(lambda c: decoder.apply(variables, c)[:, -1, -1].sum())(capsules)
+  grad = jax.jit(jax.grad(lambda c: decoder.apply(variables, c)[:, -1, -1].sum()))(capsules)
   assert float(jnp.abs(grad).sum()) > 0
 
 
