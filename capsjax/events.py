@@ -12,6 +12,7 @@ PNG summaries. A resumed run first writes a SessionLog START at its restored ste
 TensorBoard then drops the events the interrupted invocation wrote after that step, as
 metrics.jsonl drops its rows.
 """
+import contextlib
 import io
 import math
 import os
@@ -28,6 +29,7 @@ class EventWriter:
   def __init__(self, logdir: str):
     self.logdir = logdir
     self._writer = None
+    self._path = None
 
   def _events(self):
     if self._writer is None:
@@ -35,14 +37,27 @@ class EventWriter:
       from tensorboard.summary.writer.record_writer import RecordWriter  # pylint: disable=g-import-not-at-top
       # EventFileWriter's file name; a plain local file (its GFile would import TensorFlow).
       name = f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.0'
-      self._writer = RecordWriter(open(os.path.join(self.logdir, name), 'wb'))
+      self._path = os.path.join(self.logdir, name)
+      self._writer = RecordWriter(open(self._path, 'wb'))
       self._writer.write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2').SerializeToString())
     return self._writer
 
   def _add(self, step: int, **fields) -> None:
     from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
-    self._events().write(event_pb2.Event(wall_time=time.time(), step=int(step), **fields).SerializeToString())
-    self._events().flush()   # a few small records per log step: TensorBoard sees them at once
+    with self._naming_the_file():
+      self._events().write(event_pb2.Event(wall_time=time.time(), step=int(step), **fields).SerializeToString())
+      self._events().flush()   # a few small records per log step: TensorBoard sees them at once
+
+  @contextlib.contextmanager
+  def _naming_the_file(self):
+    """A failed write or flush (a full disk) names the events file: a buffered file's own
+    OSError names none, and the command's line would say only 'No space left on device'."""
+    try:
+      yield
+    except OSError as e:
+      if e.filename is not None or self._path is None:
+        raise
+      raise OSError(e.errno, e.strerror, self._path) from None
 
   def restart_at(self, step: int) -> None:
     """Marks a resumed run: TensorBoard discards this run's events after `step`."""
@@ -74,9 +89,11 @@ class EventWriter:
 
   def flush(self) -> None:
     if self._writer is not None:
-      self._writer.flush()
+      with self._naming_the_file():
+        self._writer.flush()
 
   def close(self) -> None:
     if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+      writer, self._writer = self._writer, None
+      with self._naming_the_file():
+        writer.close()

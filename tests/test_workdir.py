@@ -210,6 +210,17 @@ def test_full_disk_is_one_line_through_run_py(mnist_dir, tmp_path):
     subprocess.run(['umount', '-l', str(mount)], check=False)
 
 
+def test_a_full_disk_under_the_tensorboard_events_names_their_file(tmp_path, monkeypatch):
+  # The events file, as the kernel answers a full disk (/dev/full: ENOSPC at the flush): a
+  # buffered file's OSError names no file, and run.py's line was 'error: No space left on device'.
+  from capsjax import events  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(events, 'open', lambda path, mode: open('/dev/full', mode), raising=False)
+  writer = events.EventWriter(str(tmp_path))
+  with pytest.raises(OSError) as raised:
+    writer.scalars(1, 'train', {'loss': 0.5})
+  assert raised.value.errno == errno.ENOSPC and raised.value.filename.startswith(f'{tmp_path}/events.out.tfevents.')
+
+
 def test_read_only_workdir_fails_at_once(mnist_dir, tmp_path):
   mount = tmp_path / 'ro'
   _mount_tmpfs(mount, '1m')
