@@ -190,9 +190,9 @@ def _keep_decoded_copy(path: str, dataset: Dataset) -> None:
     return
   folder, name = os.path.split(path)
   split_prefix = name[:name.rindex('-') + 1]
-  for other in os.listdir(folder):
-    if other.startswith(split_prefix) and other.endswith('.npz') and other != name:
-      with contextlib.suppress(OSError):
+  with contextlib.suppress(OSError):   # tidying only: a copy left behind is never read
+    for other in os.listdir(folder):
+      if other.startswith(split_prefix) and other.endswith('.npz') and other != name:
         os.remove(os.path.join(folder, other))
 
 
