@@ -89,6 +89,11 @@ class PrimaryCaps(nn.Module):
 
   @nn.compact
   def __call__(self, features: Array) -> Array:
+    if features.ndim != 4:
+      raise ValueError(f'PrimaryCaps takes feature maps [batch, height, width, channels]; got shape {features.shape}')
+    if min(features.shape[1:3]) < self.kernel_size:
+      raise ValueError(f'PrimaryCaps: feature maps of {features.shape[1]}×{features.shape[2]} are smaller than its '
+                       f'{self.kernel_size}×{self.kernel_size} kernel')
     outputs = Conv(self.num_types * self.dim, self.kernel_size, self.stride,
                    formulation=self.formulation, kernel_init=self.kernel_init,
                    bias_init=self.bias_init, output_scale=1.0 / self.num_types if self.scale_by_types else 1.0,

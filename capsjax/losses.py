@@ -1,7 +1,6 @@
 """The paper's losses as pure functions; every loss is per example, shape [batch]."""
 from typing import Optional
 
-import chex
 import jax
 import jax.numpy as jnp
 
@@ -9,6 +8,18 @@ Array = jax.Array
 
 
 MARGIN_REDUCTIONS = ('sum', 'official')
+
+
+def _check_same_shape(what: str, first: str, a, second: str, b) -> None:
+  """ValueError naming both arrays unless they have one shape (broadcasting would hide a
+  mistake: labels [batch] against lengths [batch, classes] broadcast to nonsense or fail
+  with no name)."""
+  if tuple(a.shape) == tuple(b.shape):
+    return
+  hint = ''
+  if first == 'lengths' and len(b.shape) == 1 and jnp.issubdtype(b.dtype, jnp.integer):
+    hint = f' (class indices? one-hot them: jax.nn.one_hot(labels, {a.shape[-1]}))'
+  raise ValueError(f'{what}: {second} {tuple(b.shape)} must have the shape of {first} {tuple(a.shape)}{hint}')
 
 
 def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: float = 0.1,
@@ -33,6 +44,7 @@ def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: fl
   """
   if reduction not in MARGIN_REDUCTIONS:
     raise ValueError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
+  _check_same_shape('margin_loss', 'lengths', lengths, 'targets', targets)   # [batch, classes]
   targets = targets.astype(lengths.dtype)
   present = targets * jnp.square(jax.nn.relu(m_plus - lengths))
   absent = negative_weight * (1.0 - targets) * jnp.square(jax.nn.relu(lengths - m_minus))
@@ -62,6 +74,7 @@ def reconstruction_loss(reconstructions: Array, images: Array) -> Array:
     >>> capsjax.reconstruction_loss(jnp.full((2, 28, 28, 1), 0.5), jnp.zeros((2, 28, 28, 1)))
     Array([196., 196.], dtype=float32)
   """
+  _check_same_shape('reconstruction_loss', 'reconstructions', reconstructions, 'images', images)
   squared = jnp.square(reconstructions.astype(jnp.float32) - images.astype(jnp.float32))
   return jnp.sum(squared.reshape(squared.shape[0], -1), axis=-1)
 
@@ -81,9 +94,6 @@ def capsnet_loss(lengths: Array, targets: Array, reconstructions, images: Array,
     >>> round(float(total[0]), 4), sorted(parts)                      # 0.02 + 0.0005 × 196
     (0.118, ['margin_loss', 'reconstruction_loss'])
   """
-  chex.assert_equal_shape([lengths, targets])
-  if reconstructions is not None:
-    chex.assert_equal_shape([reconstructions, images])
   margin = margin_loss(lengths, targets, **margin_kwargs)
   if reconstructions is None:
     recon = jnp.zeros_like(margin)

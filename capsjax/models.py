@@ -479,9 +479,18 @@ def _checked(name, fields: Dict[str, Any]):
               if dataclasses.is_dataclass(field.default) and not isinstance(field.default, type)}
   fields = {key: tuple(value) if isinstance(value, list) else value.to_dict()
             if isinstance(value, ml_collections.ConfigDict) else value for key, value in fields.items()}
-  problems = model_problems(_as_config(name, fields, sections))
+  model = _as_config(name, fields, sections)
+  problems = model_problems(model)
   if problems:
     raise ConfigError(problems[0])
+  # A config's "from the data" values (0 classes, no input shape) are filled in when a run
+  # reads its data; a module built from them would have no classes or no image size.
+  if model.get('num_classes') == 0:
+    raise ConfigError('config.model.num_classes=0 means the classes of the data, filled in when a run reads '
+                      'them; build_model needs the number (num_classes=10)')
+  if 'input_shape' in model and not tuple(model.input_shape):
+    raise ConfigError('config.model.input_shape=() means the image size of the data, filled in when a run reads '
+                      'them; build_model needs the size (input_shape=(28, 28, 1))')
   return name, fields, sections
 
 

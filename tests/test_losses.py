@@ -1,4 +1,6 @@
 """Losses against values computed by hand."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,6 +34,20 @@ def test_margin_loss_gradient_sign():
   grad = jax.grad(lambda l: margin_loss(l, jnp.array([[1.0, 0.0]])).sum())(jnp.array([[0.5, 0.5]]))
   # The present class is pushed longer, the absent one shorter.
   assert grad[0, 0] < 0 < grad[0, 1]
+
+
+def test_targets_or_images_of_another_shape_are_named_not_broadcast():
+  # Class indices [batch] once failed deep in broadcasting; [batch, 1] targets broadcast
+  # silently into a loss of the wrong meaning.
+  lengths = jnp.full((4, 10), 0.5)
+  with pytest.raises(ValueError, match=re.escape('margin_loss: targets (4,) must have the shape of lengths (4, 10) '
+                                                 '(class indices? one-hot them: jax.nn.one_hot(labels, 10))')):
+    margin_loss(lengths, jnp.array([1, 2, 3, 4]))
+  with pytest.raises(ValueError, match=re.escape('margin_loss: targets (4, 1) must have the shape of lengths (4, 10)') + '$'):
+    margin_loss(lengths, jnp.ones((4, 1)))
+  with pytest.raises(ValueError, match=re.escape('reconstruction_loss: images (4, 28, 28, 1) must have the shape of '
+                                                 'reconstructions (4, 784)')):
+    capsnet_loss(lengths, jnp.ones((4, 10)), jnp.zeros((4, 784)), jnp.zeros((4, 28, 28, 1)))
 
 
 def test_reconstruction_loss_is_sum_of_squares_per_image():

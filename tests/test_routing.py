@@ -4,6 +4,7 @@ reference written from its paper (values, and gradients against central finite
 differences of the reference), a traced iteration count under vmap, each in a CapsNet,
 and the routing zoo."""
 import importlib.util
+import re
 
 import chex
 import jax
@@ -177,6 +178,27 @@ def test_bad_iteration_counts_are_rejected():
     jax.jit(lambda r: dynamic_routing(u_hat, r).parents)(3)
   with pytest.raises(ValueError, match='>= 1'):
     dynamic_routing(u_hat, 0).parents
+  # A count that is no integer is named, not read as traced (2.5 once asked for max_iterations).
+  for count, got in ((2.5, 'got 2.5'), (True, 'got True'), (jnp.float32(2), 'got dtype float32')):
+    with pytest.raises(ValueError, match=f'num_iterations must be an integer, {got}'):
+      routing.route('em', u_hat, num_iterations=count)
+  with pytest.raises(ValueError, match='must be an integer, got dtype float32'):
+    jax.vmap(lambda r: dynamic_routing(u_hat, r, max_iterations=3).parents)(jnp.arange(1.0, 3.0))
+  # A NumPy integer is a host constant like a Python int: exactly r iterations, no bound needed.
+  routed = dynamic_routing(u_hat, np.int64(2), return_logits=True)
+  assert routed.logits.shape[0] == 2
+  np.testing.assert_array_equal(routed.parents, dynamic_routing(u_hat, 2).parents)
+
+
+def test_votes_that_are_not_floating_batch_in_out_dim_are_named():
+  u_hat = random_predictions(0)
+  for votes, got in ((u_hat[0], f'got shape {tuple(u_hat.shape[1:])} float32'),
+                     (u_hat.astype(jnp.int32), f'got shape {tuple(u_hat.shape)} int32')):
+    with pytest.raises(ValueError, match=re.escape(f'dynamic_routing: prediction_vectors must be a floating array '
+                                                   f'[batch, in_caps, out_caps, dim], {got}')):
+      dynamic_routing(votes, 3)
+    with pytest.raises(ValueError, match=re.escape(f"route('em'): prediction_vectors must be a floating array")):
+      routing.route('em', votes, num_iterations=2)
 
 
 def test_squash_limits_and_direction():

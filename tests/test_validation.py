@@ -290,6 +290,11 @@ def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdi
     capsjax.build_model(config)
   with pytest.raises(capsjax.ConfigError, match=r'^config.model.conv1_channels=0: allowed an integer >= 1$'):
     capsjax.build_model('capsnet', conv1_channels=0)
+  # The config's "from the data" values: a module built from them had no classes.
+  with pytest.raises(capsjax.ConfigError, match=r'^config.model.num_classes=0 means the classes of the data'):
+    capsjax.build_model('capsnet', num_classes=0)
+  with pytest.raises(capsjax.ConfigError, match=r'^config.model.input_shape=\(\) means the image size of the data'):
+    capsjax.build_model('capsnet', input_shape=())
 
 
 def test_routing_results_and_layers_of_the_wrong_shape_are_named_at_trace_time():
@@ -325,3 +330,9 @@ def test_routing_results_and_layers_of_the_wrong_shape_are_named_at_trace_time()
   with pytest.raises(ValueError, match=r'CapsuleLayer takes capsules \[batch, in_caps, in_dim\]; got shape '
                                        r'\(2, 28, 28, 1\)'):
     capsjax.CapsuleLayer(num_capsules=2, dim=4).init(jax.random.key(0), jnp.ones((2, 28, 28, 1)))
+  primary = capsjax.PrimaryCaps(num_types=2, dim=4)
+  with pytest.raises(ValueError, match=r'PrimaryCaps takes feature maps \[batch, height, width, channels\]; got '
+                                       r'shape \(20, 20, 16\)'):
+    jax.eval_shape(primary.init, jax.random.key(0), jnp.ones((20, 20, 16)))
+  with pytest.raises(ValueError, match=r'PrimaryCaps: feature maps of 5×5 are smaller than its 9×9 kernel'):
+    jax.eval_shape(primary.init, jax.random.key(0), jnp.ones((2, 5, 5, 16)))

@@ -6,14 +6,13 @@ import inspect
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-import chex
 import jax
 import jax.numpy as jnp
 
 from capsjax.errors import ConfigError
 from capsjax.keys import Key, annotated_keys
 from capsjax.registry import Registry
-from capsjax.routing.core import Array
+from capsjax.routing.core import Array, check_prediction_vectors
 
 
 # ============================================================================= the registry
@@ -258,7 +257,7 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
     em (2, 3, 4) (2, 3)
   """
   entry = ROUTINGS[name]
-  chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]
+  check_prediction_vectors(prediction_vectors, f'route({name!r})')
   batch, in_caps, out_caps, dim = prediction_vectors.shape
   if input_activations is None:
     input_activations = jnp.ones((batch, in_caps), prediction_vectors.dtype)

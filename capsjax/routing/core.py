@@ -8,7 +8,8 @@ Shapes used throughout:
   parents             v_j       [batch, out_caps, out_dim]
 """
 import functools
-from typing import Union
+import operator
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -82,16 +83,44 @@ def coupling_coefficients(routing_logits: Array, leaky: bool = False, axis: int 
 # (docs/results.md, "CPU speed": the routing loop's layout).
 
 
-def loop_length(num_iterations, max_iterations) -> int:
-  if isinstance(num_iterations, int):
-    if num_iterations < 1:
-      raise ValueError(f'num_iterations must be >= 1, got {num_iterations}')
-    if max_iterations is not None and num_iterations > max_iterations:
-      raise ValueError(f'num_iterations={num_iterations} exceeds max_iterations={max_iterations}')
-    return num_iterations
+def check_prediction_vectors(prediction_vectors, what: str) -> None:
+  """ValueError naming `what` unless û is a floating [batch, in_caps, out_caps, dim] array."""
+  shape, dtype = getattr(prediction_vectors, 'shape', None), getattr(prediction_vectors, 'dtype', None)
+  if shape is None or len(shape) != 4 or not jnp.issubdtype(dtype, jnp.floating):
+    got = f'shape {tuple(shape)} {dtype}' if shape is not None else type(prediction_vectors).__name__
+    raise ValueError(f'{what}: prediction_vectors must be a floating array [batch, in_caps, out_caps, dim], '
+                     f'got {got}')
+
+
+def static_iterations(num_iterations) -> Optional[int]:
+  """num_iterations as a Python int where it is a host constant (an int or a NumPy
+  integer), None where it is a JAX integer (traced under vmap or jit, or concrete: its
+  loop runs max_iterations times either way); a ValueError for anything else (2.5, True)."""
+  dtype = getattr(num_iterations, 'dtype', None)
+  if isinstance(num_iterations, bool) or (dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
+    got = f'dtype {dtype}' if dtype is not None else repr(num_iterations)
+    raise ValueError(f'num_iterations must be an integer, got {got}')
+  if isinstance(num_iterations, jax.Array):
+    return None
+  try:
+    return operator.index(num_iterations)
+  except TypeError:
+    raise ValueError(f'num_iterations must be an integer, got {num_iterations!r}') from None
+
+
+def loop_length(num_iterations, max_iterations) -> Tuple[int, Optional[int]]:
+  """(how many times the loop runs, the static count or None where it is traced)."""
+  static = static_iterations(num_iterations)
+  if static is not None:
+    if static < 1:
+      raise ValueError(f'num_iterations must be >= 1, got {static}')
+    if max_iterations is not None and static > max_iterations:
+      raise ValueError(f'num_iterations={static} exceeds max_iterations={max_iterations}')
+    return static, static
   if max_iterations is None:
-    raise ValueError('a traced num_iterations needs a static max_iterations bound')
-  return max_iterations
+    raise ValueError('num_iterations as a JAX array (traced under vmap or jit) needs a static max_iterations '
+                     'bound; a Python int runs exactly that many iterations')
+  return max_iterations, None
 
 
 # `unroll` of fori_loop and iterate: True, False, or this: unrolled where nothing
@@ -152,12 +181,11 @@ def iterate(body, state, num_iterations, max_iterations, unroll):
     >>> jax.vmap(lambda r: iterate(step, logits, r, 3, False)[0, 0, 0])(counts)
     Array([1., 2.], dtype=float32)
   """
-  length = loop_length(num_iterations, max_iterations)
-  static = isinstance(num_iterations, int)
+  length, static = loop_length(num_iterations, max_iterations)
 
   def step(t, carry):
     new = body(t, carry)
-    if static:
+    if static is not None:
       return new
     active = t < num_iterations
     return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, carry)

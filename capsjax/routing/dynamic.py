@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.routing.base import RoutingResult, register_routing
-from capsjax.routing.core import (Array, coupling_coefficients, fori_loop, iterate, loop_length, pooled_votes, squash,
-                                  vector_norm, vote_dots)
+from capsjax.routing.core import (Array, check_prediction_vectors, coupling_coefficients, fori_loop, iterate,
+                                  loop_length, pooled_votes, squash, vector_norm, vote_dots)
 
 
 def procedure1_iteration(logits: Array, couple, total_input_of, agreement_of, bias: Optional[Array]):
@@ -54,9 +54,9 @@ def dynamic_routing(
 
   Args:
     prediction_vectors: û, [batch, in_caps, out_caps, out_dim].
-    num_iterations: r ≥ 1. A Python int runs exactly r iterations. A traced integer (for
-      `jax.vmap` over r, or r as a jit argument) needs `max_iterations`, a static bound:
-      the loop then runs max_iterations times and iterations ≥ r leave the state as it
+    num_iterations: r ≥ 1. A Python (or NumPy) int runs exactly r iterations. A JAX
+      integer (traced, for `jax.vmap` over r or r as a jit argument) needs
+      `max_iterations`, a static bound: the loop then runs max_iterations times and iterations ≥ r leave the state as it
       is, which keeps reverse-mode differentiation available (a loop with traced bounds
       would be a while_loop, which cannot be reverse-differentiated).
     max_iterations: static upper bound on r; required when r is traced.
@@ -90,11 +90,10 @@ def dynamic_routing(
     >>> jax.vmap(route_r)(jnp.arange(1, 4)).shape                     # [r, batch, out, dim]
     (3, 2, 3, 4)
   """
-  chex.assert_rank(prediction_vectors, 4)   # [batch, in_caps, out_caps, dim]
+  check_prediction_vectors(prediction_vectors, 'dynamic_routing')
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
-  static_count = isinstance(num_iterations, int)
-  length = loop_length(num_iterations, max_iterations)
-  last_iteration = jnp.asarray(num_iterations) - 1
+  length, static_count = loop_length(num_iterations, max_iterations)
+  last_iteration = jnp.asarray(num_iterations if static_count is None else static_count) - 1
 
   dtype = prediction_vectors.dtype
   predictions_by_parent = jnp.transpose(prediction_vectors, (0, 2, 1, 3))  # [batch, out, in, dim]
@@ -115,7 +114,7 @@ def dynamic_routing(
       # Forward values are identical; only the gradient path differs.
       predictions = jnp.where(t == last_iteration, predictions_by_parent, frozen_predictions)
     new_parents, new_logits = _routing_iteration(predictions, routing_logits, leaky, bias)
-    if not static_count:
+    if static_count is None:
       active = t <= last_iteration
       new_parents = jnp.where(active, new_parents, parents)
       new_logits = jnp.where(active, new_logits, routing_logits)
