@@ -8,6 +8,7 @@ import concurrent.futures
 import io
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from capsjax.app.explorer.export import MAX_SHIPPED_FILE_BYTES
 from capsjax.app.explorer.server import make_server
 from capsjax.models import build_model
 from capsjax.app.predict import Predictor
+from capsjax.errors import CapsjaxError
 from capsjax.experiments import multimnist as multimnist_experiment
 import documented
 from helpers import tiny_config
@@ -178,6 +180,26 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
   # Ink on paper (dark on light, MNIST's opposite): inverted first, and said so.
   ink, plain = predictor.predict(np.stack([255 - expected, expected]))
   assert ink['inverted'] and not plain['inverted'] and ink['activations'] == plain['activations']
+  # Integers of 0–255 in any dtype are the pixels; floats of 0–255 or integers past 255 are
+  # refused (clipped to [0, 1], floats of 0–255 once became a black-and-white image).
+  np.testing.assert_array_equal(predictor.convert(digit.astype(np.int64)), predictor.convert(digit))
+  for image, line in ((digit.astype(np.float32), r'image: float pixel values must be in \[0, 1\], got \[0, 255\] '
+                                                 r'\(floats of 0–255: divide by 255, or pass uint8\)'),
+                      (digit.astype(np.int64) * 2, r'image: integer pixel values must be in \[0, 255\], got \[0, 510\]$'),
+                      (digit / 127.5 - 1, r'image: float pixel values must be in \[0, 1\], got \[-1, ')):
+    with pytest.raises(CapsjaxError, match=line):
+      predictor.convert(image)
+  assert predictor.predict([]) == []
+  with pytest.raises(CapsjaxError, match=r'^predict: 1 names for 2 images$'):
+    predictor.predict([digit, digit], names=['a'])
+  with pytest.raises(CapsjaxError, match=re.escape("classify takes uint8 images [n, 28, 28, 1] (the run's shape; "
+                                                   'predict converts others), got (2, 28, 28) uint8')):
+    predictor.classify(np.stack([digit, digit]))
+  with pytest.raises(CapsjaxError, match=r'got \(1, 28, 28, 1\) float32$'):
+    predictor.classify(expected[None].astype(np.float32))
+  with pytest.raises(CapsjaxError, match=re.escape("read_files takes a list of paths, got one path: "
+                                                   "read_files(['digit.png'])")):
+    predictor.read_files('digit.png')
 
 
 @pytest.mark.parametrize('path, body, raw, status, message', [

@@ -82,15 +82,23 @@ class Predictor:
   # --------------------------------------------------------------------------- conversion
 
   def convert(self, image: np.ndarray, name: str = 'image') -> np.ndarray:
-    """One image array (uint8 or float in [0, 1]; [h, w], [h, w, 1|3|4]) as the run held
-    its images: uint8 of the run's shape (capsjax.data.images.to_array)."""
+    """One image array (integers in [0, 255] or floats in [0, 1]; [h, w], [h, w, 1|3|4])
+    as the run held its images: uint8 of the run's shape (capsjax.data.images.to_array).
+    Values outside that range are refused: clipping them (floats of 0–255) once turned a
+    grey image into black and white without a word."""
     from PIL import Image  # pylint: disable=g-import-not-at-top
     from capsjax.data.images import to_array  # pylint: disable=g-import-not-at-top
     array = np.asarray(image)
     if array.dtype != np.uint8:
-      if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
+      if array.dtype == bool or not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
         raise CapsjaxError(f'{name}: expected a numeric image array with finite values')
-      array = np.uint8(np.round(np.clip(array, 0.0, 1.0) * 255))
+      integers = np.issubdtype(array.dtype, np.integer)
+      top = 255 if integers else 1.0
+      if array.size and (array.min() < 0 or array.max() > top):
+        raise CapsjaxError(f'{name}: {"integer" if integers else "float"} pixel values must be in [0, {top:g}], '
+                           f'got [{array.min():g}, {array.max():g}]'
+                           + ('' if integers else ' (floats of 0–255: divide by 255, or pass uint8)'))
+      array = array.astype(np.uint8) if integers else np.uint8(np.round(array * 255))
     if array.ndim == 3 and array.shape[-1] == 1:
       array = array[..., 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
@@ -101,6 +109,10 @@ class Predictor:
     """The files as the run held its images: uint8 [n, *shape] (one error line for a
     missing file or one that is not an image)."""
     from capsjax.data.images import read_image  # pylint: disable=g-import-not-at-top
+    if isinstance(paths, (str, bytes, os.PathLike)):
+      raise CapsjaxError(f'read_files takes a list of paths, got one path: read_files([{paths!r}])')
+    if not paths:
+      return np.zeros((0,) + tuple(self.info.image_shape), np.uint8)
     return np.stack([read_image(path, self.info.image_shape, self.info.background) for path in paths])
 
   # --------------------------------------------------------------------------- prediction
@@ -120,6 +132,12 @@ class Predictor:
   def classify(self, images_uint8: np.ndarray, what: Optional[str] = None) -> np.ndarray:
     """The class index of each image of a uint8 batch of the run's shape (no
     reconstructions): what a test error is counted from. `what`: a progress bar of that name."""
+    # (shape and dtype without reading: on-demand rows, capsjax.data.rows.ImageRows, have both)
+    shape = tuple(np.shape(images_uint8))
+    dtype = images_uint8.dtype if hasattr(images_uint8, 'dtype') else np.asarray(images_uint8).dtype
+    if shape[1:] != tuple(self.info.image_shape) or dtype != np.uint8:
+      raise CapsjaxError(f'classify takes uint8 images [n, {", ".join(map(str, self.info.image_shape))}] (the '
+                         f"run's shape; predict converts others), got {shape} {dtype}")
     classes = []
     with console.progress(what=what or '', total=len(images_uint8), unit='images', disable=what is None) as bar:
       for chunk, padded in _padded_batches(images_uint8):
@@ -144,9 +162,13 @@ class Predictor:
     capsule lengths); a CNN's are its softmax (or sigmoid) outputs. An image of the
     opposite polarity to the run's (a dark digit on white for an MNIST model:
     opposite_polarity) is inverted first, and 'inverted' says so."""
+    if names is not None and len(names) != len(images):
+      raise CapsjaxError(f'predict: {len(names)} names for {len(images)} images')
     if isinstance(images, np.ndarray) and images.ndim == 4 and images.dtype == np.uint8 and \
         images.shape[1:] == self.info.image_shape:
       held = images
+    elif not len(images):
+      return []
     else:
       held = np.stack([self.convert(image, (names or [None] * len(images))[i] or f'image {i}')
                        for i, image in enumerate(images)])

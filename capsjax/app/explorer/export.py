@@ -1,8 +1,8 @@
-"""Export a trained run: the explorer's (and predict's) files, or one ONNX or StableHLO file.
+"""Export a trained run: the explorer's (and predict's) files, or one ONNX, StableHLO or SavedModel.
 
   capsjax-export --workdir=W [--out=capsjax/app/explorer/assets] [--step=best|latest|N]
       [--member=K] [--num_images=1000] [--evaluate]
-  capsjax-export --format=onnx|stablehlo [--workdir=W] [--out=FILE] [--force]
+  capsjax-export --format=onnx|stablehlo|savedmodel [--workdir=W] [--out=FILE] [--force]
       [--reconstructions] [--evaluate [--data_dir=DIR]]
 
 --format=explorer (the default) writes the run's config, its parameters as float16 (no
@@ -10,12 +10,14 @@ optimiser state) and the first --num_images test images of its dataset: the file
 `python -m capsjax.app.explorer` and `python -m capsjax.app.predict` use when they are
 given no --workdir.
 
---format=onnx / stablehlo writes one self-contained file with the inference function
+--format=onnx / stablehlo / savedmodel writes one self-contained file (a SavedModel: a
+folder) with the inference function
 (capsjax.app.serving): images uint8 [batch, h, w, c] → activations [batch, classes] and
 capsules [batch, classes, dim] (with --reconstructions the decoder's image of the
 predicted class too), the batch dynamic; of the run in --workdir, or of the shipped model
 without one. ONNX through jax2onnx (the `export` extra), StableHLO through jax.export
-(lowered for cpu, cuda and tpu). An existing --out is refused unless --force; an
+(lowered for cpu, cuda and tpu), a TensorFlow SavedModel through jax2tf (with the
+TensorFlow that tensorflow-datasets installs). An existing --out is refused unless --force; an
 ensemble needs --member.
 
 Which parameters: --step=best (the default) takes the checkpoint of the best validation
@@ -24,7 +26,7 @@ checkpoint), and of an ensemble the member with the lowest validation error ther
 --member names one; a run without a validation split gives its latest checkpoint.
 --step=latest, or a step number, takes that checkpoint. --evaluate then counts the test
 error of what was written (read back; on the run's test split), beside the JAX model's
-for an ONNX or StableHLO file. docs/results.md has the command that made the shipped files.
+for an ONNX, StableHLO or SavedModel file. docs/results.md has the command that made the shipped files.
 """
 import argparse
 import importlib.util
@@ -51,21 +53,23 @@ def main(argv=None):
   from capsjax.app.serving import FORMATS  # pylint: disable=g-import-not-at-top
   parser = cli.ArgumentParser(prog='capsjax-export', description=__doc__.splitlines()[0])
   parser.add_argument('--format', choices=FORMATS, default='explorer',
-                      help="explorer (the explorer's files, the default), onnx or stablehlo (one file), savedmodel (a folder)")
+                      help="explorer (the explorer's files, the default), onnx or stablehlo (one file), savedmodel "
+                      '(a folder)')
   parser.add_argument('--workdir', default=None, type=cli.existing_workdir,
-                      help='the run (for onnx and stablehlo, default: the shipped model)')
+                      help='the run (for onnx, stablehlo and savedmodel, default: the shipped model)')
   parser.add_argument('--out', default=None, help='output folder (explorer; default: the package assets) or '
-                      'file (onnx, stablehlo; default: EXPERIMENT.onnx / .stablehlo here)')
+                      'file (onnx, stablehlo, savedmodel; default: EXPERIMENT.onnx / .stablehlo / _savedmodel here)')
   parser.add_argument('--num_images', type=cli.int_at_least(1), default=1000)
   parser.add_argument('--member', type=cli.int_at_least(0), default=None,
                       help='ensemble member (explorer default: the best on validation; with --step=latest, the last)')
   parser.add_argument('--step', type=step_argument, default='best',
                       help='best (validation-selected, the default), latest, or a step number')
   parser.add_argument('--evaluate', action='store_true',
-                      help="count the test error of what was written (onnx, stablehlo: beside the JAX model's)")
-  parser.add_argument('--force', action='store_true', help='replace an existing --out file (onnx, stablehlo)')
+                      help="count the test error of what was written (onnx, stablehlo, savedmodel: beside the JAX "
+                      "model's)")
+  parser.add_argument('--force', action='store_true', help='replace an existing --out (onnx, stablehlo, savedmodel)')
   parser.add_argument('--reconstructions', action='store_true',
-                      help="also output the decoder's image of the predicted class (onnx, stablehlo)")
+                      help="also output the decoder's image of the predicted class (onnx, stablehlo, savedmodel)")
   parser.add_argument('--data_dir', default=None, help="where the run's dataset is read for --evaluate (default: "
                       "the run's own data_dir)")
   args = parser.parse_args(argv)
@@ -73,7 +77,7 @@ def main(argv=None):
     if not args.workdir:
       cli.fail('--workdir is required for --format=explorer (the shipped model is already its files)')
     if args.force or args.reconstructions:
-      cli.fail(f'--{"force" if args.force else "reconstructions"} is for --format=onnx or stablehlo')
+      cli.fail(f'--{"force" if args.force else "reconstructions"} is for --format=onnx, stablehlo or savedmodel')
     return _explorer_files(args)
   return _one_file(args)
 
