@@ -19,7 +19,8 @@ runnable example; tests/test_api.py runs every example):
 - trained models: `load_trained`, `TrainedModel`, `Predictor`;
 - data: `load_dataset`, `register_source` and the registry `SOURCES`;
 - checking a config: `validate(config)` (what every entry runs first) and what it raises,
-  `ConfigError` (one line: the key, the value, what is allowed: the line the command prints).
+  `ConfigError` (one line: the key, the value, what is allowed: the line the command prints);
+  `CapsjaxError`, the base of every refusal of input (data, workdirs, checkpoints too).
 
 Names load on first use: `import capsjax` itself imports no JAX, so the commands
 (`capsjax`, `capsjax-predict`, …) report a bad flag before anything heavy loads.
@@ -49,7 +50,7 @@ _EXPORTS = {
     'train_and_evaluate': 'train', 'RunResult': 'reports', 'plan_run': 'app.plan',
     'load_trained': 'app.trained', 'TrainedModel': 'app.trained', 'Predictor': 'app.predict',
     'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
-    'validate': 'validation', 'ConfigError': 'errors',
+    'validate': 'validation', 'ConfigError': 'errors', 'CapsjaxError': 'errors',
 }
 
 __all__ = list(_EXPORTS)

@@ -2,7 +2,18 @@
 
 
 class CapsjaxError(Exception):
-  """Base class: a problem with the user's input or environment, not a bug."""
+  """Base class of what capsjax raises for the user's input or environment, never for a
+  bug: a config value (ConfigError), data (DataError), a workdir (WorkdirError), a
+  checkpoint (CheckpointError), a stopped run (RunStopped). Its message is the one line the
+  command prints; `except capsjax.CapsjaxError` catches every such refusal.
+
+  Example:
+    >>> try:
+    ...   capsjax.load_dataset('mnist', 'validation')
+    ... except capsjax.CapsjaxError as error:
+    ...   print(type(error).__name__, error)
+    DataError unknown split 'validation': allowed train, test
+  """
 
 
 class DataError(CapsjaxError):

@@ -297,6 +297,15 @@ def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdi
     capsjax.build_model('capsnet', input_shape=())
 
 
+def test_load_dataset_refuses_what_the_command_refuses_before_reading():
+  import capsjax  # pylint: disable=g-import-not-at-top
+  for image_size in (-3, 1.5):   # once: numpy's "negative dimensions", a TypeError
+    with pytest.raises(capsjax.ConfigError, match=rf'^config.image_size={image_size}: allowed an integer in \[0, 4096\]$'):
+      capsjax.load_dataset('mnist', 'test', image_size=image_size)
+  with pytest.raises(capsjax.CapsjaxError, match=r"^unknown split 'validation': allowed train, test$"):
+    capsjax.load_dataset('mnist', 'validation')
+
+
 def test_routing_results_and_layers_of_the_wrong_shape_are_named_at_trace_time():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

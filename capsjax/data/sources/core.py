@@ -12,7 +12,7 @@ from capsjax.data import images as image_files
 from capsjax.data.datasets import DATASETS, DescribesImages, Preprocessing
 from capsjax.data.rows import ImageRows
 from capsjax.errors import ConfigError, DataError
-from capsjax.keys import Rule, key, int_in, text
+from capsjax.keys import Rule, check_values, int_in, key, text
 from capsjax.registry import Registry
 
 
@@ -218,6 +218,12 @@ def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str =
     ((10000, 28, 28, 1), dtype('uint8'), array([7, 2, 1, 0], dtype=int32))
   """
   if split not in SPLITS:
-    raise DataError(f'unknown split {split!r}')
+    raise DataError(f'unknown split {split!r}: allowed {", ".join(SPLITS)}')
+  # The arguments by the rules of the config keys they stand for (the command's words).
+  arguments = {'dataset': name, 'data_dir': data_dir, 'tfds_data_dir': tfds_data_dir, 'image_size': image_size}
+  problems = []
+  check_values(arguments, {k.name: k for k in KEYS if k.name in arguments}, problems)
+  if problems:
+    raise ConfigError(problems[0])
   return open_source(DataSpec(name, data_dir, tfds_data_dir, image_size)).load(split, on_demand)
 
