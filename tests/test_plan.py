@@ -302,8 +302,11 @@ def test_a_stopped_plan_says_so_in_one_line():
   # libtpu's own SIGTERM handler would print a crash dump; the plan's says it stopped. The
   # estimate and the launch line come before the largest-batch search: a stop inside it
   # (a compilation on the worker thread) keeps them.
+  # (Batches of 8: what is stopped is the same; the TPU compiles before the search take half
+  # as long as at 128 and 500.)
   small = ['--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.model.digit_dim=8',
-           '--config.model.decoder_hidden=(32,)', '--config.model.formulation.routing_loop=rolled']
+           '--config.model.decoder_hidden=(32,)', '--config.model.formulation.routing_loop=rolled',
+           '--config.batch_size=8', '--config.eval_batch_size=8']
   plan = subprocess.Popen([sys.executable, '-m', 'capsjax.app.plan', '--experiment=mnist', '--target=v5e:2x2', *small],
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
