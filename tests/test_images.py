@@ -138,8 +138,10 @@ def test_bad_images_are_one_line_each(digit_folder, tmp_path):
                    timeout=120)
   not_image = _run('-m', 'capsjax.app.predict', str(text), timeout=120)
   missing = _run('-m', 'capsjax.app.predict', str(tmp_path / 'missing.png'), timeout=120)
+  digit = sorted((digit_folder / 'test' / '3').glob('*.png'))[0]
+  into_a_file = _run('-m', 'capsjax.app.predict', f'--reconstruct={text}', str(digit), timeout=120)   # before the model
   for result, expected in ((too_small, 'images of 8×8 are too small'), (not_image, 'notes.png: not an image'),
-                           (missing, 'missing.png: no such file')):
+                           (missing, 'missing.png: no such file'), (into_a_file, 'notes.png is a file, not a folder')):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
   assert '--config.image_size=N with N >= 17' in too_small.stderr

@@ -248,13 +248,19 @@ def main(argv=None):
     open_image(path).close()
   if args.workdir is None and args.member is not None:
     cli.fail('capsjax-predict: --member needs --workdir (the shipped model is a single run)')
+  if args.reconstruct and os.path.exists(args.reconstruct) and not os.path.isdir(args.reconstruct):
+    cli.fail(f'capsjax-predict: --reconstruct={args.reconstruct} is a file, not a folder')
   predictor = Predictor.shipped() if args.workdir is None else Predictor.from_workdir(args.workdir, args.member)
   print(f'model: {predictor.trained.describe()}', file=sys.stderr, flush=True)   # stdout: the predictions
   if args.reconstruct and not predictor.has_decoder:
     cli.fail(f'capsjax-predict: --reconstruct: {predictor.source} has no decoder')
   results = predictor.predict(predictor.read_files(args.files))
   if args.reconstruct:
-    os.makedirs(args.reconstruct, exist_ok=True)
+    try:
+      os.makedirs(args.reconstruct, exist_ok=True)
+    except OSError as error:   # (the bare OSError named no flag)
+      cli.fail(f'capsjax-predict: --reconstruct={args.reconstruct}: cannot make the folder '
+               f'({error.strerror or error})')
   width = max(len(name) for name in predictor.class_names)
   for path, png, result in zip(args.files, _png_names(args.files), results):
     if result['inverted']:   # on stderr: stdout stays the predictions
