@@ -15,6 +15,8 @@ checked once its module has registered it (capsjax.defaults.register_section: th
 """
 from typing import Iterator, List, Tuple
 
+import ml_collections
+
 from capsjax import assemble, defaults
 from capsjax.errors import ConfigError
 from capsjax.evaluators import EVALUATORS, evaluator_keys
@@ -183,6 +185,9 @@ def validate(config) -> None:
     ...
     capsjax.errors.ConfigError: config.batch_size=0: allowed an integer >= 1 (and 1 more problem(s))
   """
+  if not isinstance(config, ml_collections.ConfigDict):   # (a dict once failed deep inside, unnamed)
+    raise ConfigError(f'a config is an ml_collections.ConfigDict (capsjax.base_config(), or an experiment\'s '
+                      f'get_config()), got {type(config).__name__}')
   problems = problems_of(config)
   if problems:
     more = f' (and {len(problems) - 1} more problem(s))' if len(problems) > 1 else ''

@@ -284,7 +284,19 @@ def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdi
       capsjax.train_and_evaluate(config, str(workdir))
     assert str(raised.value).startswith(line) and time.monotonic() - start < 10, (key, str(raised.value))
     assert not workdir.exists(), key   # (the command's own line for each: tests/test_launch.py)
+  # The call's own arguments, before the data and the workdir: '' once trained into the
+  # current folder, a dict and stop_at_step=-1 failed unnamed or after the data.
   config = mnist_smoke.get_config()
+  for arguments, error, line in [
+      ((config.to_dict(), str(tmp_path / 'd')), capsjax.ConfigError, 'a config is an ml_collections.ConfigDict'),
+      ((config, ''), capsjax.CapsjaxError, "a workdir is required to train: a folder path, got ''"),
+      ((config, None), capsjax.CapsjaxError, 'a workdir is required to train: a folder path, got None'),
+      ((config, str(tmp_path / 's'), -1), capsjax.ConfigError, 'stop_at_step=-1: allowed an integer >= 0'),
+      ((config, str(tmp_path / 's'), 1.5), capsjax.ConfigError, 'stop_at_step=1.5: allowed an integer >= 0')]:
+    with pytest.raises(error) as raised:
+      capsjax.train_and_evaluate(*arguments)
+    assert str(raised.value).startswith(line), str(raised.value)
+  assert not os.listdir(tmp_path)   # no workdir was made
   assert capsjax.build_model(config.model).routing == capsjax.build_model(**config.model).routing == 'dynamic'
   with pytest.raises(capsjax.ConfigError, match=r'^build_model takes the model section'):
     capsjax.build_model(config)
