@@ -33,6 +33,10 @@ def capsule_lengths(capsules: Array) -> Array:
 
 def mask_capsules(capsules: Array, mask: Array) -> Array:
   """Zero all capsules but the masked ones: [batch, caps, dim] × [batch, caps]."""
+  if tuple(mask.shape) != tuple(capsules.shape[:-1]):   # broadcasting would fail unnamed, or mask wrongly
+    indices = mask.ndim == 1 and jnp.issubdtype(mask.dtype, jnp.integer)
+    raise ValueError(f'mask {tuple(mask.shape)} must be one-hot [batch, classes] = {tuple(capsules.shape[:-1])}'
+                     + (f' (class indices? jax.nn.one_hot(labels, {capsules.shape[-2]}))' if indices else ''))
   return capsules * mask[..., None].astype(capsules.dtype)
 
 
