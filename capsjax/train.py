@@ -20,9 +20,8 @@ from capsjax import checkpoints as ckpt
 from capsjax import experiment as experiment_lib
 from capsjax import hooks as hooks_lib
 from capsjax import workdir as workdir_lib
-from capsjax.errors import ConfigError, RunStopped, WorkdirError
+from capsjax.errors import RunStopped
 from capsjax.events import EventWriter
-from capsjax.keys import int_at_least
 from capsjax.settings import PROGRAMS, TRAINING_LOOP, RunSettings
 from capsjax.models import count_params
 from capsjax.reports import RunResult
@@ -87,13 +86,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     >>> result.steps, 0.0 <= result.test_error <= 1.0
     (12, True)
   """
-  validation.validate(config)   # ConfigError, the command's line, before the workdir is touched
-  # (An empty workdir once trained into the current folder; a bad stop_at_step failed after the data.)
-  if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir).strip():
-    raise WorkdirError(f'a workdir is required to train: a folder path, got {workdir!r}')
-  if stop_at_step is not None and not int_at_least(0)(stop_at_step):
-    raise ConfigError(f'stop_at_step={stop_at_step!r}: allowed {int_at_least(0)} (0 or None: the run\'s own end)')
-  workdir = os.fspath(workdir)
+  workdir = validation.check_training_call(config, workdir, stop_at_step)   # before the workdir is touched
   absolute = os.path.abspath(os.path.expanduser(workdir))
   created = not os.path.exists(absolute)
   previous = workdir_lib.read_results(absolute)

@@ -13,14 +13,15 @@ checked as the run's model is. An experiment program's section (routing_zoo.*, s
 checked once its module has registered it (capsjax.defaults.register_section: the program's
 `KEYS`, `RULES` and `config_problems(config)`).
 """
+import os
 from typing import Iterator, List, Tuple
 
 import ml_collections
 
 from capsjax import assemble, defaults
-from capsjax.errors import ConfigError
+from capsjax.errors import ConfigError, WorkdirError
 from capsjax.evaluators import EVALUATORS, evaluator_keys
-from capsjax.keys import Key, RegisteredTuple, check_values, lookup
+from capsjax.keys import Key, RegisteredTuple, check_values, int_at_least, lookup
 from capsjax.models import MODELS, model_keys, model_problems
 from capsjax.objectives import OBJECTIVES, loss_keys
 from capsjax.routing import ROUTINGS, routing_option_keys
@@ -192,6 +193,18 @@ def validate(config) -> None:
   if problems:
     more = f' (and {len(problems) - 1} more problem(s))' if len(problems) > 1 else ''
     raise ConfigError(problems[0] + more)
+
+
+def check_training_call(config, workdir, stop_at_step) -> str:
+  """train_and_evaluate's arguments as the command checks them (its --workdir is required):
+  validate(config), a workdir that names a folder (an empty one once trained into the
+  current folder), stop_at_step by config.stop_at_step's rule. Returns the workdir, a str."""
+  validate(config)
+  if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir).strip():
+    raise WorkdirError(f'a workdir is required to train: a folder path, got {workdir!r}')
+  if stop_at_step is not None and not int_at_least(0)(stop_at_step):
+    raise ConfigError(f'stop_at_step={stop_at_step!r}: allowed {int_at_least(0)} (0 or None: the run\'s own end)')
+  return os.fspath(workdir)
 
 
 # ----------------------------------------------------------------------------- key help
