@@ -7,14 +7,16 @@ masked by the true label(s)); scores are the capsule lengths. 'sigmoid_xent' /
 """
 import functools
 import math
-from typing import Annotated, Callable, Dict, Tuple
+from typing import Annotated, Callable, Dict, List, Tuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from capsjax import losses
-from capsjax.keys import About, Key, annotated_keys, number_in, one_of, registered
+from capsjax.errors import ConfigError
+from capsjax.keys import About, Key, annotated_keys, check_values, is_int, number_in, one_of, registered
 from capsjax.registry import Registry
 
 Array = jax.Array
@@ -75,7 +77,28 @@ def make_objective(name: str, num_classes: int, **options) -> Objective:
     >>> jax.tree.structure(grads) == jax.tree.structure(params)
     True
   """
-  return functools.partial(OBJECTIVES.get(name), num_classes=num_classes, **options)
+  objective = OBJECTIVES.get(name)
+  if not is_int(num_classes) or num_classes < 1:
+    raise ConfigError(f'make_objective: num_classes={num_classes!r}: allowed an integer >= 1')
+  problems = option_problems(name, options)
+  if problems:   # the command's line for the same config.loss value (an unknown option once failed at trace time)
+    raise ConfigError(problems[0])
+  return functools.partial(objective, num_classes=num_classes, **options)
+
+
+def option_problems(name: str, options: Dict[str, object]) -> List[str]:
+  """What is wrong with make_objective's `options` for objective `name`, as config.loss's
+  lines: an option it does not take, a value its key's rule refuses, its own check."""
+  keys = loss_keys(name)
+  unknown = sorted(set(options) - set(keys) - {'name'})
+  if unknown:
+    return [f'config.loss.{unknown[0]}: not an option of the {name!r} objective (its options: '
+            f'{", ".join(key for key in keys if key != "name") or "none"})']
+  loss = ml_collections.ConfigDict({'name': name, **{key: k.default for key, k in keys.items() if key != 'name'},
+                                    **options})
+  problems: List[str] = []
+  check_values(loss, keys, problems, 'loss.')
+  return problems or list(OBJECTIVES[name].check(loss, 'loss.'))
 
 
 def loss_keys(name: str) -> Dict[str, Key]:

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -307,6 +308,28 @@ def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdi
     capsjax.build_model('capsnet', num_classes=0)
   with pytest.raises(capsjax.ConfigError, match=r'^config.model.input_shape=\(\) means the image size of the data'):
     capsjax.build_model('capsnet', input_shape=())
+
+
+def test_make_objective_and_register_routing_refuse_before_anything_is_bound():
+  import capsjax  # pylint: disable=g-import-not-at-top
+  from capsjax.routing import ROUTINGS  # pylint: disable=g-import-not-at-top
+  # An unknown option once failed at trace time, a bad value never.
+  for options, line in (({'mplus': 0.9}, "config.loss.mplus: not an option of the 'capsnet' objective (its options: "
+                                         'm_plus, m_minus'),
+                        ({'m_plus': 2.0}, 'config.loss.m_plus=2.0: allowed a finite number in (0, 1]'),
+                        ({'m_minus': 0.95}, 'config.loss.m_minus=0.95: allowed a value below m_plus=0.9')):
+    with pytest.raises(capsjax.ConfigError) as raised:
+      capsjax.make_objective('capsnet', 10, **options)
+    assert str(raised.value).startswith(line), str(raised.value)
+  with pytest.raises(capsjax.ConfigError, match=r'^make_objective: num_classes=0: allowed an integer >= 1$'):
+    capsjax.make_objective('capsnet', 0)
+  # A refused registration under a built-in's name leaves the built-in, and warns of nothing.
+  paper = ROUTINGS['dynamic'].value
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    with pytest.raises(capsjax.ConfigError, match=r"^routing 'dynamic' is registered iterative=True but takes no"):
+      capsjax.register_routing('dynamic')(lambda votes, activations: None)
+  assert ROUTINGS['dynamic'].value is paper
 
 
 def test_load_dataset_refuses_what_the_command_refuses_before_reading():

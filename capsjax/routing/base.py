@@ -169,11 +169,12 @@ def register_routing(name: str, *, iterative: bool = True,
                       f'(allowed: {", ".join(LAYER_INPUTS)})')
 
   def register(function):
+    adapted = _as_registered(name, function, iterative)   # refused here: nothing registered, nothing warned
+    adapted_shared = None if shared is None else _as_registered(name, shared, iterative, shared=True)
     _warn_if_replacing_a_built_in(name, function)
-    ROUTINGS.register(name, _as_registered(name, function, iterative), iterative=iterative,
-                      learned=dict(learned or {}), returns_logits=returns_logits,
-                      returns_couplings=returns_couplings, layer_inputs=tuple(layer_inputs),
-                      shared=None if shared is None else _as_registered(name, shared, iterative, shared=True))
+    ROUTINGS.register(name, adapted, iterative=iterative, learned=dict(learned or {}),
+                      returns_logits=returns_logits, returns_couplings=returns_couplings,
+                      layer_inputs=tuple(layer_inputs), shared=adapted_shared)
     return function
   return register
 
