@@ -135,6 +135,9 @@ def main():
   parser.add_argument('--runtime', default='eager', choices=['eager', 'compile', 'onnxruntime'],
                       help='eager PyTorch, torch.compile, or (inference) ONNX Runtime on the exported model')
   parser.add_argument('--compile', action='store_true', help='the same as --runtime compile')
+  parser.add_argument('--compile_backend', default='inductor',
+                      help="torch.compile's backend (inductor: what a PyTorch user picks for speed; a smoke on a "
+                      'CPU rehearses the capture with aot_eager, which generates no code)')
   parser.add_argument('--precision', default='', choices=['', 'fp32', 'tf32', 'bf16'],
                       help='matmul/conv precision; default fp32 on CPU, tf32 on GPU (as JAX does)')
   args = parser.parse_args()
@@ -153,7 +156,7 @@ def main():
   input_shape = tuple(int(side) for side in args.input_shape.split(','))
   model = CapsNet(input_shape).to(device)
   optimizer = torch.optim.Adam(model.parameters(), 1e-3)
-  forward = torch.compile(model) if runtime == 'compile' else model
+  forward = torch.compile(model, backend=args.compile_backend) if runtime == 'compile' else model
   images = torch.rand(args.batch, *input_shape, device=device)
   targets = F.one_hot(torch.randint(0, 10, (args.batch,), device=device), 10).float()
   sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)

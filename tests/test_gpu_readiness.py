@@ -150,6 +150,7 @@ def test_the_lease_s_speed_call_runs_every_row_on_the_cpu(tmp_path):
       'whole_batch']
   peers = {(r['variant'], r['mode']) for r in rows if r['impl'] == 'torch'}
   assert peers == {(f'{kind} fp32', mode) for kind in ('eager', 'compile') for mode in ('train', 'infer')}
+  assert {r['compile_backend'] for r in rows if r['impl'] == 'torch'} == {None, 'aot_eager'}   # the smoke's capture
   fastest_peer = max(r['images_per_s'] for r in rows if r['impl'] == 'torch' and r['mode'] == 'train')
   for row in rows:   # ratios against the fastest peer row of the same mode, shares of the peak
     if row['impl'] == 'capsjax' and row['mode'] == 'train':
