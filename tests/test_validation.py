@@ -339,6 +339,10 @@ def test_load_dataset_refuses_what_the_command_refuses_before_reading():
       capsjax.load_dataset('mnist', 'test', image_size=image_size)
   with pytest.raises(capsjax.CapsjaxError, match=r"^unknown split 'validation': allowed train, test$"):
     capsjax.load_dataset('mnist', 'validation')
+  # load_trained's `data` (where the data is on this machine): another key was added to the config unread.
+  with pytest.raises(capsjax.ConfigError, match=r"^data=\{'datadir': …\}: data names where the data is on this "
+                                                r'machine, data_dir and tfds_data_dir$'):
+    capsjax.load_trained('/nonexistent', data={'datadir': '/data'})
 
 
 def test_routing_results_and_layers_of_the_wrong_shape_are_named_at_trace_time():

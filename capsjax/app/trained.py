@@ -16,7 +16,7 @@ from flax import traverse_util
 from capsjax import assemble, reports
 from capsjax.checkpoints import Checkpoints
 from capsjax.data.tasks import TASKS
-from capsjax.errors import CheckpointError
+from capsjax.errors import CheckpointError, ConfigError
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.stored_config import read_config, upgraded
@@ -125,6 +125,10 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
 
 def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
   """(config, model, state, progress) of a checkpoint of the run in `workdir`."""
+  unknown = sorted(set(data or {}) - {'data_dir', 'tfds_data_dir'})
+  if unknown:   # (once added to the config unread)
+    raise ConfigError(f'data={{{unknown[0]!r}: …}}: data names where the data is on this machine, '
+                      'data_dir and tfds_data_dir')
   config = read_config(workdir)
   config.update(data or {})
   model = assemble.model(config)
