@@ -22,14 +22,14 @@ from capsjax.errors import ConfigError
 from capsjax.keys import is_int
 from capsjax.layout import moved_key_hint
 from capsjax.models import MODELS, formulation_of, model_for_platform
-from capsjax.objectives import OBJECTIVES, Objective, make_objective
+from capsjax.objectives import OBJECTIVES, Objective, bound_objective
 
 
 def objective(config) -> Objective:
   """config.loss's objective with its options bound (and the model's class count)."""
   options = dict(config.loss)
   name = options.pop('name')
-  return make_objective(name, int(config.model.num_classes), **options)
+  return bound_objective(name, int(config.model.num_classes), options)   # (validation checked config.loss)
 
 
 def schedule(config, num_steps: int = 0) -> optax.Schedule:

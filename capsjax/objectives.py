@@ -77,13 +77,18 @@ def make_objective(name: str, num_classes: int, **options) -> Objective:
     >>> jax.tree.structure(grads) == jax.tree.structure(params)
     True
   """
-  objective = OBJECTIVES.get(name)
+  OBJECTIVES.get(name)   # UnknownName, listing them
   if not is_int(num_classes) or num_classes < 1:
     raise ConfigError(f'make_objective: num_classes={num_classes!r}: allowed an integer >= 1')
   problems = option_problems(name, options)
   if problems:   # the command's line for the same config.loss value (an unknown option once failed at trace time)
     raise ConfigError(problems[0])
-  return functools.partial(objective, num_classes=num_classes, **options)
+  return bound_objective(name, num_classes, options)
+
+
+def bound_objective(name: str, num_classes: int, options: Dict[str, object]) -> Objective:
+  """make_objective without its checks: for a config validation has checked (capsjax.assemble)."""
+  return functools.partial(OBJECTIVES.get(name), num_classes=num_classes, **options)
 
 
 def option_problems(name: str, options: Dict[str, object]) -> List[str]:
