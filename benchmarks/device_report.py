@@ -376,12 +376,13 @@ PEER_WRAPPER = (
 
 
 def peer_cell(spec: dict, timeout: float, args) -> tuple:
+  # The smoke rehearses torch.compile's capture with aot_eager: inductor's C++ code for a CPU
+  # took 83 s of a cold smoke (23 s this way) and is not the GPU's code (Triton) anyway.
+  backend = ('aot_eager' if args.smoke else 'inductor') if spec['compile'] else None
   command = [args.torch_python or sys.executable, '-c', PEER_WRAPPER, args.torch_script,
              '--batch', str(spec['batch']), '--steps', str(spec['steps']), '--device', spec['device'],
              '--precision', spec['precision']]
-  # The smoke rehearses torch.compile's capture with aot_eager: inductor's C++ code for a CPU
-  # took 83 s of a cold smoke (23 s this way) and is not the GPU's code (Triton) anyway.
-  command += (['--compile'] + (['--compile_backend', 'aot_eager'] if args.smoke else [])) if spec['compile'] else []
+  command += ['--compile', '--compile_backend', backend] if backend else []
   command += ['--infer'] if spec['mode'] == 'infer' else []
   stdout, error, seconds = _run(command, timeout)
   rate = re.search(r'images_per_s=([0-9.]+)', stdout)
@@ -391,7 +392,7 @@ def peer_cell(spec: dict, timeout: float, args) -> tuple:
   if error:
     return None, error, seconds
   row = dict(impl='torch', mode=spec['mode'], variant=spec['variant'], batch=spec['batch'], members=1,
-             compile_backend=('aot_eager' if args.smoke else 'inductor') if spec['compile'] else None,
+             compile_backend=backend,
              experiment='mnist', precision={'fp32': 'f32'}.get(spec['precision'], spec['precision']),
              images_per_s=float(rate.group(1)), timed_calls=spec['steps'],
              peak_memory_bytes=int(memory.group(1)) if memory and memory.group(1) != 'null' else None,

@@ -2,6 +2,7 @@
 allowed, before any data is read; through run.py it is `error: ...` and exit 2."""
 import importlib
 import os
+import pathlib
 import pkgutil
 import re
 import subprocess
@@ -339,6 +340,8 @@ def test_load_dataset_refuses_what_the_command_refuses_before_reading():
       capsjax.load_dataset('mnist', 'test', image_size=image_size)
   with pytest.raises(capsjax.CapsjaxError, match=r"^unknown split 'validation': allowed train, test$"):
     capsjax.load_dataset('mnist', 'validation')
+  with pytest.raises(capsjax.CapsjaxError, match=r'^data directory /nonexistent does not exist$'):   # a pathlib folder passes the key's rule
+    capsjax.load_dataset('mnist', 'test', data_dir=pathlib.Path('/nonexistent'))
   # load_trained's `data` (where the data is on this machine): another key was added to the config unread.
   with pytest.raises(capsjax.ConfigError, match=r"^data=\{'datadir': …\}: data names where the data is on this "
                                                 r'machine, data_dir and tfds_data_dir$'):

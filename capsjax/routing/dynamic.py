@@ -56,9 +56,10 @@ def dynamic_routing(
     prediction_vectors: û, [batch, in_caps, out_caps, out_dim].
     num_iterations: r ≥ 1. A Python (or NumPy) int runs exactly r iterations. A JAX
       integer (traced, for `jax.vmap` over r or r as a jit argument) needs
-      `max_iterations`, a static bound: the loop then runs max_iterations times and iterations ≥ r leave the state as it
-      is, which keeps reverse-mode differentiation available (a loop with traced bounds
-      would be a while_loop, which cannot be reverse-differentiated).
+      `max_iterations`, a static bound: the loop then runs max_iterations times and
+      iterations ≥ r leave the state as it is, which keeps reverse-mode differentiation
+      available (a loop with traced bounds would be a while_loop, which cannot be
+      reverse-differentiated).
     max_iterations: static upper bound on r; required when r is traced.
     stop_gradient_predictions: gradients reach û only through the last iteration, as in
       the authors' later code; the earlier iterations only choose the coupling.

@@ -219,7 +219,9 @@ def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str =
   """
   if split not in SPLITS:
     raise DataError(f'unknown split {split!r}: allowed {", ".join(SPLITS)}')
-  # The arguments by the rules of the config keys they stand for (the command's words).
+  # The arguments by the rules of the config keys they stand for (the command's words); a
+  # pathlib folder is its path.
+  data_dir, tfds_data_dir = (os.fspath(d) if isinstance(d, os.PathLike) else d for d in (data_dir, tfds_data_dir))
   arguments = {'dataset': name, 'data_dir': data_dir, 'tfds_data_dir': tfds_data_dir, 'image_size': image_size}
   problems = []
   check_values(arguments, {k.name: k for k in KEYS if k.name in arguments}, problems)
