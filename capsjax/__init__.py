@@ -25,7 +25,7 @@ runnable example; tests/test_api.py runs every example):
 Names load on first use: `import capsjax` itself imports no JAX, so the commands
 (`capsjax`, `capsjax-predict`, …) report a bad flag before anything heavy loads.
 """
-import importlib
+import importlib as _importlib
 
 from capsjax.console import quiet_libtpu_environment as _quiet_libtpu_environment
 
@@ -58,7 +58,7 @@ __all__ = list(_EXPORTS)
 
 def __getattr__(name: str):
   if name in _EXPORTS:
-    value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
+    value = getattr(_importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
     globals()[name] = value   # later lookups skip this function
     return value
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -16,7 +16,8 @@ from typing import Annotated, Any, List, Mapping, NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from capsjax.keys import About, one_of
+from capsjax.errors import ConfigError
+from capsjax.keys import About, field_problems, one_of
 
 # 'patches': im2col of the whole kernel, one matmul; 'kernel_rows': im2col one kernel row
 # and a few images at a time, rebuilt in the backward pass; 'fourier': a product per
@@ -73,6 +74,14 @@ class Formulation:
   dtype: Annotated[Optional[Any], About(one_of(DTYPES), (
       'compute dtype of convolutions and capsule predictions (routing, losses, dense layers and the '
       'decoder stay float32; auto: bfloat16 on a GPU, else float32)'))] = None
+
+  def __post_init__(self):
+    # A name is checked when the Formulation is built, as config.model.formulation is
+    # (otherwise 'nope' fails where a layer is traced); what for_platform and with_dtype
+    # put in its place (a rule, a jnp dtype) is no name.
+    problems = field_problems(self, kinds=(str,))
+    if problems:
+      raise ConfigError(problems[0])
 
   def with_dtype(self) -> 'Formulation':
     """This formulation with its dtype a jnp dtype (None stays: the input's; 'auto' left by

@@ -279,3 +279,20 @@ def check_values(config, declared: Dict[str, 'Key'], problems: List[str], prefix
       continue
     if found and key.rule is not None and not key.rule(value):
       problems.append(f'config.{prefix}{dotted}={value!r}: allowed {key.rule}')
+
+
+def field_problems(instance, kinds: Tuple[type, ...] = (object,)) -> List[str]:
+  """Each annotated field of a dataclass instance (a Flax module or a Formulation built
+  directly, not from a config) that its rule refuses, one line each in the config's words
+  with the class for `config.model`: `CapsNet.num_classes=1: allowed …`. Only values of
+  `kinds` are checked; None passes a field whose default is None, as in check_values; a
+  section (a dataclass value) is its own class's to check."""
+  problems = []
+  for name, annotation, default in _annotated_arguments(type(instance)):
+    about, value = _about(annotation), getattr(instance, name)
+    if (about is None or about.rule is None or (value is None and default is None)
+        or dataclasses.is_dataclass(value) or not isinstance(value, kinds)):
+      continue
+    if not about.rule(value):
+      problems.append(f'{type(instance).__name__}.{name}={value!r}: allowed {about.rule}')
+  return problems

@@ -1,19 +1,34 @@
 """Flax (linen) capsule layers: they hold parameters and call the pure functions."""
 import math
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Annotated, Any, Callable, Dict, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
+from capsjax.errors import ConfigError
 from capsjax.formulations import Formulation
-from capsjax.routing import (LAYER_INPUTS, ROUTINGS, UNROLLED_INFERENCE, coordinate_offsets, loop_arguments, route,
+from capsjax.keys import About, field_problems, int_at_least, int_in, ints_at_least, one_of, registered
+from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, UNROLLED_INFERENCE, coordinate_offsets,
+                             loop_arguments, route,
                              own_routing_options, shared_form, shared_votes, squash, vector_norm)
 
 Array = jax.Array
 
 Initializer = Callable[..., Array]
+
+# A size of a layer: a count of capsules, types, dimensions or pixels.
+SIZE = About(int_at_least(1), 'a size')
+
+
+def check_fields(module) -> None:
+  """A module's annotated fields by their rules (capsjax.keys.field_problems): ConfigError,
+  one line, as build_model refuses a config's model (a layer of 0-D capsules or a 0-pixel
+  kernel would build, then fail deep in XLA or divide by zero)."""
+  problems = field_problems(module)
+  if problems:
+    raise ConfigError(problems[0])
 
 
 def same_padding(side: int, kernel_size: int, stride: int):
@@ -78,10 +93,10 @@ class PrimaryCaps(nn.Module):
     >>> layer.apply(params, features).shape              # 6×6 positions × 4 types, 8-D
     (2, 144, 8)
   """
-  num_types: int = 32
-  dim: int = 8
-  kernel_size: int = 9
-  stride: int = 2
+  num_types: Annotated[int, SIZE] = 32
+  dim: Annotated[int, SIZE] = 8
+  kernel_size: Annotated[int, SIZE] = 9
+  stride: Annotated[int, SIZE] = 2
   formulation: Formulation = Formulation()
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
@@ -89,6 +104,7 @@ class PrimaryCaps(nn.Module):
 
   @nn.compact
   def __call__(self, features: Array) -> Array:
+    check_fields(self)
     if features.ndim != 4:
       raise ValueError(f'PrimaryCaps takes feature maps [batch, height, width, channels]; got shape {features.shape}')
     if min(features.shape[1:3]) < self.kernel_size:
@@ -127,9 +143,9 @@ class CapsuleLayer(nn.Module):
     >>> routed.parents.shape, routed.activations.shape                # [batch, out, dim], [batch, out]
     ((2, 10, 16), (2, 10))
   """
-  num_capsules: int = 10
-  dim: int = 16
-  routing_iterations: int = 3
+  num_capsules: Annotated[int, SIZE] = 10
+  dim: Annotated[int, SIZE] = 16
+  routing_iterations: Annotated[int, About(int_in(1, MAX_ROUTING_ITERATIONS), 'iterations')] = 3
   # Which of its inputs (capsjax.routing.LAYER_INPUTS) the layer gives the routing, each
   # under its own name: 'bias' and 'log_priors' are parameters of the layer, 'leaky' and
   # 'stop_gradient_predictions' switches (a routing reads those its layer_inputs name).
@@ -140,13 +156,15 @@ class CapsuleLayer(nn.Module):
   # The routing algorithm (capsjax.routing.ROUTINGS) and its options, a section per routing
   # as in the config ({'em': {'inverse_temperature': 2.0}}; its own is read); the options it
   # learns (EM's β, self-attention's log priors, …) are parameters `routing_NAME`.
-  routing: str = 'dynamic'
+  routing: Annotated[str, About(registered(ROUTINGS.names), 'a routing')] = 'dynamic'
   routing_options: Optional[Dict[str, Any]] = None
-  transforms: str = 'per_capsule'   # or 'per_type' (shared over positions; needs `types`)
-  types: int = 0                    # primary capsule types per position (for 'per_type')
+  # or 'per_type' (shared over positions; needs `types` and the call's `grid`)
+  transforms: Annotated[str, About(one_of(('per_capsule', 'per_type')), 'transforms')] = 'per_capsule'
+  # primary capsule types per position (for 'per_type')
+  types: Annotated[int, About(int_at_least(0), 'types')] = 0
   # 'per_type' only, the same math either way: 'factored' routes without û where the routing
   # has a shared form; 'materialised' builds û first (what the benchmark compares against).
-  votes: str = 'factored'
+  votes: Annotated[str, About(one_of(('factored', 'materialised')), 'votes')] = 'factored'
 
   @nn.compact
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,
@@ -157,9 +175,14 @@ class CapsuleLayer(nn.Module):
     the routing-convergence probe) its `logits` per iteration, with `return_couplings`
     (returns_couplings: the routing diagnostics) its (first, last) `couplings` [batch, in,
     out]. `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
+    check_fields(self)
     if capsules.ndim != 3:
       raise ValueError(f'CapsuleLayer takes capsules [batch, in_caps, in_dim]; got shape {capsules.shape}')
     batch, in_caps, in_dim = capsules.shape
+    if self.transforms == 'per_type' and (self.types < 1 or grid is None or
+                                          math.prod(grid) * self.types != in_caps):
+      raise ValueError(f"CapsuleLayer transforms='per_type' takes types >= 1 (got {self.types}) and the call's "
+                       f'grid=(rows, columns) (got {grid}) of rows × columns × types = its {in_caps} input capsules')
     dtype = self.formulation.dtype or capsules.dtype
     shared = None
     if self.transforms == 'per_type':
@@ -234,13 +257,14 @@ class Decoder(nn.Module):
     >>> decoder.apply(params, masked).shape
     (2, 28, 28, 1)
   """
-  hidden: Sequence[int] = (512, 1024)
-  output_shape: Sequence[int] = (28, 28, 1)
+  hidden: Annotated[Sequence[int], About(ints_at_least(1), 'widths')] = (512, 1024)
+  output_shape: Annotated[Sequence[int], About(ints_at_least(1, allow_empty=False), 'a shape')] = (28, 28, 1)
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
   def __call__(self, masked_capsules: Array) -> Array:
+    check_fields(self)
     batch = masked_capsules.shape[0]
     hidden = masked_capsules.reshape(batch, -1)  # [batch, out_caps * out_dim]
     dense = lambda width: nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init)

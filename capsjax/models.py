@@ -11,7 +11,8 @@ from capsjax.layers import (CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryC
                             halved, stem_stages)
 from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
-                          check_values, lookup, nested, number_in, one_of, registered, registered_tuple)
+                          check_values, field_problems, lookup, nested, number_in, one_of, registered,
+                          registered_tuple)
 from capsjax.errors import ConfigError
 from capsjax.layout import moved_key_hint
 from capsjax.registry import Registry
@@ -55,6 +56,22 @@ INPUT_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) in (0
 NUM_CLASSES = About(Rule(lambda v: is_int(v) and (v == 0 or v >= 2),
                          'an integer >= 2, or 0 for the classes of the data'),
                     'classes (digit capsules, or output units); 0 = those of the data')
+
+def check_module(module) -> None:
+  """A family's module as built (directly, `CapsNet(num_classes=1)`, or by build_model from
+  a checked config): its fields by their keys' rules (capsjax.keys.field_problems), and the
+  numbers a config leaves to the data given. ConfigError, one line."""
+  problems = field_problems(module)
+  name = type(module).__name__
+  if not problems and getattr(module, 'num_classes', None) == 0:
+    problems.append(f'{name}.num_classes=0 means the classes of the data in a config; a module needs the '
+                    'number (num_classes=10)')
+  if not problems and hasattr(module, 'input_shape') and not tuple(module.input_shape):
+    problems.append(f'{name}.input_shape=() means the image size of the data in a config; a module needs the '
+                    'size (input_shape=(28, 28, 1))')
+  if problems:
+    raise ConfigError(problems[0])
+
 
 def initializers(name: str):
   """Initializers per CapsNet part. 'default': Flax's LeCun normal for the convolutions and
@@ -225,6 +242,7 @@ class CapsNet(nn.Module):
       'does not grow with the image); auto: by the image size'))] = 'dense'
 
   def setup(self):
+    check_module(self)
     for key, value in (('transforms', self.transforms), ('stem', self.stem), ('decoder', self.decoder)):
       if value == 'auto':   # capsjax.sizing chooses, once the data's shape is known
         raise ValueError(f"CapsNet {key}='auto' must be resolved first (capsjax.assemble.choose_model)")
@@ -345,6 +363,7 @@ class BaselineCNN(nn.Module):
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
+    check_module(self)
     features = images
     how = self.formulation.with_dtype()
     for channels, kernel in zip(self.conv_channels, self.conv_kernels):

@@ -66,9 +66,9 @@ class Registry:
     unknown = set(capabilities) - set(self.defaults)
     if unknown:
       raise TypeError(f'{self.kind} {name!r}: unknown capabilities {sorted(unknown)}; '
-                      f'a {self.kind} declares {sorted(self.defaults)}')
+                      f'{self._a_kind()} declares {sorted(self.defaults)}')
     if not isinstance(name, str) or not name:
-      raise TypeError(f'a {self.kind} name must be a non-empty string, got {name!r}')
+      raise TypeError(f'{self._a_kind()} name must be a non-empty string, got {name!r}')
 
     def register(registered: T) -> T:
       self._entries[name] = Entry(name, registered, {**self.defaults, **capabilities})
@@ -76,6 +76,9 @@ class Registry:
     if value is not None:
       return register(value)
     return register
+
+  def _a_kind(self) -> str:
+    return ('an ' if self.kind[:1] in 'aeiou' else 'a ') + self.kind
 
   def unregister(self, name: str) -> None:
     self._entries.pop(name, None)

@@ -93,6 +93,8 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a run in `workdir` was started with."""
   path = os.path.join(workdir, CONFIG_FILE)
   results = os.path.join(workdir, 'results.json')   # runs made before config.json existed
+  if not os.path.isdir(workdir):
+    raise WorkdirError(f'{workdir} is not a directory')   # the commands' --workdir words
   if not os.path.isfile(path) and not os.path.isfile(results):
     raise WorkdirError(f'no {CONFIG_FILE} in {workdir}: train there first')
   try:

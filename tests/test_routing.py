@@ -563,6 +563,7 @@ def test_explorer_and_predict_show_the_routings_activations():
   from capsjax.app.explorer.backend import Explorer  # pylint: disable=g-import-not-at-top
   from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
   from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+  from capsjax.data.rows import ImageRows  # pylint: disable=g-import-not-at-top
   config, model, params, pixels, images = _tiny_capsnet('em')
   _, activations = model.apply({'params': params}, images, method='classify')
   explorer = Explorer(TrainedModel(config, model, params, 'a test model'), np.asarray(images), np.arange(4))
@@ -570,9 +571,14 @@ def test_explorer_and_predict_show_the_routings_activations():
   # (The explorer encodes padded batches of another size: float32 rounding differs a little.)
   np.testing.assert_allclose(answer['activations'], activations[2], rtol=1e-4, atol=1e-4)
   assert not np.allclose(answer['activations'], answer['lengths'], atol=1e-3)
-  predicted = Predictor(TrainedModel(config, model, params, 'a test model')).predict(pixels)
+  predictor = Predictor(TrainedModel(config, model, params, 'a test model'))
+  predicted = predictor.predict(pixels)
   assert [p['activations'][str(c)] for p in predicted for c in range(10)] == pytest.approx(
       np.asarray(activations).ravel().tolist(), rel=1e-4, abs=1e-6)
+  # A split read on demand (capsjax.data.rows.ImageRows) predicts as its array does: once,
+  # its rows iterated as nothing and the prediction failed to stack.
+  on_demand = ImageRows(lambda ids: pixels[ids], pixels.shape[1:], num_rows=len(pixels))
+  assert [p['activations'] for p in predictor.predict(on_demand)] == [p['activations'] for p in predicted]
 
 
 def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):

@@ -38,6 +38,7 @@ def test_image_rows_read_only_what_is_indexed(monkeypatch):
   np.testing.assert_array_equal(view[np.array([0, 24, 3])], images[[15, 39, 18]])
   assert lazy.ids_read == [15, 39, 18] and view.rows_read == lazy.rows_read == 3
   np.testing.assert_array_equal(lazy[[7]], images[[7]])
+  np.testing.assert_array_equal(np.stack(list(view)), images[15:40])   # iterated as an array is
   assert lazy[np.zeros(0, np.int64)].shape == (0, 6, 5, 2)
   monkeypatch.setattr(rows, 'CHUNK_ROWS', 8)    # a whole load reads in bounded chunks
   calls = lazy.calls

@@ -348,6 +348,59 @@ def test_load_dataset_refuses_what_the_command_refuses_before_reading():
     capsjax.load_trained('/nonexistent', data={'datadir': '/data'})
 
 
+def test_modules_and_helpers_used_directly_refuse_what_build_model_refuses(tmp_path):
+  """The Flax modules and helpers a researcher composes without a config: each bad field
+  or argument is one line (a config key's words, the class for config.model) when the
+  module is set up, traced only here; before, 0-D capsules built, an unknown transform ran
+  as the paper's, and the others failed deep inside (a division by zero, XLA's MLIR error,
+  an empty argmax)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import capsjax  # pylint: disable=g-import-not-at-top
+  from capsjax.routing import LAYER_INPUTS  # pylint: disable=g-import-not-at-top
+  primary, features, images = jnp.ones((2, 12, 8)), jnp.ones((2, 20, 20, 3)), jnp.ones((2, 28, 28, 1))
+  for module, inputs, error, line in [
+      (capsjax.CapsuleLayer(dim=0), primary, capsjax.ConfigError, 'CapsuleLayer.dim=0: allowed an integer >= 1'),
+      (capsjax.CapsuleLayer(num_capsules=-1), primary, capsjax.ConfigError, 'CapsuleLayer.num_capsules=-1: allowed'),
+      (capsjax.CapsuleLayer(transforms='per_types'), primary, capsjax.ConfigError,
+       "CapsuleLayer.transforms='per_types': allowed one of per_capsule, per_type"),
+      (capsjax.CapsuleLayer(transforms='per_type'), primary, ValueError,
+       "CapsuleLayer transforms='per_type' takes types >= 1 (got 0) and the call's grid"),
+      (capsjax.PrimaryCaps(num_types=0), features, capsjax.ConfigError, 'PrimaryCaps.num_types=0: allowed an integer'),
+      (capsjax.PrimaryCaps(stride=0), features, capsjax.ConfigError, 'PrimaryCaps.stride=0: allowed an integer >= 1'),
+      (capsjax.Decoder(hidden=(-3,)), primary, capsjax.ConfigError, 'Decoder.hidden=(-3,): allowed a tuple of integers'),
+      (capsjax.Decoder(output_shape=(0, 28, 1)), primary, capsjax.ConfigError, 'Decoder.output_shape=(0, 28, 1)'),
+      (capsjax.CapsNet(num_classes=1), images, capsjax.ConfigError, 'CapsNet.num_classes=1: allowed an integer >= 2'),
+      (capsjax.CapsNet(num_classes=0), images, capsjax.ConfigError,
+       'CapsNet.num_classes=0 means the classes of the data in a config; a module needs the number'),
+      (capsjax.CapsNet(routing_inputs=('biases',)), images, capsjax.ConfigError,
+       "CapsNet.routing_inputs=('biases',): allowed"),
+      (capsjax.BaselineCNN(dropout_rate=1.5), images, capsjax.ConfigError, 'BaselineCNN.dropout_rate=1.5: allowed')]:
+    with pytest.raises(error) as raised:
+      jax.eval_shape(module.init, jax.random.key(0), inputs)
+    assert str(raised.value).startswith(line) and len(str(raised.value).splitlines()) == 1, str(raised.value)
+  assert 'bias' in LAYER_INPUTS   # (the name the mistyped one missed)
+  with pytest.raises(capsjax.ConfigError, match=r"^Formulation.conv_impl='nope': allowed one of auto, xla, "):
+    capsjax.Formulation(conv_impl='nope')   # when built, not where a layer is traced
+  logits = jnp.zeros((3, 2, 12, 10))   # [iterations, batch, in, out]
+  with pytest.raises(ValueError, match=r'^routing_logit_changes takes logits \[iterations, batch, in_caps, '):
+    capsjax.routing_logit_changes(logits[0, 0])   # once: "tuple index out of range"
+  with pytest.raises(ValueError, match=r'^routing_logit_changes: initial_logits of shape \(7,\) do not broadcast'):
+    capsjax.routing_logit_changes(logits, jnp.zeros(7))
+  assert capsjax.routing_logit_changes(logits, jnp.zeros((12, 10))).shape == (3,)   # log priors [in, out] broadcast
+  with pytest.raises(TypeError, match=r"^register_source: datasets takes a tuple of names, got 'mine' \(one name: "):
+    capsjax.register_source('mine', datasets='mine')   # once: the datasets m, i, n, e
+  with pytest.raises(TypeError, match=r'^register_source\(\'mine\'\) decorates a subclass of '):
+    capsjax.register_source('mine')(lambda: None)
+  assert 'mine' not in capsjax.SOURCES
+  with pytest.raises(TypeError, match=r"^an evaluator name must be a non-empty string, got ''$"):
+    capsjax.register_evaluator('')
+  (tmp_path / 'file').write_text('')
+  with pytest.raises(capsjax.CapsjaxError, match=r'/file is not a directory$'):   # the commands' --workdir words
+    capsjax.load_trained(str(tmp_path / 'file'))
+  assert 'importlib' not in dir(capsjax)
+
+
 def test_routing_results_and_layers_of_the_wrong_shape_are_named_at_trace_time():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

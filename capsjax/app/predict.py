@@ -164,9 +164,9 @@ class Predictor:
     opposite_polarity) is inverted first, and 'inverted' says so."""
     if names is not None and len(names) != len(images):
       raise CapsjaxError(f'predict: {len(names)} names for {len(images)} images')
-    if isinstance(images, np.ndarray) and images.ndim == 4 and images.dtype == np.uint8 and \
-        images.shape[1:] == self.info.image_shape:
-      held = images
+    if (hasattr(images, 'shape') and hasattr(images, 'dtype') and len(images.shape) == 4
+        and images.dtype == np.uint8 and tuple(images.shape[1:]) == tuple(self.info.image_shape)):
+      held = np.asarray(images)   # an array, or on-demand rows (capsjax.data.rows.ImageRows) read here
     elif not len(images):
       return []
     else:

@@ -74,6 +74,12 @@ class ImageRows:
     assert images.shape == (len(ids),) + self._row_shape, images.shape
     return images
 
+  def __iter__(self):
+    """Each image (uint8 [h, w, c]) in order, as iterating an array gives them; read
+    CHUNK_ROWS at a time."""
+    for start in range(0, len(self), CHUNK_ROWS):
+      yield from self[np.arange(start, min(start + CHUNK_ROWS, len(self)))]
+
   def __array__(self, dtype=None, copy=None):
     del copy  # always a new array
     images = self.read_all()

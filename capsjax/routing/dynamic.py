@@ -142,10 +142,28 @@ def routing_logit_changes(logits_per_iteration: Array, initial_logits: Optional[
     >>> capsjax.routing_logit_changes(logits).shape                   # one mean |Δb| per iteration
     (4,)
   """
+  logits = _from_initial(logits_per_iteration, initial_logits, 'routing_logit_changes')   # [iterations + 1, …]
+  return jnp.mean(jnp.abs(logits[1:] - logits[:-1]), axis=(1, 2, 3))
+
+
+def _from_initial(logits_per_iteration: Array, initial_logits: Optional[Array], caller: str) -> Array:
+  """b_0 (`initial_logits`, zeros by default, broadcast over the batch) then every
+  iteration's logits: [iterations + 1, batch, in_caps, out_caps]; shapes that do not fit named."""
+  shape = jnp.shape(logits_per_iteration)
+  if len(shape) != 4:
+    raise ValueError(f'{caller} takes logits [iterations, batch, in_caps, out_caps] (dynamic_routing(…, '
+                     f'return_logits=True).logits), got shape {shape}')
+  if initial_logits is not None and not _broadcasts(jnp.shape(initial_logits), shape[1:]):
+    raise ValueError(f'{caller}: initial_logits of shape {jnp.shape(initial_logits)} do not broadcast to the '
+                     f"logits' [batch, in_caps, out_caps] {shape[1:]}")
   initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
-      jnp.broadcast_to(initial_logits, logits_per_iteration.shape[1:])[None])
-  previous = jnp.concatenate([initial, logits_per_iteration[:-1]], axis=0)
-  return jnp.mean(jnp.abs(logits_per_iteration - previous), axis=(1, 2, 3))
+      jnp.broadcast_to(initial_logits, shape[1:])[None])
+  return jnp.concatenate([initial, logits_per_iteration], axis=0)
+
+
+def _broadcasts(shape, target) -> bool:
+  """Whether an array of `shape` broadcasts to `target` (numpy's rules)."""
+  return len(shape) <= len(target) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
 
 
 def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array] = None) -> Array:
@@ -156,9 +174,7 @@ def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array
   0), so |Δb| does not vanish at convergence; the couplings do settle, and this measures
   that. Same arguments as `routing_logit_changes`; returns [iterations].
   """
-  initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
-      jnp.broadcast_to(initial_logits, logits_per_iteration.shape[1:])[None])
-  logits = jnp.concatenate([initial, logits_per_iteration], axis=0)
+  logits = _from_initial(logits_per_iteration, initial_logits, 'coupling_changes')
   couplings = jax.nn.softmax(logits, axis=-1)              # [iterations + 1, batch, in, out]
   return jnp.mean(jnp.abs(couplings[1:] - couplings[:-1]), axis=(1, 2, 3))
 

@@ -115,7 +115,15 @@ def register_source(kind: str, datasets: Tuple[str, ...] = ()) -> Callable[[type
     ((100, 28, 28, 1), array([0, 1, 0, 1], dtype=int32))
     >>> capsjax.SOURCES.unregister('bright_or_dark')
   """
+  if not isinstance(kind, str) or not kind:
+    raise TypeError(f'register_source: the kind must be a non-empty string, got {kind!r}')
+  if isinstance(datasets, str) or not all(isinstance(name, str) and name for name in datasets):
+    raise TypeError(f'register_source: datasets takes a tuple of names, got {datasets!r}'
+                    + (f' (one name: datasets=({datasets!r},))' if isinstance(datasets, str) else ''))
+
   def register(cls):
+    if not (isinstance(cls, type) and issubclass(cls, Source)):
+      raise TypeError(f'register_source({kind!r}) decorates a subclass of capsjax.data.sources.Source, got {cls!r}')
     cls.kind = kind
     return SOURCES.register(kind, datasets=tuple(datasets))(cls)
   return register
