@@ -174,6 +174,23 @@ def test_the_largest_batch_is_found_where_the_compiled_memory_meets_the_hbm(tiny
   largest = plan_lib._largest_batch(None, None, 'tpu', tiny_plan_shape, 10 ** 6, lambda line: None)
   assert 0.9 * 16e9 <= largest['total'] <= 16e9 and largest['fits']
   assert len(largest['tried']) <= 7 and largest['per_device'] % 8 == 0
+  # The TPU compiler refuses a program whose temporaries exceed the HBM (on v5e:2x2 at
+  # --config.batch_size=3, the line through 1 and 2 per device overshot to 8632: once a
+  # traceback): that batch does not fit, and the search steps below it.
+  def refusing(config, mesh, platform, per_device, *_):
+    if per_device > 100:
+      raise _REFUSAL
+    return {'total': 1e9 + 1e8 * per_device}
+  monkeypatch.setattr(plan_lib, '_training_memory', refusing)
+  lines = []
+  largest = plan_lib._largest_batch(None, None, 'tpu', tiny_plan_shape, 10000, lines.append)
+  assert 144 in largest['tried'] and largest['fits'] and 16 < largest['per_device'] <= 100, largest
+  assert f'  at 144 per device: the compiler refused it, DOES NOT FIT ({_REFUSAL_LINE})' in lines
+
+
+_REFUSAL_LINE = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (22.10G) '
+                 'exceeds available HBM (15.75G).')
+_REFUSAL = __import__('jax').errors.JaxRuntimeError(_REFUSAL_LINE)
 
 
 @pytest.fixture
@@ -198,6 +215,19 @@ def test_a_run_that_cannot_fit_is_one_line(tiny_plan, monkeypatch, capsys):
   assert exited.value.code == 2
   assert capsys.readouterr().err.strip().splitlines() == [
       'error: the run does not fit v5e:2x2: lower config.batch_size or config.eval_batch_size']
+
+
+@needs_libtpu
+def test_a_batch_the_compiler_refuses_is_one_line(monkeypatch):
+  # `capsjax-plan --experiment=mnist --target=v5e:2x2 --config.batch_size=40000`: once a
+  # traceback (the compiler's RESOURCE_EXHAUSTED); the compilation refused at once here.
+  def refuse(lowered, what, show=True):
+    raise _REFUSAL
+  monkeypatch.setattr(plan_lib, '_compile', refuse)
+  with pytest.raises(ConfigError) as raised:
+    plan_lib.plan_run(_tiny_config(), 'v5e:2x2', find_largest_batch=False)
+  assert str(raised.value) == ('the run does not fit v5e:2x2: the compiler refused the training step at 8 per device '
+                               f'({_REFUSAL_LINE}); lower config.batch_size')
 
 
 _GPU_PLAN_SCRIPT = """

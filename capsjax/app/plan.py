@@ -651,6 +651,13 @@ def _compile(lowered, what: str, show: bool = True):
   return outcome['compiled']
 
 
+def out_of_memory(error: Exception) -> Optional[str]:
+  """The compiler's own line where it refused a program for more memory than the device
+  has (the TPU compiler does, where its temporaries exceed the HBM), else None."""
+  text = str(error)
+  return text.splitlines()[0][:200] if 'RESOURCE_EXHAUSTED' in text else None
+
+
 def _memory_line(what: str, analysis: Dict[str, Any], hbm: float) -> str:
   return (f'{what}: {_gb(analysis["total"])} per device = {100 * analysis["total"] / hbm:.1f} % of HBM, '
           + ('fits' if analysis['total'] <= hbm else 'DOES NOT FIT'))
@@ -693,8 +700,8 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
              log=_silent, on_configured: Optional[Callable[[Plan], None]] = None) -> Plan:
   """Compiles config's training step and evaluation batch for `target` ('v5e:4x4',
   'v5litepod-16', 'h100:8', …) without its hardware and returns what they need. ConfigError
-  for a bad target, a missing libtpu or CUDA plugin, or a batch that does not divide over
-  the devices. `on_configured(plan)`: called with the plan at the configured batch before
+  for a bad target, a missing libtpu or CUDA plugin, a batch that does not divide over the
+  devices, or one the compiler refuses for more memory than a device has. `on_configured(plan)`: called with the plan at the configured batch before
   the largest-batch search (the command prints its report then: a stop keeps it).
 
   Example:
@@ -724,11 +731,21 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
       f'({len(devices)} devices)…')
   lowered = program.lower(abstract_state)
   show = log is not _silent   # the compilations' elapsed time where the lines are shown
-  training = analyse(_compile(lowered['training'], 'the training step', show), lowered['training'], len(devices))
-  log(_memory_line(f'the training step at {config.batch_size // len(devices)} per device', training,
+
+  def compiled(name: str, what: str, key: str):
+    try:
+      return analyse(_compile(lowered[name], what, show), lowered[name], len(devices))
+    except jax.errors.JaxRuntimeError as error:
+      refusal = out_of_memory(error)
+      if refusal is None:
+        raise
+      raise ConfigError(f'the run does not fit {parsed.name}: the compiler refused {what} ({refusal}); '
+                        f'lower {key}') from None
+  per_device = config.batch_size // len(devices)
+  training = compiled('training', f'the training step at {per_device} per device', 'config.batch_size')
+  log(_memory_line(f'the training step at {per_device} per device', training,
                    hbm_per_device) + f'; {training["flops"] / 1e9:.1f} GFLOP')
-  evaluation = analyse(_compile(lowered['evaluation'], 'an evaluation batch', show), lowered['evaluation'],
-                       len(devices))
+  evaluation = compiled('evaluation', 'an evaluation batch', 'config.eval_batch_size')
   log(_memory_line('an evaluation batch', evaluation, hbm_per_device))
   members = len(program.members) if program.members else 1
   params = abstract_state['params']
@@ -764,13 +781,22 @@ def _largest_batch(config, mesh, platform: str, result: Plan, most: int, log,
   compilation is at the batch where the line through the two largest fitting batches meets
   the HBM (below the smallest batch that did not fit), until one is within 10 % of the HBM,
   no larger batch is predicted, or `compilations` more have been made."""
+  import jax  # pylint: disable=g-import-not-at-top  (loaded by the plan already)
   hbm = result.hbm_per_device
   first = result.global_batch // result.devices
   analyses = {first: result.training}
 
   def compile_at(batch):
     log(f'finding the largest batch: compiling the training step at {batch} per device…')
-    analyses[batch] = _training_memory(config, mesh, platform, batch, log is not _silent)
+    try:
+      analyses[batch] = _training_memory(config, mesh, platform, batch, log is not _silent)
+    except jax.errors.JaxRuntimeError as error:
+      # (The line through two small batches can overshoot far: that batch does not fit.)
+      if out_of_memory(error) is None:
+        raise
+      analyses[batch] = {'total': math.inf}
+      log(f'  at {batch} per device: the compiler refused it, DOES NOT FIT ({out_of_memory(error)})')
+      return
     log('  ' + _memory_line(f'at {batch} per device', analyses[batch], hbm))
 
   if min(2 * first, most) > first:
