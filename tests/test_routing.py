@@ -566,6 +566,7 @@ def test_explorer_and_predict_show_the_routings_activations():
   from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
   from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
   from capsjax.data.rows import ImageRows  # pylint: disable=g-import-not-at-top
+  from capsjax.errors import CapsjaxError  # pylint: disable=g-import-not-at-top
   config, model, params, pixels, images = _tiny_capsnet('em')
   _, activations = model.apply({'params': params}, images, method='classify')
   explorer = Explorer(TrainedModel(config, model, params, 'a test model'), np.asarray(images), np.arange(4))
@@ -581,6 +582,17 @@ def test_explorer_and_predict_show_the_routings_activations():
   # its rows iterated as nothing and the prediction failed to stack.
   on_demand = ImageRows(lambda ids: pixels[ids], pixels.shape[1:], num_rows=len(pixels))
   assert [p['activations'] for p in predictor.predict(on_demand)] == [p['activations'] for p in predicted]
+  # One line each for what is not images (once: one image's 28 rows classified as 28 images,
+  # and a TypeError for None).
+  for images, line in [(pixels[0], r'predict takes a list of images or a batch \[n, h, w, c\]; one image of shape '
+                                   r'\[28, 28, 1\] is predict\(\[image\]\)$'),
+                       (None, r'predict takes images \(arrays, or a batch \[n, h, w, c\]\), got None; files: '),
+                       ('digit.png', r"predict takes images .*, got 'digit.png'; files: predict\(read_files")]:
+    with pytest.raises(CapsjaxError, match='^' + line):
+      predictor.predict(images)
+  with pytest.raises(CapsjaxError, match=r'^Predictor takes a TrainedModel \(TrainedModel.from_workdir\(workdir\)\), '
+                                         r'got tuple; Predictor.from_workdir\(workdir\) loads one$'):
+    Predictor((config, model, params))   # what load_trained returns
 
 
 def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):

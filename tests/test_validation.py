@@ -346,6 +346,9 @@ def test_load_dataset_refuses_what_the_command_refuses_before_reading():
   with pytest.raises(capsjax.ConfigError, match=r"^data=\{'datadir': …\}: data names where the data is on this "
                                                 r'machine, data_dir and tfds_data_dir$'):
     capsjax.load_trained('/nonexistent', data={'datadir': '/data'})
+  for step in ('2', -1, 1.5, True):   # '2' once read "no checkpoint of step 2 … (there are: 2)"
+    with pytest.raises(capsjax.ConfigError, match=rf"^step={step!r}: allowed an integer >= 0 \(a checkpoint's step\)"):
+      capsjax.load_trained('/nonexistent', step=step)
 
 
 def test_modules_and_helpers_used_directly_refuse_what_build_model_refuses(tmp_path):

@@ -51,6 +51,10 @@ class Predictor:
 
   def __init__(self, trained):
     import jax  # pylint: disable=g-import-not-at-top
+    from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    if not isinstance(trained, TrainedModel):   # load_trained's (config, model, params), say
+      raise CapsjaxError(f'Predictor takes a TrainedModel (TrainedModel.from_workdir(workdir)), got '
+                         f'{type(trained).__name__}; Predictor.from_workdir(workdir) loads one')
     if not trained.task.single_images:
       raise CapsjaxError(f'{trained.source} holds a {trained.config.task} run: predict classifies one '
                          'object per image')
@@ -162,6 +166,13 @@ class Predictor:
     capsule lengths); a CNN's are its softmax (or sigmoid) outputs. An image of the
     opposite polarity to the run's (a dark digit on white for an MNIST model:
     opposite_polarity) is inverted first, and 'inverted' says so."""
+    if images is None or isinstance(images, (str, bytes, os.PathLike)):
+      raise CapsjaxError(f'predict takes images (arrays, or a batch [n, h, w, c]), got {images!r}; files: '
+                         'predict(read_files([path, …]))')
+    if isinstance(images, np.ndarray) and images.ndim == 3 and images.shape[-1] in (1, 3, 4):
+      # (iterated, its rows would be read as 1-pixel-wide images, each classified)
+      raise CapsjaxError(f'predict takes a list of images or a batch [n, h, w, c]; one image of shape '
+                         f'{list(images.shape)} is predict([image])')
     if names is not None and len(names) != len(images):
       raise CapsjaxError(f'predict: {len(names)} names for {len(images)} images')
     if (hasattr(images, 'shape') and hasattr(images, 'dtype') and len(images.shape) == 4

@@ -17,6 +17,7 @@ from capsjax import assemble, reports
 from capsjax.checkpoints import Checkpoints
 from capsjax.data.tasks import TASKS
 from capsjax.errors import CheckpointError, ConfigError
+from capsjax.keys import is_int
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.stored_config import read_config, upgraded
@@ -129,6 +130,9 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
   if unknown:   # (once added to the config unread)
     raise ConfigError(f'data={{{unknown[0]!r}: …}}: data names where the data is on this machine, '
                       'data_dir and tfds_data_dir')
+  if step is not None and (not is_int(step) or step < 0):
+    # ('2' once read "no checkpoint of step 2 … (there are: 2)")
+    raise ConfigError(f'step={step!r}: allowed an integer >= 0 (a checkpoint\'s step) or None (the latest)')
   config = read_config(workdir)
   config.update(data or {})
   model = assemble.model(config)
