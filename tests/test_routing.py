@@ -763,8 +763,10 @@ def test_each_shared_form_equals_its_routing_on_the_materialised_votes(name):
       loop, loop_options = routing.loop_arguments(name, 3)
       return loss(form(capsules, transforms, offsets, *loop, **loop_options, **options))
 
-    value, grads = jax.value_and_grad(materialised, argnums=(0, 1, 2))(capsules, transforms, options)
-    factored_value, factored_grads = jax.value_and_grad(factored, argnums=(0, 1, 2))(capsules, transforms, options)
+    # (Jitted: one compilation each, not one per operation.)
+    value, grads = jax.jit(jax.value_and_grad(materialised, argnums=(0, 1, 2)))(capsules, transforms, options)
+    factored_value, factored_grads = jax.jit(jax.value_and_grad(factored, argnums=(0, 1, 2)))(
+        capsules, transforms, options)
     np.testing.assert_allclose(factored_value, value, rtol=1e-12)
     chex.assert_trees_all_close(factored_grads, grads, rtol=1e-9, atol=1e-12)
     assert all(np.any(np.asarray(g) != 0) for g in jax.tree_util.tree_leaves(grads))   # every input matters
