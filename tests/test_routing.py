@@ -452,7 +452,7 @@ def test_values_and_gradients_match_the_papers_reference(name):
     def loss(u_, a_):
       p, act = _pair(_route(name, u_, a_, r, params))
       return jnp.sum(p * w_parents) + jnp.sum(act * w_activations)
-    grad_u, grad_a = jax.grad(loss, argnums=(0, 1))(jnp.asarray(u), jnp.asarray(a))
+    grad_u, grad_a = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(u), jnp.asarray(a))   # one compilation
 
   def reference_loss(u_, a_):
     p, act = _reference_batch(name, u_, a_, r, params)
@@ -713,8 +713,8 @@ def test_shared_transform_routing_equals_procedure_1_on_the_materialised_votes()
     def factored(capsules, transforms, bias):
       return jnp.sum(weights * routing.shared_dynamic_routing(capsules, transforms, offsets, 3, bias=bias))
 
-    value, grads = jax.value_and_grad(materialised, argnums=(0, 1, 2))(capsules, transforms, bias)
-    factored_value, factored_grads = jax.value_and_grad(factored, argnums=(0, 1, 2))(capsules, transforms, bias)
+    value, grads = jax.jit(jax.value_and_grad(materialised, argnums=(0, 1, 2)))(capsules, transforms, bias)
+    factored_value, factored_grads = jax.jit(jax.value_and_grad(factored, argnums=(0, 1, 2)))(capsules, transforms, bias)
     np.testing.assert_allclose(factored_value, value, rtol=1e-12)
     for ours, reference in zip(factored_grads, grads):
       np.testing.assert_allclose(ours, reference, rtol=1e-10, atol=1e-12)
