@@ -343,8 +343,8 @@ class BaselineCNN(nn.Module):
     >>> cnn = capsjax.BaselineCNN(conv_channels=(8, 16), conv_kernels=(5, 5), dense=(32,),
     ...                           input_shape=(28, 28, 1))
     >>> images = jnp.zeros((2, 28, 28, 1))
-    >>> params = cnn.init(jax.random.key(0), images)
-    >>> cnn.apply(params, images)['logits'].shape
+    >>> params = jax.jit(cnn.init)(jax.random.key(0), images)
+    >>> jax.jit(cnn.apply)(params, images)['logits'].shape
     (2, 10)
   """
   conv_channels: Annotated[Sequence[int], About(ints_at_least(1, allow_empty=False),

@@ -69,11 +69,11 @@ def make_objective(name: str, num_classes: int, **options) -> Objective:
     >>> model = capsjax.CapsNet(conv1_channels=32, primary_types=8)
     >>> batch = {'images': jnp.zeros((4, 28, 28, 1)), 'labels': jnp.array([0, 1, 2, 3])}
     >>> params = jax.jit(model.init)(jax.random.key(0), batch['images'])['params']   # jitted: one program
-    >>> loss, scores, parts = objective(model, params, batch, True)
+    >>> step = lambda p: objective(model, p, batch, True)        # (model, params, batch, train)
+    >>> loss, scores, parts = jax.jit(step)(params)              # jitted: one program, not one per operation
     >>> loss.shape, scores.shape, sorted(parts)
     ((4,), (4, 10), ['margin_loss', 'reconstruction_loss'])
-    >>> mean_loss = lambda p: objective(model, p, batch, True)[0].mean()
-    >>> grads = jax.jit(jax.grad(mean_loss))(params)            # jitted: compiled once, fast
+    >>> grads = jax.jit(jax.grad(lambda p: step(p)[0].mean()))(params)
     >>> jax.tree.structure(grads) == jax.tree.structure(params)
     True
   """

@@ -117,7 +117,7 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
     >>> config, model, params = capsjax.load_trained(workdir)
     >>> config.experiment, type(model).__name__
     ('mnist_smoke', 'CapsNet')
-    >>> model.apply({'params': params}, jnp.zeros((1, 28, 28, 1)))['lengths'].shape   # [batch, classes]
+    >>> jax.jit(model.apply)({'params': params}, jnp.zeros((1, 28, 28, 1)))['lengths'].shape   # [batch, classes]
     (1, 10)
   """
   config, model, state, _ = _restore(workdir, data, step)
