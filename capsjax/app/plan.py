@@ -701,8 +701,9 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   """Compiles config's training step and evaluation batch for `target` ('v5e:4x4',
   'v5litepod-16', 'h100:8', …) without its hardware and returns what they need. ConfigError
   for a bad target, a missing libtpu or CUDA plugin, a batch that does not divide over the
-  devices, or one the compiler refuses for more memory than a device has. `on_configured(plan)`: called with the plan at the configured batch before
-  the largest-batch search (the command prints its report then: a stop keeps it).
+  devices, or one the compiler refuses for more memory than a device has.
+  `on_configured(plan)`: called with the plan at the configured batch before the
+  largest-batch search (the command prints its report then: a stop keeps it).
 
   Example:
     A CapsNet of `mnist_smoke`'s recipe, shrunk, planned for a 2×2 TPU v5e slice:
