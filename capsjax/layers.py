@@ -20,6 +20,9 @@ Initializer = Callable[..., Array]
 
 # A size of a layer: a count of capsules, types, dimensions or pixels.
 SIZE = About(int_at_least(1), 'a size')
+# CapsuleLayer's transforms and, for 'per_type', how its votes are formed (CapsNet's keys too).
+TRANSFORMS = ('per_capsule', 'per_type')
+VOTES = ('factored', 'materialised')
 
 
 def check_fields(module) -> None:
@@ -159,12 +162,12 @@ class CapsuleLayer(nn.Module):
   routing: Annotated[str, About(registered(ROUTINGS.names), 'a routing')] = 'dynamic'
   routing_options: Optional[Dict[str, Any]] = None
   # or 'per_type' (shared over positions; needs `types` and the call's `grid`)
-  transforms: Annotated[str, About(one_of(('per_capsule', 'per_type')), 'transforms')] = 'per_capsule'
+  transforms: Annotated[str, About(one_of(TRANSFORMS), 'transforms')] = 'per_capsule'
   # primary capsule types per position (for 'per_type')
   types: Annotated[int, About(int_at_least(0), 'types')] = 0
   # 'per_type' only, the same math either way: 'factored' routes without û where the routing
   # has a shared form; 'materialised' builds û first (what the benchmark compares against).
-  votes: Annotated[str, About(one_of(('factored', 'materialised')), 'votes')] = 'factored'
+  votes: Annotated[str, About(one_of(VOTES), 'votes')] = 'factored'
 
   @nn.compact
   def __call__(self, capsules: Array, routing_iterations=None, max_iterations=None,

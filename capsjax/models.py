@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax.layers import (CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps, StridedStem,
-                            halved, stem_stages)
+from capsjax.layers import (TRANSFORMS, VOTES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps,
+                            StridedStem, halved, stem_stages)
 from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
                           check_values, field_problems, lookup, nested, number_in, one_of, registered,
@@ -62,15 +62,23 @@ def check_module(module) -> None:
   a checked config): its fields by their keys' rules (capsjax.keys.field_problems), and the
   numbers a config leaves to the data given. ConfigError, one line."""
   problems = field_problems(module)
-  name = type(module).__name__
-  if not problems and getattr(module, 'num_classes', None) == 0:
-    problems.append(f'{name}.num_classes=0 means the classes of the data in a config; a module needs the '
-                    'number (num_classes=10)')
-  if not problems and hasattr(module, 'input_shape') and not tuple(module.input_shape):
-    problems.append(f'{name}.input_shape=() means the image size of the data in a config; a module needs the '
-                    'size (input_shape=(28, 28, 1))')
   if problems:
     raise ConfigError(problems[0])
+  left = left_to_the_data(getattr(module, 'num_classes', None), getattr(module, 'input_shape', None))
+  if left:
+    meaning, needed = left
+    raise ConfigError(f'{type(module).__name__}.{meaning} in a config; a module needs {needed}')
+
+
+def left_to_the_data(num_classes, input_shape) -> Optional[Tuple[str, str]]:
+  """(what it means, what a module needs instead) where `num_classes` or `input_shape`
+  holds a config's "from the data" value (0 classes, no image size: filled in when a run
+  reads its data), else None; None for a value a family does not have."""
+  if num_classes == 0:
+    return 'num_classes=0 means the classes of the data', 'the number (num_classes=10)'
+  if input_shape is not None and not tuple(input_shape):
+    return 'input_shape=() means the image size of the data', 'the size (input_shape=(28, 28, 1))'
+  return None
 
 
 def initializers(name: str):
@@ -226,11 +234,11 @@ class CapsNet(nn.Module):
       Rule(lambda v: hasattr(v, 'keys'), 'a dict: routing name → its options'),
       "the routings' options, a section per routing; the model reads model.routing's (learned parameters "
       'are not options)', config_default=configurable_routing_options)] = None
-  transforms: Annotated[str, About(one_of(('auto', 'per_capsule', 'per_type')), (
+  transforms: Annotated[str, About(one_of(('auto',) + TRANSFORMS), (
       'class-capsule transforms: per_capsule (the paper: W_ij for every primary capsule) or per_type (W_tj '
       'shared over positions, with coordinate addition: parameters independent of the image size; see '
       'CapsuleLayer); auto: by the image size and memory (capsjax.sizing)'))] = 'per_capsule'
-  votes: Annotated[str, About(one_of(('factored', 'materialised')), (
+  votes: Annotated[str, About(one_of(VOTES), (
       'per_type transforms: routing without û (factored) or with û built first (materialised); same '
       'values'))] = 'factored'
   stem: Annotated[str, About(one_of(('auto', 'none', 'strided')), (
@@ -506,14 +514,11 @@ def _checked(name, fields: Dict[str, Any]):
   problems = model_problems(model)
   if problems:
     raise ConfigError(problems[0])
-  # A config's "from the data" values (0 classes, no input shape) are filled in when a run
-  # reads its data; a module built from them would have no classes or no image size.
-  if model.get('num_classes') == 0:
-    raise ConfigError('config.model.num_classes=0 means the classes of the data, filled in when a run reads '
-                      'them; build_model needs the number (num_classes=10)')
-  if 'input_shape' in model and not tuple(model.input_shape):
-    raise ConfigError('config.model.input_shape=() means the image size of the data, filled in when a run reads '
-                      'them; build_model needs the size (input_shape=(28, 28, 1))')
+  # A module built from a config's "from the data" values would have no classes or no image size.
+  left = left_to_the_data(model.get('num_classes'), model.get('input_shape'))
+  if left:
+    meaning, needed = left
+    raise ConfigError(f'config.model.{meaning}, filled in when a run reads them; build_model needs {needed}')
   return name, fields, sections
 
 

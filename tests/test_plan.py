@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from capsjax.app import plan as plan_lib
@@ -190,7 +191,7 @@ def test_the_largest_batch_is_found_where_the_compiled_memory_meets_the_hbm(tiny
 
 _REFUSAL_LINE = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (22.10G) '
                  'exceeds available HBM (15.75G).')
-_REFUSAL = __import__('jax').errors.JaxRuntimeError(_REFUSAL_LINE)
+_REFUSAL = jax.errors.JaxRuntimeError(_REFUSAL_LINE)
 
 
 @pytest.fixture
