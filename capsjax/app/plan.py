@@ -258,7 +258,14 @@ def _compile_only_gpus(target: Target):
   # The plugin's own start needs a driver; the compile-only devices need none. JAX stays on
   # the CPU here (capsjax-plan sets JAX_PLATFORMS=cpu before JAX starts) and the plugin is
   # only asked for a topology.
+  import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  # Executables for these devices cannot be read back from JAX's persistent cache (no client
+  # to load them: the next plan warned "Error reading persistent compilation cache entry …
+  # PjRtCompiler must be constructed with a Client"). JAX decides once per process whether
+  # it caches: this holds where the GPU plan is the process's first compilation, as in
+  # capsjax-plan.
+  jax.config.update('jax_enable_compilation_cache', False)
   hosts, gpus = target.topology.split('x')
   try:
     return topologies.get_topology_desc(platform='cuda', topology=f'1x{hosts}x{gpus}',
