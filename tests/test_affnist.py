@@ -12,7 +12,7 @@ from capsjax.data import affine
 from capsjax import assemble
 from capsjax.errors import DataError, RunStopped
 from capsjax.experiments import affnist_smoke
-from helpers import evaluators_off, tiny_config
+from helpers import SPEEDY_CONV, evaluators_off, tiny_config
 
 
 def _digit():
@@ -125,7 +125,7 @@ def test_affnist_command_reports_both_models_on_all_test_sets(mnist_dir, tmp_pat
   config.eval_every_steps = config.checkpoint_every_steps = config.log_every_steps = 2
   config.model.conv1_channels, config.model.primary_types = 8, 2
   config.model.decoder_hidden = (16, 32)
-  config.model.formulation.conv_impl = 'xla'   # compiles in half the time at this size
+  config.model.formulation.conv_impl = SPEEDY_CONV
   config.cnn.model.conv_channels, config.cnn.model.dense = (4, 4, 4), (16, 8)
   evaluators_off(config)   # asserted elsewhere (a suite-time trim)
   os.makedirs(tmp_path / 'mat')

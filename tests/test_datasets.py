@@ -19,7 +19,7 @@ from capsjax.errors import DataError
 from capsjax.models import build_model
 from capsjax.objectives import top_k_correct
 from capsjax.validation import problems_of
-from helpers import evaluators_off
+from helpers import SPEEDY_CONV, evaluators_off
 
 # cifar10 trains as cifar10_ensemble's members do (the same config, vmapped): one run covers
 # both; fashion_mnist is the mnist recipe and model on other 28×28 grey images (nothing of its own to train).
@@ -168,7 +168,7 @@ def test_each_new_experiment_trains_beyond_chance(name, mnist_dir, monkeypatch, 
                                                                      0 if split == 'train' else 50000))
   config.model.conv1_channels, config.model.primary_types = 16, 4
   config.model.decoder_hidden = (32, 64)
-  config.model.formulation.conv_impl = 'xla'   # compiles in half the time at this size
+  config.model.formulation.conv_impl = SPEEDY_CONV
   config.batch_size, config.eval_batch_size, config.num_steps = 32, 100, 80
   config.lr_decay_steps, config.log_every_steps = 200, 40
   config.eval_every_steps, config.checkpoint_every_steps = 0, 80

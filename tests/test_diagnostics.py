@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from capsjax import diagnostics, routing
+from helpers import SPEEDY_CONV
 
 # Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
 pytestmark = pytest.mark.compile_bound
@@ -52,7 +53,7 @@ def test_every_routing_says_whether_it_has_couplings_and_they_are_distributions_
   images = jax.random.uniform(jax.random.key(0), (3, 28, 28, 1))
   for name in routing.ROUTINGS:
     model = CapsNet(conv1_channels=8, primary_types=2, decoder_hidden=(16,), routing=name,
-                    formulation=Formulation(conv_impl='xla', dtype='auto'))   # compiles in half the time at this size
+                    formulation=Formulation(conv_impl=SPEEDY_CONV, dtype='auto'))
     params = jax.jit(model.init)(jax.random.key(1), images)['params']
     # One program for both calls: the details, and the activations classify reports.
     details, (_, activations) = jax.jit(lambda p: (

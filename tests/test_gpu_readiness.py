@@ -18,6 +18,7 @@ from capsjax.formulations import Formulation
 from capsjax.models import CapsNet
 from capsjax.routing import UNROLLED_INFERENCE, dynamic_routing
 import documented
+from helpers import SPEEDY_CONV_FLAG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -216,7 +217,7 @@ def test_a_lease_s_training_leg_starts_is_waited_for_and_exported_on_the_cpu(mni
              CAPSJAX_MNIST_DIR=mnist_dir, CAPSJAX_LEG_POLL_S='1')
   small = ['--experiment=mnist_smoke', '--config.num_steps=4', '--config.batch_size=16', '--config.eval_every_steps=2',
            '--config.validation_examples=100', '--config.num_test_examples=100', '--config.model.conv1_channels=16',
-           '--config.model.primary_types=4', '--config.model.formulation.conv_impl=xla',
+           '--config.model.primary_types=4', SPEEDY_CONV_FLAG,
            '--config.evals.routing_probe.enabled=False', '--config.evals.routing_diagnostics.enabled=False',
            '--config.evals.reconstructions.enabled=False']
   run = lambda *args: subprocess.run([*script, *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)

@@ -19,7 +19,7 @@ from capsjax.data import images as image_files
 from capsjax.data.sources import DataSpec, describe_source, load_dataset
 from capsjax.errors import DataError
 import documented
-from helpers import EVALUATORS_OFF_FLAGS
+from helpers import EVALUATORS_OFF_FLAGS, SPEEDY_CONV_FLAG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_DIGITS = 1500   # of scikit-learn's 1 797; the other 297 are the test split
@@ -223,7 +223,7 @@ def test_another_tfds_builder_downloads_prepares_and_trains(mnist_dir, tmp_path)
     result = _run('-c', RUN_WITH_CMATERDB_URL, f'http://127.0.0.1:{server.server_address[1]}/',
                   '--experiment=images_smoke', '--config.dataset=cmaterdb/bangla',
                   f'--config.tfds_data_dir={tmp_path}/tfds', f'--workdir={tmp_path}/w', '--config.num_steps=3',
-                  '--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.model.formulation.conv_impl=xla',
+                  '--config.model.conv1_channels=16', '--config.model.primary_types=4', SPEEDY_CONV_FLAG,
                   *EVALUATORS_OFF_FLAGS)   # xla, no evaluators: compiles faster here
   finally:
     server.shutdown()

@@ -16,7 +16,7 @@ from capsjax import routing
 from capsjax import validation
 from capsjax.errors import RunStopped
 from capsjax.routing import coupling_coefficients, dynamic_routing, squash
-from helpers import evaluators_off
+from helpers import SPEEDY_CONV, evaluators_off
 
 # Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
 pytestmark = [pytest.mark.float32_matmuls, pytest.mark.compile_bound]
@@ -530,7 +530,7 @@ def _tiny_capsnet_config(name):
   from capsjax.experiments import mnist  # pylint: disable=g-import-not-at-top
   config = mnist.get_config()
   config.model.update(routing=name, conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
-  config.model.formulation.conv_impl = 'xla'   # compiles in half the time at this size
+  config.model.formulation.conv_impl = SPEEDY_CONV
   return config
 
 
@@ -619,7 +619,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   config.model.routing_options.user_mean = {'scale': 2.0}
   validation.validate(config)
   config.model.update(conv1_channels=8, primary_types=2, decoder_hidden=(16, 32))
-  config.model.formulation.conv_impl = 'xla'
+  config.model.formulation.conv_impl = SPEEDY_CONV
   config.update(num_train_examples=600, validation_examples=200, num_test_examples=200, num_steps=10,
                 eval_every_steps=5, log_every_steps=5, checkpoint_every_steps=5, eval_batch_size=100,
                 stop_at_step=5)

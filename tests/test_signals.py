@@ -8,12 +8,13 @@ import time
 
 from capsjax import train
 from capsjax.app import cli
+from helpers import SPEEDY_CONV_FLAG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--config.model.conv1_channels=16', '--config.model.primary_types=4',
         '--config.model.decoder_hidden=(32,64)', '--config.num_train_examples=256',
         '--config.num_test_examples=100', '--config.batch_size=32', '--config.log_every_steps=1',
-        '--config.checkpoint_every_steps=100000', '--config.model.formulation.conv_impl=xla']   # xla: compiles faster here
+        '--config.checkpoint_every_steps=100000', SPEEDY_CONV_FLAG]
 
 
 def _start(workdir, mnist_dir, log, *extra):

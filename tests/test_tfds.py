@@ -16,6 +16,7 @@ from capsjax.data.sources import load_dataset, load_idx_split, load_tfds_split, 
 from capsjax.data.sources import tfds_builders
 from capsjax.data.rows import ImageRows
 from capsjax.errors import DataError
+from helpers import SPEEDY_CONV_FLAG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,7 +56,7 @@ def prepared(mnist_server, tmp_path_factory):
   workdir = tmp_path_factory.mktemp('run') / 'w'
   result = _run(mnist_server, '--experiment=mnist_smoke', f'--workdir={workdir}', f'--config.tfds_data_dir={tfds_dir}',
                 '--config.num_steps=3', '--config.num_test_examples=500', '--config.model.conv1_channels=16',
-                '--config.model.primary_types=4', '--config.model.formulation.conv_impl=xla')   # xla: compiles faster here
+                '--config.model.primary_types=4', SPEEDY_CONV_FLAG)
   return tfds_dir, workdir, result
 
 
@@ -100,7 +101,7 @@ def test_prepared_data_is_reused_without_network(prepared, tmp_path):
   result = _run('http://127.0.0.1:9/', '--experiment=mnist_smoke', f'--workdir={tmp_path}/w',
                 f'--config.tfds_data_dir={tfds_dir}', '--config.num_steps=1', '--config.num_test_examples=100',
                 '--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.host_images=rows',
-                '--config.model.formulation.conv_impl=xla')
+                SPEEDY_CONV_FLAG)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'downloading' not in result.stdout
 
