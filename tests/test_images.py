@@ -224,7 +224,7 @@ def test_another_tfds_builder_downloads_prepares_and_trains(mnist_dir, tmp_path)
                   '--experiment=images_smoke', '--config.dataset=cmaterdb/bangla',
                   f'--config.tfds_data_dir={tmp_path}/tfds', f'--workdir={tmp_path}/w', '--config.num_steps=3',
                   '--config.model.conv1_channels=16', '--config.model.primary_types=4', SPEEDY_CONV_FLAG,
-                  *EVALUATORS_OFF_FLAGS)   # xla, no evaluators: compiles faster here
+                  *EVALUATORS_OFF_FLAGS)   # a fast convolution, no evaluators: compiles faster here
   finally:
     server.shutdown()
   assert result.returncode == 0, result.stderr[-3000:]
