@@ -295,7 +295,8 @@ def test_the_runs_own_step_compiles_for_gpus_on_two_hosts_and_matches_hand_count
     pytest.param(r'^capsjax-plan --experiment=mnist --target=h100:8$', 8, "launch (one process sees all the host's GPUs):",
                  marks=needs_gpu_plan),
 ])
-def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_the_overrides(pattern, devices, launch):
+def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_the_overrides(pattern, devices, launch,
+                                                                                          tmp_path):
   # docs/planning.md's commands compiled at a small model's size (every documented plan is
   # checked up to its compilation by tests/test_documented_commands.py): mnist's evaluation
   # batch of 500 does not divide by 256 devices (padded, as the run pads it). GPU plans find
@@ -307,12 +308,16 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
   overrides = ['--config.model.conv1_channels=16', '--config.model.primary_types=4', '--config.model.digit_dim=8',
                '--config.model.decoder_hidden=(32,)', '--config.num_test_examples=600',
                '--config.model.formulation.routing_loop=rolled', f'--config.batch_size={batch}']
-  env = dict(os.environ, CAPSJAX_GPU_PLAN=GPU_PLAN)
+  # A user's persistent cache: the plan writes nothing into it (its executables cannot be
+  # read back; the next plan warned "Error reading persistent compilation cache entry").
+  cache = tmp_path / 'jax_cache'
+  env = dict(os.environ, CAPSJAX_GPU_PLAN=GPU_PLAN, JAX_COMPILATION_CACHE_DIR=str(cache))
   as_documented = documented.command(pattern).args()
   result = subprocess.run([sys.executable, '-m', 'capsjax.app.plan', *as_documented, '--nofind_largest_batch',
                            *overrides],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert not cache.exists() or not os.listdir(cache), os.listdir(cache)
   lines = result.stdout.splitlines()
   planned = max(batch, devices)
   assert (f'batch: {planned} global, {planned // devices} per device (evaluation: 500 global, {-(-500 // devices)} '
@@ -326,6 +331,25 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
              + ('--config.distributed=True ' if devices == 256 else '')
              + ' '.join(map(shlex.quote, overrides[:-1])) + f' --config.batch_size={planned}')
   assert command in lines[lines.index(launch) + (2 if devices == 256 else 1)]
+
+
+@needs_libtpu
+def test_a_plan_after_other_compilations_reads_no_cache_entry_it_cannot_load():
+  # In a process that caches (this worker: tests/conftest.py's folder) and has compiled
+  # before, a plan's compilations still go through JAX's persistent cache: the second of two
+  # identical ones found the first's entry, which no compile-only device can load, and
+  # warned. (A process whose first compilation is a plan, as capsjax-plan, caches nothing.)
+  import warnings  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()
+  mesh = Mesh(plan_lib.compile_only_devices(plan_lib.parse_target('v5e:2x2')), ('data',))
+  rows = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec('data')))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    for _ in range(2):
+      plan_lib._compile(jax.jit(lambda x: (2 * x).sum()).lower(rows), 'a sum', show=False)
+  assert not [w for w in caught if 'persistent compilation cache' in str(w.message)], [str(w.message) for w in caught]
 
 
 @needs_libtpu

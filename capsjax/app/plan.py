@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import ml_collections
@@ -258,14 +259,7 @@ def _compile_only_gpus(target: Target):
   # The plugin's own start needs a driver; the compile-only devices need none. JAX stays on
   # the CPU here (capsjax-plan sets JAX_PLATFORMS=cpu before JAX starts) and the plugin is
   # only asked for a topology.
-  import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  # Executables for these devices cannot be read back from JAX's persistent cache (no client
-  # to load them: the next plan warned "Error reading persistent compilation cache entry …
-  # PjRtCompiler must be constructed with a Client"). JAX decides once per process whether
-  # it caches: this holds where the GPU plan is the process's first compilation, as in
-  # capsjax-plan.
-  jax.config.update('jax_enable_compilation_cache', False)
   hosts, gpus = target.topology.split('x')
   try:
     return topologies.get_topology_desc(platform='cuda', topology=f'1x{hosts}x{gpus}',
@@ -279,6 +273,13 @@ def _compile_only_gpus(target: Target):
 def compile_only_devices(target: Target):
   """The compile-only devices of `target`'s topology (libtpu) or GPUs (the CUDA plugin), or
   ConfigError."""
+  # Executables for these devices cannot be read back from JAX's persistent cache (no client
+  # to load them: a user's cache made the next plan warn "Error reading persistent compilation
+  # cache entry … PjRtCompiler must be constructed with a Client"). JAX decides once per
+  # process whether it caches: off where a plan is the process's first compilation, as in
+  # capsjax-plan; after earlier compilations, _compile keeps the failed reads quiet.
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_enable_compilation_cache', False)
   if target.platform == 'gpu':
     return _compile_only_gpus(target)
   require_libtpu()
@@ -640,7 +641,9 @@ def _compile(lowered, what: str, show: bool = True):
 
   def work():
     try:
-      outcome['compiled'] = lowered.compile()
+      with warnings.catch_warnings():   # compile_only_devices says why
+        warnings.filterwarnings('ignore', message='Error reading persistent compilation cache entry')
+        outcome['compiled'] = lowered.compile()
     except BaseException as e:  # pylint: disable=broad-except
       outcome['error'] = e
 
