@@ -16,10 +16,16 @@ def _check_same_shape(what: str, first: str, a, second: str, b) -> None:
   with no name)."""
   if tuple(a.shape) == tuple(b.shape):
     return
-  hint = ''
-  if first == 'lengths' and len(b.shape) == 1 and jnp.issubdtype(b.dtype, jnp.integer):
-    hint = f' (class indices? one-hot them: jax.nn.one_hot(labels, {a.shape[-1]}))'
+  hint = class_indices_hint(b, a.shape[-1]) if first == 'lengths' else ''
   raise ValueError(f'{what}: {second} {tuple(b.shape)} must have the shape of {first} {tuple(a.shape)}{hint}')
+
+
+def class_indices_hint(given, num_classes: int) -> str:
+  """' (class indices? one-hot them: …)' where `given`, in place of one-hot targets or a
+  mask, is a [batch] of integers; else ''."""
+  if len(given.shape) == 1 and jnp.issubdtype(given.dtype, jnp.integer):
+    return f' (class indices? one-hot them: jax.nn.one_hot(labels, {num_classes}))'
+  return ''
 
 
 def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: float = 0.1,

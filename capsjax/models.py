@@ -15,6 +15,7 @@ from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_leas
                           registered_tuple)
 from capsjax.errors import ConfigError
 from capsjax.layout import moved_key_hint
+from capsjax.losses import class_indices_hint
 from capsjax.registry import Registry
 from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, own_section_problems,
                              routing_option_defaults, routing_option_keys, vector_norm)
@@ -35,9 +36,8 @@ def capsule_lengths(capsules: Array) -> Array:
 def mask_capsules(capsules: Array, mask: Array) -> Array:
   """Zero all capsules but the masked ones: [batch, caps, dim] × [batch, caps]."""
   if tuple(mask.shape) != tuple(capsules.shape[:-1]):   # broadcasting would fail unnamed, or mask wrongly
-    indices = mask.ndim == 1 and jnp.issubdtype(mask.dtype, jnp.integer)
     raise ValueError(f'mask {tuple(mask.shape)} must be one-hot [batch, classes] = {tuple(capsules.shape[:-1])}'
-                     + (f' (class indices? jax.nn.one_hot(labels, {capsules.shape[-2]}))' if indices else ''))
+                     + class_indices_hint(mask, capsules.shape[-2]))
   return capsules * mask[..., None].astype(capsules.dtype)
 
 

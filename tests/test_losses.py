@@ -50,7 +50,7 @@ def test_targets_or_images_of_another_shape_are_named_not_broadcast():
     capsnet_loss(lengths, jnp.ones((4, 10)), jnp.zeros((4, 784)), jnp.zeros((4, 28, 28, 1)))
   # The decoder's mask likewise (CapsNet(images, mask=...)).
   with pytest.raises(ValueError, match=re.escape('mask (4,) must be one-hot [batch, classes] = (4, 10) (class '
-                                                 'indices? jax.nn.one_hot(labels, 10))')):
+                                                 'indices? one-hot them: jax.nn.one_hot(labels, 10))')):
     mask_capsules(jnp.ones((4, 10, 16)), jnp.array([1, 2, 3, 4]))
 
 
