@@ -338,11 +338,13 @@ def test_a_plan_after_other_compilations_reads_no_cache_entry_it_cannot_load():
   # In a process that caches (this worker: tests/conftest.py's folder) and has compiled
   # before, a plan's compilations still go through JAX's persistent cache: the second of two
   # identical ones found the first's entry, which no compile-only device can load, and
-  # warned. (A process whose first compilation is a plan, as capsjax-plan, caches nothing.)
+  # warned. The caller's setting stays as it is (capsjax-plan turns the cache off in its own
+  # process: the documented plan's test).
   import warnings  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
   jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()
+  caching = jax.config.jax_enable_compilation_cache
   mesh = Mesh(plan_lib.compile_only_devices(plan_lib.parse_target('v5e:2x2')), ('data',))
   rows = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec('data')))
   with warnings.catch_warnings(record=True) as caught:
@@ -350,6 +352,7 @@ def test_a_plan_after_other_compilations_reads_no_cache_entry_it_cannot_load():
     for _ in range(2):
       plan_lib._compile(jax.jit(lambda x: (2 * x).sum()).lower(rows), 'a sum', show=False)
   assert not [w for w in caught if 'persistent compilation cache' in str(w.message)], [str(w.message) for w in caught]
+  assert jax.config.jax_enable_compilation_cache == caching
 
 
 @needs_libtpu

@@ -273,13 +273,6 @@ def _compile_only_gpus(target: Target):
 def compile_only_devices(target: Target):
   """The compile-only devices of `target`'s topology (libtpu) or GPUs (the CUDA plugin), or
   ConfigError."""
-  # Executables for these devices cannot be read back from JAX's persistent cache (no client
-  # to load them: a user's cache made the next plan warn "Error reading persistent compilation
-  # cache entry … PjRtCompiler must be constructed with a Client"). JAX decides once per
-  # process whether it caches: off where a plan is the process's first compilation, as in
-  # capsjax-plan; after earlier compilations, _compile keeps the failed reads quiet.
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update('jax_enable_compilation_cache', False)
   if target.platform == 'gpu':
     return _compile_only_gpus(target)
   require_libtpu()
@@ -641,7 +634,12 @@ def _compile(lowered, what: str, show: bool = True):
 
   def work():
     try:
-      with warnings.catch_warnings():   # compile_only_devices says why
+      # Executables for compile-only devices cannot be read back from JAX's persistent cache
+      # (no client to load them): a user's cache made a repeated plan warn "Error reading
+      # persistent compilation cache entry … PjRtCompiler must be constructed with a Client".
+      # capsjax-plan turns the cache off (main); a plan inside a caller's process leaves the
+      # caller's setting alone and keeps the failed reads quiet.
+      with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='Error reading persistent compilation cache entry')
         outcome['compiled'] = lowered.compile()
     except BaseException as e:  # pylint: disable=broad-except
@@ -863,6 +861,8 @@ def main(argv) -> int:
   from capsjax.validation import split_name_lists  # pylint: disable=g-import-not-at-top
   split_name_lists(config)
   parsed = parse_target(target)   # a bad target is one line before anything is compiled
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_enable_compilation_cache', False)   # _compile says why; before any compilation
   # libtpu installs its own SIGTERM handler as it loads (a crash dump on every stop): load
   # it now, then stop in one line (compilations run on a worker thread, so at once).
   compile_only_devices(parsed)
