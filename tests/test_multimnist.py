@@ -176,7 +176,7 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   config.data_dir = mnist_dir
   config.model.conv1_channels = 32
   config.model.primary_types = 8
-  config.model.formulation.conv_impl = 'xla'   # at 36×36, faster here than space_to_depth (docs/results.md)
+  config.model.formulation.conv_impl = 'xla'   # at 36×36, faster than space_to_depth (docs/results.md)
   config.batch_size = 32
   config.num_steps = 120
   config.lr_decay_steps = 2000
