@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from capsjax import formulations, ops
 from capsjax.errors import ConfigError
 from capsjax.formulations import Formulation
-from capsjax.keys import About, field_problems, int_at_least, int_in, ints_at_least, one_of, registered
+from capsjax.keys import About, Rule, field_problems, int_at_least, int_in, ints_at_least, is_int, one_of, registered
 from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, UNROLLED_INFERENCE, coordinate_offsets,
                              loop_arguments, route,
                              own_routing_options, shared_form, shared_votes, squash, vector_norm)
@@ -23,6 +23,11 @@ SIZE = About(int_at_least(1), 'a size')
 # CapsuleLayer's transforms and, for 'per_type', how its votes are formed (CapsNet's keys too).
 TRANSFORMS = ('per_capsule', 'per_type')
 VOTES = ('factored', 'materialised')
+PADDINGS = ('VALID', 'SAME')
+# An image's (height, width, channels), as a decoder gives it.
+IMAGE_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) == 3 and all(is_int(x) and x >= 1
+                                                                                        for x in v),
+                         'a tuple of 3 integers >= 1 (height, width, channels)'), 'a shape')
 
 
 def check_fields(module) -> None:
@@ -32,6 +37,16 @@ def check_fields(module) -> None:
   problems = field_problems(module)
   if problems:
     raise ConfigError(problems[0])
+
+
+def check_images(layer: str, images: Array, kernel_size: int, padding: str = 'VALID', what: str = 'images') -> None:
+  """A convolution's input: [batch, height, width, channels], not smaller than a VALID
+  kernel (one line where XLA would name an empty or mismatched shape)."""
+  if images.ndim != 4:
+    raise ValueError(f'{layer} takes {what} [batch, height, width, channels]; got shape {images.shape}')
+  if padding == 'VALID' and min(images.shape[1:3]) < kernel_size:
+    raise ValueError(f'{layer}: {what} of {images.shape[1]}×{images.shape[2]} are smaller than its '
+                     f'{kernel_size}×{kernel_size} kernel')
 
 
 def same_padding(side: int, kernel_size: int, stride: int):
@@ -50,11 +65,11 @@ class Conv(nn.Module):
   CNN baselines at stride 1 and the strided stem at stride 2).
   `output_scale` multiplies the convolution before the bias is added.
   """
-  features: int
-  kernel_size: int
-  stride: int = 1
+  features: Annotated[int, SIZE]
+  kernel_size: Annotated[int, SIZE]
+  stride: Annotated[int, SIZE] = 1
   use_bias: bool = True
-  padding: str = 'VALID'
+  padding: Annotated[str, About(one_of(PADDINGS), 'padding')] = 'VALID'
   formulation: Formulation = Formulation()
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
@@ -62,6 +77,8 @@ class Conv(nn.Module):
 
   @nn.compact
   def __call__(self, images: Array) -> Array:
+    check_fields(self)
+    check_images('Conv', images, self.kernel_size, self.padding)
     in_features = images.shape[-1]
     kernel = self.param('kernel', self.kernel_init,
                         (self.kernel_size, self.kernel_size, in_features, self.features))
@@ -70,8 +87,6 @@ class Conv(nn.Module):
     if self.padding == 'SAME':
       pads = [same_padding(side, self.kernel_size, self.stride) for side in images.shape[1:3]]
       images = jnp.pad(images, ((0, 0), pads[0], pads[1], (0, 0)))
-    elif self.padding != 'VALID':
-      raise ValueError(f"padding must be 'VALID' or 'SAME', got {self.padding!r}")
     outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, how.conv_impl,
                          how.patches_inference, how.conv_inputs)
     if self.output_scale != 1.0:
@@ -108,11 +123,7 @@ class PrimaryCaps(nn.Module):
   @nn.compact
   def __call__(self, features: Array) -> Array:
     check_fields(self)
-    if features.ndim != 4:
-      raise ValueError(f'PrimaryCaps takes feature maps [batch, height, width, channels]; got shape {features.shape}')
-    if min(features.shape[1:3]) < self.kernel_size:
-      raise ValueError(f'PrimaryCaps: feature maps of {features.shape[1]}×{features.shape[2]} are smaller than its '
-                       f'{self.kernel_size}×{self.kernel_size} kernel')
+    check_images('PrimaryCaps', features, self.kernel_size, what='feature maps')
     outputs = Conv(self.num_types * self.dim, self.kernel_size, self.stride,
                    formulation=self.formulation, kernel_init=self.kernel_init,
                    bias_init=self.bias_init, output_scale=1.0 / self.num_types if self.scale_by_types else 1.0,
@@ -308,14 +319,16 @@ class StridedStem(nn.Module):
   """`stages` 3×3 stride-2 convolutions (SAME, ReLU) of `channels` each: a large image
   brought to a small grid before the CapsNet's conv1, so that compute and memory per
   image stay near the paper model's. [batch, h, w, c] → [batch, ⌈h/2^s⌉, ⌈w/2^s⌉, channels]."""
-  stages: int
-  channels: int = 32
+  stages: Annotated[int, About(int_at_least(0), 'halvings')]
+  channels: Annotated[int, SIZE] = 32
   formulation: Formulation = Formulation()
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
   def __call__(self, images: Array) -> Array:
+    check_fields(self)
+    check_images('StridedStem', images, STEM_KERNEL, 'SAME')
     features = images
     for stage in range(self.stages):
       features = nn.relu(Conv(self.channels, STEM_KERNEL, 2, padding='SAME', formulation=self.formulation,
@@ -334,15 +347,17 @@ class TransposedConv(nn.Module):
   """flax.linen.ConvTranspose(features, (k, k), strides=(s, s), padding='SAME') with the same
   parameters ('kernel' [k, k, in, features], 'bias'), computed by ops.conv_transpose2d in
   the form `formulation.conv_impl` picks (same values; in float32)."""
-  features: int
-  kernel_size: int
-  stride: int
+  features: Annotated[int, SIZE]
+  kernel_size: Annotated[int, SIZE]
+  stride: Annotated[int, SIZE]
   formulation: Formulation = Formulation()
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
   def __call__(self, images: Array) -> Array:
+    check_fields(self)
+    check_images('TransposedConv', images, self.kernel_size, 'SAME')
     kernel = self.param('kernel', self.kernel_init,
                         (self.kernel_size, self.kernel_size, images.shape[-1], self.features))
     bias = self.param('bias', self.bias_init, (self.features,))
@@ -356,13 +371,14 @@ class DeconvDecoder(nn.Module):
   halving to 16; the last gives the image's channels, sigmoid) → cropped to [h, w, c].
   As DeepCaps (Rajasegaran et al., CVPR 2019) decodes; at 28×28 it has
   0.5M parameters where the paper's dense decoder has 1.4M, at 128×128×3 0.7M vs 50M."""
-  output_shape: Sequence[int] = (28, 28, 1)
+  output_shape: Annotated[Sequence[int], IMAGE_SHAPE] = (28, 28, 1)
   formulation: Formulation = Formulation()   # the transposed convolutions' (TransposedConv)
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
   def __call__(self, masked_capsules: Array) -> Array:
+    check_fields(self)
     height, width, channels = self.output_shape
     stages = max(halvings_to(max(height, width), DECONV_START_SIDE), 1)
     start_h, start_w = (halved(side, stages) for side in (height, width))
@@ -374,6 +390,7 @@ class DeconvDecoder(nn.Module):
     for stage in range(stages):
       last = stage == stages - 1
       width_out = channels if last else DECONV_CHANNELS[min(stage + 1, len(DECONV_CHANNELS) - 1)]
-      grid = TransposedConv(width_out, 3, 2, formulation=self.formulation, kernel_init=self.kernel_init, bias_init=self.bias_init, name=f'deconv{stage}')(grid)
+      grid = TransposedConv(width_out, 3, 2, formulation=self.formulation, kernel_init=self.kernel_init,
+                            bias_init=self.bias_init, name=f'deconv{stage}')(grid)
       grid = grid if last else nn.relu(grid)
     return nn.sigmoid(grid[:, :height, :width, :])                               # [batch, h, w, c]

@@ -47,6 +47,10 @@ def longest_capsule_mask(lengths: Array) -> Array:
 
 
 INITS = ('default', 'official')
+# CapsNet's stem and decoder; with TRANSFORMS, the paper's first and the one whose size does
+# not grow with the image second (capsjax.sizing picks the second where memory is short).
+STEMS = ('none', 'strided')
+DECODERS = ('dense', 'deconv')
 
 # Keys every family has, declared once for all of them.
 INPUT_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) in (0, 3)
@@ -241,11 +245,11 @@ class CapsNet(nn.Module):
   votes: Annotated[str, About(one_of(VOTES), (
       'per_type transforms: routing without û (factored) or with û built first (materialised); same '
       'values'))] = 'factored'
-  stem: Annotated[str, About(one_of(('auto', 'none', 'strided')), (
+  stem: Annotated[str, About(one_of(('auto',) + STEMS), (
       'none (the paper: conv1 sees the image) or strided: 3×3 stride-2 convolutions of stem_channels before '
       'conv1 halving the image to at most 40 px (layers.StridedStem); auto: by the image size'))] = 'none'
   stem_channels: Annotated[int, About(int_at_least(1), "the strided stem's channels (32)")] = 32
-  decoder: Annotated[str, About(one_of(('auto', 'dense', 'deconv')), (
+  decoder: Annotated[str, About(one_of(('auto',) + DECODERS), (
       "dense (the paper's 512-1024-pixels) or deconv (transposed convolutions, layers.DeconvDecoder: its size "
       'does not grow with the image); auto: by the image size'))] = 'dense'
 

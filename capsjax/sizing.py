@@ -24,12 +24,12 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax import memory
-from capsjax.layers import STEM_TARGET_SIDE, stem_stages
-from capsjax.models import model_for_platform, primary_grid
+from capsjax.layers import STEM_TARGET_SIDE, TRANSFORMS, stem_stages
+from capsjax.models import DECODERS, STEMS, model_for_platform, primary_grid
 
 AUTO = 'auto'
 # key → (the paper's value, the scalable value), in the order memory pressure escalates.
-CHOICES = {'transforms': ('per_capsule', 'per_type'), 'stem': ('none', 'strided'), 'decoder': ('dense', 'deconv')}
+CHOICES = {'transforms': TRANSFORMS, 'stem': STEMS, 'decoder': DECODERS}
 PAPER_PRIMARY_CAPSULES = 1152   # 6 × 6 × 32 on MNIST
 PAPER_PIXELS = 28 * 28
 

@@ -360,6 +360,7 @@ def test_modules_and_helpers_used_directly_refuse_what_build_model_refuses(tmp_p
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import capsjax  # pylint: disable=g-import-not-at-top
+  from capsjax import layers  # pylint: disable=g-import-not-at-top
   from capsjax.routing import LAYER_INPUTS  # pylint: disable=g-import-not-at-top
   primary, features, images = jnp.ones((2, 12, 8)), jnp.ones((2, 20, 20, 3)), jnp.ones((2, 28, 28, 1))
   for module, inputs, error, line in [
@@ -378,7 +379,17 @@ def test_modules_and_helpers_used_directly_refuse_what_build_model_refuses(tmp_p
        'CapsNet.num_classes=0 means the classes of the data in a config; a module needs the number'),
       (capsjax.CapsNet(routing_inputs=('biases',)), images, capsjax.ConfigError,
        "CapsNet.routing_inputs=('biases',): allowed"),
-      (capsjax.BaselineCNN(dropout_rate=1.5), images, capsjax.ConfigError, 'BaselineCNN.dropout_rate=1.5: allowed')]:
+      (capsjax.BaselineCNN(dropout_rate=1.5), images, capsjax.ConfigError, 'BaselineCNN.dropout_rate=1.5: allowed'),
+      # The building blocks below them (capsjax.layers): once a division by zero, an empty
+      # min(), a concatenation error or 'not enough values to unpack'; a negative stem ran as none.
+      (layers.Conv(0, 3), features, capsjax.ConfigError, 'Conv.features=0: allowed an integer >= 1'),
+      (layers.Conv(4, 3, padding='same'), features, capsjax.ConfigError, "Conv.padding='same': allowed one of VALID"),
+      (layers.Conv(4, 21), features, ValueError, 'Conv: images of 20×20 are smaller than its 21×21 kernel'),
+      (layers.Conv(4, 3), features[0], ValueError, 'Conv takes images [batch, height, width, channels]; got shape'),
+      (layers.StridedStem(-1), features, capsjax.ConfigError, 'StridedStem.stages=-1: allowed an integer >= 0'),
+      (layers.TransposedConv(4, 3, 0), features, capsjax.ConfigError, 'TransposedConv.stride=0: allowed'),
+      (layers.DeconvDecoder(output_shape=(28, 28)), primary, capsjax.ConfigError,
+       'DeconvDecoder.output_shape=(28, 28): allowed a tuple of 3 integers >= 1 (height, width, channels)')]:
     with pytest.raises(error) as raised:
       jax.eval_shape(module.init, jax.random.key(0), inputs)
     assert str(raised.value).startswith(line) and len(str(raised.value).splitlines()) == 1, str(raised.value)
