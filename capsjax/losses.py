@@ -1,13 +1,34 @@
 """The paper's losses as pure functions; every loss is per example, shape [batch]."""
+import math
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from capsjax.keys import About, number_in
+
 Array = jax.Array
 
 
 MARGIN_REDUCTIONS = ('sum', 'official')
+# The margin loss's numbers (eq. 4), declared once: margin_loss checks the Python numbers it
+# is given by these rules, and config.loss of the capsnet objective declares its keys by them.
+M_PLUS = About(number_in(0, 1, low_open=True), 'margin loss m+ (0.9)')
+M_MINUS = About(number_in(0, 1, high_open=True), 'margin loss m− (0.1)')
+NEGATIVE_WEIGHT = About(number_in(0, math.inf), 'margin loss λ for absent classes (0.5)')
+
+
+def margin_problems(m_plus, m_minus, negative_weight, prefix: str = '') -> list:
+  """One line per margin number its rule refuses (`{prefix}m_plus=…: allowed …`), then
+  m− ≥ m+ (a margin loss whose absent classes are pushed above its present ones). Traced
+  values (a vmapped margin) are not Python numbers and pass: they cannot be read here."""
+  given = {'m_plus': (m_plus, M_PLUS), 'm_minus': (m_minus, M_MINUS), 'negative_weight': (negative_weight, NEGATIVE_WEIGHT)}
+  concrete = {name: value for name, (value, _) in given.items() if isinstance(value, (int, float))}
+  problems = [f'{prefix}{name}={value!r}: allowed {about.rule}' for name, (value, about) in given.items()
+              if name in concrete and not about.rule(value)]
+  if not problems and 'm_plus' in concrete and 'm_minus' in concrete and m_minus >= m_plus:
+    problems.append(f'{prefix}m_minus={m_minus!r}: allowed a value below m_plus={m_plus!r}')
+  return problems
 
 
 def _check_same_shape(what: str, first: str, a, second: str, b) -> None:
@@ -50,6 +71,11 @@ def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: fl
   """
   if reduction not in MARGIN_REDUCTIONS:
     raise ValueError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
+  problems = margin_problems(m_plus, m_minus, negative_weight, prefix='margin_loss: ')
+  if problems:
+    raise ValueError(problems[0])
+  if lengths.ndim != 2:   # a [classes] vector would sum to one number, not a loss per example
+    raise ValueError(f'margin_loss takes lengths [batch, classes]; got shape {tuple(lengths.shape)}')
   _check_same_shape('margin_loss', 'lengths', lengths, 'targets', targets)   # [batch, classes]
   targets = targets.astype(lengths.dtype)
   present = targets * jnp.square(jax.nn.relu(m_plus - lengths))

@@ -114,18 +114,18 @@ def loss_keys(name: str) -> Dict[str, Key]:
 
 
 def _margin_problems(loss, prefix: str):
-  if 'm_minus' in loss and loss.m_minus >= loss.m_plus:
-    return [f'config.{prefix}m_minus={loss.m_minus!r}: allowed a value below m_plus={loss.m_plus!r}']
-  return []
+  # (A section of another objective's keys has none of them: nothing to check.)
+  return losses.margin_problems(*(loss.get(key) for key in ('m_plus', 'm_minus', 'negative_weight')),
+                                prefix=f'config.{prefix}')
 
 
 @register_objective('capsnet', families=('capsnet',), knobs=('routing_iterations', 'reconstruction_weight'),
                     check=_margin_problems)
 def capsnet_objective(
     model, params, batch, train: bool, knobs=None, *, num_classes: int,
-    m_plus: Annotated[float, About(number_in(0, 1, low_open=True), 'margin loss m+ (0.9)')] = 0.9,
-    m_minus: Annotated[float, About(number_in(0, 1, high_open=True), 'margin loss m− (0.1)')] = 0.1,
-    negative_weight: Annotated[float, About(number_in(0, math.inf), 'margin loss λ for absent classes (0.5)')] = 0.5,
+    m_plus: Annotated[float, losses.M_PLUS] = 0.9,
+    m_minus: Annotated[float, losses.M_MINUS] = 0.1,
+    negative_weight: Annotated[float, losses.NEGATIVE_WEIGHT] = 0.5,
     reconstruction_weight: Annotated[float, About(number_in(0, math.inf),
                                                   'reconstruction loss weight (0.0005)')] = 0.0005,
     margin_reduction: Annotated[str, About(one_of(losses.MARGIN_REDUCTIONS), (

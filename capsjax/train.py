@@ -79,12 +79,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     >>> from capsjax.experiments import mnist_smoke
     >>> config = mnist_smoke.get_config()
     >>> config.data_dir = mnist_dir
-    >>> config.num_steps, config.num_train_examples, config.num_test_examples = 12, 768, 256
+    >>> config.num_steps, config.num_train_examples, config.num_test_examples = 4, 256, 256
     >>> config.evals.routing_diagnostics.enabled = False   # an evaluator: off, its programs go uncompiled
     >>> result = capsjax.train_and_evaluate(config, workdir)   # doctest: +ELLIPSIS
     mnist_smoke: reading the data...
     >>> result.steps, 0.0 <= result.test_error <= 1.0
-    (12, True)
+    (4, True)
   """
   workdir = validation.check_training_call(config, workdir, stop_at_step)   # before the workdir is touched
   absolute = os.path.abspath(os.path.expanduser(workdir))

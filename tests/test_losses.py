@@ -36,6 +36,22 @@ def test_margin_loss_gradient_sign():
   assert grad[0, 0] < 0 < grad[0, 1]
 
 
+def test_margin_numbers_the_command_refuses_are_refused_in_its_words_and_traced_ones_pass():
+  """margin_loss once took m+ < m− (a loss pushing absent classes above present ones) and a
+  [classes] vector (one number, not a loss per example) without a word."""
+  lengths, targets = jnp.array([[0.95, 0.3]]), jnp.array([[1.0, 0.0]])
+  for arguments, line in [(dict(m_plus=0.1, m_minus=0.9), 'margin_loss: m_minus=0.9: allowed a value below m_plus=0.1'),
+                          (dict(m_plus=1.5), 'margin_loss: m_plus=1.5: allowed a finite number in (0, 1]'),
+                          (dict(negative_weight=-1), 'margin_loss: negative_weight=-1: allowed a finite number >= 0')]:
+    with pytest.raises(ValueError, match='^' + re.escape(line) + '$'):
+      margin_loss(lengths, targets, **arguments)
+  with pytest.raises(ValueError, match=re.escape('margin_loss takes lengths [batch, classes]; got shape (2,)')):
+    margin_loss(lengths[0], targets[0])
+  # A vmapped margin (an ablation over m+) is traced: not checked, computed.
+  swept = jax.jit(jax.vmap(lambda m: margin_loss(lengths, targets, m_plus=m)))(jnp.array([0.9, 1.0]))
+  np.testing.assert_allclose(swept[:, 0], [0.02, 0.0025 + 0.02], rtol=1e-5)
+
+
 def test_targets_or_images_of_another_shape_are_named_not_broadcast():
   # Class indices [batch] once failed deep in broadcasting; [batch, 1] targets broadcast
   # silently into a loss of the wrong meaning.
@@ -95,8 +111,9 @@ def test_a_recipe_s_margin_scale_is_an_argument_of_the_loss_so_an_added_term_tra
   def with_an_added_term(*arguments, **keywords):
     total, parts = original(*arguments, **keywords)
     return total + 7.0, parts
-  model = CapsNet(conv1_channels=4, primary_types=2, digit_dim=4, decoder_hidden=(8,), num_classes=2)
-  batch = {'images': jnp.zeros((2, 28, 28, 1)), 'labels': jnp.array([0, 1])}
+  model = CapsNet(conv1_channels=4, primary_types=2, digit_dim=4, decoder_hidden=(8,), num_classes=2,
+                  input_shape=(20, 20, 1))   # 2×2 primary positions: the smallest CapsNet compiles fastest
+  batch = {'images': jnp.zeros((2, 20, 20, 1)), 'labels': jnp.array([0, 1])}
   params = jax.jit(model.init)(jax.random.key(0), batch['images'])['params']
   objective = objectives.make_objective('capsnet', num_classes=2)
   official = dict(routing_iterations=jnp.int32(3), reconstruction_weight=jnp.float32(0.0005),

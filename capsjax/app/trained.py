@@ -39,7 +39,7 @@ class TrainedModel:
 
     >>> trained = capsjax.TrainedModel.from_workdir(workdir)
     >>> trained.step, trained.finished, trained.has_decoder
-    (12, True, True)
+    (4, True, True)
     >>> capsjax.TrainedModel.shipped().describe()   # the paper's CapsNet capsjax ships
     'the shipped model (exported from mnist_official)'
   """
