@@ -16,6 +16,7 @@ MARGIN_REDUCTIONS = ('sum', 'official')
 M_PLUS = About(number_in(0, 1, low_open=True), 'margin loss m+ (0.9)')
 M_MINUS = About(number_in(0, 1, high_open=True), 'margin loss m− (0.1)')
 NEGATIVE_WEIGHT = About(number_in(0, math.inf), 'margin loss λ for absent classes (0.5)')
+RECONSTRUCTION_WEIGHT = About(number_in(0, math.inf), 'reconstruction loss weight (0.0005)')
 
 
 def margin_problems(m_plus, m_minus, negative_weight, prefix: str = '') -> list:
@@ -126,6 +127,8 @@ def capsnet_loss(lengths: Array, targets: Array, reconstructions, images: Array,
     >>> round(float(total[0]), 4), sorted(parts)                      # 0.02 + 0.0005 × 196
     (0.118, ['margin_loss', 'reconstruction_loss'])
   """
+  if isinstance(reconstruction_weight, (int, float)) and not RECONSTRUCTION_WEIGHT.rule(reconstruction_weight):
+    raise ValueError(f'capsnet_loss: reconstruction_weight={reconstruction_weight!r}: allowed {RECONSTRUCTION_WEIGHT.rule}')
   margin = margin_loss(lengths, targets, **margin_kwargs)
   if reconstructions is None:
     recon = jnp.zeros_like(margin)

@@ -6,7 +6,6 @@ masked by the true label(s)); scores are the capsule lengths. 'sigmoid_xent' /
 'softmax_xent': the CNN baselines' losses on logits; scores are the logits.
 """
 import functools
-import math
 from typing import Annotated, Callable, Dict, List, Tuple
 
 import jax
@@ -16,7 +15,7 @@ import optax
 
 from capsjax import losses
 from capsjax.errors import ConfigError
-from capsjax.keys import About, Key, annotated_keys, check_values, is_int, number_in, one_of, registered
+from capsjax.keys import About, Key, annotated_keys, check_values, is_int, one_of, registered
 from capsjax.registry import Registry
 
 Array = jax.Array
@@ -126,8 +125,7 @@ def capsnet_objective(
     m_plus: Annotated[float, losses.M_PLUS] = 0.9,
     m_minus: Annotated[float, losses.M_MINUS] = 0.1,
     negative_weight: Annotated[float, losses.NEGATIVE_WEIGHT] = 0.5,
-    reconstruction_weight: Annotated[float, About(number_in(0, math.inf),
-                                                  'reconstruction loss weight (0.0005)')] = 0.0005,
+    reconstruction_weight: Annotated[float, losses.RECONSTRUCTION_WEIGHT] = 0.0005,
     margin_reduction: Annotated[str, About(one_of(losses.MARGIN_REDUCTIONS), (
         "sum over classes (the paper, eq. 4) or official (the authors' code: 0.5 × mean)"))] = 'sum'):
   """Margin (+ reconstruction) loss of a CapsNet.

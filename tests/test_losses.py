@@ -47,6 +47,8 @@ def test_margin_numbers_the_command_refuses_are_refused_in_its_words_and_traced_
       margin_loss(lengths, targets, **arguments)
   with pytest.raises(ValueError, match=re.escape('margin_loss takes lengths [batch, classes]; got shape (2,)')):
     margin_loss(lengths[0], targets[0])
+  with pytest.raises(ValueError, match=re.escape('capsnet_loss: reconstruction_weight=-0.0005: allowed a finite number >= 0')):
+    capsnet_loss(lengths, targets, None, None, reconstruction_weight=-0.0005)
   # A vmapped margin (an ablation over m+) is traced: not checked, computed.
   swept = jax.jit(jax.vmap(lambda m: margin_loss(lengths, targets, m_plus=m)))(jnp.array([0.9, 1.0]))
   np.testing.assert_allclose(swept[:, 0], [0.02, 0.0025 + 0.02], rtol=1e-5)
