@@ -5,6 +5,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from capsjax.errors import ConfigError
 from capsjax.keys import About, number_in
 
 Array = jax.Array
@@ -73,8 +74,8 @@ def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: fl
   if reduction not in MARGIN_REDUCTIONS:
     raise ValueError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
   problems = margin_problems(m_plus, m_minus, negative_weight, prefix='margin_loss: ')
-  if problems:
-    raise ValueError(problems[0])
+  if problems:   # the command's words, and its exception
+    raise ConfigError(problems[0])
   if lengths.ndim != 2:   # a [classes] vector would sum to one number, not a loss per example
     raise ValueError(f'margin_loss takes lengths [batch, classes]; got shape {tuple(lengths.shape)}')
   _check_same_shape('margin_loss', 'lengths', lengths, 'targets', targets)   # [batch, classes]
@@ -128,7 +129,7 @@ def capsnet_loss(lengths: Array, targets: Array, reconstructions, images: Array,
     (0.118, ['margin_loss', 'reconstruction_loss'])
   """
   if isinstance(reconstruction_weight, (int, float)) and not RECONSTRUCTION_WEIGHT.rule(reconstruction_weight):
-    raise ValueError(f'capsnet_loss: reconstruction_weight={reconstruction_weight!r}: allowed {RECONSTRUCTION_WEIGHT.rule}')
+    raise ConfigError(f'capsnet_loss: reconstruction_weight={reconstruction_weight!r}: allowed {RECONSTRUCTION_WEIGHT.rule}')
   margin = margin_loss(lengths, targets, **margin_kwargs)
   if reconstructions is None:
     recon = jnp.zeros_like(margin)

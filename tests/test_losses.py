@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from capsjax.errors import ConfigError
 from capsjax.losses import capsnet_loss, margin_loss, reconstruction_loss
 from capsjax.models import longest_capsule_mask, mask_capsules
 
@@ -43,11 +44,11 @@ def test_margin_numbers_the_command_refuses_are_refused_in_its_words_and_traced_
   for arguments, line in [(dict(m_plus=0.1, m_minus=0.9), 'margin_loss: m_minus=0.9: allowed a value below m_plus=0.1'),
                           (dict(m_plus=1.5), 'margin_loss: m_plus=1.5: allowed a finite number in (0, 1]'),
                           (dict(negative_weight=-1), 'margin_loss: negative_weight=-1: allowed a finite number >= 0')]:
-    with pytest.raises(ValueError, match='^' + re.escape(line) + '$'):
+    with pytest.raises(ConfigError, match='^' + re.escape(line) + '$'):
       margin_loss(lengths, targets, **arguments)
   with pytest.raises(ValueError, match=re.escape('margin_loss takes lengths [batch, classes]; got shape (2,)')):
     margin_loss(lengths[0], targets[0])
-  with pytest.raises(ValueError, match=re.escape('capsnet_loss: reconstruction_weight=-0.0005: allowed a finite number >= 0')):
+  with pytest.raises(ConfigError, match=re.escape('capsnet_loss: reconstruction_weight=-0.0005: allowed a finite number >= 0')):
     capsnet_loss(lengths, targets, None, None, reconstruction_weight=-0.0005)
   # A vmapped margin (an ablation over m+) is traced: not checked, computed.
   swept = jax.jit(jax.vmap(lambda m: margin_loss(lengths, targets, m_plus=m)))(jnp.array([0.9, 1.0]))

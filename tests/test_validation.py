@@ -443,6 +443,19 @@ def test_routing_results_and_layers_of_the_wrong_shape_are_named_at_trace_time()
     ROUTINGS.unregister('test_short_parents')
   with pytest.raises(ValueError, match=r'input_activations \(3, 5\) do not match the votes \(3, 6, 2, 4\)'):
     capsjax.route('dynamic', votes, jnp.ones((3, 5)))
+  # A routing's option by the config's rule (once computed with a negative temperature);
+  # the layer's and dynamic_routing's inputs named where XLA named neither array.
+  with pytest.raises(capsjax.ConfigError, match=r"^route\('em'\): inverse_temperature=-1.0: allowed a finite number > 0$"):
+    capsjax.route('em', votes, inverse_temperature=-1.0)
+  with pytest.raises(capsjax.ConfigError, match=r'^routing_options.em.inverse_temperature=0: allowed a finite number > 0'):
+    jax.eval_shape(capsjax.CapsuleLayer(routing='em', routing_options={'em': {'inverse_temperature': 0}}).init,
+                   jax.random.key(0), jnp.ones((3, 6, 4)))
+  with pytest.raises(ValueError, match=re.escape("dynamic_routing: log_priors of shape (5, 2) does not broadcast to "
+                                                 "the votes' [batch, in_caps, out_caps] (3, 6, 2)")):
+    capsjax.dynamic_routing(votes, 3, log_priors=jnp.zeros((5, 2)))
+  with pytest.raises(ValueError, match=re.escape("dynamic_routing: bias of shape (2, 5) does not broadcast to the "
+                                                 "votes' [batch, out_caps, out_dim] (3, 2, 4)")):
+    capsjax.dynamic_routing(votes, 3, bias=jnp.zeros((2, 5)))
   with pytest.raises(TypeError, match=r'read by name, result.parents and result.activations'):
     parents, activations = capsjax.route('dynamic', votes)  # pylint: disable=unused-variable
   with pytest.raises(ValueError, match=r'CapsuleLayer takes capsules \[batch, in_caps, in_dim\]; got shape '

@@ -258,6 +258,9 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
     em (2, 3, 4) (2, 3)
   """
   entry = ROUTINGS[name]
+  problems = option_value_problems(name, options, f'route({name!r}): ')
+  if problems:
+    raise ConfigError(problems[0])
   check_prediction_vectors(prediction_vectors, f'route({name!r})')
   batch, in_caps, out_caps, dim = prediction_vectors.shape
   if input_activations is None:
@@ -296,6 +299,16 @@ def routing_option_keys(name: str) -> Dict[str, Key]:
           for option, default in routing_option_defaults(name).items()}
 
 
+def option_value_problems(name: str, options, prefix: str) -> List[str]:
+  """Each of routing `name`'s configurable options in `options` given as a Python value that
+  its rule refuses, one line each (`{prefix}OPTION=VALUE: allowed …`, the config's words);
+  arrays (a traced option, one vmapped over) pass: they cannot be read here."""
+  keys = routing_option_keys(name)
+  return [f'{prefix}{option}={value!r}: allowed {keys[option].rule}' for option, value in options.items()
+          if option in keys and keys[option].rule is not None and isinstance(value, (bool, int, float, str))
+          and not keys[option].rule(value)]
+
+
 def own_section_problems(name: str, sections, where: str = 'config.model.routing_options') -> List[str]:
   """The lines of what is wrong with `sections` (routing_options: a section per routing,
   {'em': {'inverse_temperature': 2.0}}) for `routing=name`, one shape everywhere (the
@@ -317,6 +330,7 @@ def own_section_problems(name: str, sections, where: str = 'config.model.routing
     elif section == name:
       problems.extend(f'{where}.{section}.{option}={value!r}: routing {name!r} has {takes}'
                       for option, value in options.items() if option not in own)
+      problems.extend(option_value_problems(name, options, f'{where}.{section}.'))
   return problems
 
 

@@ -93,6 +93,11 @@ def dynamic_routing(
   """
   check_prediction_vectors(prediction_vectors, 'dynamic_routing')
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
+  for name, given, target, layout in (('log_priors', log_priors, (batch, in_caps, out_caps), 'in_caps, out_caps'),
+                                      ('bias', bias, (batch, out_caps, out_dim), 'out_caps, out_dim')):
+    if given is not None and not _broadcasts(jnp.shape(given), target):   # (XLA's error names neither)
+      raise ValueError(f'dynamic_routing: {name} of shape {jnp.shape(given)} does not broadcast to the votes\' '
+                       f'[batch, {layout}] {target}')
   length, static_count = loop_length(num_iterations, max_iterations)
   last_iteration = jnp.asarray(num_iterations if static_count is None else static_count) - 1
 
