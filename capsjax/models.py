@@ -74,6 +74,15 @@ def check_module(module) -> None:
     raise ConfigError(f'{type(module).__name__}.{meaning} in a config; a module needs {needed}')
 
 
+def check_input_images(module, images: Array) -> None:
+  """ValueError unless `images` are [batch, *module.input_shape]: a model built for one
+  size silently becomes another model on another (its dense layers sized by the images)."""
+  expected = tuple(module.input_shape)
+  if tuple(images.shape[1:]) != expected:
+    raise ValueError(f'{type(module).__name__} expects images of shape [batch, {", ".join(map(str, expected))}], '
+                     f'got {list(images.shape)}')
+
+
 def left_to_the_data(num_classes, input_shape) -> Optional[Tuple[str, str]]:
   """(what it means, what a module needs instead) where `num_classes` or `input_shape`
   holds a config's "from the data" value (0 classes, no image size: filled in when a run
@@ -308,10 +317,7 @@ class CapsNet(nn.Module):
 
   def _primary(self, images):
     """(primary capsules [batch, in, dim], their grid (rows, columns))."""
-    expected = tuple(self.input_shape)
-    if tuple(images.shape[1:]) != expected:
-      raise ValueError(f'CapsNet expects images of shape [batch, {", ".join(map(str, expected))}], '
-                       f'got {list(images.shape)}')
+    check_input_images(self, images)
     if self.stem == 'strided':
       images = self.strided_stem(images)
     features = nn.relu(self.conv1(images))
@@ -376,6 +382,7 @@ class BaselineCNN(nn.Module):
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
     check_module(self)
+    check_input_images(self, images)
     features = images
     how = self.formulation.with_dtype()
     for channels, kernel in zip(self.conv_channels, self.conv_kernels):

@@ -380,6 +380,8 @@ def test_modules_and_helpers_used_directly_refuse_what_build_model_refuses(tmp_p
       (capsjax.CapsNet(routing_inputs=('biases',)), images, capsjax.ConfigError,
        "CapsNet.routing_inputs=('biases',): allowed"),
       (capsjax.BaselineCNN(dropout_rate=1.5), images, capsjax.ConfigError, 'BaselineCNN.dropout_rate=1.5: allowed'),
+      (capsjax.BaselineCNN(), images, ValueError,   # built for 36×36: once silently another model on 28×28
+       'BaselineCNN expects images of shape [batch, 36, 36, 1], got [2, 28, 28, 1]'),
       # The building blocks below them (capsjax.layers): once a division by zero, an empty
       # min(), a concatenation error or 'not enough values to unpack'; a negative stem ran as none.
       (layers.Conv(0, 3), features, capsjax.ConfigError, 'Conv.features=0: allowed an integer >= 1'),
