@@ -80,6 +80,13 @@ class Formulation:
     # (otherwise 'nope' fails where a layer is traced); what for_platform and with_dtype
     # put in its place (a rule, a jnp dtype) is no name.
     problems = field_problems(self, kinds=(str,))
+    if not problems and self.dtype is not None and not isinstance(self.dtype, str):
+      # A jnp dtype (what with_dtype gives) or scalar type (jnp.bfloat16): one of the named
+      # ones, as a dtype (jnp.int32 once ran as the compute dtype; jnp.bfloat16 failed when traced).
+      if _dtype_name(self.dtype) not in DTYPES:
+        problems = [f'Formulation.dtype={self.dtype!r}: allowed one of {", ".join(DTYPES)}']
+      else:
+        object.__setattr__(self, 'dtype', jnp.dtype(self.dtype))
     if problems:
       raise ConfigError(problems[0])
 
@@ -89,6 +96,14 @@ class Formulation:
     if self.dtype is None:
       return self
     return dataclasses.replace(self, dtype=jnp.dtype(resolve('dtype', self.dtype)))
+
+
+def _dtype_name(dtype) -> Optional[str]:
+  """The name of a jnp dtype or scalar type (jnp.bfloat16 → 'bfloat16'); None if it is none."""
+  try:
+    return jnp.dtype(dtype).name
+  except TypeError:
+    return None
 
 
 def conv_inputs_problem(conv_impl: str, conv_inputs: str) -> Optional[str]:

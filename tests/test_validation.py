@@ -398,6 +398,9 @@ def test_modules_and_helpers_used_directly_refuse_what_build_model_refuses(tmp_p
   assert 'bias' in LAYER_INPUTS   # (the name the mistyped one missed)
   with pytest.raises(capsjax.ConfigError, match=r"^Formulation.conv_impl='nope': allowed one of auto, xla, "):
     capsjax.Formulation(conv_impl='nope')   # when built, not where a layer is traced
+  with pytest.raises(capsjax.ConfigError, match=r"^Formulation.dtype=<class 'jax.numpy.int32'>: allowed one of auto, "):
+    capsjax.Formulation(dtype=jnp.int32)   # once the compute dtype of every convolution
+  assert capsjax.Formulation(dtype=jnp.bfloat16).dtype == jnp.dtype('bfloat16')   # once failed when traced
   logits = jnp.zeros((3, 2, 12, 10))   # [iterations, batch, in, out]
   with pytest.raises(ValueError, match=r'^routing_logit_changes takes logits \[iterations, batch, in_caps, '):
     capsjax.routing_logit_changes(logits[0, 0])   # once: "tuple index out of range"
