@@ -17,6 +17,7 @@ Registration is explicit: a decorator in the module that defines the entry, and 
 module imported by whoever needs it (the package imports its own; a user's config
 imports theirs). No package is imported for its side effects.
 """
+import keyword
 from typing import Any, Callable, Dict, Iterator, Tuple, TypeVar
 
 from capsjax.errors import ConfigError
@@ -69,6 +70,9 @@ class Registry:
                       f'{self._a_kind()} declares {sorted(self.defaults)}')
     if not isinstance(name, str) or not name:
       raise TypeError(f'{self._a_kind()} name must be a non-empty string, got {name!r}')
+    if not name.isidentifier() or keyword.iskeyword(name):   # 'a.b' registered, then unreachable
+      raise ValueError(f'{self._a_kind()} name must be a config key (letters, digits and _, not a digit first '
+                       f'nor a Python keyword), got {name!r}')
 
     def register(registered: T) -> T:
       self._entries[name] = Entry(name, registered, {**self.defaults, **capabilities})

@@ -3,6 +3,7 @@ and the options a config may set."""
 import dataclasses
 import functools
 import inspect
+import numbers
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -167,6 +168,13 @@ def register_routing(name: str, *, iterative: bool = True,
   if unknown:
     raise ConfigError(f'register_routing({name!r}): layer_inputs {unknown} are not inputs of the capsule layer '
                       f'(allowed: {", ".join(LAYER_INPUTS)})')
+  if not isinstance(iterative, bool):
+    raise TypeError(f'register_routing({name!r}): iterative is True or False, got {iterative!r}')
+  for option, declared in (learned or {}).items():   # each (shape of (in, out, dim), initial value)
+    if not (isinstance(declared, tuple) and len(declared) == 2 and callable(declared[0])
+            and isinstance(declared[1], numbers.Real)):
+      raise TypeError(f'register_routing({name!r}): learned[{option!r}] is (a function of (in_caps, out_caps, '
+                      f'dim) giving its shape, its initial value), got {declared!r}')
 
   def register(function):
     adapted = _as_registered(name, function, iterative)   # refused here: nothing registered, nothing warned
