@@ -47,7 +47,10 @@ def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a,
     variances = variances + variance_epsilon
     cost = jnp.sum(beta_u[:, None] + 0.5 * jnp.log(variances), axis=-1) * mass          # [batch, out]
     mean = jnp.mean(cost, axis=-1, keepdims=True)
-    spread = jnp.sqrt(jnp.mean(jnp.square(cost - mean), axis=-1, keepdims=True))
+    # The floor changes no value that matters (it is far below the 1e-6 beside it); at equal
+    # costs (all-zero votes: a blank image through an unbiased PrimaryCaps) √0's infinite
+    # derivative made every gradient NaN.
+    spread = jnp.sqrt(jnp.maximum(jnp.mean(jnp.square(cost - mean), axis=-1, keepdims=True), 1e-24))
     standardised = (cost - mean) / (spread + 1e-6)                                     # [batch, out]
     temperature = inverse_temperature * (t + 1) / count
     activations = jax.nn.sigmoid(temperature * (beta_a - standardised))               # [batch, out]
