@@ -167,8 +167,11 @@ def _from_initial(logits_per_iteration: Array, initial_logits: Optional[Array], 
 
 
 def _broadcasts(shape, target) -> bool:
-  """Whether an array of `shape` broadcasts to `target` (numpy's rules)."""
-  return len(shape) <= len(target) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+  """Whether an array of `shape` broadcasts to `target` (numpy's rules). A symbolic size (an
+  export's batch: jax.export, jax2onnx) is not compared: it cannot be read while tracing."""
+  known = lambda size: isinstance(size, int)
+  return len(shape) <= len(target) and all(not known(s) or not known(t) or s in (1, t)
+                                           for s, t in zip(reversed(shape), reversed(target)))
 
 
 def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array] = None) -> Array:
