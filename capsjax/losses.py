@@ -24,7 +24,8 @@ def margin_problems(m_plus, m_minus, negative_weight, prefix: str = '') -> list:
   """One line per margin number its rule refuses (`{prefix}m_plus=…: allowed …`), then
   m− ≥ m+ (a margin loss whose absent classes are pushed above its present ones). Traced
   values (a vmapped margin) are not Python numbers and pass: they cannot be read here."""
-  given = {'m_plus': (m_plus, M_PLUS), 'm_minus': (m_minus, M_MINUS), 'negative_weight': (negative_weight, NEGATIVE_WEIGHT)}
+  given = {'m_plus': (m_plus, M_PLUS), 'm_minus': (m_minus, M_MINUS),
+           'negative_weight': (negative_weight, NEGATIVE_WEIGHT)}
   concrete = {name: value for name, (value, _) in given.items() if isinstance(value, (int, float))}
   problems = [f'{prefix}{name}={value!r}: allowed {about.rule}' for name, (value, about) in given.items()
               if name in concrete and not about.rule(value)]
@@ -129,7 +130,8 @@ def capsnet_loss(lengths: Array, targets: Array, reconstructions, images: Array,
     (0.118, ['margin_loss', 'reconstruction_loss'])
   """
   if isinstance(reconstruction_weight, (int, float)) and not RECONSTRUCTION_WEIGHT.rule(reconstruction_weight):
-    raise ConfigError(f'capsnet_loss: reconstruction_weight={reconstruction_weight!r}: allowed {RECONSTRUCTION_WEIGHT.rule}')
+    raise ConfigError(f'capsnet_loss: reconstruction_weight={reconstruction_weight!r}: '
+                      f'allowed {RECONSTRUCTION_WEIGHT.rule}')
   margin = margin_loss(lengths, targets, **margin_kwargs)
   if reconstructions is None:
     recon = jnp.zeros_like(margin)
