@@ -281,6 +281,19 @@ def check_values(config, declared: Dict[str, 'Key'], problems: List[str], prefix
       problems.append(f'config.{prefix}{dotted}={value!r}: allowed {key.rule}')
 
 
+# What a caller's argument can be checked as, at trace time too: an array (a traced one,
+# vmapped over) is the caller's computation and passes.
+PYTHON_VALUES = (bool, int, float, str)
+
+
+def argument_problems(given: Dict[str, Tuple[Any, Optional[Rule]]], prefix: str = '') -> List[str]:
+  """One line per argument name → (value, rule) whose Python value its rule refuses, in the
+  config's words (`{prefix}NAME=VALUE: allowed …`): a pure function's numbers, as a config
+  key's (the losses' margins, a routing's options)."""
+  return [f'{prefix}{name}={value!r}: allowed {rule}' for name, (value, rule) in given.items()
+          if rule is not None and isinstance(value, PYTHON_VALUES) and not rule(value)]
+
+
 def field_problems(instance, kinds: Tuple[type, ...] = (object,)) -> List[str]:
   """Each annotated field of a dataclass instance (a Flax module or a Formulation built
   directly, not from a config) that its rule refuses, one line each in the config's words

@@ -24,10 +24,15 @@ SIZE = About(int_at_least(1), 'a size')
 TRANSFORMS = ('per_capsule', 'per_type')
 VOTES = ('factored', 'materialised')
 PADDINGS = ('VALID', 'SAME')
-# An image's (height, width, channels), as a decoder gives it.
-IMAGE_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) == 3 and all(is_int(x) and x >= 1
-                                                                                        for x in v),
-                         'a tuple of 3 integers >= 1 (height, width, channels)'), 'a shape')
+
+
+def is_image_shape(value) -> bool:
+  """Whether `value` is an image's (height, width, channels), each >= 1."""
+  return isinstance(value, (tuple, list)) and len(value) == 3 and all(is_int(x) and x >= 1 for x in value)
+
+
+# As a decoder gives it (models.INPUT_SHAPE adds the config's () for the data's).
+IMAGE_SHAPE = About(Rule(is_image_shape, 'a tuple of 3 integers >= 1 (height, width, channels)'), 'a shape')
 
 
 def check_fields(module) -> None:

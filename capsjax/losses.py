@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.errors import ConfigError
-from capsjax.keys import About, number_in
+from capsjax.keys import PYTHON_VALUES, About, argument_problems, number_in
 
 Array = jax.Array
 
@@ -24,12 +24,9 @@ def margin_problems(m_plus, m_minus, negative_weight, prefix: str = '') -> list:
   """One line per margin number its rule refuses (`{prefix}m_plus=…: allowed …`), then
   m− ≥ m+ (a margin loss whose absent classes are pushed above its present ones). Traced
   values (a vmapped margin) are not Python numbers and pass: they cannot be read here."""
-  given = {'m_plus': (m_plus, M_PLUS), 'm_minus': (m_minus, M_MINUS),
-           'negative_weight': (negative_weight, NEGATIVE_WEIGHT)}
-  concrete = {name: value for name, (value, _) in given.items() if isinstance(value, (int, float))}
-  problems = [f'{prefix}{name}={value!r}: allowed {about.rule}' for name, (value, about) in given.items()
-              if name in concrete and not about.rule(value)]
-  if not problems and 'm_plus' in concrete and 'm_minus' in concrete and m_minus >= m_plus:
+  problems = argument_problems({'m_plus': (m_plus, M_PLUS.rule), 'm_minus': (m_minus, M_MINUS.rule),
+                                'negative_weight': (negative_weight, NEGATIVE_WEIGHT.rule)}, prefix)
+  if not problems and all(isinstance(m, PYTHON_VALUES) for m in (m_plus, m_minus)) and m_minus >= m_plus:
     problems.append(f'{prefix}m_minus={m_minus!r}: allowed a value below m_plus={m_plus!r}')
   return problems
 
@@ -129,9 +126,10 @@ def capsnet_loss(lengths: Array, targets: Array, reconstructions, images: Array,
     >>> round(float(total[0]), 4), sorted(parts)                      # 0.02 + 0.0005 × 196
     (0.118, ['margin_loss', 'reconstruction_loss'])
   """
-  if isinstance(reconstruction_weight, (int, float)) and not RECONSTRUCTION_WEIGHT.rule(reconstruction_weight):
-    raise ConfigError(f'capsnet_loss: reconstruction_weight={reconstruction_weight!r}: '
-                      f'allowed {RECONSTRUCTION_WEIGHT.rule}')
+  problems = argument_problems({'reconstruction_weight': (reconstruction_weight, RECONSTRUCTION_WEIGHT.rule)},
+                               'capsnet_loss: ')
+  if problems:
+    raise ConfigError(problems[0])
   margin = margin_loss(lengths, targets, **margin_kwargs)
   if reconstructions is None:
     recon = jnp.zeros_like(margin)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from capsjax.layers import (TRANSFORMS, VOTES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps,
-                            StridedStem, halved, stem_stages)
+                            StridedStem, halved, is_image_shape, stem_stages)
 from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
                           check_values, field_problems, lookup, nested, number_in, one_of, registered,
@@ -53,8 +53,7 @@ STEMS = ('none', 'strided')
 DECODERS = ('dense', 'deconv')
 
 # Keys every family has, declared once for all of them.
-INPUT_SHAPE = About(Rule(lambda v: isinstance(v, (tuple, list)) and len(v) in (0, 3)
-                         and all(is_int(x) and x >= 1 for x in v),
+INPUT_SHAPE = About(Rule(lambda v: is_image_shape(v) or (isinstance(v, (tuple, list)) and len(v) == 0),
                          '(height, width, channels), each >= 1, or () for the shape of the data'),
                     'image height, width, channels the model reads; () = those of the data')
 NUM_CLASSES = About(Rule(lambda v: is_int(v) and (v == 0 or v >= 2),

@@ -114,9 +114,8 @@ def test_a_recipe_s_margin_scale_is_an_argument_of_the_loss_so_an_added_term_tra
   def with_an_added_term(*arguments, **keywords):
     total, parts = original(*arguments, **keywords)
     return total + 7.0, parts
-  model = CapsNet(conv1_channels=4, primary_types=2, digit_dim=4, decoder_hidden=(8,), num_classes=2,
-                  input_shape=(20, 20, 1))   # 2×2 primary positions: the smallest CapsNet compiles fastest
-  batch = {'images': jnp.zeros((2, 20, 20, 1)), 'labels': jnp.array([0, 1])}
+  model = CapsNet(conv1_channels=4, primary_types=2, digit_dim=4, decoder_hidden=(8,), num_classes=2)
+  batch = {'images': jnp.zeros((2, 28, 28, 1)), 'labels': jnp.array([0, 1])}
   params = jax.jit(model.init)(jax.random.key(0), batch['images'])['params']
   objective = objectives.make_objective('capsnet', num_classes=2)
   official = dict(routing_iterations=jnp.int32(3), reconstruction_weight=jnp.float32(0.0005),

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.errors import ConfigError
-from capsjax.keys import Key, annotated_keys
+from capsjax.keys import Key, annotated_keys, argument_problems
 from capsjax.registry import Registry
 from capsjax.routing.core import Array, check_prediction_vectors
 
@@ -312,9 +312,8 @@ def option_value_problems(name: str, options, prefix: str) -> List[str]:
   its rule refuses, one line each (`{prefix}OPTION=VALUE: allowed …`, the config's words);
   arrays (a traced option, one vmapped over) pass: they cannot be read here."""
   keys = routing_option_keys(name)
-  return [f'{prefix}{option}={value!r}: allowed {keys[option].rule}' for option, value in options.items()
-          if option in keys and keys[option].rule is not None and isinstance(value, (bool, int, float, str))
-          and not keys[option].rule(value)]
+  return argument_problems({option: (value, keys[option].rule) for option, value in options.items() if option in keys},
+                           prefix)
 
 
 def own_section_problems(name: str, sections, where: str = 'config.model.routing_options') -> List[str]:
