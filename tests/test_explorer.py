@@ -278,7 +278,20 @@ def test_shipped_model_is_the_paper_model_and_classifies_its_test_sample():
 
 def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):
   images = np.zeros((3, 28, 28, 1), np.uint8)
+  recorded = open(os.path.join(trained_workdir, 'config.json')).read()
+  (tmp_path / 'a_file').touch()
+  for directory, refusal in [   # a run's record is never replaced by an export's; nor are other files
+      (trained_workdir, f"--out={trained_workdir} holds checkpoints, .* \\(a run's workdir: its config.json would "
+                        'be replaced\\); give a new or empty folder, or one an export wrote'),
+      (str(tmp_path / 'a_file'), f'--out={tmp_path}/a_file is a file, not a folder'),
+      (str(tmp_path), f'--out={tmp_path} holds a_file \\(entries an export does not write\\)'), ('', '--out is empty')]:
+    with pytest.raises(CapsjaxError, match=f'^{refusal}'):
+      trained.export(trained_workdir, directory, images, np.arange(3))
+  assert open(os.path.join(trained_workdir, 'config.json')).read() == recorded
+  os.remove(tmp_path / 'a_file')
   trained.export(trained_workdir, str(tmp_path), images, np.arange(3))
+  trained.export(trained_workdir, str(tmp_path), images[:2], np.arange(2))   # over an earlier export
+  assert sorted(os.listdir(tmp_path)) == ['config.json', 'params.npz', 'test_sample.npz']
   config, params = trained.read_exported(str(tmp_path))
   assert isinstance(config, ml_collections.ConfigDict) and config.model.conv1_channels == 16
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4), params,

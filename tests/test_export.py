@@ -151,7 +151,13 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
       (['--format=onnx', f'--workdir={untrained}', f'--out={tmp_path}/u.onnx'], 'error: '),
       (['--format=stablehlo', f'--workdir={ensemble}', f'--out={tmp_path}/e.stablehlo'],
        f'error: {ensemble} holds an ensemble of 3 models: name the one to export with --member=K (0 to 2)'),
-      (['--format=onnx', '--force'], "error: --format=onnx needs the jax2onnx converter: pip install 'capsjax[export]'")]:
+      (['--format=onnx', '--force'], "error: --format=onnx needs the jax2onnx converter: pip install 'capsjax[export]'"),
+      (['--format=onnx', '--out='], 'error: --out is empty: give the path to write'),
+      (['--format=onnx', '--num_images=3'], 'error: --num_images is for --format=explorer'),
+      ([f'--workdir={mnist_run}', f'--out={mnist_run}'], f'error: --out={mnist_run} holds checkpoints, '),
+      # --evaluate reads the test split before the conversion, from the flag its error names
+      (['--format=stablehlo', '--evaluate', f'--out={tmp_path}/d.stablehlo', f'--config.data_dir={tmp_path}/no'],
+       f'error: data directory {tmp_path}/no does not exist')]:
     with monkeypatch.context() as patched:
       if '--force' in arguments:   # the converter missing
         patched.setitem(sys.modules, 'jax2onnx', None)

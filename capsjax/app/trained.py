@@ -16,16 +16,17 @@ from flax import traverse_util
 from capsjax import assemble, reports
 from capsjax.checkpoints import Checkpoints
 from capsjax.data.tasks import TASKS
-from capsjax.errors import CheckpointError, ConfigError
+from capsjax.errors import CheckpointError, ConfigError, WorkdirError
 from capsjax.keys import is_int
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.stored_config import read_config, upgraded
-from capsjax.workdir import MetricsLog, read_results
+from capsjax.workdir import RUN_ENTRIES, MetricsLog, read_results
 
 # The paper's MNIST CapsNet that ships with the package (mnist_official, docs/results.md
 # "The capsule explorer"), exported with its sample of test images: what predict and the explorer serve without --workdir.
 SHIPPED = os.path.join(os.path.dirname(__file__), 'explorer', 'assets')
+EXPORTED_FILES = ('params.npz', 'test_sample.npz', 'config.json')
 
 
 @dataclasses.dataclass
@@ -190,21 +191,54 @@ def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: n
            member: Optional[int] = None, step: Optional[int] = None) -> Dict[str, Any]:
   """Writes a trained run's config and float16 parameters (no optimiser state) of its
   latest checkpoint or that of `step`, with a sample of test images, into `directory`:
-  the files `Explorer.shipped` reads."""
+  the files `Explorer.shipped` reads. `directory` is new, empty, or an earlier export's
+  (check_export_folder); the three files replace the earlier ones together, once all are
+  written, so a stop midway leaves the earlier export whole."""
+  directory = check_export_folder(directory)
   config, _, params = load_trained(workdir, step=step)
   params = select_member(params, member, workdir, bool(config.ensemble))
   flat = {name: np.asarray(leaf, np.float16)
           for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}
-  os.makedirs(directory, exist_ok=True)
-  np.savez_compressed(os.path.join(directory, 'params.npz'), **flat)
-  np.savez_compressed(os.path.join(directory, 'test_sample.npz'), images=test_images, labels=test_labels)
   shipped_config = config.to_dict()
   shipped_config.update(data_dir='', tfds_data_dir='')   # this machine's paths mean nothing elsewhere
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(shipped_config, f, indent=2, default=str)
+  os.makedirs(directory, exist_ok=True)
+  partial = {name: os.path.join(directory, f'.{name}.partial') for name in EXPORTED_FILES}
+  try:
+    with open(partial['params.npz'], 'wb') as f:
+      np.savez_compressed(f, **flat)
+    with open(partial['test_sample.npz'], 'wb') as f:
+      np.savez_compressed(f, images=test_images, labels=test_labels)
+    with open(partial['config.json'], 'w') as f:
+      json.dump(shipped_config, f, indent=2, default=str)
+    for name, path in partial.items():
+      os.replace(path, os.path.join(directory, name))
+  finally:
+    for path in partial.values():
+      if os.path.exists(path):
+        os.remove(path)
   return {'num_params': int(sum(v.size for v in flat.values())),
-          'bytes': {name: os.path.getsize(os.path.join(directory, name))
-                    for name in ('params.npz', 'test_sample.npz', 'config.json')}}
+          'bytes': {name: os.path.getsize(os.path.join(directory, name)) for name in EXPORTED_FILES}}
+
+
+def check_export_folder(directory: str) -> str:
+  """The absolute folder `export` may write into: new, empty, or holding an earlier
+  export's files only. Anything else is refused in one line (the words of
+  capsjax-export's --out): a file, or a folder with other entries, a run's workdir above
+  all (its config.json is the run's record; an export's would replace it)."""
+  if not str(directory).strip():
+    raise WorkdirError('--out is empty: give the folder to write')
+  path = os.path.abspath(os.path.expanduser(directory))
+  if os.path.lexists(path) and not os.path.isdir(path):
+    raise WorkdirError(f'--out={directory} is a file, not a folder')
+  others = sorted(name for name in (os.listdir(path) if os.path.isdir(path) else ())
+                  if name not in EXPORTED_FILES and not name.startswith('.'))
+  if others:
+    shown = ', '.join(others[:3]) + (', …' if len(others) > 3 else '')
+    what = ("a run's workdir: its config.json would be replaced" if set(others) & set(RUN_ENTRIES)
+            else 'entries an export does not write')
+    raise WorkdirError(f'--out={directory} holds {shown} ({what}); give a new or empty folder, or one an '
+                       'export wrote')
+  return path
 
 
 def read_exported(directory: str):

@@ -1,14 +1,16 @@
 """Export a trained run: the explorer's (and predict's) files, or one ONNX, StableHLO or SavedModel.
 
   capsjax-export --workdir=W [--out=capsjax/app/explorer/assets] [--step=best|latest|N]
-      [--member=K] [--num_images=1000] [--evaluate]
+      [--member=K] [--num_images=1000] [--evaluate] [--data_dir=DIR]
   capsjax-export --format=onnx|stablehlo|savedmodel [--workdir=W] [--out=FILE] [--force]
       [--reconstructions] [--evaluate [--data_dir=DIR]]
 
 --format=explorer (the default) writes the run's config, its parameters as float16 (no
 optimiser state) and the first --num_images test images of its dataset: the files
 `python -m capsjax.app.explorer` and `python -m capsjax.app.predict` use when they are
-given no --workdir.
+given no --workdir. Its --out is a new or empty folder, or one an export wrote (never a
+run's workdir, whose config.json is the run's); the three files replace an earlier
+export's together.
 
 --format=onnx / stablehlo / savedmodel writes one self-contained file (a SavedModel: a
 folder) with the inference function
@@ -32,6 +34,7 @@ import argparse
 import importlib.util
 import os
 import sys
+from typing import Optional
 
 import numpy as np
 
@@ -40,6 +43,7 @@ from capsjax.app import cli
 
 # What the package ships, and what one file may be to come back from a lent device.
 MAX_SHIPPED_FILE_BYTES = 16 << 20
+NUM_IMAGES = 1000   # the explorer's test sample
 
 
 def step_argument(text: str) -> str:
@@ -59,7 +63,8 @@ def main(argv=None):
                       help='the run (for onnx, stablehlo and savedmodel, default: the shipped model)')
   parser.add_argument('--out', default=None, help='output folder (explorer; default: the package assets) or '
                       'file (onnx, stablehlo, savedmodel; default: EXPERIMENT.onnx / .stablehlo / _savedmodel here)')
-  parser.add_argument('--num_images', type=cli.int_at_least(1), default=1000)
+  parser.add_argument('--num_images', type=cli.int_at_least(1), default=None,
+                      help=f'test images written beside the model (explorer; default {NUM_IMAGES})')
   parser.add_argument('--member', type=cli.int_at_least(0), default=None,
                       help='ensemble member (explorer default: the best on validation; with --step=latest, the last)')
   parser.add_argument('--step', type=step_argument, default='best',
@@ -70,39 +75,45 @@ def main(argv=None):
   parser.add_argument('--force', action='store_true', help='replace an existing --out (onnx, stablehlo, savedmodel)')
   parser.add_argument('--reconstructions', action='store_true',
                       help="also output the decoder's image of the predicted class (onnx, stablehlo, savedmodel)")
-  parser.add_argument('--data_dir', default=None, help="where the run's dataset is read for --evaluate (default: "
-                      "the run's own data_dir)")
+  cli.add_data_flags(parser)   # where --evaluate (and the explorer's sample) reads the run's test split
   args = parser.parse_args(argv)
+  if args.out is not None and not args.out.strip():
+    cli.fail('--out is empty: give the path to write, or leave --out out for the default')
   if args.format == 'explorer':
     if not args.workdir:
       cli.fail('--workdir is required for --format=explorer (the shipped model is already its files)')
     if args.force or args.reconstructions:
       cli.fail(f'--{"force" if args.force else "reconstructions"} is for --format=onnx, stablehlo or savedmodel')
     return _explorer_files(args)
+  if args.num_images is not None:
+    cli.fail('--num_images is for --format=explorer (a test sample written beside the model)')
   return _one_file(args)
 
 
-def _test_split(dataset: str, data_dir: str, tfds_data_dir: str, num_test_examples: int):
-  """The run's test split, as its evaluations counted it (its first num_test_examples)."""
+def _test_split(run, args, num_test_examples: Optional[int] = None):
+  """The run's test split, read from --data_dir / --tfds_data_dir or the run's own
+  source: as its evaluations counted it (its first num_test_examples)."""
   from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
-  test = load_dataset(dataset, 'test', data_dir, tfds_data_dir)
+  data = {'data_dir': run.data_dir, 'tfds_data_dir': run.tfds_data_dir, **cli.data_overrides(args)}
+  test = load_dataset(run.dataset, 'test', **data)
   return test.take(min(num_test_examples, len(test))) if num_test_examples else test
 
 
 def _explorer_files(args) -> int:
-  from capsjax.data.sources import load_dataset  # pylint: disable=g-import-not-at-top
-  from capsjax.app.trained import SHIPPED, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import SHIPPED, check_export_folder, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
   from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
-  out = args.out or SHIPPED
+  out = check_export_folder(args.out or SHIPPED)   # before the data is read
   config = read_config(args.workdir)
   step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
   console.say(f'exporting {args.workdir}: {why}; reading the test images…')
-  test = load_dataset(config.dataset, 'test', args.data_dir or config.data_dir, config.tfds_data_dir)
-  sample = test.take(args.num_images)
+  test = _test_split(config, args)
+  num_images = args.num_images or NUM_IMAGES
+  sample = test.take(min(num_images, len(test)))
   summary = export(args.workdir, out, np.asarray(sample.images), np.asarray(sample.labels), member, step)
   total = sum(summary['bytes'].values())
-  print(f'{why}: {summary["num_params"]:,} parameters and {len(sample)} test images, '
-        f'{total / 2**20:.2f} MiB in {os.path.abspath(out)}')
+  asked = f' (all of them: --num_images={num_images} asked for more)' if num_images > len(sample) else ''
+  print(f'{why}: {summary["num_params"]:,} parameters and {len(sample)} test images{asked}, '
+        f'{total / 2**20:.2f} MiB in {out}')
   for name, size in summary['bytes'].items():
     if size > MAX_SHIPPED_FILE_BYTES:
       print(f'warning: {name} is {size / 2**20:.2f} MiB, above the {MAX_SHIPPED_FILE_BYTES >> 20} MiB a shipped '
@@ -111,8 +122,7 @@ def _explorer_files(args) -> int:
     from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
     from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
     predictor = Predictor(TrainedModel.exported(out))
-    test = _test_split(config.dataset, args.data_dir or config.data_dir, config.tfds_data_dir,
-                       config.get('num_test_examples'))
+    test = _test_split(config, args, config.get('num_test_examples'))
     wrong = int(np.sum(predictor.classify(test.images, 'evaluating the float16 parameters')
                        != np.asarray(test.labels)))
     print(f'test error of the float16 parameters as written: {100 * wrong / len(test):.2f} % '
@@ -145,14 +155,15 @@ def _one_file(args) -> int:
     trained = TrainedModel.shipped()
   path = args.out or serving.default_path(trained, args.format)
   serving.check_output(path, args.force)   # before the conversion's minute
+  if args.evaluate:   # read before the conversion: data that cannot be read is said at once
+    run = trained.config
+    test = _test_split(run, args, run.get('num_test_examples'))
   console.say(f'converting {trained.describe()} to {args.format}…')
   summary = serving.write_file(trained, args.format, path, args.reconstructions, args.force)
   for line in serving.describe(summary, path, trained):
     print(line)
   if args.evaluate:
     from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
-    run = trained.config
-    test = _test_split(run.dataset, args.data_dir or run.data_dir, run.tfds_data_dir, run.get('num_test_examples'))
     images, labels = np.asarray(test.images), np.asarray(test.labels)
     own = Predictor(trained).classify(images, 'the JAX model')
     console.say(f'running the {args.format} file on {len(images)} test images…')
