@@ -131,7 +131,7 @@ def test_predict_function_agrees_with_files(trained, digit_folder, monkeypatch):
   assert len(decoded) == 1797 - TRAIN_DIGITS and all(os.sep + 'test' + os.sep in path for path in decoded)
 
 
-def test_bad_images_are_one_line_each(digit_folder, tmp_path):
+def test_bad_images_are_one_line_each(digit_folder, tmp_path, capsys):
   text = tmp_path / 'notes.png'
   text.write_text('not an image')
   too_small = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={digit_folder}', f'--workdir={tmp_path}/w',
@@ -145,6 +145,16 @@ def test_bad_images_are_one_line_each(digit_folder, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
   assert '--config.image_size=N with N >= 17' in too_small.stderr
+  # A reconstruction is never written over its input (`--reconstruct=.` beside the image).
+  from capsjax.app import predict  # pylint: disable=g-import-not-at-top
+  given = tmp_path / 'digit.png'
+  given.write_bytes(digit.read_bytes())
+  with pytest.raises(SystemExit) as exited:
+    predict.main([str(given), f'--reconstruct={tmp_path}'])
+  assert exited.value.code == 2 and capsys.readouterr().err == (
+      f'error: capsjax-predict: --reconstruct={tmp_path} would write {given} over the input file {given}: give another '
+      'folder\n')
+  assert given.read_bytes() == digit.read_bytes()
   assert not os.path.exists(tmp_path / 'w')   # a failed start leaves no workdir
   # The parameter table of a data-shaped experiment takes the data's shape and classes.
   summary = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={digit_folder}', '--config.image_size=28',

@@ -1,5 +1,6 @@
 """MultiMNIST: generator invariants, export, top-2 evaluation, a short training that learns."""
 import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -125,7 +126,7 @@ def test_bounding_box_overlap_is_reported(generated):
   np.testing.assert_allclose(multimnist.bounding_box_overlap(one), [0.5])
 
 
-def test_export_writes_the_documented_file(mnist_dir, tmp_path):
+def test_export_writes_the_documented_file(mnist_dir, tmp_path, capsys):
   out = tmp_path / 'mm.npz'
   # README's command, 20 pairs instead of 1 000.
   readme = documented.command(r'^capsjax-multimnist ').args({'/path/to/mnist': mnist_dir, 'pairs.npz': str(out)})
@@ -135,6 +136,17 @@ def test_export_writes_the_documented_file(mnist_dir, tmp_path):
   assert data['labels'].shape == (20, 2) and np.issubdtype(data['labels'].dtype, np.integer)
   assert data['digits'].shape == (20, 2, 36, 36)
   np.testing.assert_allclose(data['images'], np.minimum(data['digits'].sum(1), 1.0), atol=1e-7)
+  # The file is not replaced without --force; a folder (it wrote FOLDER.npz beside it) and an
+  # empty --out are refused: each before the data is read.
+  for out_flag, message in [(f'--out={out}', f'--out: {out} exists: give another path, or --force to replace it'),
+                            (f'--out={tmp_path}', f'--out={tmp_path} is a folder: give the .npz file to write'),
+                            ('--out=', '--out is empty')]:
+    with pytest.raises(SystemExit) as exited:
+      multimnist_export.main([f'--data_dir={mnist_dir}', out_flag])
+    assert exited.value.code == 2 and capsys.readouterr().err.startswith(f'error: capsjax-multimnist: {message}')
+  assert sorted(os.listdir(tmp_path)) == ['mm.npz']
+  multimnist_export.main([*readme, '--num=3', '--force'])
+  assert np.load(out)['images'].shape == (3, 36, 36)
 
 
 @pytest.mark.parametrize('argv,message', [

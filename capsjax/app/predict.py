@@ -261,6 +261,13 @@ def main(argv=None):
     cli.fail('capsjax-predict: --member needs --workdir (the shipped model is a single run)')
   if args.reconstruct and os.path.exists(args.reconstruct) and not os.path.isdir(args.reconstruct):
     cli.fail(f'capsjax-predict: --reconstruct={args.reconstruct} is a file, not a folder')
+  if args.reconstruct:   # `capsjax-predict x.png --reconstruct=.` wrote ./x.png over its input
+    inputs = {os.path.realpath(path): path for path in args.files}
+    for png in _png_names(args.files):
+      written = os.path.join(args.reconstruct, png)
+      if os.path.realpath(written) in inputs:
+        cli.fail(f'capsjax-predict: --reconstruct={args.reconstruct} would write {written} over the input file '
+                 f'{inputs[os.path.realpath(written)]}: give another folder')
   predictor = Predictor.shipped() if args.workdir is None else Predictor.from_workdir(args.workdir, args.member)
   print(f'model: {predictor.trained.describe()}', file=sys.stderr, flush=True)   # stdout: the predictions
   if args.reconstruct and not predictor.has_decoder:
