@@ -189,10 +189,28 @@ def validate(config) -> None:
   if not isinstance(config, ml_collections.ConfigDict):   # (a dict once failed deep inside, unnamed)
     raise ConfigError(f'a config is an ml_collections.ConfigDict (capsjax.base_config(), or an experiment\'s '
                       f'get_config()), got {type(config).__name__}')
+  _check_complete(config)
   problems = problems_of(config)
   if problems:
     more = f' (and {len(problems) - 1} more problem(s))' if len(problems) > 1 else ''
     raise ConfigError(problems[0] + more)
+
+
+def _check_complete(config: ml_collections.ConfigDict) -> None:
+  """A run's config has every top-level key of base_config (a section alone, `config.model`,
+  passed every key it has and then failed inside as a KeyError)."""
+  required = {key.name.split('.')[0] for key in defaults.run_keys().values() if key.in_base}
+  required |= {'evals', 'loss', 'model'}   # the sections base_config fills from their registries
+  missing = sorted(required - set(config.keys()))
+  if not missing:
+    return
+  base = defaults.base_config()
+  section = next((name for name in sorted(base) if isinstance(base[name], ml_collections.ConfigDict)
+                  and name in missing and set(config.keys()) <= set(base[name].keys()) | {'formulation'}), None)
+  shown = ', '.join(missing[:4]) + (f' and {len(missing) - 4} more' if len(missing) > 4 else '')
+  raise ConfigError(f"a run's config lacks {shown}" + (
+      f': this is config.{section}, one section; give the whole config' if section else '') +
+      " (capsjax.base_config(), or an experiment's get_config(), has every key)")
 
 
 def check_training_call(config, workdir, stop_at_step) -> str:

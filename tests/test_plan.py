@@ -229,6 +229,12 @@ def test_a_batch_the_compiler_refuses_is_one_line(monkeypatch):
     plan_lib.plan_run(_tiny_config(), 'v5e:2x2', find_largest_batch=False)
   assert str(raised.value) == ('the run does not fit v5e:2x2: the compiler refused the training step at 8 per device '
                                f'({_REFUSAL_LINE}); lower config.batch_size')
+  # plan_run's own arguments from Python, before anything compiles ('no' once ran the search).
+  for arguments, line in [((None,), '--target=None: a target is a name such as v5e:4x4'),
+                          (('v5e:2x2', 'no'), "plan_run: find_largest_batch='no': allowed True or False"),
+                          (('v5e:2x2', False, 5), 'plan_run: log=5: allowed a function')]:
+    with pytest.raises(ConfigError, match=f'^{line}'):
+      plan_lib.plan_run(_tiny_config(), *arguments)
 
 
 _GPU_PLAN_SCRIPT = """

@@ -192,6 +192,9 @@ def parse_target(name: str) -> Target:
   """A target by the names people use: 'v5e:4x4' (topology), 'v5litepod-16' (Cloud's
   accelerator type), 'h100', 'h100:8' or 'h100:2x8' (GPUs: one, one host's eight, two
   hosts of eight); ConfigError naming the forms otherwise."""
+  if not isinstance(name, str):   # (None and numbers met `.strip()`: an AttributeError)
+    raise ConfigError(f'--target={name!r}: a target is a name such as v5e:4x4, v5litepod-16 or h100:8; '
+                      '--target=list shows them')
   name = name.strip()
   match = _GPU.match(name.lower())
   if match:
@@ -726,6 +729,12 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   """
   import jax  # pylint: disable=g-import-not-at-top
   from capsjax import assemble, formulations, models  # pylint: disable=g-import-not-at-top
+  if not isinstance(find_largest_batch, bool):   # ('no' is true: it ran the minutes-long search)
+    raise ConfigError(f'plan_run: find_largest_batch={find_largest_batch!r}: allowed True or False')
+  for name, function in (('log', log), ('on_configured', on_configured)):
+    if function is not None and not callable(function):
+      raise ConfigError(f'plan_run: {name}={function!r}: allowed a function (or leave it out)')
+  log = _silent if log is None else log
   parsed, devices, mesh, config, batch_note = configure(config, target, log)
   devices_per_chip = max(1, len(devices) // parsed.chips)
   hbm_per_device = parsed.chip.hbm_bytes * parsed.chip.usable_fraction / devices_per_chip
