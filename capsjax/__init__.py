@@ -20,7 +20,9 @@ runnable example; tests/test_api.py runs every example):
 - data: `load_dataset`, `register_source` and the registry `SOURCES`;
 - checking a config: `validate(config)` (what every entry runs first) and what it raises,
   `ConfigError` (one line: the key, the value, what is allowed: the line the command prints);
-  `CapsjaxError`, the base of every refusal of input (data, workdirs, checkpoints too).
+  `ArgumentError`, a function's argument refused (an array's shape or dtype; also a
+  ValueError); `CapsjaxError`, the base of every refusal of input (data, workdirs,
+  checkpoints too).
 
 Names load on first use: `import capsjax` itself imports no JAX, so the commands
 (`capsjax`, `capsjax-predict`, …) report a bad flag before anything heavy loads.
@@ -50,7 +52,7 @@ _EXPORTS = {
     'train_and_evaluate': 'train', 'RunResult': 'reports', 'plan_run': 'app.plan',
     'load_trained': 'app.trained', 'TrainedModel': 'app.trained', 'Predictor': 'app.predict',
     'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
-    'validate': 'validation', 'ConfigError': 'errors', 'CapsjaxError': 'errors',
+    'validate': 'validation', 'ConfigError': 'errors', 'ArgumentError': 'errors', 'CapsjaxError': 'errors',
 }
 
 __all__ = list(_EXPORTS)

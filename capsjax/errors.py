@@ -37,6 +37,21 @@ class ConfigError(CapsjaxError):
   """
 
 
+class ArgumentError(CapsjaxError, ValueError, TypeError):
+  """An argument a library function refuses: an array of the wrong shape or dtype, a value
+  out of its range, something of the wrong kind (a routing that returns one array, a
+  registration's options). Also a ValueError and a TypeError, what NumPy and JAX raise for
+  such input, so code written against either still catches it.
+
+  Example:
+    >>> try:
+    ...   capsjax.squash(jnp.ones((2, 3)), axis=5)
+    ... except capsjax.CapsjaxError as error:
+    ...   print(type(error).__name__, error)
+    ArgumentError squash: axis 5 is out of bounds for vectors of shape (2, 3)
+  """
+
+
 class NaNLossError(CapsjaxError):
   """The training loss became NaN or infinite."""
 

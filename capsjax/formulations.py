@@ -16,7 +16,7 @@ from typing import Annotated, Any, List, Mapping, NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from capsjax.errors import ConfigError
+from capsjax.errors import ArgumentError, ConfigError
 from capsjax.keys import About, field_problems, one_of
 
 # 'patches': im2col of the whole kernel, one matmul; 'kernel_rows': im2col one kernel row
@@ -325,7 +325,7 @@ def resolve(option: str, value: Choice, platform: str = '', layer: Optional[Conv
   if isinstance(value, _RULES):
     return value.pick(layer)
   if value not in _ALLOWED[option]:
-    raise ValueError(f'{option} must be one of {_ALLOWED[option]}, got {value!r}')
+    raise ArgumentError(f'{option} must be one of {_ALLOWED[option]}, got {value!r}')
   if value != 'auto':
     return value
   return resolve(option, _entry(option, platform), platform, layer)

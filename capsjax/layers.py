@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax import formulations, ops
-from capsjax.errors import ConfigError
+from capsjax.errors import ArgumentError, ConfigError
 from capsjax.formulations import Formulation
 from capsjax.keys import About, Rule, field_problems, int_at_least, int_in, ints_at_least, is_int, one_of, registered
 from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, UNROLLED_INFERENCE, coordinate_offsets,
@@ -48,10 +48,10 @@ def check_images(layer: str, images: Array, kernel_size: int, padding: str = 'VA
   """A convolution's input: [batch, height, width, channels], not smaller than a VALID
   kernel (one line where XLA would name an empty or mismatched shape)."""
   if images.ndim != 4:
-    raise ValueError(f'{layer} takes {what} [batch, height, width, channels]; got shape {images.shape}')
+    raise ArgumentError(f'{layer} takes {what} [batch, height, width, channels]; got shape {images.shape}')
   if padding == 'VALID' and min(images.shape[1:3]) < kernel_size:
-    raise ValueError(f'{layer}: {what} of {images.shape[1]}×{images.shape[2]} are smaller than its '
-                     f'{kernel_size}×{kernel_size} kernel')
+    raise ArgumentError(f'{layer}: {what} of {images.shape[1]}×{images.shape[2]} are smaller than its '
+                        f'{kernel_size}×{kernel_size} kernel')
 
 
 def same_padding(side: int, kernel_size: int, stride: int):
@@ -196,12 +196,12 @@ class CapsuleLayer(nn.Module):
     out]. `grid`: the primary capsules' (rows, columns), for 'per_type' transforms."""
     check_fields(self)
     if capsules.ndim != 3:
-      raise ValueError(f'CapsuleLayer takes capsules [batch, in_caps, in_dim]; got shape {capsules.shape}')
+      raise ArgumentError(f'CapsuleLayer takes capsules [batch, in_caps, in_dim]; got shape {capsules.shape}')
     batch, in_caps, in_dim = capsules.shape
     if self.transforms == 'per_type' and (self.types < 1 or grid is None or
                                           math.prod(grid) * self.types != in_caps):
-      raise ValueError(f"CapsuleLayer transforms='per_type' takes types >= 1 (got {self.types}) and the call's "
-                       f'grid=(rows, columns) (got {grid}) of rows × columns × types = its {in_caps} input capsules')
+      raise ArgumentError(f"CapsuleLayer transforms='per_type' takes types >= 1 (got {self.types}) and the call's "
+                          f'grid=(rows, columns) (got {grid}) of rows × columns × types = its {in_caps} input capsules')
     dtype = self.formulation.dtype or capsules.dtype
     shared = None
     if self.transforms == 'per_type':
@@ -227,7 +227,7 @@ class CapsuleLayer(nn.Module):
     # The bias joins s_j in every routing iteration (see dynamic_routing), as in the authors' code.
     unknown = set(self.routing_inputs) - set(LAYER_INPUTS)
     if unknown:
-      raise ValueError(f'routing_inputs {sorted(unknown)}: allowed {", ".join(LAYER_INPUTS)}')
+      raise ArgumentError(f'routing_inputs {sorted(unknown)}: allowed {", ".join(LAYER_INPUTS)}')
     bias = (self.param('bias', self.bias_init, (self.num_capsules, self.dim))
             if 'bias' in self.routing_inputs else None)
     log_priors = (self.param('log_priors', nn.initializers.zeros, (in_caps, self.num_capsules))
@@ -237,9 +237,9 @@ class CapsuleLayer(nn.Module):
         formulations.resolve('routing_loop', self.formulation.routing_loop)]
     entry = ROUTINGS[self.routing]
     if return_logits and not entry.returns_logits:
-      raise ValueError(f'routing {self.routing!r} has no routing logits (see ROUTINGS[name].returns_logits)')
+      raise ArgumentError(f'routing {self.routing!r} has no routing logits (see ROUTINGS[name].returns_logits)')
     if return_couplings and not entry.returns_couplings:
-      raise ValueError(f'routing {self.routing!r} has no couplings (see ROUTINGS[name].returns_couplings)')
+      raise ArgumentError(f'routing {self.routing!r} has no couplings (see ROUTINGS[name].returns_couplings)')
     options = own_routing_options(self.routing, self.routing_options)   # its own section, checked
     for name, (shape, initial) in entry.learned.items():
       options[name] = self.param(f'routing_{name}', nn.initializers.constant(initial),

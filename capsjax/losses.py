@@ -5,7 +5,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from capsjax.errors import ConfigError
+from capsjax.errors import ArgumentError, ConfigError
 from capsjax.keys import PYTHON_VALUES, About, argument_problems, number_in
 
 Array = jax.Array
@@ -38,7 +38,7 @@ def _check_same_shape(what: str, first: str, a, second: str, b) -> None:
   if tuple(a.shape) == tuple(b.shape):
     return
   hint = class_indices_hint(b, a.shape[-1]) if first == 'lengths' else ''
-  raise ValueError(f'{what}: {second} {tuple(b.shape)} must have the shape of {first} {tuple(a.shape)}{hint}')
+  raise ArgumentError(f'{what}: {second} {tuple(b.shape)} must have the shape of {first} {tuple(a.shape)}{hint}')
 
 
 def class_indices_hint(given, num_classes: int) -> str:
@@ -70,12 +70,12 @@ def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: fl
     ((1,), 0.02)
   """
   if reduction not in MARGIN_REDUCTIONS:
-    raise ValueError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
+    raise ArgumentError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
   problems = margin_problems(m_plus, m_minus, negative_weight, prefix='margin_loss: ')
   if problems:   # the command's words, and its exception
     raise ConfigError(problems[0])
   if lengths.ndim != 2:   # a [classes] vector would sum to one number, not a loss per example
-    raise ValueError(f'margin_loss takes lengths [batch, classes]; got shape {tuple(lengths.shape)}')
+    raise ArgumentError(f'margin_loss takes lengths [batch, classes]; got shape {tuple(lengths.shape)}')
   _check_same_shape('margin_loss', 'lengths', lengths, 'targets', targets)   # [batch, classes]
   targets = targets.astype(lengths.dtype)
   present = targets * jnp.square(jax.nn.relu(m_plus - lengths))
@@ -92,7 +92,7 @@ def margin_reduction_scale(reduction: str, num_classes: int) -> float:
   """The factor that turns the summed margin loss into `reduction`'s (1 for 'sum'; for
   'official' 0.5 × mean = sum / (2 · classes))."""
   if reduction not in MARGIN_REDUCTIONS:
-    raise ValueError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
+    raise ArgumentError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
   return 1.0 if reduction == 'sum' else 0.5 / num_classes
 
 

@@ -13,7 +13,7 @@ from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
                           check_values, field_problems, lookup, nested, number_in, one_of, registered,
                           registered_tuple)
-from capsjax.errors import ConfigError
+from capsjax.errors import ArgumentError, ConfigError
 from capsjax.layout import moved_key_hint
 from capsjax.losses import class_indices_hint
 from capsjax.registry import Registry
@@ -36,8 +36,8 @@ def capsule_lengths(capsules: Array) -> Array:
 def mask_capsules(capsules: Array, mask: Array) -> Array:
   """Zero all capsules but the masked ones: [batch, caps, dim] × [batch, caps]."""
   if tuple(mask.shape) != tuple(capsules.shape[:-1]):   # broadcasting would fail unnamed, or mask wrongly
-    raise ValueError(f'mask {tuple(mask.shape)} must be one-hot [batch, classes] = {tuple(capsules.shape[:-1])}'
-                     + class_indices_hint(mask, capsules.shape[-2]))
+    raise ArgumentError(f'mask {tuple(mask.shape)} must be one-hot [batch, classes] = {tuple(capsules.shape[:-1])}'
+                        + class_indices_hint(mask, capsules.shape[-2]))
   return capsules * mask[..., None].astype(capsules.dtype)
 
 
@@ -78,8 +78,8 @@ def check_input_images(module, images: Array) -> None:
   size silently becomes another model on another (its dense layers sized by the images)."""
   expected = tuple(module.input_shape)
   if tuple(images.shape[1:]) != expected:
-    raise ValueError(f'{type(module).__name__} expects images of shape [batch, {", ".join(map(str, expected))}], '
-                     f'got {list(images.shape)}')
+    raise ArgumentError(f'{type(module).__name__} expects images of shape [batch, {", ".join(map(str, expected))}], '
+                        f'got {list(images.shape)}')
 
 
 def left_to_the_data(num_classes, input_shape) -> Optional[Tuple[str, str]]:
@@ -106,7 +106,7 @@ def initializers(name: str):
     return {'conv1': nn.initializers.truncated_normal(0.05), 'primary': nn.initializers.truncated_normal(0.1),
             'digit': nn.initializers.truncated_normal(0.1), 'decoder': nn.initializers.truncated_normal(0.1),
             'bias': nn.initializers.constant(0.1)}
-  raise ValueError(f'model init_scheme must be one of {INITS}, got {name!r}')
+  raise ArgumentError(f'model init_scheme must be one of {INITS}, got {name!r}')
 
 
 # config.model.name → the Flax module class (its fields are the config's other keys) and
@@ -265,7 +265,7 @@ class CapsNet(nn.Module):
     check_module(self)
     for key, value in (('transforms', self.transforms), ('stem', self.stem), ('decoder', self.decoder)):
       if value == 'auto':   # capsjax.sizing chooses, once the data's shape is known
-        raise ValueError(f"CapsNet {key}='auto' must be resolved first (capsjax.assemble.choose_model)")
+        raise ArgumentError(f"CapsNet {key}='auto' must be resolved first (capsjax.assemble.choose_model)")
     inits = initializers(self.init_scheme)
     # The formulation, one object for every layer ('auto' resolves where each is traced).
     how = self.formulation.with_dtype()

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax import formulations
+from capsjax.errors import ArgumentError
 
 Array = jax.Array
 CONV_IMPLS = formulations.CONV_IMPLS
@@ -420,16 +421,16 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
   images' dtype; the 'xla' form's gradients come out rounded to bfloat16 too, the
   patches form's stay float32)."""
   if dot_inputs not in CONV_INPUTS:
-    raise ValueError(f'dot_inputs must be one of {CONV_INPUTS}, got {dot_inputs!r}')
+    raise ArgumentError(f'dot_inputs must be one of {CONV_INPUTS}, got {dot_inputs!r}')
   if kernel.shape[0] != kernel.shape[1]:
-    raise ValueError(f'square kernels only, got {kernel.shape[:2]}')
+    raise ArgumentError(f'square kernels only, got {kernel.shape[:2]}')
   batch, height, width, channels = images.shape
   layer = formulations.ConvLayer(height, width, channels, kernel.shape[3], kernel.shape[0], stride, dot_inputs, batch)
   impl = resolve_conv_impl(impl, layer)
   if impl == 'fourier':
     problem = formulations.conv_inputs_problem(impl, dot_inputs)
     if problem:
-      raise ValueError(problem)
+      raise ArgumentError(problem)
     with jax.named_scope('fourier'):   # the profile's label (benchmarks/profile_step.py)
       return fourier_conv2d(images, kernel, stride)
   if impl == 'space_to_depth':

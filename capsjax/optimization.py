@@ -8,6 +8,7 @@ import math
 import jax.numpy as jnp
 import optax
 
+from capsjax.errors import ArgumentError
 from capsjax.keys import Across, boolean, key, int_at_least, number_in, one_of, positive_number, seed_value
 
 
@@ -99,7 +100,7 @@ def learning_rate_at(count, learning_rate, decay_steps, decay_rate, staircase, m
   against optax's schedules)."""
   if isinstance(kind, str):
     if kind not in SCHEDULES:
-      raise ValueError(f'lr_schedule must be one of {SCHEDULES}, got {kind!r}')
+      raise ArgumentError(f'lr_schedule must be one of {SCHEDULES}, got {kind!r}')
     kind = SCHEDULES.index(kind)
   count = jnp.asarray(count, jnp.float32)
   after = count - warmup_steps                   # the decay's own count
@@ -122,7 +123,7 @@ def learning_rate_schedule(learning_rate: float, decay_steps: int, decay_rate: f
                            warmup_steps: int = 0, total_steps: int = 0) -> optax.Schedule:
   """The run's learning rate per step (`learning_rate_at` with these settings)."""
   if kind not in SCHEDULES:
-    raise ValueError(f'lr_schedule must be one of {SCHEDULES}, got {kind!r}')
+    raise ArgumentError(f'lr_schedule must be one of {SCHEDULES}, got {kind!r}')
   return functools.partial(learning_rate_at, learning_rate=learning_rate, decay_steps=decay_steps,
                            decay_rate=decay_rate, staircase=staircase, minimum=minimum, kind=kind,
                            warmup_steps=warmup_steps, total_steps=total_steps)
@@ -154,6 +155,6 @@ def make_optimizer(schedule: optax.Schedule, kind: str = 'adam', weight_decay: f
   elif kind == 'lion':
     optimizer = optax.lion(schedule, weight_decay=weight_decay)
   else:
-    raise ValueError(f'optimizer must be one of {OPTIMIZERS}, got {kind!r}')
+    raise ArgumentError(f'optimizer must be one of {OPTIMIZERS}, got {kind!r}')
   # Without clipping the optimizer's state is Adam's own, as every earlier checkpoint holds.
   return optax.chain(optax.clip_by_global_norm(clip_norm), optimizer) if clip_norm else optimizer

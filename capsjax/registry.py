@@ -20,7 +20,7 @@ imports theirs). No package is imported for its side effects.
 import keyword
 from typing import Any, Callable, Dict, Iterator, Tuple, TypeVar
 
-from capsjax.errors import ConfigError
+from capsjax.errors import ArgumentError, ConfigError
 
 T = TypeVar('T')
 
@@ -66,13 +66,13 @@ class Registry:
     registration. Registering a name again replaces its entry (a re-imported module)."""
     unknown = set(capabilities) - set(self.defaults)
     if unknown:
-      raise TypeError(f'{self.kind} {name!r}: unknown capabilities {sorted(unknown)}; '
-                      f'{self._a_kind()} declares {sorted(self.defaults)}')
+      raise ArgumentError(f'{self.kind} {name!r}: unknown capabilities {sorted(unknown)}; '
+                          f'{self._a_kind()} declares {sorted(self.defaults)}')
     if not isinstance(name, str) or not name:
-      raise TypeError(f'{self._a_kind()} name must be a non-empty string, got {name!r}')
+      raise ArgumentError(f'{self._a_kind()} name must be a non-empty string, got {name!r}')
     if not name.isidentifier() or keyword.iskeyword(name):   # 'a.b' registered, then unreachable
-      raise ValueError(f'{self._a_kind()} name must be a config key (letters, digits and _, not a digit first '
-                       f'nor a Python keyword), got {name!r}')
+      raise ArgumentError(f'{self._a_kind()} name must be a config key (letters, digits and _, not a digit first '
+                          f'nor a Python keyword), got {name!r}')
 
     def register(registered: T) -> T:
       self._entries[name] = Entry(name, registered, {**self.defaults, **capabilities})

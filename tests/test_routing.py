@@ -14,7 +14,7 @@ import pytest
 
 from capsjax import routing
 from capsjax import validation
-from capsjax.errors import RunStopped
+from capsjax.errors import CapsjaxError, RunStopped
 from capsjax.routing import coupling_coefficients, dynamic_routing, squash
 from helpers import SPEEDY_CONV, evaluators_off
 
@@ -199,6 +199,16 @@ def test_votes_that_are_not_floating_batch_in_out_dim_are_named():
       dynamic_routing(votes, 3)
     with pytest.raises(ValueError, match=re.escape(f"route('em'): prediction_vectors must be a floating array")):
       routing.route('em', votes, num_iterations=2)
+  # Every refusal is a CapsjaxError too (a ValueError and TypeError as well): one except
+  # catches what the library refuses. An axis that is no axis named the function nowhere.
+  for call, line in [(lambda: dynamic_routing(u_hat[0], 3), 'dynamic_routing: prediction_vectors must be'),
+                     (lambda: squash(u_hat, axis=4), 'squash: axis 4 is out of bounds for vectors of shape (2, 12, 4, 5)'),
+                     (lambda: routing.vector_norm(u_hat, axis=1.0), 'vector_norm: axis takes an integer, got 1.0'),
+                     (lambda: routing.coupling_coefficients(u_hat[..., 0], axis=-4),
+                      'coupling_coefficients: axis -4 is out of bounds for routing_logits of shape (2, 12, 4)')]:
+    with pytest.raises(CapsjaxError, match=f'^{re.escape(line)}') as raised:
+      call()
+    assert isinstance(raised.value, ValueError) and isinstance(raised.value, TypeError)
 
 
 def test_squash_limits_and_direction():
@@ -575,7 +585,6 @@ def test_explorer_and_predict_show_the_routings_activations():
   from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
   from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
   from capsjax.data.rows import ImageRows  # pylint: disable=g-import-not-at-top
-  from capsjax.errors import CapsjaxError  # pylint: disable=g-import-not-at-top
   config, model, params, pixels, images = _tiny_capsnet('em')
   _, activations = model.apply({'params': params}, images, method='classify')
   explorer = Explorer(TrainedModel(config, model, params, 'a test model'), np.asarray(images), np.arange(4))

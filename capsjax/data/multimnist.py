@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from capsjax.data.augment import shift_image
+from capsjax.errors import ArgumentError
 
 Array = jax.Array
 CANVAS = 36
@@ -49,7 +50,7 @@ jax.tree_util.register_dataclass(
 def make_source(images: np.ndarray, labels: np.ndarray, num_classes: int = 10) -> SourceDigits:
   counts = np.bincount(labels, minlength=num_classes)
   if np.count_nonzero(counts) < 2:
-    raise ValueError('MultiMNIST needs digits of at least two classes')
+    raise ArgumentError('MultiMNIST needs digits of at least two classes')
   return SourceDigits(
       images=jnp.asarray(images), labels=jnp.asarray(labels, jnp.int32),
       by_class=jnp.asarray(np.argsort(labels, kind='stable'), jnp.int32),

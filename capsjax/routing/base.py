@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
-from capsjax.errors import ConfigError
+from capsjax.errors import ArgumentError, ConfigError
 from capsjax.keys import Key, annotated_keys, argument_problems
 from capsjax.registry import Registry
 from capsjax.routing.core import Array, check_prediction_vectors
@@ -70,8 +70,8 @@ class RoutingResult:
   logits: Optional[Array] = None                   # b_ij after each iteration [iterations, batch, in, out]
 
   def __iter__(self):
-    raise TypeError('a RoutingResult is read by name, result.parents and result.activations '
-                    '(`parents, activations = route(...)` was the earlier API)')
+    raise ArgumentError('a RoutingResult is read by name, result.parents and result.activations '
+                        '(`parents, activations = route(...)` was the earlier API)')
 
 
 def loop_arguments(name: str, num_iterations, max_iterations=None, unroll: bool = False) -> Tuple[tuple, dict]:
@@ -92,14 +92,14 @@ def as_result(output, options: Dict[str, Any], expected: Optional[Tuple[int, int
   if not isinstance(output, (RoutingResult, tuple, list)) or (
       not isinstance(output, RoutingResult) and len(output) not in (2, 3)):
     shape = getattr(output, 'shape', None)
-    raise ValueError(f'{what} returned ' + (f'one array of shape {tuple(shape)}' if shape else type(output).__name__)
-                     + ': a routing returns a RoutingResult or the pair (parents [batch, out, dim], '
-                     'activations [batch, out])')
+    raise ArgumentError(f'{what} returned ' + (f'one array of shape {tuple(shape)}' if shape else type(output).__name__)
+                        + ': a routing returns a RoutingResult or the pair (parents [batch, out, dim], '
+                        'activations [batch, out])')
   result = output if isinstance(output, RoutingResult) else None
   parents, activations, *extra = (result.parents, result.activations) if result else output
   if expected is not None and (tuple(parents.shape) != expected or tuple(activations.shape) != expected[:2]):
-    raise ValueError(f'{what} returned parents {tuple(parents.shape)} and activations {tuple(activations.shape)}; '
-                     f'expected {expected} [batch, out, dim] and {expected[:2]} [batch, out] for its votes')
+    raise ArgumentError(f'{what} returned parents {tuple(parents.shape)} and activations {tuple(activations.shape)}; '
+                        f'expected {expected} [batch, out, dim] and {expected[:2]} [batch, out] for its votes')
   if result is not None:
     return result
   if not extra:
@@ -169,12 +169,12 @@ def register_routing(name: str, *, iterative: bool = True,
     raise ConfigError(f'register_routing({name!r}): layer_inputs {unknown} are not inputs of the capsule layer '
                       f'(allowed: {", ".join(LAYER_INPUTS)})')
   if not isinstance(iterative, bool):
-    raise TypeError(f'register_routing({name!r}): iterative is True or False, got {iterative!r}')
+    raise ArgumentError(f'register_routing({name!r}): iterative is True or False, got {iterative!r}')
   for option, declared in (learned or {}).items():   # each (shape of (in, out, dim), initial value)
     if not (isinstance(declared, tuple) and len(declared) == 2 and callable(declared[0])
             and isinstance(declared[1], numbers.Real)):
-      raise TypeError(f'register_routing({name!r}): learned[{option!r}] is (a function of (in_caps, out_caps, '
-                      f'dim) giving its shape, its initial value), got {declared!r}')
+      raise ArgumentError(f'register_routing({name!r}): learned[{option!r}] is (a function of (in_caps, out_caps, '
+                          f'dim) giving its shape, its initial value), got {declared!r}')
 
   def register(function):
     adapted = _as_registered(name, function, iterative)   # refused here: nothing registered, nothing warned
@@ -274,8 +274,8 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   if input_activations is None:
     input_activations = jnp.ones((batch, in_caps), prediction_vectors.dtype)
   elif tuple(input_activations.shape) != (batch, in_caps):
-    raise ValueError(f'route: input_activations {tuple(input_activations.shape)} do not match the votes '
-                     f'{tuple(prediction_vectors.shape)}: expected [batch, in] = {(batch, in_caps)}')
+    raise ArgumentError(f'route: input_activations {tuple(input_activations.shape)} do not match the votes '
+                        f'{tuple(prediction_vectors.shape)}: expected [batch, in] = {(batch, in_caps)}')
   for option, (shape, initial) in entry.learned.items():
     if option not in options or options[option] is None:
       options[option] = jnp.full(shape(in_caps, out_caps, dim), initial, prediction_vectors.dtype)

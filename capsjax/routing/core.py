@@ -13,6 +13,9 @@ from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from capsjax.errors import ArgumentError
 
 Array = jax.Array
 
@@ -32,7 +35,17 @@ def vector_norm(vectors: Array, axis: int = -1, keepdims: bool = False) -> Array
     >>> capsjax.vector_norm(jnp.array([[3.0, 4.0], [0.0, 0.0]]))   # [2, dim] → [2]
     Array([5., 0.], dtype=float32)
   """
+  check_axis('vector_norm', 'vectors', vectors, axis)
   return _safe_sqrt(jnp.sum(jnp.square(vectors), axis=axis, keepdims=keepdims))
+
+
+def check_axis(what: str, name: str, array: Array, axis) -> None:
+  """One line for an `axis` that is not an axis of `array` (NumPy's words named neither
+  the function nor the array)."""
+  if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+    raise ArgumentError(f'{what}: axis takes an integer, got {axis!r}')
+  if not -jnp.ndim(array) <= axis < jnp.ndim(array):
+    raise ArgumentError(f'{what}: axis {axis} is out of bounds for {name} of shape {tuple(jnp.shape(array))}')
 
 
 def _safe_sqrt(squared_norm: Array) -> Array:
@@ -52,6 +65,7 @@ def squash(vectors: Array, axis: int = -1) -> Array:
     >>> v.shape, round(float(capsjax.vector_norm(v)[0]), 4)
     ((1, 2), 0.9615)
   """
+  check_axis('squash', 'vectors', vectors, axis)
   squared_norm = jnp.sum(jnp.square(vectors), axis=axis, keepdims=True)
   return vectors * (_safe_sqrt(squared_norm) / (1.0 + squared_norm))
 
@@ -68,6 +82,7 @@ def coupling_coefficients(routing_logits: Array, leaky: bool = False, axis: int 
     >>> c[0, 0]                                                   # uniform before any agreement
     Array([0.25, 0.25, 0.25, 0.25], dtype=float32)
   """
+  check_axis('coupling_coefficients', 'routing_logits', routing_logits, axis)
   if not leaky:
     return jax.nn.softmax(routing_logits, axis=axis)
   axis = axis % routing_logits.ndim
@@ -88,8 +103,8 @@ def check_prediction_vectors(prediction_vectors, what: str) -> None:
   shape, dtype = getattr(prediction_vectors, 'shape', None), getattr(prediction_vectors, 'dtype', None)
   if shape is None or len(shape) != 4 or not jnp.issubdtype(dtype, jnp.floating):
     got = f'shape {tuple(shape)} {dtype}' if shape is not None else type(prediction_vectors).__name__
-    raise ValueError(f'{what}: prediction_vectors must be a floating array [batch, in_caps, out_caps, dim], '
-                     f'got {got}')
+    raise ArgumentError(f'{what}: prediction_vectors must be a floating array [batch, in_caps, out_caps, dim], '
+                        f'got {got}')
 
 
 def static_iterations(num_iterations) -> Optional[int]:
@@ -99,13 +114,13 @@ def static_iterations(num_iterations) -> Optional[int]:
   dtype = getattr(num_iterations, 'dtype', None)
   if isinstance(num_iterations, bool) or (dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
     got = f'dtype {dtype}' if dtype is not None else repr(num_iterations)
-    raise ValueError(f'num_iterations must be an integer, got {got}')
+    raise ArgumentError(f'num_iterations must be an integer, got {got}')
   if isinstance(num_iterations, jax.Array):
     return None
   try:
     return operator.index(num_iterations)
   except TypeError:
-    raise ValueError(f'num_iterations must be an integer, got {num_iterations!r}') from None
+    raise ArgumentError(f'num_iterations must be an integer, got {num_iterations!r}') from None
 
 
 def loop_length(num_iterations, max_iterations) -> Tuple[int, Optional[int]]:
@@ -113,13 +128,13 @@ def loop_length(num_iterations, max_iterations) -> Tuple[int, Optional[int]]:
   static = static_iterations(num_iterations)
   if static is not None:
     if static < 1:
-      raise ValueError(f'num_iterations must be >= 1, got {static}')
+      raise ArgumentError(f'num_iterations must be >= 1, got {static}')
     if max_iterations is not None and static > max_iterations:
-      raise ValueError(f'num_iterations={static} exceeds max_iterations={max_iterations}')
+      raise ArgumentError(f'num_iterations={static} exceeds max_iterations={max_iterations}')
     return static, static
   if max_iterations is None:
-    raise ValueError('num_iterations as a JAX array (traced under vmap or jit) needs a static max_iterations '
-                     'bound; a Python int runs exactly that many iterations')
+    raise ArgumentError('num_iterations as a JAX array (traced under vmap or jit) needs a static max_iterations '
+                        'bound; a Python int runs exactly that many iterations')
   return max_iterations, None
 
 

@@ -6,6 +6,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from capsjax.errors import ArgumentError
 from capsjax.routing.base import RoutingResult, register_routing
 from capsjax.routing.core import (Array, check_prediction_vectors, coupling_coefficients, fori_loop, iterate,
                                   loop_length, pooled_votes, squash, vector_norm, vote_dots)
@@ -96,8 +97,8 @@ def dynamic_routing(
   for name, given, target, layout in (('log_priors', log_priors, (batch, in_caps, out_caps), 'in_caps, out_caps'),
                                       ('bias', bias, (batch, out_caps, out_dim), 'out_caps, out_dim')):
     if given is not None and not _broadcasts(jnp.shape(given), target):   # (XLA's error names neither)
-      raise ValueError(f'dynamic_routing: {name} of shape {jnp.shape(given)} does not broadcast to the votes\' '
-                       f'[batch, {layout}] {target}')
+      raise ArgumentError(f'dynamic_routing: {name} of shape {jnp.shape(given)} does not broadcast to the votes\' '
+                          f'[batch, {layout}] {target}')
   length, static_count = loop_length(num_iterations, max_iterations)
   last_iteration = jnp.asarray(num_iterations if static_count is None else static_count) - 1
 
@@ -156,11 +157,11 @@ def _from_initial(logits_per_iteration: Array, initial_logits: Optional[Array], 
   iteration's logits: [iterations + 1, batch, in_caps, out_caps]; shapes that do not fit named."""
   shape = jnp.shape(logits_per_iteration)
   if len(shape) != 4:
-    raise ValueError(f'{caller} takes logits [iterations, batch, in_caps, out_caps] (dynamic_routing(…, '
-                     f'return_logits=True).logits), got shape {shape}')
+    raise ArgumentError(f'{caller} takes logits [iterations, batch, in_caps, out_caps] (dynamic_routing(…, '
+                        f'return_logits=True).logits), got shape {shape}')
   if initial_logits is not None and not _broadcasts(jnp.shape(initial_logits), shape[1:]):
-    raise ValueError(f'{caller}: initial_logits of shape {jnp.shape(initial_logits)} do not broadcast to the '
-                     f"logits' [batch, in_caps, out_caps] {shape[1:]}")
+    raise ArgumentError(f'{caller}: initial_logits of shape {jnp.shape(initial_logits)} do not broadcast to the '
+                        f"logits' [batch, in_caps, out_caps] {shape[1:]}")
   initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
       jnp.broadcast_to(initial_logits, shape[1:])[None])
   return jnp.concatenate([initial, logits_per_iteration], axis=0)

@@ -11,7 +11,7 @@ import numpy as np
 from capsjax.data import images as image_files
 from capsjax.data.datasets import DATASETS, DescribesImages, Preprocessing
 from capsjax.data.rows import ImageRows
-from capsjax.errors import ConfigError, DataError
+from capsjax.errors import ArgumentError, ConfigError, DataError
 from capsjax.keys import Rule, check_values, int_in, key, text
 from capsjax.registry import Registry
 
@@ -116,14 +116,14 @@ def register_source(kind: str, datasets: Tuple[str, ...] = ()) -> Callable[[type
     >>> capsjax.SOURCES.unregister('bright_or_dark')
   """
   if not isinstance(kind, str) or not kind:
-    raise TypeError(f'register_source: the kind must be a non-empty string, got {kind!r}')
+    raise ArgumentError(f'register_source: the kind must be a non-empty string, got {kind!r}')
   if isinstance(datasets, str) or not all(isinstance(name, str) and name for name in datasets):
-    raise TypeError(f'register_source: datasets takes a tuple of names, got {datasets!r}'
-                    + (f' (one name: datasets=({datasets!r},))' if isinstance(datasets, str) else ''))
+    raise ArgumentError(f'register_source: datasets takes a tuple of names, got {datasets!r}'
+                        + (f' (one name: datasets=({datasets!r},))' if isinstance(datasets, str) else ''))
 
   def register(cls):
     if not (isinstance(cls, type) and issubclass(cls, Source)):
-      raise TypeError(f'register_source({kind!r}) decorates a subclass of capsjax.data.sources.Source, got {cls!r}')
+      raise ArgumentError(f'register_source({kind!r}) decorates a subclass of capsjax.data.sources.Source, got {cls!r}')
     cls.kind = kind
     return SOURCES.register(kind, datasets=tuple(datasets))(cls)
   return register
