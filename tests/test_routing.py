@@ -205,7 +205,10 @@ def test_votes_that_are_not_floating_batch_in_out_dim_are_named():
                      (lambda: squash(u_hat, axis=4), 'squash: axis 4 is out of bounds for vectors of shape (2, 12, 4, 5)'),
                      (lambda: routing.vector_norm(u_hat, axis=1.0), 'vector_norm: axis takes an integer, got 1.0'),
                      (lambda: routing.coupling_coefficients(u_hat[..., 0], axis=-4),
-                      'coupling_coefficients: axis -4 is out of bounds for routing_logits of shape (2, 12, 4)')]:
+                      'coupling_coefficients: axis -4 is out of bounds for routing_logits of shape (2, 12, 4)'),
+                     # a switch of 'no' is true: it switched leaky routing, or the unrolled loop, on
+                     (lambda: dynamic_routing(u_hat, 3, leaky='no'), "dynamic_routing: leaky='no': allowed True or False"),
+                     (lambda: routing.route('em', u_hat, unroll='no'), "route('em'): unroll='no': allowed True or False")]:
     with pytest.raises(CapsjaxError, match=f'^{re.escape(line)}') as raised:
       call()
     assert isinstance(raised.value, ValueError) and isinstance(raised.value, TypeError)

@@ -343,6 +343,8 @@ def test_load_dataset_refuses_what_the_command_refuses_before_reading():
       capsjax.load_dataset('mnist', 'test', image_size=image_size)
   with pytest.raises(capsjax.CapsjaxError, match=r"^unknown split 'validation': allowed train, test$"):
     capsjax.load_dataset('mnist', 'validation')
+  with pytest.raises(capsjax.CapsjaxError, match=r"^load_dataset: on_demand='no': allowed True or False$"):
+    capsjax.load_dataset('mnist', 'test', on_demand='no')   # once: every image read on demand
   with pytest.raises(capsjax.CapsjaxError, match=r'^data directory /nonexistent does not exist$'):   # a pathlib folder passes the key's rule
     capsjax.load_dataset('mnist', 'test', data_dir=pathlib.Path('/nonexistent'))
   # load_trained's `data` (where the data is on this machine): another key was added to the config unread.

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from capsjax.errors import ArgumentError, ConfigError
 from capsjax.keys import Key, annotated_keys, argument_problems
 from capsjax.registry import Registry
-from capsjax.routing.core import Array, check_prediction_vectors
+from capsjax.routing.core import Array, check_flags, check_prediction_vectors
 
 
 # ============================================================================= the registry
@@ -77,6 +77,7 @@ class RoutingResult:
 def loop_arguments(name: str, num_iterations, max_iterations=None, unroll: bool = False) -> Tuple[tuple, dict]:
   """(positional, keyword) loop arguments for routing `name`: (num_iterations,) and
   max_iterations, unroll if it is iterative; nothing otherwise."""
+  check_flags(f'route({name!r})', unroll=unroll)
   if not ROUTINGS[name].iterative:
     return (), {}
   return (num_iterations,), {'max_iterations': max_iterations, 'unroll': unroll}

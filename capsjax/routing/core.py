@@ -39,6 +39,15 @@ def vector_norm(vectors: Array, axis: int = -1, keepdims: bool = False) -> Array
   return _safe_sqrt(jnp.sum(jnp.square(vectors), axis=axis, keepdims=keepdims))
 
 
+def check_flags(what: str, **flags) -> None:
+  """One line for a switch that is not True or False ('no' is true: it switched on);
+  `unroll` may also be UNROLLED_INFERENCE."""
+  for name, value in flags.items():
+    if not (isinstance(value, (bool, np.bool_)) or (name == 'unroll' and value == UNROLLED_INFERENCE)):
+      also = f" or {UNROLLED_INFERENCE!r} (unrolled where nothing differentiates)" if name == 'unroll' else ''
+      raise ArgumentError(f'{what}: {name}={value!r}: allowed True or False{also}')
+
+
 def check_axis(what: str, name: str, array: Array, axis) -> None:
   """One line for an `axis` that is not an axis of `array` (NumPy's words named neither
   the function nor the array)."""

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 
 from capsjax.errors import ArgumentError
 from capsjax.routing.base import RoutingResult, register_routing
-from capsjax.routing.core import (Array, check_prediction_vectors, coupling_coefficients, fori_loop, iterate,
-                                  loop_length, pooled_votes, squash, vector_norm, vote_dots)
+from capsjax.routing.core import (Array, check_flags, check_prediction_vectors, coupling_coefficients, fori_loop,
+                                  iterate, loop_length, pooled_votes, squash, vector_norm, vote_dots)
 
 
 def procedure1_iteration(logits: Array, couple, total_input_of, agreement_of, bias: Optional[Array]):
@@ -93,6 +93,8 @@ def dynamic_routing(
     (3, 2, 3, 4)
   """
   check_prediction_vectors(prediction_vectors, 'dynamic_routing')
+  check_flags('dynamic_routing', stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
+              return_logits=return_logits, unroll=unroll)
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
   for name, given, target, layout in (('log_priors', log_priors, (batch, in_caps, out_caps), 'in_caps, out_caps'),
                                       ('bias', bias, (batch, out_caps, out_dim), 'out_caps, out_dim')):

@@ -235,5 +235,7 @@ def load_dataset(name: str, split: str, data_dir: str = '', tfds_data_dir: str =
   check_values(arguments, {k.name: k for k in KEYS if k.name in arguments}, problems)
   if problems:
     raise ConfigError(problems[0])
+  if not isinstance(on_demand, bool):   # ('no' is true: every image read on demand)
+    raise ArgumentError(f'load_dataset: on_demand={on_demand!r}: allowed True or False')
   return open_source(DataSpec(name, data_dir, tfds_data_dir, image_size)).load(split, on_demand)
 
