@@ -132,15 +132,17 @@ def _explorer_files(args) -> int:
 
 def _one_file(args) -> int:
   from capsjax.app import serving  # pylint: disable=g-import-not-at-top
-  from capsjax.app.trained import TrainedModel, choose_checkpoint  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import SHIPPED, TrainedModel, choose_checkpoint  # pylint: disable=g-import-not-at-top
+  from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
   if args.format == 'onnx' and importlib.util.find_spec('jax2onnx') is None:   # before any JAX loads
     cli.fail(f'--format=onnx needs the jax2onnx converter: {serving.EXTRA}')
   if args.out:
     serving.check_output(args.out, args.force)   # before the model is read
+  config = read_config(args.workdir or SHIPPED)
+  if args.evaluate:   # read before the model and the conversion: data that cannot be read is said at once
+    test = _test_split(config, args, config.get('num_test_examples'))
   if args.workdir:
     from capsjax import assemble  # pylint: disable=g-import-not-at-top
-    from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
-    config = read_config(args.workdir)
     if config.ensemble and args.member is None:
       members = len(assemble.members(config))
       cli.fail(f'{args.workdir} holds an ensemble of {members} models: name the one to export with '
@@ -155,9 +157,6 @@ def _one_file(args) -> int:
     trained = TrainedModel.shipped()
   path = args.out or serving.default_path(trained, args.format)
   serving.check_output(path, args.force)   # before the conversion's minute
-  if args.evaluate:   # read before the conversion: data that cannot be read is said at once
-    run = trained.config
-    test = _test_split(run, args, run.get('num_test_examples'))
   console.say(f'converting {trained.describe()} to {args.format}…')
   summary = serving.write_file(trained, args.format, path, args.reconstructions, args.force)
   for line in serving.describe(summary, path, trained):
