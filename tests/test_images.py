@@ -136,24 +136,26 @@ def test_bad_images_are_one_line_each(digit_folder, tmp_path, capsys):
   text.write_text('not an image')
   too_small = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={digit_folder}', f'--workdir={tmp_path}/w',
                    timeout=120)
-  not_image = _run('-m', 'capsjax.app.predict', str(text), timeout=120)
-  missing = _run('-m', 'capsjax.app.predict', str(tmp_path / 'missing.png'), timeout=120)
-  digit = sorted((digit_folder / 'test' / '3').glob('*.png'))[0]
-  into_a_file = _run('-m', 'capsjax.app.predict', f'--reconstruct={text}', str(digit), timeout=120)   # before the model
-  for result, expected in ((too_small, 'images of 8×8 are too small'), (not_image, 'notes.png: not an image'),
-                           (missing, 'missing.png: no such file'), (into_a_file, 'notes.png is a file, not a folder')):
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
+  lines = too_small.stderr.strip().splitlines()
+  assert too_small.returncode == 2 and len(lines) == 1 and 'images of 8×8 are too small' in lines[0], too_small.stderr
   assert '--config.image_size=N with N >= 17' in too_small.stderr
-  # A reconstruction is never written over its input (`--reconstruct=.` beside the image).
+  # capsjax-predict's main in this process (its own process: test_launch.py), each refusal
+  # before the model loads; a reconstruction is never written over its input
+  # (`--reconstruct=.` beside the image replaced it).
   from capsjax.app import predict  # pylint: disable=g-import-not-at-top
+  digit = sorted((digit_folder / 'test' / '3').glob('*.png'))[0]
   given = tmp_path / 'digit.png'
   given.write_bytes(digit.read_bytes())
-  with pytest.raises(SystemExit) as exited:
-    predict.main([str(given), f'--reconstruct={tmp_path}'])
-  assert exited.value.code == 2 and capsys.readouterr().err == (
-      f'error: capsjax-predict: --reconstruct={tmp_path} would write {given} over the input file {given}: give another '
-      'folder\n')
+  for arguments, expected in (([str(text)], 'notes.png: not an image'),
+                              ([str(tmp_path / 'missing.png')], 'missing.png: no such file'),
+                              ([f'--reconstruct={text}', str(digit)], 'notes.png is a file, not a folder'),
+                              ([str(given), f'--reconstruct={tmp_path}'],
+                               f'capsjax-predict: --reconstruct={tmp_path} would write {given} over the input file '
+                               f'{given}: give another folder')):
+    with pytest.raises(SystemExit) as exited:
+      predict.main(arguments)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(lines) == 1 and expected in lines[0], (arguments, lines)
   assert given.read_bytes() == digit.read_bytes()
   assert not os.path.exists(tmp_path / 'w')   # a failed start leaves no workdir
   # The parameter table of a data-shaped experiment takes the data's shape and classes.
