@@ -354,6 +354,9 @@ def test_load_dataset_refuses_what_the_command_refuses_before_reading():
   for step in ('2', -1, 1.5, True):   # '2' once read "no checkpoint of step 2 … (there are: 2)"
     with pytest.raises(capsjax.ConfigError, match=rf"^step={step!r}: allowed an integer >= 0 \(a checkpoint's step\)"):
       capsjax.load_trained('/nonexistent', step=step)
+  for member in ('1', 1.5, True):   # of an ensemble: a comparison's TypeError, x[1.5], x[True] (an extra axis)
+    with pytest.raises(capsjax.ConfigError, match=rf"^--member={member!r}: allowed an integer >= 0 \(a member"):
+      capsjax.TrainedModel.from_workdir('/nonexistent', member=member)
 
 
 def test_modules_and_helpers_used_directly_refuse_what_build_model_refuses(tmp_path):

@@ -57,6 +57,8 @@ class TrainedModel:
                    step: Optional[int] = None) -> 'TrainedModel':
     """The run in `workdir` at its latest checkpoint (or `step`), member `member` of an
     ensemble (default: the last); `data` as in load_trained."""
+    if member is not None:
+      check_member_type(member)   # before the checkpoint is read
     config, model, state, progress = _restore(workdir, data, step)
     at = int(np.asarray(state['step']).reshape(-1)[0])
     results = read_results(workdir)
@@ -147,14 +149,24 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
 
 
 def check_member(member: int, members: int, workdir: str) -> None:
+  check_member_type(member)
   if not 0 <= member < members:
     raise CheckpointError(f'--member={member}: the run in {workdir} has members 0..{members - 1}')
+
+
+def check_member_type(member) -> None:
+  """A member is an integer (True once selected x[True], an extra axis; '1' failed in a
+  comparison)."""
+  if not (is_int(member) or isinstance(member, np.integer)):
+    raise ConfigError(f'--member={member!r}: allowed an integer >= 0 (a member of the ensemble) or None')
 
 
 def select_member(params, member: Optional[int], workdir: str, ensemble: bool):
   """The parameters of one member of an ensemble run (`ensemble`: its params carry a
   leading member axis; default: the last member); a single run's own parameters, where
   `member` must be None."""
+  if member is not None:
+    check_member_type(member)
   if ensemble:
     members = jax.tree.leaves(params)[0].shape[0]
     member = members - 1 if member is None else member
