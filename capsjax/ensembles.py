@@ -89,12 +89,16 @@ def parse_variant(spec: str, what: str = 'sweep variant') -> Tuple[str, Dict[str
   overrides = {}
   for assignment in filter(None, (a.strip() for a in _top_level_parts(assignments))):
     key, equals, value = assignment.partition('=')
+    key, value = key.strip(), value.strip()
     if not equals:
       raise ConfigError(f'{what} {name!r}: expected key=value, got {assignment!r}')
+    if key in overrides:   # (the last one silently won; the command line refuses a key given twice)
+      raise ConfigError(f'{what} {name!r}: {key} is given twice: give it once')
     try:
-      overrides[key.strip()] = ast.literal_eval(value.strip())
+      overrides[key] = ast.literal_eval(value)
     except (ValueError, SyntaxError):
-      raise ConfigError(f'{what} {name!r}: {value.strip()!r} is not a Python literal') from None
+      quoted = f" (a string is quoted: {key}='{value}')" if value.replace('_', '').replace('/', '').isalnum() else ''
+      raise ConfigError(f'{what} {name!r}: {value!r} is not a Python literal{quoted}') from None
   return name, overrides
 
 

@@ -47,6 +47,9 @@ KEYS = (
     key('distributed_timeout_s', 120, int_in(1, 3600), 'seconds to wait for the coordinator and the other '
         'processes before giving up with one error line'),
 )
+# How the command's processes start (read once, before anything runs): one value for
+# everything a command trains, never a sweep variant's own.
+PROCESS_KEYS = tuple(declared.name for declared in KEYS)
 
 
 def _distributed_problem(distributed, coordinator_address, num_processes, process_id):

@@ -86,6 +86,11 @@ def test_sweep_variants_parse_and_reject_bad_keys():
     sweep.parse_variant('x: learning_rate')
   with pytest.raises(ConfigError, match='Python literal'):
     sweep.parse_variant('x: learning_rate=fast')
+  with pytest.raises(ConfigError, match=r"^sweep variant 'x': 'fashion_mnist' is not a Python literal \(a string is "
+                                        r"quoted: dataset='fashion_mnist'\)$"):
+    sweep.parse_variant('x: dataset=fashion_mnist')
+  with pytest.raises(ConfigError, match=r"^sweep variant 'x': seed is given twice: give it once$"):
+    sweep.parse_variant('x: seed=1, seed=2')   # (the last one silently won)
   # Validation checks each variant as the config it trains, before any variant runs.
   from capsjax.validation import problems_of  # pylint: disable=g-import-not-at-top
   assert problems_of(config) == []
@@ -95,6 +100,12 @@ def test_sweep_variants_parse_and_reject_bad_keys():
   assert problems[1].startswith("sweep variant 'odd': sweep override 'learnig_rate': no such config key"), problems
   config.sweep.variants = ('a:', 'a: learning_rate=2e-3')
   assert problems_of(config) == ["config.sweep.variants: variant names repeat: ['a', 'a']"]
+  config.sweep.variants = ('a:', 'b: distributed=True', "c: experiment='mnist'")   # (silently ignored; renamed)
+  assert problems_of(config) == [
+      "sweep variant 'b': distributed is the same for every variant of a sweep; set --config.distributed for the "
+      'whole sweep',
+      "sweep variant 'c': experiment is the same for every variant of a sweep; each variant trains under the sweep's "
+      'own --experiment']
 
 
 def test_sweep_command_trains_every_variant_and_ranks_them(mnist_dir, tmp_path):

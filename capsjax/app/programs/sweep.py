@@ -26,6 +26,7 @@ from capsjax.errors import ConfigError
 from capsjax.keys import Rule, key
 from capsjax.app.plots import pyplot, save_figure
 from capsjax.reports import markdown_table, mean_std
+from capsjax.runtime import PROCESS_KEYS
 from capsjax.app.programs import not_a_command, register_program
 
 
@@ -35,6 +36,11 @@ KEYS = (
                                    'a tuple of override strings'),
         'the sweep: one run per variant, KEY=VALUE overrides separated by commas', in_base=False),
 )
+
+
+# What one command sets for every variant: which program and experiment it is, and how
+# its processes start.
+SWEEP_WIDE_KEYS = ('program', 'experiment') + PROCESS_KEYS
 
 
 def variant_config(config, overrides: Dict[str, Any]) -> ml_collections.ConfigDict:
@@ -60,6 +66,12 @@ def config_problems(config) -> List[str]:
     return [f'config.sweep.variants: variant names repeat: {names}']
   problems = []
   for name, overrides in parsed:
+    fixed = [key for key in overrides if key in SWEEP_WIDE_KEYS or key.startswith('sweep.')]
+    if fixed:   # (distributed=True in a variant was silently ignored)
+      problems.append(f'sweep variant {name!r}: {fixed[0]} is the same for every variant of a sweep; ' + (
+          f'set --config.{fixed[0]} for the whole sweep' if fixed[0] in PROCESS_KEYS else
+          "each variant trains under the sweep's own --experiment"))
+      continue
     try:
       variant = variant_config(config, overrides)
     except ConfigError as e:
