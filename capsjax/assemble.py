@@ -348,8 +348,10 @@ def affine_test_pipeline(config) -> Pipeline:
   """The MNIST test digits under random affine maps (config.affnist), fixed per index."""
   source = open_source(data_spec(config))
   test = source.load('test', images_on_demand(config.host_images))
-  if config.num_test_examples:
-    test = test.take(config.num_test_examples)
+  count = config.affnist.num_examples or config.num_test_examples
+  if count:   # (20 000 of MNIST's 10 000 was silently 10 000)
+    key = 'affnist.num_examples' if config.affnist.num_examples else 'num_test_examples'
+    test = test.take(at_most(key, count, len(test), 'test examples'))
   ranges = dict(config.affnist.ranges)
   transform = lambda image, key: affine.random_affine(image, key, ranges)[0]
   return dataset_pipeline(test, False, batch_size=config.batch_size, seed=config.seed,

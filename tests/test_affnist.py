@@ -10,8 +10,9 @@ import scipy.io
 from capsjax import train
 from capsjax.data import affine
 from capsjax import assemble
-from capsjax.errors import DataError, RunStopped
+from capsjax.errors import ConfigError, DataError, RunStopped
 from capsjax.experiments import affnist_smoke
+from capsjax.validation import validate
 from helpers import SPEEDY_CONV, evaluators_off, tiny_config
 
 
@@ -70,6 +71,15 @@ def test_expanded_and_affine_pipelines_are_40x40_and_fixed_per_index(mnist_dir):
   host, _ = next(iter(affine_pipe.eval_batches(16)))
   images = affine_pipe.device_batch(None, host, None)['images']
   assert images.shape == (16, 40, 40, 1) and float(images.max()) <= 1.0 + 1e-6
+  # More affine test digits than MNIST's test split has (once: silently all of it), and a
+  # reversed scale range (once: drawn from it), each one line before anything trains.
+  config.affnist.num_examples = 20000
+  with pytest.raises(ConfigError, match=r'^config.affnist.num_examples=20000: the data has 10000 test examples'):
+    assemble.affine_test_pipeline(config)
+  config.affnist.num_examples = 0
+  config.affnist.ranges.update(scale_min=1.2, scale_max=0.8)
+  with pytest.raises(ConfigError, match=r'^config.affnist.ranges.scale_min=1.2: allowed at most scale_max=0.8$'):
+    validate(config)
 
 
 def _write_affnist_mat(path, images, labels):

@@ -12,7 +12,6 @@ import math
 import os
 from typing import Any, Dict
 
-import ml_collections
 import numpy as np
 
 from capsjax import assemble, steps, train
@@ -22,7 +21,7 @@ from capsjax.app.programs.common import with_model_of
 from capsjax.reports import markdown_table
 from capsjax.data import affine
 from capsjax.data.sources import Dataset
-from capsjax.keys import boolean, key, int_at_least, number_in, positive_number, text, seed_value
+from capsjax.keys import Across, boolean, key, int_at_least, number_in, positive_number, text, seed_value
 from capsjax.data.affine import AFFINE_RANGES
 from capsjax.app.programs import not_a_command, register_program
 
@@ -42,6 +41,15 @@ KEYS = (
     key('affnist.num_examples', 0, int_at_least(0), 'affine test digits (0: the whole MNIST test set)', in_base=False),
     key('cnn.enabled', True, boolean(), 'also train the comparison CNN (cnn.model, cnn.loss)', in_base=False),
 )
+
+def _scale_problem(scale_min, scale_max):
+  if scale_min > scale_max:   # (drawn from the reversed range, silently)
+    return f'config.affnist.ranges.scale_min={scale_min}: allowed at most scale_max={scale_max}'
+  return None
+
+
+# The rule across these keys (capsjax.keys.Across), checked by validation.
+RULES = (Across(('affnist.ranges.scale_min', 'affnist.ranges.scale_max'), _scale_problem),)
 
 # Each run (a workdir name): its label and the paper's expanded MNIST and affNIST accuracies (%).
 RUNS = {'capsnet': ('CapsNet', (99.23, 79.0)), 'cnn': ('CNN', (99.22, 66.0))}
@@ -67,9 +75,7 @@ def draw_examples(pipeline, path: str, rows: int = 4, columns: int = 8) -> None:
 def run(config, workdir: str) -> Dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
   runs = {'capsnet': config, 'cnn': with_model_of(config, 'cnn')}
-  affine_config = ml_collections.ConfigDict(config.to_dict())
-  affine_config.num_test_examples = config.affnist.num_examples or config.num_test_examples
-  affine_test = assemble.affine_test_pipeline(affine_config)
+  affine_test = assemble.affine_test_pipeline(config)   # (before the trainings: a count above the data's is said now)
   real_test = None
   if config.affnist.mat_dir:
     images, labels = affine.load_affnist_dir(config.affnist.mat_dir)
