@@ -31,6 +31,8 @@ METRICS_FILE = 'metrics.jsonl'
 # What a run keeps in its workdir: name → whether it is a folder.
 RUN_ENTRIES = {CONFIG_FILE: False, 'results.json': False, METRICS_FILE: False, LOCK_FILE: False,
                'table.md': False, 'checkpoints': True}
+# What an exported model is (capsjax-export's explorer files): a config.json too, never a run.
+EXPORTED_FILES = ('params.npz', 'test_sample.npz', CONFIG_FILE)
 
 def _describe_os_error(error: OSError) -> str:
   return error.strerror or os.strerror(error.errno or 0) or type(error).__name__
@@ -47,6 +49,9 @@ def prepare(path: str) -> str:
       what, expected = ('a file', 'folder') if is_folder else ('a folder', 'file')
       raise WorkdirError(f'workdir {path}: {name} is {what} where a run keeps its {expected} '
                          f'({"checkpoints" if is_folder else "its record"}); move it away or use another --workdir')
+  if all(os.path.isfile(os.path.join(path, name)) for name in EXPORTED_FILES):   # ("holds a run with another config")
+    raise WorkdirError(f'workdir {path} holds an exported model ({", ".join(EXPORTED_FILES)}: capsjax-export\'s '
+                       'files), not a run; use another --workdir')
   try:
     os.makedirs(path, exist_ok=True)
     probe = os.path.join(path, f'.write_probe.{os.getpid()}')

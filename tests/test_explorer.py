@@ -293,6 +293,19 @@ def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):
   trained.export(trained_workdir, str(tmp_path), images[:2], np.arange(2))   # over an earlier export
   assert sorted(os.listdir(tmp_path)) == ['config.json', 'params.npz', 'test_sample.npz']
   config, params = trained.read_exported(str(tmp_path))
+  # The export is a --workdir of its own (predict, the explorer, figures): one model, no
+  # checkpoints (once: "no checkpoint in W/checkpoints").
+  as_workdir = trained.TrainedModel.from_workdir(str(tmp_path), data={'data_dir': '/data'})
+  assert as_workdir.step is None and as_workdir.config.data_dir == '/data'
+  jax.tree.map(np.testing.assert_array_equal, as_workdir.params, params)
+  with pytest.raises(CapsjaxError, match='holds an exported model \\(one model, no checkpoints\\): --member and --step'):
+    trained.TrainedModel.from_workdir(str(tmp_path), member=0)
+  with pytest.raises(CapsjaxError, match="holds an exported model \\(capsjax-export's files"):
+    trained.load_trained(str(tmp_path))
+  from capsjax import workdir  # pylint: disable=g-import-not-at-top
+  with pytest.raises(CapsjaxError, match=r'holds an exported model \(params.npz, test_sample.npz, config.json: '
+                                         r"capsjax-export's files\), not a run; use another --workdir$"):
+    workdir.prepare(str(tmp_path))   # training there (once: "holds a run with another config")
   assert isinstance(config, ml_collections.ConfigDict) and config.model.conv1_channels == 16
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4), params,
                jax.tree.map(np.asarray, explorer.params))   # float16 storage

@@ -21,12 +21,11 @@ from capsjax.keys import is_int
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.stored_config import read_config, upgraded
-from capsjax.workdir import RUN_ENTRIES, MetricsLog, read_results
+from capsjax.workdir import EXPORTED_FILES, RUN_ENTRIES, MetricsLog, read_results
 
 # The paper's MNIST CapsNet that ships with the package (mnist_official, docs/results.md
 # "The capsule explorer"), exported with its sample of test images: what predict and the explorer serve without --workdir.
 SHIPPED = os.path.join(os.path.dirname(__file__), 'explorer', 'assets')
-EXPORTED_FILES = ('params.npz', 'test_sample.npz', 'config.json')
 
 
 @dataclasses.dataclass
@@ -56,9 +55,17 @@ class TrainedModel:
   def from_workdir(cls, workdir: str, member: Optional[int] = None, data: Optional[Dict[str, str]] = None,
                    step: Optional[int] = None) -> 'TrainedModel':
     """The run in `workdir` at its latest checkpoint (or `step`), member `member` of an
-    ensemble (default: the last); `data` as in load_trained."""
+    ensemble (default: the last); `data` as in load_trained. A folder `export` wrote (an
+    exported model: one model, float16 parameters) is read as `exported` reads it."""
     if member is not None:
       check_member_type(member)   # before the checkpoint is read
+    if is_export(workdir):
+      if member is not None or step is not None:
+        raise CheckpointError(f'{workdir} holds an exported model (one model, no checkpoints): --member and --step '
+                              "choose within a run's workdir")
+      trained = cls.exported(workdir)
+      trained.config.update(_checked_data(data))
+      return trained
     config, model, state, progress = _restore(workdir, data, step)
     at = int(np.asarray(state['step']).reshape(-1)[0])
     results = read_results(workdir)
@@ -127,17 +134,26 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
   return config, model, state['params']
 
 
-def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
-  """(config, model, state, progress) of a checkpoint of the run in `workdir`."""
+def _checked_data(data: Optional[Dict[str, str]]) -> Dict[str, str]:
+  """load_trained's `data`: where the data is on this machine (data_dir, tfds_data_dir)."""
   unknown = sorted(set(data or {}) - {'data_dir', 'tfds_data_dir'})
   if unknown:   # (once added to the config unread)
     raise ConfigError(f'data={{{unknown[0]!r}: …}}: data names where the data is on this machine, '
                       'data_dir and tfds_data_dir')
+  return dict(data or {})
+
+
+def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
+  """(config, model, state, progress) of a checkpoint of the run in `workdir`."""
+  data = _checked_data(data)
   if step is not None and (not is_int(step) or step < 0):
     # ('2' once read "no checkpoint of step 2 … (there are: 2)")
     raise ConfigError(f'step={step!r}: allowed an integer >= 0 (a checkpoint\'s step) or None (the latest)')
+  if is_export(workdir):   # (once: "no checkpoint in W/checkpoints")
+    raise CheckpointError(f"{workdir} holds an exported model (capsjax-export's files: float16 parameters, no "
+                          'checkpoint), not a run; TrainedModel.from_workdir reads it, as the commands\' --workdir does')
   config = read_config(workdir)
-  config.update(data or {})
+  config.update(data)
   model = assemble.model(config)
   # Shapes only: restoring needs no initial values (initialising op by op took seconds).
   template = jax.eval_shape(lambda: assemble.initial_state(config, model, assemble.optimizer(config)))
@@ -146,6 +162,13 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
       raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
     state, progress = checkpoints.restore(template, step)
   return config, model, state, progress
+
+
+def is_export(directory: str) -> bool:
+  """Whether `directory` holds what `export` writes (and no run's checkpoints)."""
+  checkpoints = os.path.join(directory, 'checkpoints')
+  return (all(os.path.isfile(os.path.join(directory, name)) for name in EXPORTED_FILES)
+          and not (os.path.isdir(checkpoints) and os.listdir(checkpoints)))
 
 
 def check_member(member: int, members: int, workdir: str) -> None:

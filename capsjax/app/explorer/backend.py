@@ -15,9 +15,8 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from capsjax.app.trained import SHIPPED, TrainedModel
+from capsjax.app.trained import SHIPPED, TrainedModel, is_export
 from capsjax.data import augment, images as image_files
-from capsjax.data.pipeline import preprocess
 from capsjax import assemble, console
 from capsjax.errors import CapsjaxError, DataError
 from capsjax.models import capsule_lengths
@@ -119,7 +118,10 @@ class Explorer:
                    data: Optional[dict] = None, show_progress: bool = False) -> 'Explorer':
     """The latest checkpoint of the run in `workdir`, with its first `num_images` test inputs
     (`data`: data_dir / tfds_data_dir on this machine, see load_trained); `show_progress`:
-    say each stage on the console, with a bar for the encoding."""
+    say each stage on the console, with a bar for the encoding. A folder capsjax-export
+    wrote is read as the shipped model is, with its own sample of test images."""
+    if is_export(workdir):
+      return cls.exported(workdir, workdir, show_progress, member, num_images)
     trained = TrainedModel.from_workdir(workdir, member, data)
     if show_progress:
       console.say(f'model: {trained.describe()}; reading up to {num_images} test inputs…')
@@ -143,10 +145,18 @@ class Explorer:
     """The CapsNet that ships with the package (the paper's model, trained by
     experiments/mnist_official.py: docs/results.md, "The capsule explorer"), with its sample
     of MNIST test images."""
-    with np.load(os.path.join(SHIPPED, 'test_sample.npz')) as sample:
-      images = np.asarray(preprocess(jnp.asarray(sample['images'])))
-      labels = sample['labels']
-    trained = TrainedModel.shipped()
+    return cls.exported(SHIPPED, 'the shipped model', show_progress)
+
+  @classmethod
+  def exported(cls, directory: str, source: str, show_progress: bool = False, member: Optional[int] = None,
+               num_images: Optional[int] = None) -> 'Explorer':
+    """A model capsjax-export wrote into `directory`, with the test images written beside
+    it (the first `num_images`)."""
+    trained = TrainedModel.from_workdir(directory, member) if member is not None else TrainedModel.exported(
+        directory, source)   # (a member: refused in TrainedModel's words)
+    with np.load(os.path.join(directory, 'test_sample.npz')) as sample:   # preprocessed as the run's test images
+      images = np.asarray(augment.prepare(jnp.asarray(sample['images'][:num_images]), trained.info.preprocessing)[0])
+      labels = sample['labels'][:num_images]
     if show_progress:
       console.say(f'model: {trained.describe()}')
     return cls(trained, images, labels, show_progress)

@@ -100,8 +100,11 @@ def _test_split(run, args, num_test_examples: Optional[int] = None):
 
 
 def _explorer_files(args) -> int:
-  from capsjax.app.trained import SHIPPED, check_export_folder, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import SHIPPED, check_export_folder, choose_checkpoint, export, is_export  # pylint: disable=g-import-not-at-top
   from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
+  if is_export(args.workdir):
+    cli.fail(f'{args.workdir} holds an exported model already (the explorer\'s files); copy the folder, or give '
+             '--format=onnx, stablehlo or savedmodel')
   out = check_export_folder(args.out or SHIPPED)   # before the data is read
   config = read_config(args.workdir)
   step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
@@ -132,16 +135,23 @@ def _explorer_files(args) -> int:
 
 def _one_file(args) -> int:
   from capsjax.app import serving  # pylint: disable=g-import-not-at-top
-  from capsjax.app.trained import SHIPPED, TrainedModel, choose_checkpoint  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import SHIPPED, TrainedModel, choose_checkpoint, is_export  # pylint: disable=g-import-not-at-top
   from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
   if args.format == 'onnx' and importlib.util.find_spec('jax2onnx') is None:   # before any JAX loads
     cli.fail(f'--format=onnx needs the jax2onnx converter: {serving.EXTRA}')
   if args.out:
     serving.check_output(args.out, args.force)   # before the model is read
+  exported = args.workdir and is_export(args.workdir)   # the explorer's files of a run: one model, as shipped
   config = read_config(args.workdir or SHIPPED)
   if args.evaluate:   # read before the model and the conversion: data that cannot be read is said at once
     test = _test_split(config, args, config.get('num_test_examples'))
-  if args.workdir:
+  if exported:
+    if args.member is not None or args.step != 'best':
+      cli.fail(f'--member and --step choose within a run\'s workdir; {args.workdir} holds an exported model (one '
+               'model, no checkpoints)')
+    console.say(f'exporting the exported model in {args.workdir}…')
+    trained = TrainedModel.exported(args.workdir)
+  elif args.workdir:
     from capsjax import assemble  # pylint: disable=g-import-not-at-top
     if config.ensemble and args.member is None:
       members = len(assemble.members(config))
