@@ -183,6 +183,7 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
   # Integers of 0–255 in any dtype are the pixels; floats of 0–255 or integers past 255 are
   # refused (clipped to [0, 1], floats of 0–255 once became a black-and-white image).
   np.testing.assert_array_equal(predictor.convert(digit.astype(np.int64)), predictor.convert(digit))
+  np.testing.assert_array_equal(predictor.convert(digit > 127), predictor.convert(np.where(digit > 127, 255, 0)))
   for image, line in ((digit.astype(np.float32), r'image: float pixel values must be in \[0, 1\], got \[0, 255\] '
                                                  r'\(floats of 0–255: divide by 255, or pass uint8\)'),
                       (digit.astype(np.int64) * 2, r'image: integer pixel values must be in \[0, 255\], got \[0, 510\]$'),

@@ -86,15 +86,18 @@ class Predictor:
   # --------------------------------------------------------------------------- conversion
 
   def convert(self, image: np.ndarray, name: str = 'image') -> np.ndarray:
-    """One image array (integers in [0, 255] or floats in [0, 1]; [h, w], [h, w, 1|3|4])
-    as the run held its images: uint8 of the run's shape (capsjax.data.images.to_array).
-    Values outside that range are refused: clipping them (floats of 0–255) once turned a
-    grey image into black and white without a word."""
+    """One image array (integers in [0, 255], floats in [0, 1] or booleans, True white, as
+    a 1-bit PNG reads; [h, w], [h, w, 1|3|4]) as the run held its images: uint8 of the
+    run's shape (capsjax.data.images.to_array). Values outside that range are refused:
+    clipping them (floats of 0–255) once turned a grey image into black and white without
+    a word."""
     from PIL import Image  # pylint: disable=g-import-not-at-top
     from capsjax.data.images import to_array  # pylint: disable=g-import-not-at-top
     array = np.asarray(image)
+    if array.dtype == bool:   # a mask (once refused as not numeric): as Pillow reads a 1-bit image
+      array = array.astype(np.uint8) * 255
     if array.dtype != np.uint8:
-      if array.dtype == bool or not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
+      if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
         raise CapsjaxError(f'{name}: expected a numeric image array with finite values')
       integers = np.issubdtype(array.dtype, np.integer)
       top = 255 if integers else 1.0
