@@ -1,6 +1,7 @@
 """MultiMNIST: generator invariants, export, top-2 evaluation, a short training that learns."""
 import json
 import os
+import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -216,6 +217,14 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   report = json.loads((tmp_path / 'segmentation.json').read_text())
   assert report['num_examples'] == 100 and 0.0 < report['mean_iou'] < 1.0
   assert (tmp_path / 'multimnist_reconstructions.png').read_bytes()[:4] == b'\x89PNG'
+  with pytest.raises(SystemExit):   # (1 000 took 100 s to draw, too wide to read)
+    segmentation.main([*readme, '--rows', '65'])
+  assert capsys.readouterr().err.endswith('--rows: 65 is above the maximum 64\n')
+  # No pair right (a short run): no IoU where the pair is right (once NaN and NumPy's warning).
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    assert segmentation.iou_report(np.full((3, 2), 0.5), np.zeros((0, 2)), 0.1) == {
+        'num_examples': 3, 'threshold': 0.1, 'mean_iou': 0.5, 'mean_iou_when_pair_correct': None, 'pair_accuracy': 0.0}
 
 
 def test_mask_iou_hand_computed():

@@ -47,13 +47,26 @@ def overlay(red: np.ndarray, green: np.ndarray) -> np.ndarray:
   return np.clip(np.stack([red, green, np.zeros_like(red)], -1), 0, 1)
 
 
+MAX_FIGURE_EXAMPLES = 64
+
+
+def iou_report(ious: np.ndarray, ious_correct: np.ndarray, threshold: float) -> dict:
+  """segmentation.json from the IoUs [pairs, 2] and those of the pairs predicted right."""
+  return {'num_examples': int(len(ious)), 'threshold': threshold, 'mean_iou': float(ious.mean()),
+          # no right pair: None (once NaN, after NumPy's empty-mean warning)
+          'mean_iou_when_pair_correct': float(ious_correct.mean()) if len(ious_correct) else None,
+          'pair_accuracy': float(len(ious_correct) / len(ious))}
+
+
 @cli.main_wrapper
 def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax-segmentation', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
   parser.add_argument('--num', type=cli.int_at_least(1), default=None,
                       help="test pairs for the IoU (default: the run's own, config.num_test_examples)")
-  parser.add_argument('--rows', type=cli.int_at_least(1), default=8, help='examples in the figure')
+  # (1 000 took 100 s to draw, a figure too wide to read)
+  parser.add_argument('--rows', type=cli.int_in(1, MAX_FIGURE_EXAMPLES), default=8,
+                      help=f'examples in the figure (its columns; at most {MAX_FIGURE_EXAMPLES})')
   parser.add_argument('--threshold', type=cli.number_between(0.0, 1.0), default=0.1)
   cli.add_data_flags(parser)
   args = parser.parse_args(argv)
@@ -98,10 +111,7 @@ def main(argv=None):
       examples.extend(zip(np.asarray(batch['images'])[valid, ..., 0], labels, predicted))
     bar.update(int(valid.sum()))
   bar.close()
-  ious, ious_correct = np.concatenate(ious), np.concatenate(ious_correct)
-  report = {'num_examples': int(len(ious)), 'threshold': args.threshold,
-            'mean_iou': float(ious.mean()), 'mean_iou_when_pair_correct': float(ious_correct.mean()),
-            'pair_accuracy': float(len(ious_correct) / len(ious))}
+  report = iou_report(np.concatenate(ious), np.concatenate(ious_correct), args.threshold)
   with open(os.path.join(args.workdir, 'segmentation.json'), 'w') as f:
     json.dump(report, f, indent=2)
 
@@ -125,8 +135,10 @@ def main(argv=None):
   image_grid(path, np.stack([np.stack(inputs), np.stack(overlays)]), titles, cell=(1.6, 2.1), fontsize=9,
              suptitle_fontsize=8,
              suptitle='MultiMNIST: input (top), reconstructions red/green (bottom); * = neither label nor prediction')
+  right = report['mean_iou_when_pair_correct']
   print(f'mean IoU {report["mean_iou"]:.3f} over {report["num_examples"]} test examples '
-        f'({report["mean_iou_when_pair_correct"]:.3f} where the pair is right); figure: {path}')
+        + (f'({right:.3f} where the pair is right)' if right is not None else '(no pair is right)')
+        + f'; figure: {path}')
 
 
 if __name__ == '__main__':
