@@ -34,6 +34,13 @@ RUN_ENTRIES = {CONFIG_FILE: False, 'results.json': False, METRICS_FILE: False, L
 # What an exported model is (capsjax-export's explorer files): a config.json too, never a run.
 EXPORTED_FILES = ('params.npz', 'test_sample.npz', CONFIG_FILE)
 
+def is_export(directory: str) -> bool:
+  """Whether `directory` holds what capsjax-export writes (and no run's checkpoints)."""
+  checkpoints = os.path.join(directory, 'checkpoints')
+  return (all(os.path.isfile(os.path.join(directory, name)) for name in EXPORTED_FILES)
+          and not (os.path.isdir(checkpoints) and os.listdir(checkpoints)))
+
+
 def _describe_os_error(error: OSError) -> str:
   return error.strerror or os.strerror(error.errno or 0) or type(error).__name__
 
@@ -49,7 +56,7 @@ def prepare(path: str) -> str:
       what, expected = ('a file', 'folder') if is_folder else ('a folder', 'file')
       raise WorkdirError(f'workdir {path}: {name} is {what} where a run keeps its {expected} '
                          f'({"checkpoints" if is_folder else "its record"}); move it away or use another --workdir')
-  if all(os.path.isfile(os.path.join(path, name)) for name in EXPORTED_FILES):   # ("holds a run with another config")
+  if is_export(path):   # (once: "holds a run with another config")
     raise WorkdirError(f'workdir {path} holds an exported model ({", ".join(EXPORTED_FILES)}: capsjax-export\'s '
                        'files), not a run; use another --workdir')
   try:

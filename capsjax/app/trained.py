@@ -21,7 +21,7 @@ from capsjax.keys import is_int
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.stored_config import read_config, upgraded
-from capsjax.workdir import EXPORTED_FILES, RUN_ENTRIES, MetricsLog, read_results
+from capsjax.workdir import EXPORTED_FILES, RUN_ENTRIES, MetricsLog, is_export, read_results
 
 # The paper's MNIST CapsNet that ships with the package (mnist_official, docs/results.md
 # "The capsule explorer"), exported with its sample of test images: what predict and the explorer serve without --workdir.
@@ -164,13 +164,6 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
   return config, model, state, progress
 
 
-def is_export(directory: str) -> bool:
-  """Whether `directory` holds what `export` writes (and no run's checkpoints)."""
-  checkpoints = os.path.join(directory, 'checkpoints')
-  return (all(os.path.isfile(os.path.join(directory, name)) for name in EXPORTED_FILES)
-          and not (os.path.isdir(checkpoints) and os.listdir(checkpoints)))
-
-
 def check_member(member: int, members: int, workdir: str) -> None:
   check_member_type(member)
   if not 0 <= member < members:
@@ -188,8 +181,6 @@ def select_member(params, member: Optional[int], workdir: str, ensemble: bool):
   """The parameters of one member of an ensemble run (`ensemble`: its params carry a
   leading member axis; default: the last member); a single run's own parameters, where
   `member` must be None."""
-  if member is not None:
-    check_member_type(member)
   if ensemble:
     members = jax.tree.leaves(params)[0].shape[0]
     member = members - 1 if member is None else member

@@ -15,11 +15,12 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from capsjax.app.trained import SHIPPED, TrainedModel, is_export
+from capsjax.app.trained import SHIPPED, TrainedModel
 from capsjax.data import augment, images as image_files
 from capsjax import assemble, console
 from capsjax.errors import CapsjaxError, DataError
 from capsjax.models import capsule_lengths
+from capsjax.workdir import is_export
 from capsjax.app.plots import draw_perturbations
 
 SLIDER_RANGE = 0.25        # figure 4 of the paper: each dimension tweaked within ±0.25
@@ -120,9 +121,9 @@ class Explorer:
     (`data`: data_dir / tfds_data_dir on this machine, see load_trained); `show_progress`:
     say each stage on the console, with a bar for the encoding. A folder capsjax-export
     wrote is read as the shipped model is, with its own sample of test images."""
-    if is_export(workdir):
-      return cls.exported(workdir, workdir, show_progress, member, num_images)
     trained = TrainedModel.from_workdir(workdir, member, data)
+    if is_export(workdir):   # one model and its own sample of test images, as the shipped one
+      return cls._with_sample(trained, workdir, show_progress, num_images)
     if show_progress:
       console.say(f'model: {trained.describe()}; reading up to {num_images} test inputs…')
     config = ml_collections.ConfigDict(trained.config.to_dict())
@@ -145,15 +146,13 @@ class Explorer:
     """The CapsNet that ships with the package (the paper's model, trained by
     experiments/mnist_official.py: docs/results.md, "The capsule explorer"), with its sample
     of MNIST test images."""
-    return cls.exported(SHIPPED, 'the shipped model', show_progress)
+    return cls._with_sample(TrainedModel.shipped(), SHIPPED, show_progress)
 
   @classmethod
-  def exported(cls, directory: str, source: str, show_progress: bool = False, member: Optional[int] = None,
-               num_images: Optional[int] = None) -> 'Explorer':
-    """A model capsjax-export wrote into `directory`, with the test images written beside
-    it (the first `num_images`)."""
-    trained = TrainedModel.from_workdir(directory, member) if member is not None else TrainedModel.exported(
-        directory, source)   # (a member: refused in TrainedModel's words)
+  def _with_sample(cls, trained: TrainedModel, directory: str, show_progress: bool = False,
+                   num_images: Optional[int] = None) -> 'Explorer':
+    """An exported model (`trained`, read from `directory`) with the test images capsjax-export
+    wrote beside it (the first `num_images`)."""
     with np.load(os.path.join(directory, 'test_sample.npz')) as sample:   # preprocessed as the run's test images
       images = np.asarray(augment.prepare(jnp.asarray(sample['images'][:num_images]), trained.info.preprocessing)[0])
       labels = sample['labels'][:num_images]

@@ -100,7 +100,8 @@ def _test_split(run, args, num_test_examples: Optional[int] = None):
 
 
 def _explorer_files(args) -> int:
-  from capsjax.app.trained import SHIPPED, check_export_folder, choose_checkpoint, export, is_export  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import SHIPPED, check_export_folder, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
+  from capsjax.workdir import is_export  # pylint: disable=g-import-not-at-top
   from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
   if is_export(args.workdir):
     cli.fail(f'{args.workdir} holds an exported model already (the explorer\'s files); copy the folder, or give '
@@ -135,7 +136,8 @@ def _explorer_files(args) -> int:
 
 def _one_file(args) -> int:
   from capsjax.app import serving  # pylint: disable=g-import-not-at-top
-  from capsjax.app.trained import SHIPPED, TrainedModel, choose_checkpoint, is_export  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import SHIPPED, TrainedModel, choose_checkpoint  # pylint: disable=g-import-not-at-top
+  from capsjax.workdir import is_export  # pylint: disable=g-import-not-at-top
   from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
   if args.format == 'onnx' and importlib.util.find_spec('jax2onnx') is None:   # before any JAX loads
     cli.fail(f'--format=onnx needs the jax2onnx converter: {serving.EXTRA}')
