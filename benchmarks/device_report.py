@@ -444,7 +444,8 @@ def plan(args, backend: str, settings, out_dir: str) -> list:
   peers_compiled = [peer(True, p, m) for m in ('train', 'infer') for p in precisions]
   peers_eager = [peer(False, p, m) for m in ('train', 'infer') for p in precisions]
   profile = dict(kind='profile', name='profile fastest train variant', profile_dir=out_dir)
-  return capsjax[:1] + peers_compiled + capsjax[1:] + extras + peers_eager + [profile]
+  # The 3-seed vmapped step right after the ratio's rows: its member rate sizes every leg.
+  return capsjax[:1] + peers_compiled + extras[:1] + capsjax[1:] + extras[1:] + peers_eager + [profile]
 
 
 def _variant_spec(args, settings, conv: str, dtype: str, loop: str) -> dict:

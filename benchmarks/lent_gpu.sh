@@ -75,6 +75,11 @@ case "${1:-}" in
     fi
     python3 benchmarks/gpu_speed.py --out "$OUT/speed" "${conv[@]}" 2>&1 | tee "$OUT/speed.log"
     python3 benchmarks/device_report.py --out "$OUT/speed_steps" "${steps[@]}" 2>&1 | tee -a "$OUT/speed.log"
+    # The device tool brings back at most 8 files (its README's limits): the HLO texts and the
+    # autotuning results travel as one archive beside the five reports.
+    extras=(hlo)
+    [ -d "$OUT/speed/autotune" ] && extras+=(autotune)
+    tar -C "$OUT/speed" -czf "$OUT/speed/extras.tar.gz" "${extras[@]}" && (cd "$OUT/speed" && rm -rf "${extras[@]}")
     ;;
   carry)
     mkdir -p "$CARRY/mnist" "$CARRY/whl"

@@ -19,11 +19,12 @@ capsules) per member and per recipe, each recipe's three seeds summed as one cla
 Length, an ESTIMATE (not a measurement): the MultiMNIST training step costs 1.84× MNIST's
 per example on a 2-core Zen 3 (36 × 36 inputs and two reconstructions; measured
 2026-11-27, docs/results.md "MultiMNIST"); the H200 trained 3 MNIST members at ≈ 65 000
-images/s in all (bfloat16, 2026-11-26), so 6 MultiMNIST members ≈ 35 000 pairs/s there,
-≈ 28 000 on an H100 at 80 % of it: 18 000 steps × 128 × 6 = 13.8M pairs ≈ 8.2 minutes,
-plus ≈ 1 minute of compilation and two evaluations of 20 000 pairs × 6 members × 2
-(raw and averaged parameters): inside 11 minutes of an H100. Each member sees 2.3M pairs
-(the longest MultiMNIST training so far: 3.2M pairs, 12.1 % top-2 error).
+images/s in all (bfloat16, 2026-11-26) and 12 (`mnist_lease`, with their augmentation) at
+52 900 (2026-11-28), so 6 MultiMNIST members ≈ 29 000–35 000 pairs/s there: 18 000 steps ×
+128 × 6 = 13.8M pairs ≈ 6.6–8 minutes, plus ≈ 1.5 minutes of compilation and two
+evaluations of 20 000 pairs × 6 members × 2 (raw and averaged parameters): ≈ 11 minutes, a
+lease's two calls (docs/gpu.md). Each member sees 2.3M pairs (the longest MultiMNIST
+training so far: 3.2M pairs, 12.1 % top-2 error).
 """
 import ml_collections
 
