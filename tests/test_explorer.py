@@ -177,9 +177,13 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
   status, answer = call(url, '/api/encode_file', raw=photo.getvalue())
   assert status == 200 and answer['image'] == expected[..., 0].ravel().tolist()
   assert answer['prediction'] == [predictor.predict(expected[None])[0]['class_index']]
-  # Ink on paper (dark on light, MNIST's opposite): inverted first, and said so.
-  ink, plain = predictor.predict(np.stack([255 - expected, expected]))
+  # Ink on paper (dark on light, MNIST's opposite): inverted first, and said so; a blank
+  # page (white: inverted to black) or a nearly uniform grey is blank, a faint digit is not.
+  faint = (expected // 8).astype(np.uint8)   # 0–31: a digit of 31 levels
+  ink, plain, page, grey, dim = predictor.predict(np.stack(
+      [255 - expected, expected, np.full_like(expected, 255), (90 + (expected > 0) * 16).astype(np.uint8), faint]))
   assert ink['inverted'] and not plain['inverted'] and ink['activations'] == plain['activations']
+  assert [r['blank'] for r in (ink, plain, page, grey, dim)] == [False, False, True, True, False]
   # Integers of 0–255 in any dtype are the pixels; floats of 0–255 or integers past 255 are
   # refused (clipped to [0, 1], floats of 0–255 once became a black-and-white image).
   np.testing.assert_array_equal(predictor.convert(digit.astype(np.int64)), predictor.convert(digit))

@@ -85,23 +85,28 @@ def test_predict_names_the_classes_of_files(trained, digit_folder, tmp_path):
   files = sorted(str(path) for path in (digit_folder / 'test').glob('*/*.png'))[::30]   # 10 files, 8×8 PNGs
   rgb = tmp_path / 'big_rgb.png'   # another size and colour: converted as training converted
   Image.open(files[0]).convert('RGB').resize((40, 40)).save(rgb)
+  blank = tmp_path / 'blank.png'   # classified, and said to be blank
+  Image.new('L', (8, 8)).save(blank)
   # README's command: its two files stand for these 11.
   readme = documented.command(r'^capsjax-predict ').args({'workdirs/mine': str(workdir)})
   assert readme[1:] == ['photo.png', 'scan.jpg']
-  predicted = _run('-m', 'capsjax.app.predict', readme[0], '--json', f'--reconstruct={tmp_path}/rec', *files, str(rgb))
+  predicted = _run('-m', 'capsjax.app.predict', readme[0], '--json', f'--reconstruct={tmp_path}/rec', *files, str(rgb),
+                   str(blank))
   assert predicted.returncode == 0, predicted.stderr[-3000:]
   rows = [json.loads(line) for line in predicted.stdout.splitlines()]
-  assert [row['file'] for row in rows] == files + [str(rgb)]
-  correct = [row['class'] == os.path.basename(os.path.dirname(row['file'])) for row in rows[:-1]]
+  assert [row['file'] for row in rows] == files + [str(rgb), str(blank)]
+  assert f'{blank}: a blank image (every pixel within 16 of 255 levels of the others): its class below means nothing' in (
+      predicted.stderr.splitlines())
+  correct = [row['class'] == os.path.basename(os.path.dirname(row['file'])) for row in rows[:-2]]
   assert sum(correct) >= 8, rows
   assert all(set(row['activations']) == {str(d) for d in range(10)} for row in rows)
   assert all(0 <= value <= 1 for row in rows for value in row['activations'].values())
   pair = np.asarray(Image.open(tmp_path / 'rec' / 'big_rgb.png'))
   assert pair.shape == (112, 232)   # grey input | reconstruction, 28 × 58 scaled ×4 (nearest)
   np.testing.assert_array_equal(pair[::4, ::4], pair[3::4, 3::4])   # whole-pixel blocks
-  wrote = predicted.stderr.strip().splitlines()[-11:]   # one line per file (stderr: stdout is JSON)
-  assert wrote[-1] == f'wrote {tmp_path}/rec/big_rgb.png: {rgb} | its reconstruction, 232×112 px'
-  assert len(set(line.split(':')[0] for line in wrote)) == 11   # a distinct PNG per input
+  wrote = [line for line in predicted.stderr.splitlines() if line.startswith('wrote ')]   # (stdout is JSON)
+  assert wrote[-2] == f'wrote {tmp_path}/rec/big_rgb.png: {rgb} | its reconstruction, 232×112 px'
+  assert len(set(line.split(':')[0] for line in wrote)) == 12   # a distinct PNG per input
 
 
 def test_reconstruction_names_tell_the_inputs_apart():

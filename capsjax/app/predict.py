@@ -4,7 +4,8 @@
 
 For each file: the class name and every class's activation (the routing's activations:
 for Procedure 1, the capsule lengths). A dark digit on a light ground, for a model of
-MNIST's light strokes on black, is inverted first, and a line on stderr says so.
+MNIST's light strokes on black, is inverted first, and a line on stderr says so; so is a
+blank image (no pixel more than 16 of 255 levels from the others), whose class means nothing.
 Without --workdir: the paper's MNIST CapsNet that ships with capsjax. A file of any size or
 colour is converted as training converted the run's images (capsjax.data.images: grey or
 RGB, resized to the run's size), then preprocessed as the run's test images. --json
@@ -27,6 +28,7 @@ from capsjax.app import cli
 from capsjax.errors import CapsjaxError
 
 PREDICT_BATCH = 64
+BLANK_RANGE = 16   # an image whose pixels all lie within this many of 255 levels holds no ink
 
 
 class Predictor:
@@ -42,7 +44,7 @@ class Predictor:
     >>> test = capsjax.load_dataset('mnist', 'test', data_dir=mnist_dir)
     >>> results = predictor.predict(test.images[:4])   # uint8 [4, 28, 28, 1]
     >>> [r['class'] for r in results], sorted(results[0])
-    (['7', '2', '1', '0'], ['activations', 'class', 'class_index', 'input', 'inverted', 'reconstruction'])
+    (['7', '2', '1', '0'], ['activations', 'blank', 'class', 'class_index', 'input', 'inverted', 'reconstruction'])
     >>> [r['class'] for r in predictor.predict(255 - test.images[:2])], results[0]['inverted']   # ink on paper
     (['7', '2'], False)
     >>> results[0]['reconstruction'].shape
@@ -162,13 +164,21 @@ class Predictor:
     frame[2:-2, 2:-2] = False
     return (images_uint8[:, frame].reshape(len(images_uint8), -1) > 127).mean(-1) >= 0.75
 
+  @staticmethod
+  def blank(images_uint8: np.ndarray) -> np.ndarray:
+    """Per image: whether all its pixels lie within BLANK_RANGE levels of each other (a
+    blank page or an empty frame: any class it is given means nothing)."""
+    flat = np.asarray(images_uint8).reshape(len(images_uint8), -1).astype(np.int16)
+    return flat.max(-1) - flat.min(-1) <= BLANK_RANGE
+
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """For each image (an array, or a stacked batch of the run's shape): {'class',
     'class_index', 'activations' {name: value}, 'input' uint8, 'reconstruction' float
-    [0, 1] or None, 'inverted'}. CapsNet activations are its routing's (Procedure 1: the
-    capsule lengths); a CNN's are its softmax (or sigmoid) outputs. An image of the
+    [0, 1] or None, 'inverted', 'blank'}. CapsNet activations are its routing's (Procedure 1:
+    the capsule lengths); a CNN's are its softmax (or sigmoid) outputs. An image of the
     opposite polarity to the run's (a dark digit on white for an MNIST model:
-    opposite_polarity) is inverted first, and 'inverted' says so."""
+    opposite_polarity) is inverted first, and 'inverted' says so; 'blank': the image holds
+    no ink (`blank`), so its class means nothing."""
     if images is None or isinstance(images, (str, bytes, os.PathLike)):
       raise CapsjaxError(f'predict takes images (arrays, or a batch [n, h, w, c]), got {images!r}; files: '
                          'predict(read_files([path, …]))')
@@ -186,7 +196,7 @@ class Predictor:
     else:
       held = np.stack([self.convert(image, (names or [None] * len(images))[i] or f'image {i}')
                        for i, image in enumerate(images)])
-    inverted = self.opposite_polarity(held)
+    inverted, blank = self.opposite_polarity(held), self.blank(held)
     if inverted.any():
       held = np.where(inverted[:, None, None, None], 255 - held, held)
     results = []
@@ -199,7 +209,7 @@ class Predictor:
         results.append({'class': self.class_names[index], 'class_index': index,
                         'activations': {name: float(v) for name, v in zip(self.class_names, row)},
                         'input': chunk[i], 'reconstruction': None if reconstructions is None else reconstructions[i],
-                        'inverted': bool(inverted[len(results)])})
+                        'inverted': bool(inverted[len(results)]), 'blank': bool(blank[len(results)])})
     return results
 
 
@@ -284,7 +294,10 @@ def main(argv=None):
                f'({error.strerror or error})')
   width = max(len(name) for name in predictor.class_names)
   for path, png, result in zip(args.files, _png_names(args.files), results):
-    if result['inverted']:   # on stderr: stdout stays the predictions
+    if result['blank']:   # on stderr: stdout stays the predictions
+      print(f'{path}: a blank image (every pixel within {BLANK_RANGE} of 255 levels of the others): its class '
+            'below means nothing', file=sys.stderr, flush=True)
+    elif result['inverted']:
       print(f'{path}: dark on a light ground, where {predictor.source}\'s images are light strokes on black: '
             'inverted before classifying', file=sys.stderr, flush=True)
     if args.json:
