@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from capsjax import assemble, steps, train
-from capsjax.app.trained import load_trained
+from capsjax.app.trained import TrainedModel, load_trained
 from capsjax.app.programs import ablation
 from capsjax.errors import ConfigError, RunStopped
 from capsjax.models import build_model, count_params
@@ -72,6 +72,12 @@ def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir,
     chex.assert_trees_all_close(member_params, alone_params, atol=1e-5, rtol=0)
     np.testing.assert_allclose(together['final_train_loss'][index], alone['final_train_loss'], rtol=1e-5)
     assert together['test_accuracy'][index] == pytest.approx(alone['test_accuracy'], abs=1e-9)
+    # Read back as one model (predict, the explorer, export): the member is the run alone's
+    # model, routed once, not model.routing_iterations (the program's bound, 3) times.
+    member = TrainedModel.from_workdir(str(tmp_path / 'ensemble'), member=index)
+    assert member.config.ensemble is None and member.config.model.routing_iterations == 1
+    assert member.model == assemble.model(member_config(config, members[index]))
+    chex.assert_trees_all_close(member.params, alone_params, atol=1e-5, rtol=0)
   other = np.asarray(jax.tree.leaves(ensemble_params)[0])
   assert np.max(np.abs(other[0] - other[3])) > 1e-3   # the members really differ
 
