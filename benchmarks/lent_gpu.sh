@@ -13,6 +13,8 @@
 #                                                     # then its log, results and metrics → $OUT/NAME
 #   bash benchmarks/lent_gpu.sh export NAME [FLAGS…]  # a finished leg's validation-selected model,
 #                                                     # float16, and its measured test error → $OUT/NAME
+#   bash benchmarks/lent_gpu.sh segment NAME          # a finished MultiMNIST leg's figure 5 and IoU, from
+#                                                     # its member of lowest validation error → $OUT/NAME
 #
 # What comes back is what lands in $OUT (the device tool's folder; /tmp/lent_gpu_out elsewhere).
 # The machine goes back 30 s after a call ends: a leg lives on only while `wait` calls follow
@@ -29,9 +31,20 @@ WHEELS=(ml-collections==1.1.0 tensorflow-datasets==4.9.10 array_record==0.8.6 dm
         immutabledict==4.3.1 simple-parsing==0.1.9 docstring_parser==0.18.0 tensorflow-metadata==1.21.0
         googleapis-common-protos==1.76.0 termcolor==3.3.0 toml==0.10.2 importlib_resources==7.1.0)
 
+# Whether every module named is installed: found, not imported (importing TFDS alone takes a second).
+found() {
+  python3 -c 'import importlib.util, sys
+def found(name):
+  try:
+    return importlib.util.find_spec(name) is not None
+  except ImportError:   # a parent package that cannot be imported
+    return False
+sys.exit(0 if all(map(found, sys.argv[1:])) else 1)' "$@"
+}
+
 environment() {
   export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-  if ! python3 -c 'import ml_collections, tensorflow_datasets' 2>/dev/null; then
+  if ! found ml_collections tensorflow_datasets; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       "$CARRY"/whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -39,7 +52,7 @@ environment() {
   # capsjax from the checkout, installed editable (offline, with the image's setuptools):
   # the repository's experiments/ is the package capsjax.experiments only through setup.cfg's
   # package_dir, so a plain PYTHONPATH=$PWD would not find the experiments.
-  if ! python3 -c 'import capsjax.experiments' 2>/dev/null; then
+  if ! found capsjax.experiments; then
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
       || { echo "error: pip install -e . (offline) failed: capsjax.experiments is not importable" >&2; exit 2; }
   fi
@@ -147,8 +160,24 @@ case "${1:-}" in
     python3 -m capsjax.app.explorer.export --workdir="$LEGS/$name" --out="$OUT/$name/shipped" --evaluate "$@" \
       2>&1 | tee "$OUT/$name/export.log"
     ;;
+  segment)
+    name=${2:?a leg name}
+    [ -d "$LEGS/$name" ] || { echo "error: no leg $name on this machine (machines start bare)" >&2; exit 2; }
+    environment
+    mkdir -p "$OUT/$name"
+    # The member of lowest final validation error (results.json; none: the last member, or a single run).
+    member=$(python3 -c 'import json, sys
+errors = json.load(open(sys.argv[1])).get("validation_error")
+print(min(range(len(errors)), key=errors.__getitem__) if isinstance(errors, list) and errors else "")' \
+      "$LEGS/$name/results.json" 2>/dev/null || true)
+    python3 -m capsjax.app.programs.segmentation --workdir="$LEGS/$name" ${member:+--member=$member} \
+      2>&1 | tee "$OUT/$name/segmentation.log"
+    for file in segmentation.json multimnist_reconstructions.png; do
+      [ -f "$LEGS/$name/$file" ] && cp "$LEGS/$name/$file" "$OUT/$name/"
+    done
+    ;;
   *)
-    sed -n '2,19p' "$0"
+    sed -n '2,21p' "$0"
     exit 2
     ;;
 esac

@@ -238,3 +238,8 @@ def test_a_lease_s_training_leg_starts_is_waited_for_and_exported_on_the_cpu(mni
   assert {'params.npz', 'test_sample.npz', 'config.json'} <= set(os.listdir(tmp_path / 'out' / 'small' / 'shipped'))
   missing = run('wait', 'nothing')
   assert missing.returncode == 2 and missing.stderr.strip() == 'error: no leg nothing on this machine (machines start bare)'
+  # `segment` (a MultiMNIST leg's figure 5) on this MNIST leg: capsjax-segmentation's one line.
+  assert documented.commands_like(r'lent_gpu\.sh segment \w+$')[0].words[:3] == [*script, 'segment']
+  segmented = run('segment', 'small')
+  assert segmented.returncode == 2 and segmented.stdout.strip().endswith(
+      f'error: {tmp_path}/legs/small holds a mnist_smoke run, not a MultiMNIST one'), segmented.stdout[-2000:]

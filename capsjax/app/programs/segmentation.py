@@ -1,6 +1,6 @@
 """MultiMNIST figure 5 and pixel segmentation from a trained run.
 
-  python -m capsjax.app.programs.segmentation --workdir=W [--num=N] [--rows=8]
+  python -m capsjax.app.programs.segmentation --workdir=W [--member=K] [--num=N] [--rows=8]
 
 Writes W/multimnist_reconstructions.png (figure 5 of the paper: input over the two
 reconstructions in red and green, captioned L:(labels) R:(reconstructed classes); the
@@ -9,7 +9,8 @@ W/segmentation.json with the measured IoU of the pixel segmentation.
 
 Segmentation: the pixels where a digit's reconstruction (from its labelled capsule) exceeds
 `threshold` form that digit's mask; IoU is measured against the ink (> threshold) of the
-digit's own shifted image, the one that went into the overlay.
+digit's own shifted image, the one that went into the overlay. For an ensemble run
+(`multimnist_lease`), --member picks the member (default: the last).
 """
 import json
 import os
@@ -62,6 +63,8 @@ def iou_report(ious: np.ndarray, ious_correct: np.ndarray, threshold: float) -> 
 def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax-segmentation', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
+  parser.add_argument('--member', type=cli.int_at_least(0), default=None,
+                      help='ensemble member (multimnist_lease runs; default: the last)')
   parser.add_argument('--num', type=cli.int_at_least(1), default=None,
                       help="test pairs for the IoU (default: the run's own, config.num_test_examples)")
   # (1 000 took 100 s to draw, a figure too wide to read)
@@ -78,7 +81,7 @@ def main(argv=None):
   if not (family.capsules and family.has_decoder(config.model)):
     raise CapsjaxError(f'{args.workdir} holds a {config.model.name} model without capsules to reconstruct; '
                        'segmentation needs a CapsNet with its decoder (e.g. --experiment=multimnist)')
-  trained = TrainedModel.from_workdir(args.workdir, data=cli.data_overrides(args))
+  trained = TrainedModel.from_workdir(args.workdir, args.member, cli.data_overrides(args))
   config, model, params = trained.config, trained.model, trained.params
   run_pairs = config.num_test_examples   # the pairs the run itself was evaluated on
   pairs = args.num or run_pairs
