@@ -85,6 +85,23 @@ def members(config) -> Optional[List[Dict[str, Any]]]:
           for r in iterations for w in weights for s in seeds]
 
 
+def member_config(config, member: int) -> ml_collections.ConfigDict:
+  """Member `member` of an ensemble run's config as a single model's: no ensemble, the
+  member's seed, its recipe's settings where it has one, and what the program traced per
+  member (routing iterations, reconstruction weight), so that it infers as its training
+  evaluated it: a member of Table 1's grid that trained with 1 routing iteration is
+  routed once, not model.routing_iterations (the program's bound) times."""
+  settings = members(config)[member]
+  single = (dict(recipes(config))[settings['recipe']] if 'recipe' in settings else config).to_dict()
+  single.update(ensemble=None, seed=settings['seed'])
+  knobs = OBJECTIVES[config.loss.name].knobs
+  if 'routing_iterations' in knobs:
+    single['model']['routing_iterations'] = settings['routing_iterations']
+  if 'reconstruction_weight' in knobs:
+    single['loss']['reconstruction_weight'] = settings['reconstruction_weight']
+  return ml_collections.ConfigDict(single)
+
+
 def _recipe_member(config, name: str, recipe, seed: int, knobs) -> Dict[str, Any]:
   fields = _recipe_fields(recipe)
   if 'routing_iterations' in knobs and fields['routing_iterations'] > config.model.routing_iterations:

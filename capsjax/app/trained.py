@@ -72,7 +72,9 @@ class TrainedModel:
     finished_at = results.get('steps') if results.get('completed') else None
     num_steps = finished_at or progress.get('num_steps') or config.get('num_steps') or None
     if config.ensemble:   # the member as one model, with its own routing iterations (member_config)
-      config, params = member_of(config, state['params'], member, workdir)
+      index = member_index(state['params'], member)
+      params = select_member(state['params'], index, workdir, True)   # (checks `index` first)
+      config = assemble.member_config(config, index)
       model = assemble.model(config)
     else:
       params = select_member(state['params'], member, workdir, False)
@@ -195,30 +197,10 @@ def select_member(params, member: Optional[int], workdir: str, ensemble: bool):
   return params
 
 
-def member_config(config: ml_collections.ConfigDict, member: int) -> ml_collections.ConfigDict:
-  """Member `member` of an ensemble run's config as a single model's: no ensemble, the
-  member's seed, its recipe's settings where it has one, and what the program traced per
-  member (routing iterations, reconstruction weight), so that it infers as its training
-  evaluated it: a member of Table 1's grid that trained with 1 routing iteration is
-  routed once, not model.routing_iterations (the program's bound) times."""
-  settings = assemble.members(config)[member]
-  recipes = dict(assemble.recipes(config))
-  single = (recipes[settings['recipe']] if 'recipe' in settings else config).to_dict()
-  single.update(ensemble=None, seed=settings['seed'])
-  knobs = OBJECTIVES[config.loss.name].knobs
-  if 'routing_iterations' in knobs:
-    single['model']['routing_iterations'] = settings['routing_iterations']
-  if 'reconstruction_weight' in knobs:
-    single['loss']['reconstruction_weight'] = settings['reconstruction_weight']
-  return ml_collections.ConfigDict(single)
-
-
-def member_of(config: ml_collections.ConfigDict, params, member: Optional[int], workdir: str):
-  """(config, params) of one member (default: the last) of an ensemble run: its
-  parameters and member_config."""
-  index = jax.tree.leaves(params)[0].shape[0] - 1 if member is None else member
-  params = select_member(params, index, workdir, True)   # (checks `index` first)
-  return member_config(config, index), params
+def member_index(params, member: Optional[int]) -> int:
+  """The member of an ensemble's params (a leading member axis) that `member` names
+  (None: the last)."""
+  return jax.tree.leaves(params)[0].shape[0] - 1 if member is None else member
 
 
 def choose_checkpoint(workdir: str, step: str, member: Optional[int]) -> Tuple[Optional[int], Optional[int], str]:
@@ -253,7 +235,9 @@ def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: n
   directory = check_export_folder(directory)
   config, _, params = load_trained(workdir, step=step)
   if config.ensemble:   # the export is one model: the member's config, not the program's
-    config, params = member_of(config, params, member, workdir)
+    index = member_index(params, member)
+    params = select_member(params, index, workdir, True)
+    config = assemble.member_config(config, index)
   else:
     params = select_member(params, member, workdir, False)
   flat = {name: np.asarray(leaf, np.float16)
