@@ -78,7 +78,7 @@ def _same_values(key: str) -> bool:
 
 def config_differences(saved: Dict[str, Any], config: ml_collections.ConfigDict) -> List[str]:
   """'key: saved → new' for every result-changing key that differs."""
-  old = dict(_flatten(saved))
+  old = dict(_flatten(_comparable(saved)))   # (upgraded's defaults: tuples where JSON has lists)
   new = dict(_flatten(_comparable(config.to_dict())))
   differences = []
   for key in sorted(set(old) | set(new)):
