@@ -66,18 +66,11 @@ class TrainedModel:
       trained = cls.exported(workdir)
       trained.config.update(_checked_data(data))
       return trained
-    config, model, state, progress = _restore(workdir, data, step)
+    config, model, params, state, progress = _restore_one(workdir, data, step, member)
     at = int(np.asarray(state['step']).reshape(-1)[0])
     results = read_results(workdir)
     finished_at = results.get('steps') if results.get('completed') else None
     num_steps = finished_at or progress.get('num_steps') or config.get('num_steps') or None
-    if config.ensemble:   # the member as one model, with its own routing iterations (member_config)
-      index = member_index(state['params'], member)
-      params = select_member(state['params'], index, workdir, True)   # (checks `index` first)
-      config = assemble.member_config(config, index)
-      model = assemble.model(config)
-    else:
-      params = select_member(state['params'], member, workdir, False)
     return cls(config, model, params, workdir, at, num_steps, finished_at is not None and at == finished_at)
 
   def describe(self) -> str:
@@ -170,6 +163,18 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
   return config, model, state, progress
 
 
+def _restore_one(workdir: str, data: Optional[Dict[str, str]], step: Optional[int], member: Optional[int]):
+  """(config, model, params, state, progress) of one model of the run in `workdir`: the
+  single run's, or an ensemble's member `member` (default: the last) as one model, with its
+  own config (assemble.member_config: its seed, recipe, routing iterations)."""
+  config, model, state, progress = _restore(workdir, data, step)
+  params = select_member(state['params'], member, workdir, bool(config.ensemble))   # (checks `member`)
+  if config.ensemble:
+    config = assemble.member_config(config, member_index(state['params'], member))
+    model = assemble.model(config)
+  return config, model, params, state, progress
+
+
 def check_member(member: int, members: int, workdir: str) -> None:
   check_member_type(member)
   if not 0 <= member < members:
@@ -188,9 +193,8 @@ def select_member(params, member: Optional[int], workdir: str, ensemble: bool):
   leading member axis; default: the last member); a single run's own parameters, where
   `member` must be None."""
   if ensemble:
-    members = jax.tree.leaves(params)[0].shape[0]
-    member = members - 1 if member is None else member
-    check_member(member, members, workdir)
+    member = member_index(params, member)
+    check_member(member, jax.tree.leaves(params)[0].shape[0], workdir)
     return jax.tree.map(lambda x: x[member], params)
   if member is not None:
     raise CheckpointError(f'--member={member}: {workdir} holds a single run, not an ensemble')
@@ -233,13 +237,7 @@ def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: n
   (check_export_folder); the three files replace the earlier ones together, once all are
   written, so a stop midway leaves the earlier export whole."""
   directory = check_export_folder(directory)
-  config, _, params = load_trained(workdir, step=step)
-  if config.ensemble:   # the export is one model: the member's config, not the program's
-    index = member_index(params, member)
-    params = select_member(params, index, workdir, True)
-    config = assemble.member_config(config, index)
-  else:
-    params = select_member(params, member, workdir, False)
+  config, _, params, _, _ = _restore_one(workdir, None, step, member)   # one model: a member's own config
   flat = {name: np.asarray(leaf, np.float16)
           for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}
   shipped_config = config.to_dict()
