@@ -174,6 +174,7 @@ def _capsjax_setup(spec):
   how = config.model.formulation
   how.conv_impl, how.dtype, how.routing_loop = spec['conv_impl'], spec['dtype'], spec['routing_loop']
   how.patches_inference = spec.get('patches_inference', 'auto')
+  how.member_convs = spec.get('member_convs', 'auto')
   if spec.get('seeds'):
     config.ensemble = ml_collections.ConfigDict(dict(seeds=tuple(spec['seeds'])))
   info = dataset_info(config.dataset)
@@ -207,7 +208,8 @@ def cell_capsjax(spec, settings) -> dict:
   primary = conv_layers(config.model, spec['batch'])['primary']   # the layer the CPU's rule decides by
   resolved = {'conv_impl': formulations.resolve('conv_impl', spec['conv_impl'], layer=primary),
               'patches_inference': formulations.resolve('patches_inference', spec.get('patches_inference', 'auto')),
-              'routing_loop': formulations.resolve('routing_loop', spec['routing_loop'])}
+              'routing_loop': formulations.resolve('routing_loop', spec['routing_loop']),
+              'member_convs': formulations.resolve('member_convs', spec.get('member_convs', 'auto'))}
   flops = capsnet_flops(config.model, batch=spec['batch'])
   rows = []
 
@@ -417,9 +419,14 @@ def plan(args, backend: str, settings, out_dir: str) -> list:
                     key=lambda v: (v != from_table, v[1] != 'float32'))
   capsjax = [variant_cell(*v) for v in variants]
   auto = base
+  seeds = dict(auto, name='capsjax mnist_seeds', variant=f'{auto["variant"]}, seeds 0 1 2 vmapped', seeds=[0, 1, 2],
+               train=True, infer_batches=[])
+  # Where 'auto' runs XLA's convolutions once per member (a GPU), the same step with vmap's
+  # grouped convolution beside it: the comparison formulations.FASTEST's entry waits on.
+  member_rows = [seeds] + ([dict(seeds, name='capsjax mnist_seeds grouped', member_convs='grouped',
+                                 variant=f'{seeds["variant"]}, grouped convolutions')]
+                           if backend == 'gpu' and not args.smoke else [])
   extras = [
-      dict(auto, name='capsjax mnist_seeds', variant=f'{auto["variant"]}, seeds 0 1 2 vmapped', seeds=[0, 1, 2],
-           train=True, infer_batches=[]),
       dict(auto, name='capsjax multimnist', variant=f'{auto["variant"]}, MultiMNIST 36×36', experiment='multimnist',
            train=True, infer_batches=[]),
   ] + ([] if args.smoke else [   # (the smoke's larger batch: the whole-batch cell below)
@@ -445,7 +452,7 @@ def plan(args, backend: str, settings, out_dir: str) -> list:
   peers_eager = [peer(False, p, m) for m in ('train', 'infer') for p in precisions]
   profile = dict(kind='profile', name='profile fastest train variant', profile_dir=out_dir)
   # The 3-seed vmapped step right after the ratio's rows: its member rate sizes every leg.
-  return capsjax[:1] + peers_compiled + extras[:1] + capsjax[1:] + extras[1:] + peers_eager + [profile]
+  return capsjax[:1] + peers_compiled + member_rows + capsjax[1:] + extras + peers_eager + [profile]
 
 
 def _variant_spec(args, settings, conv: str, dtype: str, loop: str) -> dict:

@@ -54,7 +54,7 @@ def compiled_figures(config, mode: str, batch: int, mesh) -> dict:
   from capsjax.app import plan  # pylint: disable=g-import-not-at-top
   config = assemble.resolve_data(config)
   if mode == 'train':
-    program, _ = plan._program(config, mesh, 'gpu')  # pylint: disable=protected-access
+    program = plan._program(config, mesh, 'gpu').steps  # pylint: disable=protected-access
     lowered = program.lower(program.abstract_state)['training']
   else:
     model = assemble.model(config, 'gpu')

@@ -1,9 +1,9 @@
 """Which formulation of the same math runs on which backend: one table, from measurements.
 
 A formulation option (the config's model.formulation section: `Formulation`'s fields) set
-to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`) is chosen here once,
-for the platform the run compiles for, when the run builds its model (`for_platform`,
-called by capsjax.assemble.model): a name, or a rule each convolution
+to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`, `member_convs`) is
+chosen here once, for the platform the run compiles for, when the run builds its model
+(`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
 applies to its own shape where it is traced. A model built without that ('auto' left in
 it, as a library user may) resolves for JAX's default backend where it is traced. Every
 entry names the measurement behind it; an entry nobody has measured says so.
@@ -36,9 +36,14 @@ CONV_INPUTS = ('float32', 'bfloat16')
 # The compute dtype of convolutions and capsule predictions (parameters, routing softmax,
 # squash, losses and the optimizer stay float32).
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
+# XLA's convolution ('xla', 'space_to_depth') in a vmapped ensemble (members' kernels
+# differ): vmap's own batching makes one grouped convolution of all members
+# (feature_group_count = members), 'per_member' one dense convolution per member
+# (capsjax.ops.member_conv). Same values.
+MEMBER_CONVS = ('auto', 'grouped', 'per_member')
 # The options whose every choice computes the same values (up to float32 rounding); dtype
 # and conv_inputs are accuracy choices.
-SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop')
+SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop', 'member_convs')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +51,9 @@ class Formulation:
   """How a model computes the same math, handed to its layers as one object; its fields
   are the config's `model.formulation` section, the same for every model family (each
   family's default is its field's: capsjax.models). `conv_impl`, `patches_inference`,
-  `routing_loop`: a value, or what `for_platform` chose for 'auto' (a convolution's may be a
-  rule: `ConvRule`, `StrideRule`, applied to each layer's shape in `resolve` where it is
-  traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the convolutions' matmul inputs
+  `routing_loop`, `member_convs`: a value, or what `for_platform` chose for 'auto' (a
+  convolution's may be a rule: `ConvRule`, `StrideRule`, applied to each layer's shape in
+  `resolve` where it is traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the convolutions' matmul inputs
   (CONV_INPUTS). `dtype`: the compute dtype of convolutions and capsule predictions (None:
   the input's, a layer's default; 'auto': the backend's, a model's default).
 
@@ -74,6 +79,9 @@ class Formulation:
   dtype: Annotated[Optional[Any], About(one_of(DTYPES), (
       'compute dtype of convolutions and capsule predictions (routing, losses, dense layers and the '
       'decoder stay float32; auto: bfloat16 on a GPU, else float32)'))] = None
+  member_convs: Annotated[str, About(one_of(MEMBER_CONVS), (
+      "XLA's convolutions (xla, space_to_depth) in a vmapped ensemble: one grouped convolution of all "
+      'members, or one dense convolution per member (same values; auto: per member on a GPU)'))] = 'auto'
 
   def __post_init__(self):
     # A name is checked when the Formulation is built, as config.model.formulation is
@@ -257,6 +265,8 @@ FASTEST = {
         'routing_loop': 'unrolled_inference',
         # bfloat16 outputs take a slow XLA:CPU path (SLOW_CHOICES below).
         'dtype': 'float32',
+        # Not measured on a CPU (whose convolutions are not XLA's unless asked for): vmap's own.
+        'member_convs': 'grouped',
     },
     'gpu': {
         # Strided convolutions as unit-stride ones on pixel blocks: PrimaryCaps alone trained
@@ -273,6 +283,11 @@ FASTEST = {
         # 0.044 % against 0.387 ± 0.050) at 1.4x the images/s (docs/results.md, "MNIST
         # reproduction").
         'dtype': 'bfloat16',
+        # The 12-member recipe program (space_to_depth, bfloat16, grouped cuDNN convolutions)
+        # stepped at 1.76x twelve single-model steps, where vmapped patches (batched matmuls)
+        # kept pace with single steps (docs/results.md, "One convolution per member"). Chosen
+        # from that comparison and the compiled programs, not yet from a measurement of its own.
+        'member_convs': 'per_member',
     },
     'tpu': {
         # Not measured on a TPU: XLA's own convolution (the TPU's native op).
@@ -283,12 +298,14 @@ FASTEST = {
         'routing_loop': 'rolled',
         # Not measured on a TPU.
         'dtype': 'float32',
+        # Not measured on a TPU: vmap's own.
+        'member_convs': 'grouped',
     },
 }
 
 
 _ALLOWED = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS,
-            'dtype': DTYPES}
+            'dtype': DTYPES, 'member_convs': MEMBER_CONVS}
 
 
 def _platform(platform: str) -> str:

@@ -376,16 +376,17 @@ def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:
   return outputs.transpose(1, 0, 2).reshape(batch, out_h, out_w, features)   # [batch, out_h, out_w, out]
 
 
-def space_to_depth_conv2d(images: Array, kernel: Array, stride: int, dot_inputs: str = 'float32') -> Array:
+def space_to_depth_conv2d(images: Array, kernel: Array, stride: int, dot_inputs: str = 'float32',
+                          member_convs: str = 'grouped') -> Array:
   """The VALID stride-s convolution as a unit-stride one, exactly: the kernel zero-padded to
   a multiple of s taps (K' = s·⌈k/s⌉), each s×s block of pixels folded into channels and
   each s×s block of taps likewise, y[o] = Σ_p X[o + p] · W[p] over blocks p < K'/s, where
   X[i] = x[i·s : i·s + s] and W[p] = w[p·s : p·s + s]. For PrimaryCaps (20×20×256, 9×9,
   stride 2): 10×10×1 024 ⊛ 5×5×1 024×256 → 6×6×256, 23 % more multiply-adds, no patch
   matrix, unit stride (XLA's convolution, forward and gradient). images [batch, h, w, in],
-  kernel [k, k, in, out] → [batch, out_h, out_w, out]."""
+  kernel [k, k, in, out] → [batch, out_h, out_w, out]; `member_convs` as xla_conv2d's."""
   if stride == 1:
-    return xla_conv2d(images, kernel, 1, dot_inputs)
+    return xla_conv2d(images, kernel, 1, dot_inputs, member_convs)
   batch, height, width, channels = images.shape
   size, features = kernel.shape[0], kernel.shape[3]
   out_h, out_w = (height - size) // stride + 1, (width - size) // stride + 1
@@ -402,21 +403,73 @@ def space_to_depth_conv2d(images: Array, kernel: Array, stride: int, dot_inputs:
   folded_kernel = kernel.reshape(blocks, stride, blocks, stride, channels, features)
   folded_kernel = folded_kernel.transpose(0, 2, 1, 3, 4, 5).reshape(       # [K'/s, K'/s, s·s·in, out]
       blocks, blocks, stride * stride * channels, features)
-  return xla_conv2d(folded_images, folded_kernel, 1, dot_inputs)
+  return xla_conv2d(folded_images, folded_kernel, 1, dot_inputs, member_convs)
 
 
-def xla_conv2d(images: Array, kernel: Array, stride: int, dot_inputs: str = 'float32') -> Array:
+def _valid_conv(images: Array, kernel: Array, stride: int, out_dtype) -> Array:
+  # [batch, h, w, in] ⊛ [k, k, in, out] → [batch, out_h, out_w, out]
+  return jax.lax.conv_general_dilated(images, kernel, window_strides=(stride, stride), padding='VALID',
+                                      dimension_numbers=('NHWC', 'HWIO', 'NHWC'), preferred_element_type=out_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def member_conv(stride: int, out_dtype):
+  """XLA's VALID convolution (images, kernel) → outputs whose vmap over ensemble members
+  runs one dense convolution per member, forward and backward, where vmap's own rule makes
+  one grouped convolution of all members (feature_group_count = members: cuDNN's grouped
+  kernels; formulations.MEMBER_CONVS). Under vmap with the kernel shared, the members'
+  images are merged into one batch; nested vmaps peel one axis per rule. Same values."""
+  def plain(images, kernel):
+    return _valid_conv(images, kernel, stride, out_dtype)
+
+  @jax.custom_batching.custom_vmap
+  def forward(images, kernel):
+    return plain(images, kernel)
+
+  @forward.def_vmap
+  def forward_per_member(axis_size, in_batched, images, kernel):
+    images_batched, kernel_batched = in_batched
+    if not kernel_batched:   # one kernel: every member's images in one batch
+      merged = forward(images.reshape((-1,) + images.shape[2:]), kernel)
+      return merged.reshape(images.shape[:2] + merged.shape[1:]), True
+    # [members, batch, out_h, out_w, out]
+    return jnp.stack([forward(images[m] if images_batched else images, kernel[m]) for m in range(axis_size)]), True
+
+  @jax.custom_batching.custom_vmap
+  def backward(images, kernel, cotangent):
+    return jax.vjp(plain, images, kernel)[1](cotangent)
+
+  @backward.def_vmap
+  def backward_per_member(axis_size, in_batched, images, kernel, cotangent):
+    member = lambda value, batched, m: value[m] if batched else value
+    parts = [backward(*(member(value, batched, m) for value, batched in zip((images, kernel, cotangent), in_batched)))
+             for m in range(axis_size)]
+    # Per-member cotangents of a shared input are summed by vmap (custom_vjp's batching).
+    return tuple(jnp.stack(part) for part in zip(*parts)), (True, True)
+
+  # custom_vmap has no reverse mode of its own: custom_vjp supplies it (the backward above).
+  conv = jax.custom_vjp(forward)
+  conv.defvjp(lambda images, kernel: (forward(images, kernel), (images, kernel)),
+              lambda residuals, cotangent: backward(*residuals, cotangent))
+  return conv
+
+
+def xla_conv2d(images: Array, kernel: Array, stride: int, dot_inputs: str = 'float32',
+               member_convs: str = 'grouped') -> Array:
   """XLA's VALID convolution, NHWC / HWIO, its matmul inputs as `dot_inputs` says, its
-  output in the images' dtype."""
-  return jax.lax.conv_general_dilated(
-      _dot_input(images, dot_inputs), _dot_input(kernel, dot_inputs), window_strides=(stride, stride),
-      padding='VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'), preferred_element_type=images.dtype)
+  output in the images' dtype; in a vmapped ensemble one grouped convolution or one per
+  member, as `member_convs` says (formulations.MEMBER_CONVS; 'auto': the backend's)."""
+  images_in, kernel_in = _dot_input(images, dot_inputs), _dot_input(kernel, dot_inputs)
+  if formulations.resolve('member_convs', member_convs) == 'per_member':
+    return member_conv(stride, jnp.dtype(images.dtype))(images_in, kernel_in)
+  return _valid_conv(images_in, kernel_in, stride, images.dtype)
 
 
 def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
-           patches_inference: str = 'auto', dot_inputs: str = 'float32') -> Array:
+           patches_inference: str = 'auto', dot_inputs: str = 'float32', member_convs: str = 'auto') -> Array:
   """VALID 2-D convolution, NHWC; kernel [kh, kw, in, out]; no bias. `patches_inference`
   ('chunked' | 'whole_batch' | 'auto'): how the patches form runs without gradients;
+  `member_convs` ('grouped' | 'per_member' | 'auto'): how XLA's forms run in a vmapped ensemble;
   `dot_inputs` ('float32' | 'bfloat16'): what the matmuls take in (outputs keep the
   images' dtype; the 'xla' form's gradients come out rounded to bfloat16 too, the
   patches form's stay float32)."""
@@ -435,9 +488,9 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
       return fourier_conv2d(images, kernel, stride)
   if impl == 'space_to_depth':
     with jax.named_scope('space_to_depth'):   # the profile's label
-      return space_to_depth_conv2d(images, kernel, stride, dot_inputs)
+      return space_to_depth_conv2d(images, kernel, stride, dot_inputs, member_convs)
   if impl == 'xla':
-    return xla_conv2d(images, kernel, stride, dot_inputs)
+    return xla_conv2d(images, kernel, stride, dot_inputs, member_convs)
   whole_batch = formulations.resolve('patches_inference', patches_inference, layer=layer) == 'whole_batch'
   chunk = batch_chunk_size(images.shape[0], PATCHES_CHUNK)
   inference_chunk = images.shape[0] if whole_batch else chunk
@@ -471,7 +524,7 @@ def _subpixel_taps(kernel_size: int, stride: int):
 
 
 def conv_transpose2d(images: Array, kernel: Array, stride: int, impl: str = 'auto',
-                     patches_inference: str = 'auto') -> Array:
+                     patches_inference: str = 'auto', member_convs: str = 'auto') -> Array:
   """Transposed 2-D convolution, NHWC, kernel [kh, kw, in, out], 'SAME' (output side = input
   side × stride), the kernel used as given: flax.linen.ConvTranspose(padding='SAME').
 
@@ -480,7 +533,8 @@ def conv_transpose2d(images: Array, kernel: Array, stride: int, impl: str = 'aut
   `conv2d` in the form `impl` resolves to, whose output channels are the phases. Why:
   XLA:CPU's gradient of the input-dilated convolution was 11× its forward (the 128 px
   `images` decoder, docs/results.md); inserting the zeros explicitly instead made the
-  forward 17× slower (3/4 of its products are with zeros).
+  forward 17× slower (3/4 of its products are with zeros). `member_convs`: the sub-pixel
+  convolution's in a vmapped ensemble (conv2d's; lax.conv_transpose keeps vmap's own).
   """
   kernel_size = kernel.shape[0]
   if resolve_conv_impl(impl) == 'xla':
@@ -497,6 +551,6 @@ def conv_transpose2d(images: Array, kernel: Array, stride: int, impl: str = 'aut
   features = kernel.shape[-1]
   padded = jnp.pad(images, ((0, 0), (-first, window - 1 + first), (-first, window - 1 + first), (0, 0)))
   phases = conv2d(padded, phase_kernel.reshape(window, window, kernel.shape[2], stride * stride * features), 1,
-                  impl, patches_inference)                                   # [batch, h, w, s*s*out]
+                  impl, patches_inference, member_convs=member_convs)       # [batch, h, w, s*s*out]
   phases = phases.reshape(batch, height, width, stride, stride, features).transpose(0, 1, 3, 2, 4, 5)
   return phases.reshape(batch, height * stride, width * stride, features)

@@ -24,7 +24,10 @@ images/s in all (bfloat16, 2026-11-26) and 12 (`mnist_lease`, with their augment
 128 × 6 = 13.8M pairs ≈ 6.6–8 minutes, plus ≈ 1.5 minutes of compilation and two
 evaluations of 20 000 pairs × 6 members × 2 (raw and averaged parameters): ≈ 11 minutes, a
 lease's two calls (docs/gpu.md). Each member sees 2.3M pairs (the longest MultiMNIST
-training so far: 3.2M pairs, 12.1 % top-2 error).
+training so far: 3.2M pairs, 12.1 % top-2 error). Both rates were measured with vmap's
+grouped convolutions; the leg runs one per member (model.formulation.member_convs, 'auto'
+on a GPU since 2026-11-28), ESTIMATED up to ≈ 1.8× faster (docs/results.md, "One
+convolution per member"): the length stays sized from the measured rate.
 """
 import ml_collections
 

@@ -88,6 +88,9 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   assert formulations.resolve('patches_inference', 'auto', 'cpu') == 'chunked'   # without a layer
   assert formulations.resolve('patches_inference', 'chunked', 'cpu', conv1) == 'chunked'
   assert formulations.resolve('patches_inference', 'auto', 'gpu', primary) == 'whole_batch'
+  # XLA's convolutions in a vmapped ensemble: one per member on a GPU, vmap's own elsewhere.
+  assert formulations.resolve('member_convs', 'auto', 'gpu') == 'per_member'
+  assert formulations.resolve('member_convs', 'auto', 'cpu') == 'grouped'
   with pytest.raises(ValueError, match="'fourier' computes in float32"):
     ops.conv2d(jnp.ones((1, 9, 9, 2)), jnp.ones((3, 3, 2, 2)), 2, 'fourier', dot_inputs='bfloat16')
 
@@ -297,3 +300,30 @@ def test_vmapped_members_reach_the_convolution_as_one_matmul_each(impl):
   for (single_shape, _), (member_shape, _) in zip(sorted(single_dots, key=lambda d: np.prod(sizes(d[0]))),
                                                   sorted(member_dots, key=lambda d: np.prod(sizes(d[0])))):
     assert np.prod(sizes(member_shape)) == members * np.prod(sizes(single_shape)), (single_shape, member_shape)
+
+
+def test_per_member_convs_give_each_member_a_dense_convolution_and_the_same_values():
+  # vmap's own rule turns a vmapped ensemble's XLA convolution into one grouped convolution
+  # (feature_group_count = members), forward and backward; 'per_member' runs one dense
+  # convolution per member instead (ops.member_conv): the same values and gradients, no
+  # grouped convolution left, also where the kernel is shared (the members' images merged
+  # into one batch) and under a second vmap (views of each member's images). The GPU's
+  # strided form (space_to_depth) calls XLA's, so both are covered.
+  members, batch = 3, 4
+  images = jax.random.normal(jax.random.key(0), (members, batch, 11, 11, 6))
+  kernels = jax.random.normal(jax.random.key(1), (members, 3, 3, 6, 5))
+
+  def step(how, in_axes, views=False):
+    loss = lambda x, w: jnp.sum(jnp.sin(ops.conv2d(x, w, 2, 'space_to_depth', member_convs=how)))
+    if views:   # [views, batch, ...] per member, the kernel shared by the views
+      loss = (lambda inner: lambda x, w: jnp.sum(jax.vmap(inner, in_axes=(0, None))(jnp.stack([x, -x]), w)))(loss)
+    return jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1)), in_axes=in_axes))
+
+  for in_axes, views in (((0, 0), False), ((0, None), False), ((0, 0), True)):
+    arguments = (images, kernels if in_axes[1] == 0 else kernels[0])
+    grouped, per_member = step('grouped', in_axes, views), step('per_member', in_axes, views)
+    for ours, theirs in zip(jax.tree.leaves(per_member(*arguments)), jax.tree.leaves(grouped(*arguments))):
+      np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-4, err_msg=str((in_axes, views)))
+    assert 'feature_group_count' not in per_member.lower(*arguments).compile().as_text(), (in_axes, views)
+    if in_axes[1] == 0:   # what the default rule makes of it, which 'per_member' replaces
+      assert 'feature_group_count' in grouped.lower(*arguments).compile().as_text(), (in_axes, views)

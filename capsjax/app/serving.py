@@ -13,8 +13,8 @@ The file holds the inference function with the parameters as constants:
            `reconstructions=True`, `reconstructions` [batch, height, width, channels] in
            [0, 1]: the decoder's image of the predicted class.
 Every file computes with one formulation, `EXPORT_FORMULATION` (formulations compute the
-same values; this one converts cleanly): XLA's convolution, the routing loop as
-straight-line code, float32.
+same values; this one converts cleanly): XLA's convolution as its plain primitive, the
+routing loop as straight-line code, float32.
 """
 import contextlib
 import io
@@ -31,7 +31,7 @@ from capsjax.errors import CapsjaxError, ConfigError
 
 FORMATS = ('explorer', 'onnx', 'stablehlo', 'savedmodel')
 SUFFIXES = {'onnx': '.onnx', 'stablehlo': '.stablehlo', 'savedmodel': '_savedmodel'}
-EXPORT_FORMULATION = {'conv_impl': 'xla', 'routing_loop': 'unrolled', 'dtype': 'float32'}
+EXPORT_FORMULATION = {'conv_impl': 'xla', 'routing_loop': 'unrolled', 'dtype': 'float32', 'member_convs': 'grouped'}
 # The platforms a StableHLO file is lowered for (a JAX on any of them can call it).
 LOWERED_FOR = ('cpu', 'cuda', 'tpu')
 EXTRA = "pip install 'capsjax[export]'"
