@@ -226,7 +226,8 @@ def test_offline_is_one_line_within_seconds(name, tmp_path, monkeypatch):
     raise OSError(f'no route to {address[0]}')
   monkeypatch.setattr(socket, 'create_connection', unreachable)   # offline, whatever this machine is
   start = time.monotonic()
-  with pytest.raises(DataError, match=r'TFDS cannot download .* offline, pass --config.tfds_data_dir') as error:
+  with pytest.raises(DataError, match=r'TFDS cannot download .* offline, pass a folder holding a prepared \S+ as '
+                                         r'tfds_data_dir \(--config.tfds_data_dir=DIR\)$') as error:
     mnist_data.load_dataset(name, 'train', tfds_data_dir=str(tmp_path))
   assert time.monotonic() - start < 300 and '\n' not in str(error.value)   # no retries for minutes (a hang)
   assert dataset_info(name).download_url.split('/')[2] in str(error.value)

@@ -167,9 +167,18 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
   png = io.BytesIO()
   Image.fromarray(digit).save(png, format='PNG')
   status, answer = call(url, '/api/encode_file', raw=png.getvalue())
-  assert status == 200 and 'label' not in answer
+  assert status == 200 and 'label' not in answer and not answer['inverted'] and not answer['blank']
   np.testing.assert_allclose(answer['capsules'], example['capsules'], atol=1e-5)
   assert answer['image'] == example['image'] and answer['prediction'] == example['prediction']
+  # The same digit as ink on paper (a scan, a photo of a page): inverted first, as predict
+  # does, and said so; a white page holds no ink, and says that.
+  for pixels, inverted, blank in ((255 - digit, True, False), (np.full_like(digit, 255), True, True)):
+    on_paper = io.BytesIO()
+    Image.fromarray(pixels).save(on_paper, format='PNG')
+    status, answer_on_paper = call(url, '/api/encode_file', raw=on_paper.getvalue())
+    assert status == 200 and (answer_on_paper['inverted'], answer_on_paper['blank']) == (inverted, blank)
+    if not blank:
+      assert answer_on_paper['image'] == example['image'] and answer_on_paper['prediction'] == example['prediction']
   photo = io.BytesIO()
   Image.fromarray(np.stack([digit] * 3, -1)).resize((84, 70), Image.BILINEAR).save(photo, format='JPEG')
   predictor = Predictor(explorer.trained)

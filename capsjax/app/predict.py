@@ -19,7 +19,7 @@ From Python, `Predictor.from_workdir(W).predict(images)` does the same for array
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -164,6 +164,16 @@ class Predictor:
     frame[2:-2, 2:-2] = False
     return (images_uint8[:, frame].reshape(len(images_uint8), -1) > 127).mean(-1) >= 0.75
 
+  def as_classified(self, images_uint8: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the images as they are classified, inverted, blank) of uint8 images of the run's
+    shape [n, h, w, c]: those of the opposite polarity (`opposite_polarity`) inverted, and
+    per image whether it was (inverted) and whether it holds no ink (`blank`). What predict
+    and the explorer's opened files both do."""
+    inverted, blank = self.opposite_polarity(images_uint8), self.blank(images_uint8)
+    if inverted.any():
+      images_uint8 = np.where(inverted[:, None, None, None], 255 - images_uint8, images_uint8)
+    return images_uint8, inverted, blank
+
   @staticmethod
   def blank(images_uint8: np.ndarray) -> np.ndarray:
     """Per image: whether all its pixels lie within BLANK_RANGE levels of each other (a
@@ -196,9 +206,7 @@ class Predictor:
     else:
       held = np.stack([self.convert(image, (names or [None] * len(images))[i] or f'image {i}')
                        for i, image in enumerate(images)])
-    inverted, blank = self.opposite_polarity(held), self.blank(held)
-    if inverted.any():
-      held = np.where(inverted[:, None, None, None], 255 - held, held)
+    held, inverted, blank = self.as_classified(held)
     results = []
     for chunk, padded in _padded_batches(held):
       scores, reconstructions = self._scores(self.params, padded)

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
+from capsjax.app.predict import Predictor
 from capsjax.app.trained import SHIPPED, TrainedModel
 from capsjax.data import augment, images as image_files
 from capsjax import assemble, console
@@ -199,8 +200,10 @@ class Explorer:
 
   def encode_file(self, data: bytes) -> Dict[str, Any]:
     """An image file's bytes (any size, grey or colour), converted as `capsjax.app.predict`
-    converts a file for this run (capsjax.data.images, then the run's test preprocessing),
-    encoded: as /api/example, without a label."""
+    converts a file for this run (capsjax.data.images; ink on paper inverted for a run of
+    light strokes on black; then the run's test preprocessing), encoded: as /api/example,
+    without a label, with 'inverted' and 'blank' (no ink: its class means nothing) as
+    predict's results say them."""
     if not self.can_open_files:
       raise RequestError(f'a {self.config.task} run reads two overlapping digits, not an image file')
     info = self.trained.info
@@ -209,9 +212,12 @@ class Explorer:
         array = image_files.to_array(image, info.image_shape, 'the file', info.background)   # uint8 [h, w, c]
     except DataError as e:
       raise RequestError(str(e)) from None
-    inputs, _ = augment.prepare(jnp.asarray(array[None]), info.preprocessing)    # [1, *input_shape]
+    held, inverted, blank = Predictor(self.trained).as_classified(array[None])   # [1, h, w, c] uint8
+    inputs, _ = augment.prepare(jnp.asarray(held), info.preprocessing)           # [1, *input_shape]
     capsules, activations = (np.asarray(x)[0] for x in self._encode(inputs))
-    return self._describe(np.asarray(inputs)[0], capsules, activations, self._most_active(activations))
+    answer = self._describe(np.asarray(inputs)[0], capsules, activations, self._most_active(activations))
+    answer.update(inverted=bool(inverted[0]), blank=bool(blank[0]))
+    return answer
 
   @property
   def can_open_files(self) -> bool:

@@ -30,6 +30,15 @@ def _quiet_absl():
     logger.setLevel(level)
 
 
+# What an offline error asks for, in the words of both callers: load_dataset's keyword and
+# the commands' flag (a Python caller was once told only the flag).
+IDX_HINT = "the IDX files' folder as data_dir (--config.data_dir=DIR)"
+
+
+def tfds_hint(name: str) -> str:
+  return f'a folder holding a prepared {name} as tfds_data_dir (--config.tfds_data_dir=DIR)'
+
+
 def _check_download_reachable(builder, hint: str, timeout_s: float = 5.0, url: str = '') -> None:
   """Fails fast when the builder's download host cannot be reached.
 
@@ -69,7 +78,7 @@ def _quiet_tensorflow() -> None:
 
 
 def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
-                    offline_hint: str = '--config.data_dir=DIR with the IDX files', image_keys=('image',),
+                    offline_hint: str = IDX_HINT, image_keys=('image',),
                     label_key: str = 'label', download_url: str = '', on_demand: bool = False) -> Dataset:
   """One split through TFDS: downloaded and prepared on first use, then read back with
   `tfds.data_source` (array_record, random access, no TensorFlow at read time). The
@@ -217,8 +226,7 @@ class TfdsSource(Source):
     spec = self.spec
     described = DATASETS.get(spec.dataset)
     if described is not None:
-      hint = ('--config.data_dir=DIR with the IDX files' if described.idx_folder else
-              f'--config.tfds_data_dir=DIR holding a prepared {described.tfds_name}')
+      hint = IDX_HINT if described.idx_folder else tfds_hint(described.tfds_name)
       info = SourceInfo(spec.dataset, described.image_shape, described.class_names, described.preprocessing)
       return (with_image_size(info, spec.image_size), described.tfds_name, described.splits, described.image_keys,
               described.label_key, described.download_url, hint)
@@ -239,8 +247,7 @@ class TfdsSource(Source):
       raise DataError(f'TFDS {spec.dataset} has images of varying size: pass --config.image_size=N to resize '
                       'them all to N×N')
     info = SourceInfo(spec.dataset, (height, width, channels or 3), tuple(label.names))
-    return (info, spec.dataset, SPLITS, (image_key,), label_key, '',
-            f'--config.tfds_data_dir=DIR holding a prepared {spec.dataset}')
+    return (info, spec.dataset, SPLITS, (image_key,), label_key, '', tfds_hint(spec.dataset))
 
   def describe(self):
     return self._reading()[0]

@@ -330,7 +330,11 @@ async function classifyDrawing() {
 // capsjax.app.predict converts a file (one conversion, in Python) and encodes the result.
 async function classifyFile(file) {
   try {
-    setExample(await (await api('/api/encode_file', await file.arrayBuffer())).json(), file.name);
+    const example = await (await api('/api/encode_file', await file.arrayBuffer())).json();
+    // As capsjax-predict says them: ink on paper inverted first; no ink, no meaningful class.
+    const notes = [example.inverted && 'dark on light: inverted first',
+                   example.blank && 'blank: its class means nothing'].filter(Boolean);
+    setExample(example, notes.length ? `${file.name} (${notes.join('; ')})` : file.name);
   } catch (error) {
     showError(`${file.name}: ${error.message}`);
   }
