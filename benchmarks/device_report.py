@@ -167,7 +167,6 @@ def _capsjax_setup(spec):
   from capsjax.data.tasks import TASKS  # pylint: disable=g-import-not-at-top
   from capsjax.data.datasets import dataset_info  # pylint: disable=g-import-not-at-top
   from capsjax.data.sources import Dataset  # pylint: disable=g-import-not-at-top
-  from capsjax.models import build_model  # pylint: disable=g-import-not-at-top
 
   config = importlib.import_module(f'capsjax.experiments.{spec["experiment"]}').get_config()
   config.batch_size = spec['batch']
@@ -189,7 +188,7 @@ def _capsjax_setup(spec):
     train_data, test_data = make(config.seed, 0), make(config.multimnist.test_seed, count)
   else:
     train_data, test_data = assemble.pipeline(config, dataset, True), assemble.pipeline(config, dataset, False)
-  model = build_model(**config.model)
+  model = assemble.model(config)   # 'auto' as a run chooses it (member_convs: for an ensemble's members)
   program = experiment.build_program(assemble.training(config, train_data.num_examples), model, train_data,
                                      test_data, sharding.data_mesh())
   return config, model, program, test_data, dataset
@@ -209,7 +208,8 @@ def cell_capsjax(spec, settings) -> dict:
   resolved = {'conv_impl': formulations.resolve('conv_impl', spec['conv_impl'], layer=primary),
               'patches_inference': formulations.resolve('patches_inference', spec.get('patches_inference', 'auto')),
               'routing_loop': formulations.resolve('routing_loop', spec['routing_loop']),
-              'member_convs': formulations.resolve('member_convs', spec.get('member_convs', 'auto'))}
+              'member_convs': formulations.for_platform({'member_convs': spec.get('member_convs', 'auto')},
+                                                        ensemble=members > 1).member_convs}
   flops = capsnet_flops(config.model, batch=spec['batch'])
   rows = []
 

@@ -49,8 +49,9 @@ def optimizer(config, num_steps: int = 0) -> optax.GradientTransformation:
 
 def model(config, platform: str = ''):
   """config.model's model, its formulation's 'auto' options chosen once for `platform`, the
-  platform the run compiles for ('' : JAX's default backend; capsjax-plan: its target's)."""
-  return model_for_platform(config.model, platform)
+  platform the run compiles for ('' : JAX's default backend; capsjax-plan: its target's), and
+  for its members where config.ensemble has them."""
+  return model_for_platform(config.model, platform, ensemble=bool(config.get('ensemble')))
 
 
 def total_steps(config, num_train_examples: int) -> int:
@@ -259,7 +260,7 @@ def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, T
   and a note for each formulation the config asks for that is measured slow there."""
   split = splits(config, load)
   run_training = training(config, split[0].num_examples)
-  module = model_for_platform(config.model, platform)
+  module = model(config, platform)
   chosen = formulation_of(module)
   notes = tuple(formulations.slow_choices(chosen, platform)) if chosen is not None else ()
   return split, module, run_training, notes

@@ -81,7 +81,8 @@ class Formulation:
       'decoder stay float32; auto: bfloat16 on a GPU, else float32)'))] = None
   member_convs: Annotated[str, About(one_of(MEMBER_CONVS), (
       "XLA's convolutions (xla, space_to_depth) in a vmapped ensemble: one grouped convolution of all "
-      'members, or one dense convolution per member (same values; auto: per member on a GPU)'))] = 'auto'
+      'members, or one dense convolution per member (same values; reverse-mode derivatives only; auto: per '
+      "member in a GPU run's ensemble)"))] = 'auto'
 
   def __post_init__(self):
     # A name is checked when the Formulation is built, as config.model.formulation is
@@ -283,6 +284,7 @@ FASTEST = {
         # 0.044 % against 0.387 ± 0.050) at 1.4x the images/s (docs/results.md, "MNIST
         # reproduction").
         'dtype': 'bfloat16',
+        # An ensemble's (for_platform(..., ensemble=True)); a single model keeps vmap's own.
         # The 12-member recipe program (space_to_depth, bfloat16, grouped cuDNN convolutions)
         # stepped at 1.76x twelve single-model steps, where vmapped patches (batched matmuls)
         # kept pace with single steps (docs/results.md, "One convolution per member"). Chosen
@@ -316,20 +318,26 @@ def _entry(option: str, platform: str):
   return FASTEST.get(_platform(platform), FASTEST['cpu'])[option]
 
 
-def for_platform(section: Mapping[str, Any], platform: str = '') -> Formulation:
+def for_platform(section: Mapping[str, Any], platform: str = '', ensemble: bool = False) -> Formulation:
   """The Formulation of `section` (a config's model.formulation, or any mapping of
   Formulation's fields; a field it lacks at Formulation's default), each 'auto' replaced by
   `platform`'s entry of FASTEST ('': JAX's default backend; an unknown platform takes the
   CPU's): a value, or a rule its layers apply to their shapes. What a run builds its model
-  with (capsjax.assemble.model), once, for the devices it compiles for.
+  with (capsjax.assemble.model), once, for the devices it compiles for. `member_convs` takes
+  the table's entry only for an `ensemble` (members vmapped as one program); a single model
+  keeps XLA's plain convolution, which every JAX transformation (forward mode too) accepts.
 
   Example:
     >>> chosen = capsjax.formulations.for_platform({'conv_impl': 'auto', 'dtype': 'auto', 'routing_loop': 'rolled'}, 'gpu')
     >>> chosen.conv_impl, chosen.routing_loop, chosen.dtype
     (StrideRule(strided='space_to_depth', unit='patches'), 'rolled', 'bfloat16')
   """
-  return Formulation(**{option: _entry(option, platform) if option in _ALLOWED and value == 'auto' else value
-                        for option, value in section.items()})
+  def chosen(option, value):
+    if option not in _ALLOWED or value != 'auto':
+      return value
+    return _entry(option, platform) if option != 'member_convs' or ensemble else 'grouped'
+
+  return Formulation(**{option: chosen(option, value) for option, value in section.items()})
 
 
 Choice = Union[str, ConvRule, StrideRule, PatchesRule]
@@ -338,13 +346,17 @@ Choice = Union[str, ConvRule, StrideRule, PatchesRule]
 def resolve(option: str, value: Choice, platform: str = '', layer: Optional[ConvLayer] = None) -> str:
   """The formulation `value` of model option `option` names for a layer: a name as it is; a
   rule (what `for_platform` chose) applied to `layer`, the convolution's shape; 'auto' as
-  FASTEST[platform][option] would be ('' : JAX's default backend, where this is traced)."""
+  FASTEST[platform][option] would be ('' : JAX's default backend, where this is traced), but
+  `member_convs`' 'auto' as vmap's own: where it is traced, nothing says whether the model is
+  an ensemble's (for_platform's `ensemble` does)."""
   if isinstance(value, _RULES):
     return value.pick(layer)
   if value not in _ALLOWED[option]:
     raise ArgumentError(f'{option} must be one of {_ALLOWED[option]}, got {value!r}')
   if value != 'auto':
     return value
+  if option == 'member_convs':
+    return 'grouped'
   return resolve(option, _entry(option, platform), platform, layer)
 
 

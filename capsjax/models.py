@@ -553,13 +553,14 @@ def _as_config(name: str, fields: Dict[str, Any], sections: Dict[str, Any]) -> m
   return ml_collections.ConfigDict(model)
 
 
-def model_for_platform(model, platform: str = '') -> nn.Module:
+def model_for_platform(model, platform: str = '', ensemble: bool = False) -> nn.Module:
   """The module of the model config `model` (config.model), its formulation's 'auto'
   options chosen once for `platform` (capsjax.formulations.for_platform; '' : JAX's default
-  backend): what a run, the planner and the memory estimate build."""
+  backend) and for an `ensemble`'s members or one model: what a run, the planner and the
+  memory estimate build."""
   name, fields, sections = _checked(model, {})   # as given: 'auto' is a config value, a rule is not
   if 'formulation' in model:   # a user's family may declare none
-    fields['formulation'] = formulations.for_platform(model.formulation, platform)
+    fields['formulation'] = formulations.for_platform(model.formulation, platform, ensemble)
   return _construct(MODELS.get(name), fields, sections)
 
 

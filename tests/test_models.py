@@ -88,9 +88,11 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   assert formulations.resolve('patches_inference', 'auto', 'cpu') == 'chunked'   # without a layer
   assert formulations.resolve('patches_inference', 'chunked', 'cpu', conv1) == 'chunked'
   assert formulations.resolve('patches_inference', 'auto', 'gpu', primary) == 'whole_batch'
-  # XLA's convolutions in a vmapped ensemble: one per member on a GPU, vmap's own elsewhere.
-  assert formulations.resolve('member_convs', 'auto', 'gpu') == 'per_member'
-  assert formulations.resolve('member_convs', 'auto', 'cpu') == 'grouped'
+  # XLA's convolutions in a vmapped ensemble: one per member in a GPU run's ensemble; vmap's
+  # own elsewhere, for one model, and where a model is traced without a run's choice.
+  chosen = lambda platform, ensemble: formulations.for_platform({'member_convs': 'auto'}, platform, ensemble).member_convs
+  assert [chosen('gpu', True), chosen('gpu', False), chosen('cpu', True)] == ['per_member', 'grouped', 'grouped']
+  assert formulations.resolve('member_convs', 'auto', 'gpu') == 'grouped'
   with pytest.raises(ValueError, match="'fourier' computes in float32"):
     ops.conv2d(jnp.ones((1, 9, 9, 2)), jnp.ones((3, 3, 2, 2)), 2, 'fourier', dot_inputs='bfloat16')
 
