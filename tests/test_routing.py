@@ -222,6 +222,10 @@ def test_squash_limits_and_direction():
   np.testing.assert_allclose(squash(long) / jnp.linalg.norm(squash(long)), [[0.6, 0.8]], rtol=1e-6)
   unit = squash(jnp.array([[1.0, 0.0]]))
   np.testing.assert_allclose(unit, [[0.5, 0.0]], rtol=1e-6)
+  # Past float32's √max (|s|² overflows: inf / inf was NaN), unit length, gradient finite.
+  huge = jnp.array([[3e30, 4e30], [-3e20, 4e20]])
+  np.testing.assert_allclose(squash(huge), [[0.6, 0.8], [-0.6, 0.8]], rtol=1e-6)
+  assert np.all(np.isfinite(jax.grad(lambda s: jnp.sum(squash(s)))(huge)))
 
 
 def test_squash_is_safe_at_zero():

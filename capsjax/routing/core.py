@@ -66,7 +66,11 @@ def squash(vectors: Array, axis: int = -1) -> Array:
   """v = |s|² / (1 + |s|²) · s / |s| = s · |s| / (1 + |s|²): keeps direction, length → [0, 1).
 
   Written as s·|s|/(1+|s|²) there is no division by |s|; at the origin value and gradient
-  are 0, squash's true derivative there (see `vector_norm`).
+  are 0, squash's true derivative there (see `vector_norm`). Computed on s / c with c its
+  largest |component| (held constant: the value does not depend on it, so neither does the
+  gradient), as (s/c)·r / (c⁻² + r²) with r = |s/c| ≤ √dim: no square overflows, and a
+  vector longer than float32's √max (1.8e19, as a diverging run makes) squashes to unit
+  length, not to NaN.
   vectors [..., dim] (any shape; `axis` is the capsule dimension) → the same shape.
 
   Example:
@@ -75,8 +79,11 @@ def squash(vectors: Array, axis: int = -1) -> Array:
     ((1, 2), 0.9615)
   """
   check_axis('squash', 'vectors', vectors, axis)
-  squared_norm = jnp.sum(jnp.square(vectors), axis=axis, keepdims=True)
-  return vectors * (_safe_sqrt(squared_norm) / (1.0 + squared_norm))
+  largest = jax.lax.stop_gradient(jnp.max(jnp.abs(vectors), axis=axis, keepdims=True))
+  largest = jnp.where(largest > 0, largest, 1.0)       # a zero vector stays as it is
+  scaled = vectors / largest                           # [..., dim], largest |component| 1
+  length = _safe_sqrt(jnp.sum(jnp.square(scaled), axis=axis, keepdims=True))   # |s| / c
+  return scaled * (length / (1.0 / jnp.square(largest) + jnp.square(length)))
 
 
 def coupling_coefficients(routing_logits: Array, leaky: bool = False, axis: int = -1) -> Array:
