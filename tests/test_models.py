@@ -145,6 +145,17 @@ def test_capsnet_with_bfloat16_conv_inputs_stays_close_to_float32():
   assert not np.array_equal(out_rounded['lengths'], out_exact['lengths'])
 
 
+def _lengths_and_gradients(models, params, images) -> list:
+  """Per model: (capsule lengths, the gradient of their sum) of `images`, one compiled
+  program each (outputs and gradient apart took two)."""
+  def loss(p, model):
+    lengths = model.apply({'params': p}, images)['lengths']
+    return jnp.sum(lengths), lengths
+
+  outputs_and_gradient = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  return [(lengths, gradient) for (_, lengths), gradient in (outputs_and_gradient(params, m) for m in models)]
+
+
 @pytest.mark.float32_matmuls
 def test_bfloat16_compute_stays_close_to_float32_and_auto_picks_it_for_a_gpu():
   # model.dtype: convolutions and predictions in bfloat16; parameters, routing softmax,
@@ -159,15 +170,7 @@ def test_bfloat16_compute_stays_close_to_float32_and_auto_picks_it_for_a_gpu():
   params = jax.jit(exact.init)(jax.random.key(14), images)['params']
   assert {leaf.dtype for leaf in jax.tree.leaves(jax.eval_shape(halved.init, jax.random.key(14), images)['params'])} == {
       jnp.dtype(jnp.float32)}
-
-  def loss(p, m):
-    lengths = m.apply({'params': p}, images)['lengths']
-    return jnp.sum(lengths), lengths
-
-  # One compiled program per dtype, the outputs and their gradient (faster than two).
-  outputs_and_gradient = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
-  (_, out_exact), g_exact = outputs_and_gradient(params, exact)
-  (_, out_halved), g_halved = outputs_and_gradient(params, halved)
+  (out_exact, g_exact), (out_halved, g_halved) = _lengths_and_gradients((exact, halved), params, images)
   assert out_halved.dtype == jnp.float32
   np.testing.assert_allclose(out_halved, out_exact, rtol=3e-2, atol=1e-7)
   assert not np.array_equal(out_halved, out_exact)
@@ -188,15 +191,7 @@ def test_capsnet_formulations_agree():
   model_xla, model_patches = (CapsNet(formulation=Formulation(conv_impl=impl, dtype='float32'), **small)
                               for impl in ('xla', 'patches'))
   params = jax.jit(model_xla.init)(jax.random.key(3), images)['params']
-
-  def loss(p, m):
-    lengths = m.apply({'params': p}, images)['lengths']
-    return jnp.sum(lengths), lengths
-
-  # One compiled program per formulation, the outputs and their gradient (faster than two).
-  outputs_and_gradient = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
-  (_, out_xla), g_xla = outputs_and_gradient(params, model_xla)
-  (_, out_patches), g_patches = outputs_and_gradient(params, model_patches)
+  (out_xla, g_xla), (out_patches, g_patches) = _lengths_and_gradients((model_xla, model_patches), params, images)
   np.testing.assert_allclose(out_patches, out_xla, rtol=1e-4, atol=1e-6)
   for a, b in zip(jax.tree.leaves(g_patches), jax.tree.leaves(g_xla)):
     np.testing.assert_allclose(a, b, rtol=2e-3, atol=1e-6)
