@@ -200,6 +200,7 @@ def cell_capsjax(spec, settings) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from capsjax import formulations  # pylint: disable=g-import-not-at-top
+  from capsjax.models import formulation_of  # pylint: disable=g-import-not-at-top
   from timing import capsnet_flops, compiled_buffer_bytes, conv_layers  # pylint: disable=g-import-not-at-top
 
   config, model, program, test_data, dataset = _capsjax_setup(spec)
@@ -208,8 +209,7 @@ def cell_capsjax(spec, settings) -> dict:
   resolved = {'conv_impl': formulations.resolve('conv_impl', spec['conv_impl'], layer=primary),
               'patches_inference': formulations.resolve('patches_inference', spec.get('patches_inference', 'auto')),
               'routing_loop': formulations.resolve('routing_loop', spec['routing_loop']),
-              'member_convs': formulations.for_platform({'member_convs': spec.get('member_convs', 'auto')},
-                                                        ensemble=members > 1).member_convs}
+              'member_convs': formulation_of(model).member_convs}   # as the run's model chose it
   flops = capsnet_flops(config.model, batch=spec['batch'])
   rows = []
 

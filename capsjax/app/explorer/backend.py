@@ -112,6 +112,8 @@ class Explorer:
       self.decode(np.zeros((k, self.dim), np.float32), list(range(k)))
     if self.can_open_files:   # and one input's (a drawing, a file): its first took 4.4 s compiled on demand
       self._encode(jnp.zeros((1,) + self.input_shape, jnp.float32))
+    # An opened file is read as capsjax-predict reads it (polarity, blank): its Predictor's checks.
+    self._files = Predictor(trained) if self.can_open_files else None
 
   # --------------------------------------------------------------------------- loading
 
@@ -212,7 +214,7 @@ class Explorer:
         array = image_files.to_array(image, info.image_shape, 'the file', info.background)   # uint8 [h, w, c]
     except DataError as e:
       raise RequestError(str(e)) from None
-    held, inverted, blank = Predictor(self.trained).as_classified(array[None])   # [1, h, w, c] uint8
+    held, inverted, blank = self._files.as_classified(array[None])              # [1, h, w, c] uint8
     inputs, _ = augment.prepare(jnp.asarray(held), info.preprocessing)           # [1, *input_shape]
     capsules, activations = (np.asarray(x)[0] for x in self._encode(inputs))
     answer = self._describe(np.asarray(inputs)[0], capsules, activations, self._most_active(activations))
