@@ -101,6 +101,8 @@ def test_predict_names_the_classes_of_files(trained, digit_folder, tmp_path):
   assert sum(correct) >= 8, rows
   assert all(set(row['activations']) == {str(d) for d in range(10)} for row in rows)
   assert all(0 <= value <= 1 for row in rows for value in row['activations'].values())
+  from capsjax.app.predict import written_by_predict  # pylint: disable=g-import-not-at-top
+  assert written_by_predict(str(tmp_path / 'rec' / 'big_rgb.png'))   # a later call may replace it
   pair = np.asarray(Image.open(tmp_path / 'rec' / 'big_rgb.png'))
   assert pair.shape == (112, 232)   # grey input | reconstruction, 28 × 58 scaled ×4 (nearest)
   np.testing.assert_array_equal(pair[::4, ::4], pair[3::4, 3::4])   # whole-pixel blocks
@@ -151,17 +153,22 @@ def test_bad_images_are_one_line_each(digit_folder, tmp_path, capsys):
   digit = sorted((digit_folder / 'test' / '3').glob('*.png'))[0]
   given = tmp_path / 'digit.png'
   given.write_bytes(digit.read_bytes())
+  theirs = tmp_path / 'theirs'   # a folder of the user's own files: one has the name a PNG would get
+  theirs.mkdir()
+  (theirs / 'digit.png').write_bytes(digit.read_bytes())
   for arguments, expected in (([str(text)], 'notes.png: not an image'),
                               ([str(tmp_path / 'missing.png')], 'missing.png: no such file'),
                               ([f'--reconstruct={text}', str(digit)], 'notes.png is a file, not a folder'),
                               ([str(given), f'--reconstruct={tmp_path}'],
                                f'capsjax-predict: --reconstruct={tmp_path} would write {given} over the input file '
-                               f'{given}: give another folder')):
+                               f'{given}: give another folder'),
+                              ([str(given), f'--reconstruct={theirs}'],
+                               f'would replace {theirs}/digit.png, which capsjax-predict did not write')):
     with pytest.raises(SystemExit) as exited:
       predict.main(arguments)
     lines = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 2 and len(lines) == 1 and expected in lines[0], (arguments, lines)
-  assert given.read_bytes() == digit.read_bytes()
+  assert given.read_bytes() == digit.read_bytes() == (theirs / 'digit.png').read_bytes()
   assert not os.path.exists(tmp_path / 'w')   # a failed start leaves no workdir
   # The parameter table of a data-shaped experiment takes the data's shape and classes.
   summary = _run('run.py', '--experiment=images_smoke', f'--config.data_dir={digit_folder}', '--config.image_size=28',

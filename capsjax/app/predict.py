@@ -12,7 +12,8 @@ RGB, resized to the run's size), then preprocessed as the run's test images. --j
 prints one JSON object per line: {"file", "class", "class_index", "activations"}.
 --reconstruct=DIR writes DIR/NAME.png (at least 112 px tall, whole-pixel blocks; NAME
 with the folders that tell same-named files apart): the input | the decoder's reconstruction from the
-predicted class's capsule.
+predicted class's capsule. Each PNG says in a text chunk that capsjax-predict wrote it: a
+later call replaces such a file, and refuses to replace any other.
 
 From Python, `Predictor.from_workdir(W).predict(images)` does the same for arrays.
 """
@@ -231,6 +232,18 @@ def _padded_batches(images):
 
 # Reconstruction PNGs are scaled up (nearest neighbour, whole pixels) to at least this height.
 MIN_PNG_HEIGHT = 112
+# The PNG text chunk that marks a file as a reconstruction this command wrote (and may replace).
+WRITTEN_BY = ('Software', 'capsjax-predict --reconstruct')
+
+
+def written_by_predict(path: str) -> bool:
+  """Whether `path` is a PNG that capsjax-predict --reconstruct wrote (its text chunk says so)."""
+  from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
+  try:
+    with Image.open(path) as image:
+      return image.format == 'PNG' and image.info.get(WRITTEN_BY[0]) == WRITTEN_BY[1]
+  except (OSError, UnidentifiedImageError):
+    return False
 
 
 def _png_names(paths: Sequence[str]) -> List[str]:
@@ -274,7 +287,7 @@ def main(argv=None):
   parser.add_argument('--reconstruct', metavar='DIR', default=None,
                       help='write DIR/NAME.png: input | reconstruction')
   args = parser.parse_args(argv)
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from PIL import Image, PngImagePlugin  # pylint: disable=g-import-not-at-top
   from capsjax.data.images import open_image, side_by_side  # pylint: disable=g-import-not-at-top
   for path in args.files:   # every file checked before the model loads
     open_image(path).close()
@@ -289,6 +302,9 @@ def main(argv=None):
       if os.path.realpath(written) in inputs:
         cli.fail(f'capsjax-predict: --reconstruct={args.reconstruct} would write {written} over the input file '
                  f'{inputs[os.path.realpath(written)]}: give another folder')
+      if os.path.lexists(written) and not written_by_predict(written):   # a file of the user's
+        cli.fail(f'capsjax-predict: --reconstruct={args.reconstruct} would replace {written}, which '
+                 'capsjax-predict did not write: give another folder, or move that file')
   predictor = Predictor.shipped() if args.workdir is None else Predictor.from_workdir(args.workdir, args.member)
   print(f'model: {predictor.trained.describe()}', file=sys.stderr, flush=True)   # stdout: the predictions
   if args.reconstruct and not predictor.has_decoder:
@@ -318,7 +334,9 @@ def main(argv=None):
     if args.reconstruct:
       pair = enlarged(side_by_side(result['input'], result['reconstruction']))
       written = os.path.join(args.reconstruct, png)
-      Image.fromarray(pair[..., 0] if pair.shape[-1] == 1 else pair).save(written)
+      marked = PngImagePlugin.PngInfo()
+      marked.add_text(*WRITTEN_BY)
+      Image.fromarray(pair[..., 0] if pair.shape[-1] == 1 else pair).save(written, format='PNG', pnginfo=marked)
       # (On stderr with --json: stdout stays one JSON object per line.)
       print(f'wrote {written}: {path} | its reconstruction, {pair.shape[1]}×{pair.shape[0]} px',
             file=sys.stderr if args.json else sys.stdout, flush=True)
