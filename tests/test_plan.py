@@ -151,7 +151,9 @@ def test_the_runs_own_step_compiles_for_a_tpu_slice_and_matches_hand_counts(tiny
   estimate = result.estimate()
   assert estimate['step_s'] == pytest.approx(max(estimate['compute_s'], estimate['memory_s']) + estimate['allreduce_s'])
   lines = plan_lib.report(result, 'mnist_smoke')
-  assert any(line.startswith('ESTIMATE (not a measurement)') for line in lines)
+  estimated = [i for i, line in enumerate(lines) if line.startswith('ESTIMATE (not a measurement)')]
+  assert len(estimated) == 1 and lines[estimated[0] + 1].startswith(   # no TPU measured: a floor, said so
+      '  (no TPU has run capsjax against this estimate: take it as a floor; on GPUs the measured steps took 2.6–6.3×')
   assert any('--worker=all' in line for line in lines)
 
 
@@ -292,6 +294,12 @@ def test_the_runs_own_step_compiles_for_gpus_on_two_hosts_and_matches_hand_count
   report = '\n'.join(found['report'])
   assert 'target: h100:2x2 = h100:2x2: 4 GPUs of NVIDIA H100 80GB HBM3, 4 devices' in report
   assert 'ESTIMATE (not a measurement)' in report and '--config.num_processes=2' in report
+  # Under it, what the lent GPUs measured against such estimates, applied to this step and
+  # to the run's 936 steps (mnist_smoke's 6 epochs of 5 000 images at 32).
+  step = estimate['step_s']
+  assert (f'the estimate is a floor: measured steps took 2.6–6.3× it (an H100 on 2026-11-25 and an H200 on '
+          f'2026-11-28; docs/results.md), so expect ≈ {2.6e3 * step:.2f}–{6.3e3 * step:.2f} ms a step; the run\'s '
+          f'936 steps ≈ {plan_lib._duration(2.6 * step * 936)}–') in report, report   # pylint: disable=protected-access
 
 
 @pytest.mark.slow

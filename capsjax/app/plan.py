@@ -101,6 +101,12 @@ GPUS = {
                  platform='gpu', float32_passes=(2.0, 989 / 67), usable_fraction=0.75,
                  interhost_bytes_per_s=400e9 / 8, device_info=_HOPPER_SXM),
 }
+# Whole training steps measured on lent GPUs over this module's estimate of the same step
+# compiled here (docs/results.md, "The plan beside the lent GPUs"): one model and three
+# vmapped seeds on an H100 (2026-11-25), one model and twelve recipe members with their
+# data pipeline on an H200 (2026-11-28). The estimate counts traffic and FLOPs at the peak;
+# the ≈ 100–150 kernels' launches and tails, and a leg's pipeline, it does not.
+MEASURED_OVER_ESTIMATE = {'gpu': (2.6, 6.3, 'an H100 on 2026-11-25 and an H200 on 2026-11-28')}
 # An HGX board's GPUs share one NVLink domain; between hosts each GPU has its own 400 Gb/s
 # adapter (the DGX H100 / H200 design), which `interhost_bytes_per_s` is.
 GPUS_PER_HOST = 8
@@ -466,6 +472,7 @@ class Plan:
   model_choice: Optional[str] = None
   members: int = 1   # an ensemble's members, trained side by side on each batch (vmapped)
   batch_note: str = ''   # why the plan's batch is not the config's (a slice with more devices than it)
+  num_steps: int = 0     # the run's training steps (its length at the estimated rate)
 
   @property
   def hbm_per_device(self) -> float:
@@ -560,6 +567,7 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
          if highest['step_s'] > default['step_s'] * 1.005 else
          'the same at \'highest\' float32 precision: the memory traffic, not the matmuls, sets the time')
       + (f'; XLA\'s own estimate {1e3 * training["xla_seconds"]:.2f} ms' if training['xla_seconds'] else ''))
+  lines.append(measured_band(plan, default['step_s']))
   if with_largest:
     lines += largest_batch_lines(plan)
   kept = [shlex.quote(flag) for flag in overrides
@@ -581,6 +589,26 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
   lines += [f'(compiled in {plan.compile_seconds:.0f} s on this machine; XLA\'s analyses are an aid whose exact '
              'values may change between versions)']
   return lines
+
+
+def _duration(seconds: float) -> str:
+  return f'{seconds / 3600:.1f} h' if seconds >= 5400 else f'{seconds / 60:.0f} min' if seconds >= 90 else f'{seconds:.0f} s'
+
+
+def measured_band(plan: Plan, step_s: float) -> str:
+  """What the estimate has been worth: the whole steps measured on lent GPUs over it
+  (MEASURED_OVER_ESTIMATE) applied to `step_s`, with the run's length at both ends; for a
+  platform never measured, that its estimate is a floor."""
+  platform = plan.target.platform
+  if platform not in MEASURED_OVER_ESTIMATE:
+    low, high, where = MEASURED_OVER_ESTIMATE['gpu']
+    return (f'  (no {platform.upper()} has run capsjax against this estimate: take it as a floor; on GPUs the '
+            f'measured steps took {low}–{high}× theirs, {where})')
+  low, high, where = MEASURED_OVER_ESTIMATE[platform]
+  length = (f'; the run\'s {plan.num_steps:,} steps ≈ {_duration(low * step_s * plan.num_steps)}–'
+            f'{_duration(high * step_s * plan.num_steps)}' if plan.num_steps else '')
+  return (f'  the estimate is a floor: measured steps took {low}–{high}× it ({where}; docs/results.md), so expect '
+          f'≈ {1e3 * low * step_s:.2f}–{1e3 * high * step_s:.2f} ms a step{length}')
 
 
 def largest_batch_lines(plan: Plan) -> List[str]:
@@ -773,7 +801,8 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   chosen = formulations.describe(formulation) if formulation else []
   result = Plan(parsed, len(devices), len({d.process_index for d in devices}), devices_per_chip,
                 config.batch_size, config.eval_batch_size, num_params, param_bytes,
-                chosen, training, evaluation, 0.0, model_choice=model_choice, members=members, batch_note=batch_note)
+                chosen, training, evaluation, 0.0, model_choice=model_choice, members=members, batch_note=batch_note,
+                num_steps=built.num_steps)
   result.compile_seconds = time.time() - started
   if on_configured is not None:
     on_configured(result)
