@@ -89,13 +89,25 @@ def discard_unbound(path: str) -> None:
 
 class Lock:
   """An exclusive lock on workdir/.lock for the life of a run (released by the kernel if
-  the process dies, so a killed run never leaves a stale lock)."""
+  the process dies, so a killed run never leaves a stale lock). A lock file this lock made
+  goes again when the block raises before the run recorded its config: a start refused in
+  a folder of someone else's (its config.json another run's) leaves nothing there."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, LOCK_FILE)
+    self._config = os.path.join(workdir, CONFIG_FILE)
     self._file = None
+    self._made, self._config_before = False, None
+
+  def _config_state(self):
+    try:
+      found = os.stat(self._config)
+      return found.st_mtime_ns, found.st_size, found.st_ino
+    except OSError:
+      return None
 
   def __enter__(self):
+    self._made, self._config_before = not os.path.lexists(self.path), self._config_state()
     self._file = open(self.path, 'a+')
     try:
       fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,8 +126,13 @@ class Lock:
     self._file.flush()
     return self
 
-  def __exit__(self, *exc):
+  def __exit__(self, exc_type, *exc):
     if self._file is not None:
+      if exc_type is not None and self._made and self._config_state() == self._config_before:
+        try:   # (the run bound nothing: its lock file is all it left)
+          os.remove(self.path)
+        except OSError:
+          pass
       fcntl.flock(self._file, fcntl.LOCK_UN)
       self._file.close()
       self._file = None

@@ -235,7 +235,7 @@ def test_read_only_workdir_fails_at_once(mnist_dir, tmp_path):
     subprocess.run(['umount', '-l', str(mount)], check=False)
 
 
-def test_a_config_json_that_is_not_a_config_is_one_error(tmp_path):
+def test_a_config_json_that_is_not_a_config_is_one_error_and_a_refused_start_leaves_no_lock(tmp_path):
   from capsjax.experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
   for text in ('[1, 2]', '{"model": 3}'):
     (tmp_path / 'config.json').write_text(text)
@@ -243,6 +243,20 @@ def test_a_config_json_that_is_not_a_config_is_one_error(tmp_path):
                  lambda: workdir_lib.bind_config(str(tmp_path), mnist_smoke.get_config())):
       with pytest.raises(WorkdirError, match='config.json is not a capsjax config'):
         read()
+  # The run's lock in a folder it did not make: gone again when the start is refused
+  # before the run recorded its config (the folder as it was), kept once it has.
+  for refusal in (WorkdirError, ConfigError):
+    with pytest.raises(refusal):
+      with workdir_lib.Lock(str(tmp_path)):
+        workdir_lib.bind_config(str(tmp_path), mnist_smoke.get_config()) if refusal is WorkdirError else None
+        raise refusal('refused')
+    assert sorted(os.listdir(tmp_path)) == ['config.json']
+  (tmp_path / 'config.json').unlink()
+  with pytest.raises(KeyboardInterrupt):
+    with workdir_lib.Lock(str(tmp_path)):
+      workdir_lib.record_config(str(tmp_path), mnist_smoke.get_config().to_dict())
+      raise KeyboardInterrupt   # (a stop after the config was recorded)
+  assert sorted(os.listdir(tmp_path)) == ['.lock', 'config.json']
 
 
 def test_a_run_recorded_before_model_formulation_reads_with_it_and_resumes_where_auto_computes_the_same(tmp_path):
