@@ -592,7 +592,9 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
 
 
 def _duration(seconds: float) -> str:
-  return f'{seconds / 3600:.1f} h' if seconds >= 5400 else f'{seconds / 60:.0f} min' if seconds >= 90 else f'{seconds:.0f} s'
+  if seconds >= 5400:
+    return f'{seconds / 3600:.1f} h'
+  return f'{seconds / 60:.0f} min' if seconds >= 90 else f'{seconds:.0f} s'
 
 
 def measured_band(plan: Plan, step_s: float) -> str:
