@@ -99,12 +99,9 @@ class Lock:
     self._file = None
     self._made, self._config_before = False, None
 
-  def _config_state(self):
-    try:
-      found = os.stat(self._config)
-      return found.st_mtime_ns, found.st_size, found.st_ino
-    except OSError:
-      return None
+  def _config_state(self):   # (None: no config.json)
+    found = os.stat(self._config) if os.path.exists(self._config) else None
+    return found and (found.st_mtime_ns, found.st_size, found.st_ino)
 
   def __enter__(self):
     self._made, self._config_before = not os.path.lexists(self.path), self._config_state()
@@ -128,11 +125,8 @@ class Lock:
 
   def __exit__(self, exc_type, *exc):
     if self._file is not None:
-      if exc_type is not None and self._made and self._config_state() == self._config_before:
-        try:   # (the run bound nothing: its lock file is all it left)
-          os.remove(self.path)
-        except OSError:
-          pass
+      if exc_type and self._made and self._config_state() == self._config_before and os.path.exists(self.path):
+        os.remove(self.path)   # (the run bound nothing: its lock file is all it left)
       fcntl.flock(self._file, fcntl.LOCK_UN)
       self._file.close()
       self._file = None
