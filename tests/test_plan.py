@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from capsjax.app import plan as plan_lib
+from capsjax.console import format_duration
 from capsjax.errors import ConfigError
 import command_checks
 import documented
@@ -299,7 +300,7 @@ def test_the_runs_own_step_compiles_for_gpus_on_two_hosts_and_matches_hand_count
   step = estimate['step_s']
   assert (f'the estimate is a floor: measured steps took 2.6–6.3× it (an H100 on 2026-11-25 and an H200 on '
           f'2026-11-28; docs/results.md), so expect ≈ {2.6e3 * step:.2f}–{6.3e3 * step:.2f} ms a step; the run\'s '
-          f'936 steps ≈ {plan_lib._duration(2.6 * step * 936)}–') in report, report   # pylint: disable=protected-access
+          f'936 steps ≈ {format_duration(2.6 * step * 936)}–') in report, report
 
 
 @pytest.mark.slow

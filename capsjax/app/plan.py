@@ -591,12 +591,6 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
   return lines
 
 
-def _duration(seconds: float) -> str:
-  if seconds >= 5400:
-    return f'{seconds / 3600:.1f} h'
-  return f'{seconds / 60:.0f} min' if seconds >= 90 else f'{seconds:.0f} s'
-
-
 def measured_band(plan: Plan, step_s: float) -> str:
   """What the estimate has been worth: the whole steps measured on lent GPUs over it
   (MEASURED_OVER_ESTIMATE) applied to `step_s`, with the run's length at both ends; for a
@@ -607,8 +601,8 @@ def measured_band(plan: Plan, step_s: float) -> str:
     return (f'  (no {platform.upper()} has run capsjax against this estimate: take it as a floor; on GPUs the '
             f'measured steps took {low}–{high}× theirs, {where})')
   low, high, where = MEASURED_OVER_ESTIMATE[platform]
-  length = (f'; the run\'s {plan.num_steps:,} steps ≈ {_duration(low * step_s * plan.num_steps)}–'
-            f'{_duration(high * step_s * plan.num_steps)}' if plan.num_steps else '')
+  length = (f'; the run\'s {plan.num_steps:,} steps ≈ {console.format_duration(low * step_s * plan.num_steps)}–'
+            f'{console.format_duration(high * step_s * plan.num_steps)}' if plan.num_steps else '')
   return (f'  the estimate is a floor: measured steps took {low}–{high}× it ({where}; docs/results.md), so expect '
           f'≈ {1e3 * low * step_s:.2f}–{1e3 * high * step_s:.2f} ms a step{length}')
 
