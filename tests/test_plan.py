@@ -241,7 +241,7 @@ def test_a_batch_the_compiler_refuses_is_one_line(monkeypatch):
 
 
 _GPU_PLAN_SCRIPT = """
-import json, sys
+import dataclasses, json, sys
 from capsjax.app import cli
 cli.start_jax_quietly()
 from capsjax.app import plan
@@ -256,7 +256,9 @@ result = plan.plan_run(config, 'h100:2x2', find_largest_batch=False)
 print(json.dumps({'shape': [result.devices, result.hosts, result.global_batch], 'param_bytes': result.param_bytes,
                   'formulations': result.formulations, 'training': result.training,
                   'evaluation_kernels': result.evaluation['kernels'], 'hbm': result.hbm_per_device,
-                  'estimate': result.estimate(2.0), 'report': plan.report(result, 'mnist_smoke')}))
+                  'estimate': result.estimate(2.0), 'report': plan.report(result, 'mnist_smoke'),
+                  'largest': plan.largest_batch_lines(dataclasses.replace(result, largest_batch=dict(
+                      per_device=64, total=2 ** 30, tried=[8, 16, 64], capped=False, analysis=result.training)))}))
 """
 
 
@@ -301,6 +303,13 @@ def test_the_runs_own_step_compiles_for_gpus_on_two_hosts_and_matches_hand_count
   assert (f'the estimate is a floor: measured steps took 2.6–6.3× it (an H100 on 2026-11-25 and an H200 on '
           f'2026-11-28; docs/results.md), so expect ≈ {2.6e3 * step:.2f}–{6.3e3 * step:.2f} ms a step; the run\'s '
           f'936 steps ≈ {format_duration(2.6 * step * 936)}–') in report, report
+  # The largest batch's estimate (its own line) is no more than a floor either, said so.
+  assert found['largest'][0] == ('largest per-device batch that fits: 64 (256 global; 1.07 GB of 64.42 GB compiled; '
+                                 'from compilations at 8, 16, 64 per device)')
+  assert found['largest'][1].startswith('ESTIMATE at that batch (not a measurement): a training step ≈ ')
+  assert found['largest'][2] == ('  a floor too: the measured 2.6–6.3× (an H100 on 2026-11-25 and an H200 on 2026-11-28) '
+                                 'were steps at the batch a single model trains at (128), not at this one; no larger '
+                                 'batch has run against its estimate')
 
 
 @pytest.mark.slow

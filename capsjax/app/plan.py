@@ -623,6 +623,10 @@ def largest_batch_lines(plan: Plan) -> List[str]:
                  f'{at_largest["images_per_s"]:,.0f} images/s over the {over} (compute '
                  f'{1e3 * at_largest["compute_s"]:.2f} ms, HBM traffic {1e3 * at_largest["memory_s"]:.2f} ms, '
                  f'all-reduce {1e3 * at_largest["allreduce_s"]:.2f} ms)')
+    if plan.target.platform in MEASURED_OVER_ESTIMATE:   # (a TPU's floor is said under the first estimate)
+      low, high, where = MEASURED_OVER_ESTIMATE[plan.target.platform]
+      lines.append(f'  a floor too: the measured {low}–{high}× ({where}) were steps at the batch a single model '
+                   f'trains at (128), not at this one; no larger batch has run against its estimate')
   return lines
 
 
