@@ -1,7 +1,8 @@
 """Which formulation of the same math runs on which backend: one table, from measurements.
 
 A formulation option (the config's model.formulation section: `Formulation`'s fields) set
-to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`, `member_convs`) is
+to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`, `member_convs`,
+`patch_extraction`) is
 chosen here once, for the platform the run compiles for, when the run builds its model
 (`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
 applies to its own shape where it is traced. A model built without that ('auto' left in
@@ -41,9 +42,13 @@ DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 # (feature_group_count = members), 'per_member' one dense convolution per member
 # (capsjax.ops.member_conv). Same values.
 MEMBER_CONVS = ('auto', 'grouped', 'per_member')
+# How the im2col forms build their patch matrix (capsjax.ops.extract_patches): one strided
+# slice per kernel offset, concatenated, or one gather. The same patches; the backward's
+# scatter sums overlaps in another order (float32 rounding).
+PATCH_EXTRACTION = ('auto', 'slices', 'gather')
 # The options whose every choice computes the same values (up to float32 rounding); dtype
 # and conv_inputs are accuracy choices.
-SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop', 'member_convs')
+SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop', 'member_convs', 'patch_extraction')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +56,7 @@ class Formulation:
   """How a model computes the same math, handed to its layers as one object; its fields
   are the config's `model.formulation` section, the same for every model family (each
   family's default is its field's: capsjax.models). `conv_impl`, `patches_inference`,
-  `routing_loop`, `member_convs`: a value, or what `for_platform` chose for 'auto' (a
+  `routing_loop`, `member_convs`, `patch_extraction`: a value, or what `for_platform` chose for 'auto' (a
   convolution's may be a rule: `ConvRule`, `StrideRule`, applied to each layer's shape in
   `resolve` where it is traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the convolutions' matmul inputs
   (CONV_INPUTS). `dtype`: the compute dtype of convolutions and capsule predictions (None:
@@ -83,6 +88,9 @@ class Formulation:
       "XLA's convolutions (xla, space_to_depth) in a vmapped ensemble: one grouped convolution of all "
       'members, or one dense convolution per member (same values; reverse-mode derivatives only; auto: per '
       "member in a GPU run's ensemble)"))] = 'auto'
+  patch_extraction: Annotated[str, About(one_of(PATCH_EXTRACTION), (
+      "the im2col forms' patch matrix as one strided slice per kernel offset or as one gather (same values; "
+      'auto: gather on a CPU, where it compiles several times faster)'))] = 'auto'
 
   def __post_init__(self):
     # A name is checked when the Formulation is built, as config.model.formulation is
@@ -268,6 +276,10 @@ FASTEST = {
         'dtype': 'float32',
         # Not measured on a CPU (whose convolutions are not XLA's unless asked for): vmap's own.
         'member_convs': 'grouped',
+        # One gather compiled the paper model's forward in 1.0 s and its gradient in 2.9 s where
+        # 81 slices took 4.5 and 7.2 s, and ran PrimaryCaps' im2col as fast or faster (Zen 3,
+        # 2026-11-29: docs/results.md, "Patches by one gather").
+        'patch_extraction': 'gather',
     },
     'gpu': {
         # Strided convolutions as unit-stride ones on pixel blocks: PrimaryCaps alone trained
@@ -290,6 +302,9 @@ FASTEST = {
         # kept pace with single steps (docs/results.md, "One convolution per member"). Chosen
         # from that comparison and the compiled programs, not yet from a measurement of its own.
         'member_convs': 'per_member',
+        # The slices are what every lent GPU's report measured (conv1's patches); a gather
+        # there is not measured.
+        'patch_extraction': 'slices',
     },
     'tpu': {
         # Not measured on a TPU: XLA's own convolution (the TPU's native op).
@@ -302,12 +317,14 @@ FASTEST = {
         'dtype': 'float32',
         # Not measured on a TPU: vmap's own.
         'member_convs': 'grouped',
+        # Not measured on a TPU (read only where an im2col form is asked for); TPUs gather slowly.
+        'patch_extraction': 'slices',
     },
 }
 
 
 _ALLOWED = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS,
-            'dtype': DTYPES, 'member_convs': MEMBER_CONVS}
+            'dtype': DTYPES, 'member_convs': MEMBER_CONVS, 'patch_extraction': PATCH_EXTRACTION}
 
 
 def _platform(platform: str) -> str:

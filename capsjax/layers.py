@@ -64,7 +64,8 @@ def same_padding(side: int, kernel_size: int, stride: int):
 
 class Conv(nn.Module):
   """Convolution with a [kh, kw, in, out] kernel, computed as `formulation` says
-  (capsjax.Formulation: conv_impl, patches_inference, conv_inputs, dtype, member_convs; ops.conv2d).
+  (capsjax.Formulation: conv_impl, patches_inference, conv_inputs, dtype, member_convs,
+  patch_extraction; ops.conv2d).
 
   padding 'VALID' (CapsNet) or 'SAME' (zero padding: the output is ⌈size / stride⌉, the
   CNN baselines at stride 1 and the strided stem at stride 2).
@@ -93,7 +94,7 @@ class Conv(nn.Module):
       pads = [same_padding(side, self.kernel_size, self.stride) for side in images.shape[1:3]]
       images = jnp.pad(images, ((0, 0), pads[0], pads[1], (0, 0)))
     outputs = ops.conv2d(images.astype(dtype), kernel.astype(dtype), self.stride, how.conv_impl,
-                         how.patches_inference, how.conv_inputs, how.member_convs)
+                         how.patches_inference, how.conv_inputs, how.member_convs, how.patch_extraction)
     if self.output_scale != 1.0:
       outputs = outputs * self.output_scale
     if self.use_bias:
@@ -368,7 +369,7 @@ class TransposedConv(nn.Module):
     bias = self.param('bias', self.bias_init, (self.features,))
     how = self.formulation
     return ops.conv_transpose2d(images, kernel, self.stride, how.conv_impl, how.patches_inference,
-                                how.member_convs) + bias
+                                how.member_convs, how.patch_extraction) + bias
 
 
 class DeconvDecoder(nn.Module):

@@ -31,16 +31,21 @@ def resolve_conv_impl(impl, layer: Optional[formulations.ConvLayer] = None) -> s
   return formulations.resolve('conv_impl', impl, layer=layer)
 
 
-@functools.partial(jax.jit, static_argnames=('kernel_size', 'stride'))
-def extract_patches(images: Array, kernel_size: int, stride: int) -> Array:
-  """VALID im2col: [batch, h, w, c] → [batch, out_h, out_w, kh*kw*c] (kh, kw, c order).
+@functools.partial(jax.jit, static_argnames=('kernel_size', 'stride', 'extraction'))
+def extract_patches(images: Array, kernel_size: int, stride: int, extraction: str = 'slices') -> Array:
+  """VALID im2col: [batch, h, w, c] → [batch, out_h, out_w, kh*kw*c] (kh, kw, c order, the
+  row order of kernel.reshape(kh*kw*c, out)); `extraction` (formulations.PATCH_EXTRACTION):
+  one strided slice per kernel offset, concatenated, or one gather (the same values).
 
   Jitted so that a call outside jit (`model.init` as the Flax docs write it) compiles one
   program, not one per kernel offset's slice (81 for PrimaryCaps); inside a traced
   program it is inlined."""
   out_h, out_w = formulations.valid_output_size(images.shape[1], images.shape[2], kernel_size, stride)
-  # One strided slice per kernel offset; concatenated in (kh, kw, c) order to match the
-  # row order of kernel.reshape(kh*kw*c, out).
+  if extraction == 'gather':
+    rows = stride * np.arange(out_h)[:, None] + np.arange(kernel_size)[None, :]      # [out_h, kh]
+    columns = stride * np.arange(out_w)[:, None] + np.arange(kernel_size)[None, :]   # [out_w, kw]
+    patches = images[:, rows[:, None, :, None], columns[None, :, None, :], :]       # [batch, out_h, out_w, kh, kw, c]
+    return patches.reshape(patches.shape[:3] + (-1,))
   slices = [
       images[:, dy:dy + stride * (out_h - 1) + 1:stride, dx:dx + stride * (out_w - 1) + 1:stride, :]
       for dy in range(kernel_size) for dx in range(kernel_size)
@@ -61,9 +66,11 @@ def _unchunked(chunks: Array) -> Array:
   return chunks.reshape((chunks.shape[0] * chunks.shape[1],) + chunks.shape[2:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def patches_conv2d(images: Array, kernel: Array, stride: int, chunk: int, dot_inputs: str = 'float32') -> Array:
-  """im2col convolution; without gradients it runs `chunk` images at a time.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def patches_conv2d(images: Array, kernel: Array, stride: int, chunk: int, dot_inputs: str = 'float32',
+                   extraction: str = 'slices') -> Array:
+  """im2col convolution (its patches as `extraction` says: extract_patches); without
+  gradients it runs `chunk` images at a time.
 
   Why chunks: the whole batch's patch matrix (382 MB for PrimaryCaps at batch 128) is
   written once and read once, so its cost is memory traffic and fresh-page faults; per
@@ -78,7 +85,7 @@ def patches_conv2d(images: Array, kernel: Array, stride: int, chunk: int, dot_in
   flat_kernel = _dot_input(kernel.reshape(-1, kernel.shape[-1]), dot_inputs)  # [kh*kw*in, out]
 
   def one_chunk(chunk_images):
-    patches = extract_patches(_dot_input(chunk_images, dot_inputs), kernel.shape[0], stride)
+    patches = extract_patches(_dot_input(chunk_images, dot_inputs), kernel.shape[0], stride, extraction)
     # [chunk, out_h, out_w, out]
     return _dot('bhwk,ko->bhwo', patches, flat_kernel, images.dtype)
 
@@ -98,15 +105,15 @@ def _dot(subscripts: str, a: Array, b: Array, out_dtype) -> Array:
   return jnp.einsum(subscripts, a, b, preferred_element_type=out_dtype)
 
 
-def _patches_conv2d_fwd(images, kernel, stride, chunk, dot_inputs):
+def _patches_conv2d_fwd(images, kernel, stride, chunk, dot_inputs, extraction):
   del chunk
-  patches = extract_patches(_dot_input(images, dot_inputs), kernel.shape[0], stride)
+  patches = extract_patches(_dot_input(images, dot_inputs), kernel.shape[0], stride, extraction)
   flat_kernel = _dot_input(kernel.reshape(-1, kernel.shape[-1]), dot_inputs)
   outputs = _dot('bhwk,ko->bhwo', patches, flat_kernel, images.dtype)   # [batch, out_h, out_w, out]
   return outputs, (patches, flat_kernel, images, kernel)
 
 
-def _patches_conv2d_bwd(stride, chunk, dot_inputs, residuals, output_grad):
+def _patches_conv2d_bwd(stride, chunk, dot_inputs, extraction, residuals, output_grad):
   del chunk
   patches, flat_kernel, images, kernel = residuals
   output_grad_in = _dot_input(output_grad, dot_inputs)
@@ -114,7 +121,7 @@ def _patches_conv2d_bwd(stride, chunk, dot_inputs, residuals, output_grad):
   kernel_grad = _dot('bhwk,bhwo->ko', patches, output_grad_in, kernel.dtype)
   # dP = g Wᵀ, then col2im (the transpose of patch extraction)   # [batch, out_h, out_w, kh*kw*in]
   patches_grad = _dot('bhwo,ko->bhwk', output_grad_in, flat_kernel, images.dtype)
-  col2im = jax.linear_transpose(lambda x: extract_patches(x, kernel.shape[0], stride),
+  col2im = jax.linear_transpose(lambda x: extract_patches(x, kernel.shape[0], stride, extraction),
                                 jax.ShapeDtypeStruct(images.shape, images.dtype))
   return col2im(patches_grad)[0], kernel_grad.reshape(kernel.shape)
 
@@ -466,9 +473,11 @@ def xla_conv2d(images: Array, kernel: Array, stride: int, dot_inputs: str = 'flo
 
 
 def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
-           patches_inference: str = 'auto', dot_inputs: str = 'float32', member_convs: str = 'auto') -> Array:
+           patches_inference: str = 'auto', dot_inputs: str = 'float32', member_convs: str = 'auto',
+           patch_extraction: str = 'auto') -> Array:
   """VALID 2-D convolution, NHWC; kernel [kh, kw, in, out]; no bias. `patches_inference`
   ('chunked' | 'whole_batch' | 'auto'): how the patches form runs without gradients;
+  `patch_extraction` ('slices' | 'gather' | 'auto'): how it builds its patch matrix;
   `member_convs` ('grouped' | 'per_member' | 'auto'): how XLA's forms run in a vmapped ensemble;
   `dot_inputs` ('float32' | 'bfloat16'): what the matmuls take in (outputs keep the
   images' dtype; the 'xla' form's gradients come out rounded to bfloat16 too, the
@@ -496,7 +505,8 @@ def conv2d(images: Array, kernel: Array, stride: int = 1, impl: str = 'auto',
   inference_chunk = images.shape[0] if whole_batch else chunk
   if impl == 'kernel_rows':
     return kernel_rows_conv2d(images, kernel, stride, inference_chunk, chunk, dot_inputs)
-  return patches_conv2d(images, kernel, stride, inference_chunk, dot_inputs)
+  extraction = formulations.resolve('patch_extraction', patch_extraction)
+  return patches_conv2d(images, kernel, stride, inference_chunk, dot_inputs, extraction)
 
 
 def transposed_conv_padding(kernel_size: int, stride: int):
@@ -524,7 +534,8 @@ def _subpixel_taps(kernel_size: int, stride: int):
 
 
 def conv_transpose2d(images: Array, kernel: Array, stride: int, impl: str = 'auto',
-                     patches_inference: str = 'auto', member_convs: str = 'auto') -> Array:
+                     patches_inference: str = 'auto', member_convs: str = 'auto',
+                     patch_extraction: str = 'auto') -> Array:
   """Transposed 2-D convolution, NHWC, kernel [kh, kw, in, out], 'SAME' (output side = input
   side × stride), the kernel used as given: flax.linen.ConvTranspose(padding='SAME').
 
@@ -534,7 +545,8 @@ def conv_transpose2d(images: Array, kernel: Array, stride: int, impl: str = 'aut
   XLA:CPU's gradient of the input-dilated convolution was 11× its forward (the 128 px
   `images` decoder, docs/results.md); inserting the zeros explicitly instead made the
   forward 17× slower (3/4 of its products are with zeros). `member_convs`: the sub-pixel
-  convolution's in a vmapped ensemble (conv2d's; lax.conv_transpose keeps vmap's own).
+  convolution's in a vmapped ensemble (conv2d's; lax.conv_transpose keeps vmap's own);
+  `patch_extraction`: its patch matrix's (conv2d's).
   """
   kernel_size = kernel.shape[0]
   if resolve_conv_impl(impl) == 'xla':
@@ -551,6 +563,7 @@ def conv_transpose2d(images: Array, kernel: Array, stride: int, impl: str = 'aut
   features = kernel.shape[-1]
   padded = jnp.pad(images, ((0, 0), (-first, window - 1 + first), (-first, window - 1 + first), (0, 0)))
   phases = conv2d(padded, phase_kernel.reshape(window, window, kernel.shape[2], stride * stride * features), 1,
-                  impl, patches_inference, member_convs=member_convs)       # [batch, h, w, s*s*out]
+                  impl, patches_inference, member_convs=member_convs,
+                  patch_extraction=patch_extraction)                        # [batch, h, w, s*s*out]
   phases = phases.reshape(batch, height, width, stride, stride, features).transpose(0, 1, 3, 2, 4, 5)
   return phases.reshape(batch, height * stride, width * stride, features)

@@ -46,14 +46,20 @@ def test_conv_formulations_agree_in_value_and_gradient(stride, height, width, ke
   images = jax.random.normal(jax.random.key(0), (batch, height, width, 3))
   weights = jax.random.normal(jax.random.key(1), (kernel, kernel, 3, 4))
   xla = ops.conv2d(images, weights, stride, 'xla')
-  loss = lambda x, w, impl: jnp.sum(jnp.sin(ops.conv2d(x, w, stride, impl)))
+  conv = lambda x, w, impl: ops.conv2d(x, w, stride, *impl.split('/'))   # 'patches/…': how it extracts
+  loss = lambda x, w, impl: jnp.sum(jnp.sin(conv(x, w, impl)))
   g_xla = jax.grad(loss, argnums=(0, 1))(images, weights, 'xla')
-  for impl in ('patches', 'kernel_rows', 'fourier', 'space_to_depth'):
-    np.testing.assert_allclose(jax.jit(ops.conv2d, static_argnums=(2, 3))(images, weights, stride, impl), xla,
-                               rtol=1e-5, atol=2e-5, err_msg=impl)
+  outputs = {}
+  for impl in ('patches/chunked/float32/auto/slices', 'patches/chunked/float32/auto/gather', 'kernel_rows', 'fourier',
+               'space_to_depth'):
+    outputs[impl] = jax.jit(conv, static_argnums=2)(images, weights, impl)
+    np.testing.assert_allclose(outputs[impl], xla, rtol=1e-5, atol=2e-5, err_msg=impl)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(images, weights, impl)
     for ours, theirs in zip(grads, g_xla):
       np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=impl)
+  # The two patch matrices are the same numbers in the same order: the same products.
+  np.testing.assert_array_equal(outputs['patches/chunked/float32/auto/slices'],
+                                outputs['patches/chunked/float32/auto/gather'])
 
 
 def test_auto_picks_the_convolution_per_layer_by_the_rule():
@@ -93,6 +99,9 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   chosen = lambda platform, ensemble: formulations.for_platform({'member_convs': 'auto'}, platform, ensemble).member_convs
   assert [chosen('gpu', True), chosen('gpu', False), chosen('cpu', True)] == ['per_member', 'grouped', 'grouped']
   assert formulations.resolve('member_convs', 'auto', 'gpu') == 'grouped'
+  # The im2col patch matrix: one gather on a CPU (compiles faster), the slices the GPUs measured.
+  assert [formulations.resolve('patch_extraction', 'auto', platform) for platform in ('cpu', 'gpu', 'tpu')] == [
+      'gather', 'slices', 'slices']
   with pytest.raises(ValueError, match="'fourier' computes in float32"):
     ops.conv2d(jnp.ones((1, 9, 9, 2)), jnp.ones((3, 3, 2, 2)), 2, 'fourier', dot_inputs='bfloat16')
 
