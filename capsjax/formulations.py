@@ -2,8 +2,7 @@
 
 A formulation option (the config's model.formulation section: `Formulation`'s fields) set
 to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`, `member_convs`,
-`patch_extraction`) is
-chosen here once, for the platform the run compiles for, when the run builds its model
+`patch_extraction`) is chosen here once, for the platform the run compiles for, when the run builds its model
 (`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
 applies to its own shape where it is traced. A model built without that ('auto' left in
 it, as a library user may) resolves for JAX's default backend where it is traced. Every
@@ -276,8 +275,9 @@ FASTEST = {
         'dtype': 'float32',
         # Not measured on a CPU (whose convolutions are not XLA's unless asked for): vmap's own.
         'member_convs': 'grouped',
-        # One gather compiled the paper model's forward in 1.0 s and its gradient in 2.9 s where
-        # 81 slices took 4.5 and 7.2 s, and ran PrimaryCaps' im2col as fast or faster (Zen 3,
+        # One gather compiled the paper model's forward and gradient 3-6x faster than 81 slices
+        # (the tests, the explorer, predict: compile-bound); PrimaryCaps' forward ran faster,
+        # its gradient 10-15 % slower, below the 32 images where a CPU leaves patches (Zen 3,
         # 2026-11-29: docs/results.md, "Patches by one gather").
         'patch_extraction': 'gather',
     },
