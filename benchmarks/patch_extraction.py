@@ -4,13 +4,13 @@ compile and run times of the paper's two convolutions and compile times of the w
   python benchmarks/patch_extraction.py [--batch 128] [--model_batch 8] [--repeats 10]
 
 Each layer: conv2d in the 'patches' form (whole batch, as under differentiation), its
-forward and its gradient (images and kernel), compiled then timed (median of `repeats`).
+forward and its gradient (images and kernel), compiled then timed (timing.seconds_per_call:
+the mean of `repeats` calls after a warm-up one).
 The model: the paper's CapsNet's forward and its gradient compiled at `model_batch` (the
 size the tests and the explorer compile at). Results: docs/results.md, "Patches by one
 gather".
 """
 import argparse
-import statistics
 import time
 
 import jax
@@ -20,6 +20,7 @@ import numpy as np
 import capsjax
 from capsjax import ops
 from capsjax.experiments import mnist
+from timing import seconds_per_call   # benchmarks/timing.py: what the benchmark scripts share
 
 LAYERS = {'conv1': ((28, 28, 1), 9, 1), 'primary': ((20, 20, 256), 9, 2)}
 EXTRACTIONS = ('slices', 'gather')
@@ -29,16 +30,6 @@ def _compiled(function, *args):
   start = time.perf_counter()
   compiled = jax.jit(function).lower(*args).compile()
   return compiled, time.perf_counter() - start
-
-
-def _median_ms(compiled, args, repeats: int) -> float:
-  jax.block_until_ready(compiled(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(times)
 
 
 def layer_rows(batch: int, repeats: int):
@@ -53,7 +44,8 @@ def layer_rows(batch: int, repeats: int):
       backward, backward_s = _compiled(grad, images, kernel)
       outputs[extraction] = np.asarray(forward(images, kernel))
       yield (f'| {name} | {extraction} | {batch} | {forward_s:.2f} | {backward_s:.2f} | '
-             f'{_median_ms(forward, (images, kernel), repeats):.1f} | {_median_ms(backward, (images, kernel), repeats):.1f} |')
+             f'{1e3 * seconds_per_call(forward, (images, kernel), repeats):.1f} | '
+             f'{1e3 * seconds_per_call(backward, (images, kernel), repeats):.1f} |')
     assert np.array_equal(*outputs.values()), 'the two patch matrices gave different convolutions'
 
 
@@ -74,7 +66,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--batch', type=int, default=128, help='images per layer call')
   parser.add_argument('--model_batch', type=int, default=8, help="images per call of the whole model's programs")
-  parser.add_argument('--repeats', type=int, default=10, help='timed calls per program (the median is reported)')
+  parser.add_argument('--repeats', type=int, default=10, help='timed calls per program (their mean is reported)')
   args = parser.parse_args()
   print(f'{jax.devices()[0].device_kind}, jax {jax.__version__}')
   print('| what | extraction | batch | compile forward s | compile gradient s | forward ms | gradient ms |')

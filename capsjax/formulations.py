@@ -2,8 +2,8 @@
 
 A formulation option (the config's model.formulation section: `Formulation`'s fields) set
 to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`, `member_convs`,
-`patch_extraction`) is chosen here once, for the platform the run compiles for, when the run builds its model
-(`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
+`patch_extraction`) is chosen here once, for the platform the run compiles for, when the
+run builds its model (`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
 applies to its own shape where it is traced. A model built without that ('auto' left in
 it, as a library user may) resolves for JAX's default backend where it is traced. Every
 entry names the measurement behind it; an entry nobody has measured says so.
@@ -55,8 +55,8 @@ class Formulation:
   """How a model computes the same math, handed to its layers as one object; its fields
   are the config's `model.formulation` section, the same for every model family (each
   family's default is its field's: capsjax.models). `conv_impl`, `patches_inference`,
-  `routing_loop`, `member_convs`, `patch_extraction`: a value, or what `for_platform` chose for 'auto' (a
-  convolution's may be a rule: `ConvRule`, `StrideRule`, applied to each layer's shape in
+  `routing_loop`, `member_convs`, `patch_extraction`: a value, or what `for_platform` chose for
+  'auto' (a convolution's may be a rule: `ConvRule`, `StrideRule`, applied to each layer's shape in
   `resolve` where it is traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the convolutions' matmul inputs
   (CONV_INPUTS). `dtype`: the compute dtype of convolutions and capsule predictions (None:
   the input's, a layer's default; 'auto': the backend's, a model's default).

@@ -46,20 +46,18 @@ def test_conv_formulations_agree_in_value_and_gradient(stride, height, width, ke
   images = jax.random.normal(jax.random.key(0), (batch, height, width, 3))
   weights = jax.random.normal(jax.random.key(1), (kernel, kernel, 3, 4))
   xla = ops.conv2d(images, weights, stride, 'xla')
-  conv = lambda x, w, impl: ops.conv2d(x, w, stride, *impl.split('/'))   # 'patches/…': how it extracts
-  loss = lambda x, w, impl: jnp.sum(jnp.sin(conv(x, w, impl)))
+  conv = lambda x, w, impl, extraction='auto': ops.conv2d(x, w, stride, impl, patch_extraction=extraction)
+  loss = lambda x, w, *how: jnp.sum(jnp.sin(conv(x, w, *how)))
   g_xla = jax.grad(loss, argnums=(0, 1))(images, weights, 'xla')
   outputs = {}
-  for impl in ('patches/chunked/float32/auto/slices', 'patches/chunked/float32/auto/gather', 'kernel_rows', 'fourier',
-               'space_to_depth'):
-    outputs[impl] = jax.jit(conv, static_argnums=2)(images, weights, impl)
-    np.testing.assert_allclose(outputs[impl], xla, rtol=1e-5, atol=2e-5, err_msg=impl)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(images, weights, impl)
+  for how in (('patches', 'slices'), ('patches', 'gather'), ('kernel_rows',), ('fourier',), ('space_to_depth',)):
+    outputs[how] = jax.jit(conv, static_argnums=(2, 3))(images, weights, *how)
+    np.testing.assert_allclose(outputs[how], xla, rtol=1e-5, atol=2e-5, err_msg=str(how))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=tuple(range(2, 2 + len(how))))(images, weights, *how)
     for ours, theirs in zip(grads, g_xla):
-      np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=impl)
+      np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=str(how))
   # The two patch matrices are the same numbers in the same order: the same products.
-  np.testing.assert_array_equal(outputs['patches/chunked/float32/auto/slices'],
-                                outputs['patches/chunked/float32/auto/gather'])
+  np.testing.assert_array_equal(outputs['patches', 'slices'], outputs['patches', 'gather'])
 
 
 def test_auto_picks_the_convolution_per_layer_by_the_rule():
