@@ -497,6 +497,11 @@ def test_elastic_distortion_displaces_smoothly_and_keeps_the_ink():
   assert 0.75 * expected <= fields.std() <= 1.25 * expected, (fields.std(), expected)
   neighbours = np.corrcoef(fields[..., :-1].ravel(), fields[..., 1:].ravel())[0, 1]
   assert neighbours > 0.9   # smooth: a pixel moves with its neighbours
+  # Its noise is drawn as a vector (compiled faster): the numbers of the [batch, 2, h, w] draw.
+  noise = jax.random.uniform(jax.random.key(3), (2, 2, 6, 5), minval=-1.0, maxval=1.0)
+  by_hand = 3.0 * jnp.einsum('hi,bdij,wj->bdhw', augment.gaussian_smoothing_matrix(6, 1.0), noise,
+                             augment.gaussian_smoothing_matrix(5, 1.0))
+  assert np.array_equal(np.asarray(augment.displacement_fields(jax.random.key(3), (2, 6, 5), 3.0, 1.0)), np.asarray(by_hand))
   moved = np.asarray(augment.elastic_distortion(jnp.asarray(digit), jax.random.key(1), 34.0, 4.0))[0, ..., 0]
   rows, cols = np.nonzero(digit[0, ..., 0])
   centre = np.array([np.average(np.arange(28), weights=moved.sum(1)), np.average(np.arange(28), weights=moved.sum(0))])

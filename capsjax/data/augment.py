@@ -135,7 +135,10 @@ def displacement_fields(key: Array, shape, alpha: float, sigma: float) -> Array:
   smoothed along both axes by a Gaussian of `sigma` px, times `alpha` px."""
   batch, height, width = shape
   smooth_rows, smooth_cols = gaussian_smoothing_matrix(height, sigma), gaussian_smoothing_matrix(width, sigma)
-  noise = jax.random.uniform(key, (batch, 2, height, width), minval=-1.0, maxval=1.0)
+  # Drawn as a vector and reshaped: the same numbers (each depends on the key and its
+  # row-major index alone), and XLA:CPU compiles a rank-4 draw ~10x slower (docs/results.md).
+  noise = jax.random.uniform(key, (batch * 2 * height * width,), minval=-1.0, maxval=1.0)
+  noise = noise.reshape(batch, 2, height, width)                                    # [batch, 2, h, w]
   return alpha * jnp.einsum('hi,bdij,wj->bdhw', smooth_rows, noise, smooth_cols)
 
 
