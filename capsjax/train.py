@@ -156,8 +156,7 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
         steps_per_epoch=train.num_examples // built.batch_size, batch_size=built.batch_size,
         num_members=len(members) if members else None, metrics=metrics_log, log=_log,
         evaluate=program.evaluate, wall_time_before=progress.get('wall_time_s', 0.0),
-        # Compiled once: op by op, the first logged rate compiled a dozen programs (0.5 s).
-        learning_rate=None if built.learning_rate is None else jax.jit(built.learning_rate),
+        learning_rate=None if built.learning_rate is None else jax.jit(built.learning_rate),   # op by op: 12 programs
         describe=lambda metrics: reports.describe_test(metrics, members is not None, built.labels_per_example),
         eval_examples=test.num_examples + (validation.num_examples if validation is not None else 0))
     if first_step:
