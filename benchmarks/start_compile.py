@@ -4,7 +4,7 @@ model's fresh state (parameters, optimizer state) as capsjax draws it.
   python benchmarks/start_compile.py [--repeats 2]
 
 Draws: the same numbers drawn at the weight's own rank, as the matrix [everything but the
-last axis, last axis] (models.drawn_as_a_matrix) and as one vector (the elastic noise),
+last axis, last axis] (layers.drawn_as_a_matrix) and as one vector (the elastic noise),
 for the paper's DigitCaps W_ij, its PrimaryCaps kernel and a batch of elastic noise; each
 compiled (`jax.jit(...).lower(seed).compile()`, the seed an argument so that nothing is
 constant-folded) `repeats` times in one process with JAX's caches cleared in between, the

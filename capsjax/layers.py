@@ -18,6 +18,25 @@ Array = jax.Array
 
 Initializer = Callable[..., Array]
 
+
+def drawn_as_a_matrix(init: Initializer) -> Initializer:
+  """`init` drawing the numbers of a weight of rank 3 or more as the matrix [everything but
+  the last axis, last axis] and reshaping them: the same numbers bit for bit, since a
+  draw's i-th number depends on the key and on i (row-major) alone and the matrix has the
+  weight's fan-in. Why: XLA:CPU compiles a random draw of rank 4 several times slower than
+  the same draw as a matrix (docs/results.md, "A run's start"). For initializers whose
+  distribution depends on the shape at most through the fan-in of the last-but-one axis
+  (Flax's LeCun normal, normal, truncated normal)."""
+  def matrix_init(key, shape, dtype=jnp.float32):
+    if len(shape) <= 2:
+      return init(key, shape, dtype)
+    return init(key, (math.prod(shape[:-1]), shape[-1]), dtype).reshape(shape)
+  return matrix_init
+
+
+# The layers' default weights: Flax's LeCun normal, drawn as a matrix (the same numbers).
+LECUN_NORMAL = drawn_as_a_matrix(nn.initializers.lecun_normal())
+
 # A size of a layer: a count of capsules, types, dimensions or pixels.
 SIZE = About(int_at_least(1), 'a size')
 # CapsuleLayer's transforms and, for 'per_type', how its votes are formed (CapsNet's keys too).
@@ -77,7 +96,7 @@ class Conv(nn.Module):
   use_bias: bool = True
   padding: Annotated[str, About(one_of(PADDINGS), 'padding')] = 'VALID'
   formulation: Formulation = Formulation()
-  kernel_init: Initializer = nn.initializers.lecun_normal()
+  kernel_init: Initializer = LECUN_NORMAL
   bias_init: Initializer = nn.initializers.zeros
   output_scale: float = 1.0
 
@@ -122,7 +141,7 @@ class PrimaryCaps(nn.Module):
   kernel_size: Annotated[int, SIZE] = 9
   stride: Annotated[int, SIZE] = 2
   formulation: Formulation = Formulation()
-  kernel_init: Initializer = nn.initializers.lecun_normal()
+  kernel_init: Initializer = LECUN_NORMAL
   bias_init: Initializer = nn.initializers.zeros
   scale_by_types: bool = False
 
@@ -171,7 +190,7 @@ class CapsuleLayer(nn.Module):
   # 'stop_gradient_predictions' switches (a routing reads those its layer_inputs name).
   routing_inputs: Sequence[str] = ()
   formulation: Formulation = Formulation()   # its routing_loop and dtype (of the predictions)
-  weights_init: Initializer = nn.initializers.normal(0.01)
+  weights_init: Initializer = drawn_as_a_matrix(nn.initializers.normal(0.01))
   bias_init: Initializer = nn.initializers.zeros
   # The routing algorithm (capsjax.routing.ROUTINGS) and its options, a section per routing
   # as in the config ({'em': {'inverse_temperature': 2.0}}; its own is read); the options it
@@ -279,7 +298,7 @@ class Decoder(nn.Module):
   """
   hidden: Annotated[Sequence[int], About(ints_at_least(1), 'widths')] = (512, 1024)
   output_shape: Annotated[Sequence[int], About(ints_at_least(1, allow_empty=False), 'a shape')] = (28, 28, 1)
-  kernel_init: Initializer = nn.initializers.lecun_normal()
+  kernel_init: Initializer = LECUN_NORMAL
   bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
@@ -328,7 +347,7 @@ class StridedStem(nn.Module):
   stages: Annotated[int, About(int_at_least(0), 'halvings')]
   channels: Annotated[int, SIZE] = 32
   formulation: Formulation = Formulation()
-  kernel_init: Initializer = nn.initializers.lecun_normal()
+  kernel_init: Initializer = LECUN_NORMAL
   bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
@@ -357,7 +376,7 @@ class TransposedConv(nn.Module):
   kernel_size: Annotated[int, SIZE]
   stride: Annotated[int, SIZE]
   formulation: Formulation = Formulation()
-  kernel_init: Initializer = nn.initializers.lecun_normal()
+  kernel_init: Initializer = LECUN_NORMAL
   bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact
@@ -380,7 +399,7 @@ class DeconvDecoder(nn.Module):
   0.5M parameters where the paper's dense decoder has 1.4M, at 128×128×3 0.7M vs 50M."""
   output_shape: Annotated[Sequence[int], IMAGE_SHAPE] = (28, 28, 1)
   formulation: Formulation = Formulation()   # the transposed convolutions' (TransposedConv)
-  kernel_init: Initializer = nn.initializers.lecun_normal()
+  kernel_init: Initializer = LECUN_NORMAL
   bias_init: Initializer = nn.initializers.zeros
 
   @nn.compact

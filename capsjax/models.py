@@ -1,6 +1,5 @@
 """CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
 import dataclasses
-import math
 from typing import Annotated, Any, Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -8,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax.layers import (TRANSFORMS, VOTES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps,
-                            StridedStem, halved, is_image_shape, stem_stages)
+from capsjax.layers import (LECUN_NORMAL, TRANSFORMS, VOTES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps,
+                            StridedStem, drawn_as_a_matrix, halved, is_image_shape, stem_stages)
 from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
                           check_values, field_problems, lookup, nested, number_in, one_of, registered,
@@ -94,21 +93,6 @@ def left_to_the_data(num_classes, input_shape) -> Optional[Tuple[str, str]]:
   return None
 
 
-def drawn_as_a_matrix(init):
-  """`init` drawing the numbers of a rank-3 or rank-4 weight as the matrix [everything but
-  the last axis, last axis] and reshaping them: the same numbers bit for bit, since a
-  draw's i-th number depends on the key and on i (row-major) alone and the matrix has the
-  weight's fan-in. Why: XLA:CPU compiles a random draw of rank 4 several times slower than
-  the same draw as a matrix (docs/results.md, "A run's start"). For initializers whose
-  distribution depends on the shape at most through the fan-in of the last-but-one axis
-  (Flax's LeCun normal, normal, truncated normal)."""
-  def matrix_init(key, shape, dtype=jnp.float32):
-    if len(shape) <= 2:
-      return init(key, shape, dtype)
-    return init(key, (math.prod(shape[:-1]), shape[-1]), dtype).reshape(shape)
-  return matrix_init
-
-
 def initializers(name: str):
   """Initializers per CapsNet part. 'default': Flax's LeCun normal for the convolutions and
   the decoder, N(0, 0.01²) for the DigitCaps W_ij, zero biases (the paper names none).
@@ -116,9 +100,8 @@ def initializers(name: str):
   and 0.1 elsewhere, every bias 0.1 (the decoder's too). The weights' draws as matrices
   (`drawn_as_a_matrix`: the same numbers, compiled faster)."""
   if name == 'default':
-    lecun = drawn_as_a_matrix(nn.initializers.lecun_normal())
-    return {'conv1': lecun, 'primary': lecun, 'digit': drawn_as_a_matrix(nn.initializers.normal(0.01)),
-            'decoder': lecun, 'bias': nn.initializers.zeros}
+    return {'conv1': LECUN_NORMAL, 'primary': LECUN_NORMAL, 'digit': drawn_as_a_matrix(nn.initializers.normal(0.01)),
+            'decoder': LECUN_NORMAL, 'bias': nn.initializers.zeros}
   if name == 'official':
     normal = lambda stddev: drawn_as_a_matrix(nn.initializers.truncated_normal(stddev))
     return {'conv1': normal(0.05), 'primary': normal(0.1), 'digit': normal(0.1), 'decoder': normal(0.1),

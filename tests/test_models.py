@@ -38,20 +38,25 @@ def test_optional_parameters_add_exactly_their_size():
 
 
 def test_weights_drawn_as_matrices_are_flaxs_initializers_bit_for_bit():
-  # models.initializers draws a rank-3+ weight as a matrix (XLA:CPU compiles that faster):
-  # the very numbers of Flax's initializer at the weight's own shape, for every part of
-  # both schemes, ranks 2 to 5 (the DigitCaps W_ij is rank 4, or 5 with per-type transforms).
+  # The CapsNet's initializers and the layers' defaults draw a weight of rank 3 or more as a
+  # matrix (XLA:CPU compiles that faster): the very numbers of Flax's initializer at the
+  # weight's own shape, ranks 2 to 5 (the DigitCaps W_ij is rank 4, or 5 per type).
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from capsjax import layers  # pylint: disable=g-import-not-at-top
   from capsjax.models import initializers  # pylint: disable=g-import-not-at-top
   lecun, tenth = nn.initializers.lecun_normal(), nn.initializers.truncated_normal(0.1)
   plain = {'default': {'conv1': lecun, 'primary': lecun, 'decoder': lecun, 'digit': nn.initializers.normal(0.01)},
            'official': {'conv1': nn.initializers.truncated_normal(0.05), 'primary': tenth, 'decoder': tenth,
-                        'digit': tenth}}
+                        'digit': tenth},
+           'layers': {'Conv': lecun, 'PrimaryCaps': lecun, 'TransposedConv': lecun, 'CapsuleLayer': nn.initializers.normal(0.01)}}
+  ours = {'default': initializers('default'), 'official': initializers('official'),
+          'layers': {name: getattr(layers, name).__dataclass_fields__['weights_init' if name == 'CapsuleLayer' else 'kernel_init'].default
+                     for name in plain['layers']}}
   shapes = ((6, 5), (3, 3, 2, 4), (2, 3, 2, 4, 2))
 
   @jax.jit   # one program for all the draws
   def draws(key):
-    return {(scheme, part, shape): (initializers(scheme)[part](key, shape, jnp.float32), init(key, shape, jnp.float32))
+    return {(scheme, part, shape): (ours[scheme][part](key, shape, jnp.float32), init(key, shape, jnp.float32))
             for scheme, parts in plain.items() for part, init in parts.items() for shape in shapes}
   for case, (ours, theirs) in draws(jax.random.key(7)).items():
     assert ours.shape == case[2] and np.array_equal(np.asarray(ours), np.asarray(theirs)), case
