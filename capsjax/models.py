@@ -103,8 +103,8 @@ def initializers(name: str):
     return {'conv1': LECUN_NORMAL, 'primary': LECUN_NORMAL, 'digit': drawn_as_a_matrix(nn.initializers.normal(0.01)),
             'decoder': LECUN_NORMAL, 'bias': nn.initializers.zeros}
   if name == 'official':
-    normal = lambda stddev: drawn_as_a_matrix(nn.initializers.truncated_normal(stddev))
-    return {'conv1': normal(0.05), 'primary': normal(0.1), 'digit': normal(0.1), 'decoder': normal(0.1),
+    truncated = lambda stddev: drawn_as_a_matrix(nn.initializers.truncated_normal(stddev))
+    return {'conv1': truncated(0.05), 'primary': truncated(0.1), 'digit': truncated(0.1), 'decoder': truncated(0.1),
             'bias': nn.initializers.constant(0.1)}
   raise ArgumentError(f'model init_scheme must be one of {INITS}, got {name!r}')
 

@@ -58,8 +58,8 @@ def test_weights_drawn_as_matrices_are_flaxs_initializers_bit_for_bit():
   def draws(key):
     return {(scheme, part, shape): (ours[scheme][part](key, shape, jnp.float32), init(key, shape, jnp.float32))
             for scheme, parts in plain.items() for part, init in parts.items() for shape in shapes}
-  for case, (ours, theirs) in draws(jax.random.key(7)).items():
-    assert ours.shape == case[2] and np.array_equal(np.asarray(ours), np.asarray(theirs)), case
+  for case, (drawn, flaxs) in draws(jax.random.key(7)).items():
+    assert drawn.shape == case[2] and np.array_equal(np.asarray(drawn), np.asarray(flaxs)), case
 
 
 # Odd sizes and strides that do not divide them (phases with zero rows), a kernel the
