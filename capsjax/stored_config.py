@@ -119,8 +119,24 @@ def check_stored(stored, path: str) -> None:
 
 def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
   """A stored config in today's layout, with the keys added since at their defaults."""
-  return with_defaults(_formulation_sections(_evaluators_as_sections(_routing_inputs_from_flags(
-      _sectioned_routing_options(stored)))), defaults.base_config().to_dict())
+  return _model_sections_with_defaults(with_defaults(_formulation_sections(_evaluators_as_sections(
+      _routing_inputs_from_flags(_sectioned_routing_options(stored)))), defaults.base_config().to_dict()))
+
+
+def _model_sections_with_defaults(tree: Dict[str, Any]) -> Dict[str, Any]:
+  # A model of another family than the base's CapsNet (a CNN baseline, as config.model or
+  # config.baseline.model) takes the keys its family added since from that family's
+  # defaults: a baseline run recorded before its config carried the formulation resumes.
+  def with_family_defaults(holder: Dict[str, Any]) -> Dict[str, Any]:
+    section = holder.get('model')
+    if not isinstance(section, dict) or section.get('name') not in MODELS:
+      return holder
+    return dict(holder, model=with_defaults(section, model_config(section['name']).to_dict()))
+
+  tree = with_family_defaults(tree)
+  if isinstance(tree.get('baseline'), dict):
+    tree = dict(tree, baseline=with_family_defaults(tree['baseline']))
+  return tree
 
 
 _FLAG_OVERRIDE = re.compile(r'model\.(%s)\s*=\s*(True|False)' % '|'.join(ROUTING_INPUT_FLAGS))

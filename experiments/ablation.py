@@ -8,14 +8,16 @@ train in W/capsnet, the 3 baseline seeds in W/baseline (each resumable).
 """
 import ml_collections
 
+from capsjax import models
 from capsjax.experiments import mnist
 
 
 def mnist_baseline_model() -> ml_collections.ConfigDict:
   """Section 5's baseline: 35,445,522 parameters (the paper: 35.4M)."""
-  return ml_collections.ConfigDict(dict(
-      name='cnn', conv_channels=(256, 256, 128), conv_kernels=(5, 5, 5), pool=False,
-      dense=(328, 192), dropout_rate=0.5, num_classes=10, input_shape=(28, 28, 1)))
+  model = models.model_config('cnn')   # every key the family declares (its formulation too)
+  model.update(conv_channels=(256, 256, 128), conv_kernels=(5, 5, 5), pool=False, dense=(328, 192),
+               dropout_rate=0.5, num_classes=10, input_shape=(28, 28, 1))
+  return model
 
 
 def get_config():

@@ -360,6 +360,13 @@ def test_recipes_compare_as_what_they_set_and_a_start_ending_in_a_traceback_leav
   # once made `model.routing_inputs: () → []` a change that refused the resume).
   del saved['model']['routing_inputs'], saved['model']['decoder_hidden']
   assert workdir_lib.config_differences(workdir_lib.upgraded(saved), mnist_lease.get_config()) == []
+  # A CNN baseline's too, from its family's defaults (recorded before its config had a formulation).
+  from capsjax.experiments import ablation, multimnist_baseline  # pylint: disable=g-import-not-at-top
+  for config in (multimnist_baseline.get_config(), ablation.get_config()):
+    saved = json.loads(json.dumps(config.to_dict()))
+    del (saved['model'] if saved['model']['name'] == 'cnn' else saved['baseline']['model'])['formulation']
+    assert workdir_lib.config_differences(saved, config) != []
+    assert workdir_lib.config_differences(workdir_lib.upgraded(saved), config) == []
 
   def bug(config):   # an error no check foresaw, after the workdir was made
     raise OverflowError('Python integer 2147483648 out of bounds for int32')
