@@ -88,6 +88,10 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
   import onnx  # pylint: disable=g-import-not-at-top
   metadata = {p.key: p.value for p in onnx.load(onnx_path).metadata_props}
   assert json.loads(metadata['capsjax_classes']) == [str(k) for k in range(10)]
+  # Converted with JAX's and Flax's plugins alone (the files agree above): Equinox's, which
+  # build example modules as they import, were never imported.
+  assert 'jax2onnx.plugins.jax.lax.add' in sys.modules and not any(
+      name.startswith('jax2onnx.plugins.equinox') for name in sys.modules)
   # README's and docs/serving.md's commands for a run (with the reconstructions this test
   # compares): README's writes mnist.stablehlo in the current folder, serving.md's names it.
   readme = documented.command(r'^capsjax-export --format=stablehlo --workdir=workdirs/mnist$').args(
@@ -202,6 +206,14 @@ def test_an_own_images_model_exports_and_agrees(tmp_path):
   activations, capsules = serving.run_file(path, images)
   np.testing.assert_allclose(activations, [list(r['activations'].values()) for r in predicted], atol=TOLERANCE)
   assert capsules.shape == (3, 2, config.model.digit_dim)
+
+
+def test_a_changed_jax2onnx_plugin_system_leaves_the_plugins_to_jax2onnx(monkeypatch):
+  from jax2onnx.plugins import plugin_system  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(plugin_system, '_already_imported_plugins', False)
+  monkeypatch.delattr(plugin_system, '_import_tree')   # what the shortcut reads, gone
+  assert serving.import_onnx_plugins() is False
+  assert plugin_system._already_imported_plugins is False   # jax2onnx imports them all itself  pylint: disable=protected-access
 
 
 def _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, digit, folder):

@@ -36,6 +36,8 @@ EXPORT_FORMULATION = {'conv_impl': 'xla', 'routing_loop': 'unrolled', 'dtype': '
 LOWERED_FOR = ('cpu', 'cuda', 'tpu')
 EXTRA = "pip install 'capsjax[export]'"
 OUTPUT_NAMES = ('activations', 'capsules', 'reconstructions')
+# The jax2onnx plugin trees a capsjax model converts with: JAX's primitives and Flax's.
+ONNX_PLUGIN_TREES = ('jax', 'flax')
 
 
 class ExportError(CapsjaxError):
@@ -81,6 +83,30 @@ def input_spec(trained):
   return jax.ShapeDtypeStruct((batch,) + tuple(trained.info.image_shape), jnp.uint8)
 
 
+def import_onnx_plugins() -> bool:
+  """Imports jax2onnx's plugins for ONNX_PLUGIN_TREES alone and marks its plugins imported;
+  False (nothing marked) where jax2onnx's plugin system differs from the one this reads.
+
+  A first conversion imports every module of jax2onnx's plugin tree, and the Equinox
+  plugins build example modules as they are imported: most of an export's time
+  (docs/results.md, "Exported models"). jax2onnx has no public way to choose plugins, so this
+  reads its plugin_system; where that has changed, jax2onnx imports them all, as before.
+  (A later jax2onnx conversion of an Equinox model in the same process converts without
+  its Equinox plugins: through JAX's primitives.)"""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  try:
+    from jax2onnx.plugins import plugin_system  # pylint: disable=g-import-not-at-top
+    if plugin_system._already_imported_plugins:  # pylint: disable=protected-access
+      return True
+    root = pathlib.Path(plugin_system.__file__).parent
+    for tree in ONNX_PLUGIN_TREES:
+      plugin_system._import_tree(root / tree, f'jax2onnx.plugins.{tree}')  # pylint: disable=protected-access
+  except (ImportError, AttributeError, TypeError):
+    return False
+  plugin_system._already_imported_plugins = True  # pylint: disable=protected-access
+  return True
+
+
 def _onnx_proto(trained, reconstructions: bool):
   try:
     import jax2onnx  # pylint: disable=g-import-not-at-top
@@ -94,6 +120,7 @@ def _onnx_proto(trained, reconstructions: bool):
     for logger in quiet:
       logger.setLevel(logging.ERROR)
     with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+      import_onnx_plugins()
       proto = jax2onnx.to_onnx(infer, [input_spec(trained)], model_name='capsnet', input_names=['images'],
                                output_names=list(names))
   except NotImplementedError as error:
