@@ -84,9 +84,9 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
   `tfds.data_source` (array_record, random access, no TensorFlow at read time). A whole
   split is read in one pass (in chunks): each record's images decoded into one uint8 array
   and its label read. With `on_demand` the labels are read without decoding any image, and
-  images only when rows are indexed. A whole split,
-  once decoded, is kept beside the prepared files (`decoded_copy_path`) and later reads
-  load that copy instead of decoding every image again.
+  images only when rows are indexed. A whole split, once decoded, is kept beside the
+  prepared files (`decoded_copy_path`) and later reads load that copy instead of decoding
+  every image again.
 
   Preparation decodes the source files through `tf.io`, so it needs TensorFlow (the
   `tensorflow-cpu` dependency); later runs only read the prepared files.
