@@ -34,8 +34,10 @@ def drawn_as_a_matrix(init: Initializer) -> Initializer:
   return matrix_init
 
 
-# The layers' default weights: Flax's LeCun normal, drawn as a matrix (the same numbers).
+# The layers' default weights, drawn as matrices (the same numbers): Flax's LeCun normal,
+# and N(0, 0.01²) for the capsule transforms W_ij.
 LECUN_NORMAL = drawn_as_a_matrix(nn.initializers.lecun_normal())
+CAPSULE_TRANSFORMS_NORMAL = drawn_as_a_matrix(nn.initializers.normal(0.01))
 
 # A size of a layer: a count of capsules, types, dimensions or pixels.
 SIZE = About(int_at_least(1), 'a size')
@@ -190,7 +192,7 @@ class CapsuleLayer(nn.Module):
   # 'stop_gradient_predictions' switches (a routing reads those its layer_inputs name).
   routing_inputs: Sequence[str] = ()
   formulation: Formulation = Formulation()   # its routing_loop and dtype (of the predictions)
-  weights_init: Initializer = drawn_as_a_matrix(nn.initializers.normal(0.01))
+  weights_init: Initializer = CAPSULE_TRANSFORMS_NORMAL
   bias_init: Initializer = nn.initializers.zeros
   # The routing algorithm (capsjax.routing.ROUTINGS) and its options, a section per routing
   # as in the config ({'em': {'inverse_temperature': 2.0}}; its own is read); the options it

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from capsjax.layers import (LECUN_NORMAL, TRANSFORMS, VOTES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps,
+from capsjax.layers import (CAPSULE_TRANSFORMS_NORMAL, LECUN_NORMAL, TRANSFORMS, VOTES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps,
                             StridedStem, drawn_as_a_matrix, halved, is_image_shape, stem_stages)
 from capsjax import formulations
 from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
@@ -100,7 +100,7 @@ def initializers(name: str):
   and 0.1 elsewhere, every bias 0.1 (the decoder's too). The weights' draws as matrices
   (`drawn_as_a_matrix`: the same numbers, compiled faster)."""
   if name == 'default':
-    return {'conv1': LECUN_NORMAL, 'primary': LECUN_NORMAL, 'digit': drawn_as_a_matrix(nn.initializers.normal(0.01)),
+    return {'conv1': LECUN_NORMAL, 'primary': LECUN_NORMAL, 'digit': CAPSULE_TRANSFORMS_NORMAL,
             'decoder': LECUN_NORMAL, 'bias': nn.initializers.zeros}
   if name == 'official':
     truncated = lambda stddev: drawn_as_a_matrix(nn.initializers.truncated_normal(stddev))

@@ -124,19 +124,17 @@ def upgraded(stored: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _model_sections_with_defaults(tree: Dict[str, Any]) -> Dict[str, Any]:
-  # A model of another family than the base's CapsNet (a CNN baseline, as config.model or
-  # config.baseline.model) takes the keys its family added since from that family's
-  # defaults: a baseline run recorded before its config carried the formulation resumes.
-  def with_family_defaults(holder: Dict[str, Any]) -> Dict[str, Any]:
-    section = holder.get('model')
-    if not isinstance(section, dict) or section.get('name') not in MODELS:
-      return holder
-    return dict(holder, model=with_defaults(section, model_config(section['name']).to_dict()))
-
-  tree = with_family_defaults(tree)
-  if isinstance(tree.get('baseline'), dict):
-    tree = dict(tree, baseline=with_family_defaults(tree['baseline']))
-  return tree
+  # Every model section, at any depth (config.model, ablation's config.baseline.model,
+  # affNIST's config.cnn.model), takes the keys its family added since from that family's
+  # defaults: a CNN baseline recorded before its config carried the formulation resumes.
+  upgraded_tree = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      value = _model_sections_with_defaults(value)
+      if key == 'model' and value.get('name') in MODELS:
+        value = with_defaults(value, model_config(value['name']).to_dict())
+    upgraded_tree[key] = value
+  return upgraded_tree
 
 
 _FLAG_OVERRIDE = re.compile(r'model\.(%s)\s*=\s*(True|False)' % '|'.join(ROUTING_INPUT_FLAGS))

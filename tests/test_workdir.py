@@ -361,10 +361,14 @@ def test_recipes_compare_as_what_they_set_and_a_start_ending_in_a_traceback_leav
   del saved['model']['routing_inputs'], saved['model']['decoder_hidden']
   assert workdir_lib.config_differences(workdir_lib.upgraded(saved), mnist_lease.get_config()) == []
   # A CNN baseline's too, from its family's defaults (recorded before its config had a formulation).
-  from capsjax.experiments import ablation, multimnist_baseline  # pylint: disable=g-import-not-at-top
-  for config in (multimnist_baseline.get_config(), ablation.get_config()):
+  from capsjax.experiments import ablation, affnist, multimnist_baseline  # pylint: disable=g-import-not-at-top
+  for config, section in ((multimnist_baseline.get_config(), ()), (ablation.get_config(), ('baseline',)),
+                          (affnist.get_config(), ('cnn',))):
     saved = json.loads(json.dumps(config.to_dict()))
-    del (saved['model'] if saved['model']['name'] == 'cnn' else saved['baseline']['model'])['formulation']
+    model = saved
+    for key in (*section, 'model'):
+      model = model[key]
+    del model['formulation']
     assert workdir_lib.config_differences(saved, config) != []
     assert workdir_lib.config_differences(workdir_lib.upgraded(saved), config) == []
 

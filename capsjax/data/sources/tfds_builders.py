@@ -133,10 +133,16 @@ def load_tfds_split(name: str, split: str, tfds_data_dir: Optional[str] = None,
     labels[start:stop] = [int(example[label_key]) for example in undecoded.__getitems__(range(start, stop))]
 
   def read(ids: np.ndarray) -> np.ndarray:
-    with _quiet_absl():   # "OpenCV is not installed … defaulting to PIL", once
-      return np.stack([_stacked(example, image_keys) for example in source.__getitems__(ids.tolist())])
+    return _decoded_images(source, ids.tolist(), image_keys)[0]
 
   return Dataset(ImageRows(read, read(np.zeros(1, np.int64)).shape[1:], num_rows=len(source)), labels)
+
+
+def _decoded_images(source, ids, image_keys):
+  """(uint8 images [len(ids), h, w, c], the examples) of the records `ids` of `source`."""
+  with _quiet_absl():   # "OpenCV is not installed … defaulting to PIL", once
+    examples = source.__getitems__(ids)
+    return np.stack([_stacked(example, image_keys) for example in examples]), examples
 
 
 def _read_whole(source, image_keys, label_key: str) -> Dataset:
@@ -146,9 +152,7 @@ def _read_whole(source, image_keys, label_key: str) -> Dataset:
   images, labels = None, np.empty(len(source), np.int32)
   for start in range(0, len(source), CHUNK_ROWS):
     stop = min(start + CHUNK_ROWS, len(source))
-    with _quiet_absl():   # "OpenCV is not installed … defaulting to PIL", once
-      examples = source.__getitems__(range(start, stop))
-      chunk = np.stack([_stacked(example, image_keys) for example in examples])
+    chunk, examples = _decoded_images(source, range(start, stop), image_keys)
     if images is None:
       images = np.empty((len(source),) + chunk.shape[1:], np.uint8)
     images[start:stop] = chunk
