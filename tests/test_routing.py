@@ -5,6 +5,7 @@ differences of the reference), a traced iteration count under vmap, each in a Ca
 and the routing zoo."""
 import importlib.util
 import re
+import warnings
 
 import chex
 import jax
@@ -449,11 +450,17 @@ def _route(name, u, a, r, params):
 
 def test_the_registry_holds_the_four_algorithms_and_route_works_as_it_stands():
   assert set(REFERENCES) <= set(routing.ROUTINGS)
-  u, a = _inputs()
+  u, a = _inputs()   # NumPy float64, as a user's arrays come
   for name in routing.ROUTINGS:
-    parents, activations = _pair(routing.route(name, jnp.asarray(u, jnp.float32)))
+    with warnings.catch_warnings():
+      warnings.simplefilter('error')   # (JAX warned of float64 truncated once per array it made)
+      parents, activations = _pair(routing.route(name, u, a))
     assert parents.shape == (BATCH, OUT_CAPS, DIM) and activations.shape == (BATCH, OUT_CAPS)
+    assert parents.dtype == activations.dtype == jnp.float32, name
     assert jnp.all((activations >= 0) & (activations <= 1)), name
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    assert dynamic_routing(u, 3).parents.dtype == jnp.float32
 
 
 @pytest.mark.parametrize('name', sorted(REFERENCES))

@@ -271,6 +271,7 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   if problems:
     raise ConfigError(problems[0])
   check_prediction_vectors(prediction_vectors, f'route({name!r})')
+  prediction_vectors = jnp.asarray(prediction_vectors)   # NumPy's float64 → JAX's float (no x64: float32)
   batch, in_caps, out_caps, dim = prediction_vectors.shape
   if input_activations is None:
     input_activations = jnp.ones((batch, in_caps), prediction_vectors.dtype)

@@ -93,6 +93,7 @@ def dynamic_routing(
     (3, 2, 3, 4)
   """
   check_prediction_vectors(prediction_vectors, 'dynamic_routing')
+  prediction_vectors = jnp.asarray(prediction_vectors)   # NumPy's float64 → JAX's float (no x64: float32)
   check_flags('dynamic_routing', stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
               return_logits=return_logits, unroll=unroll)
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
