@@ -75,6 +75,16 @@ def check_images(layer: str, images: Array, kernel_size: int, padding: str = 'VA
                         f'{kernel_size}×{kernel_size} kernel')
 
 
+def compute_dtype(formulation: Formulation, inputs: Array):
+  """The dtype a layer computes in: the formulation's, else its inputs' as JAX holds them
+  (NumPy's float64 is float32 without x64), and float32 for integer inputs, as Flax's
+  layers promote them (cast to the inputs' integers, the weights would be zeros)."""
+  if formulation.dtype is not None:
+    return formulation.dtype
+  dtype = jax.dtypes.canonicalize_dtype(inputs.dtype)
+  return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(jnp.float32)
+
+
 def same_padding(side: int, kernel_size: int, stride: int):
   """(low, high) zero padding of one side so that a convolution gives ⌈side / stride⌉
   outputs (TensorFlow's SAME: the extra pixel, if any, goes after)."""
@@ -110,7 +120,7 @@ class Conv(nn.Module):
     kernel = self.param('kernel', self.kernel_init,
                         (self.kernel_size, self.kernel_size, in_features, self.features))
     how = self.formulation
-    dtype = how.dtype or images.dtype
+    dtype = compute_dtype(how, images)
     if self.padding == 'SAME':
       pads = [same_padding(side, self.kernel_size, self.stride) for side in images.shape[1:3]]
       images = jnp.pad(images, ((0, 0), pads[0], pads[1], (0, 0)))
@@ -224,7 +234,7 @@ class CapsuleLayer(nn.Module):
                                           math.prod(grid) * self.types != in_caps):
       raise ArgumentError(f"CapsuleLayer transforms='per_type' takes types >= 1 (got {self.types}) and the call's "
                           f'grid=(rows, columns) (got {grid}) of rows × columns × types = its {in_caps} input capsules')
-    dtype = self.formulation.dtype or capsules.dtype
+    dtype = compute_dtype(self.formulation, capsules)
     shared = None
     if self.transforms == 'per_type':
       weights = self.param('weights', self.weights_init, (self.types, self.num_capsules, self.dim, in_dim))

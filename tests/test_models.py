@@ -251,6 +251,26 @@ def test_wrong_input_shape_is_a_clear_error():
     model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 1)))
 
 
+@pytest.mark.float32_matmuls
+def test_layers_compute_integer_and_numpy_float64_inputs_as_float32():
+  # As Flax's layers promote them. An integer input once cast the weights to its integers
+  # (all zeros: silently wrong outputs), and NumPy's float64 made JAX warn of truncation.
+  import warnings  # pylint: disable=g-import-not-at-top
+  from capsjax.layers import CapsuleLayer, PrimaryCaps  # pylint: disable=g-import-not-at-top
+  counts = np.random.default_rng(0).integers(0, 4, (2, 7, 7, 3))   # [batch, height, width, channels]
+  for layer, inputs in ((PrimaryCaps(num_types=2, dim=4, kernel_size=3), counts),
+                        (CapsuleLayer(num_capsules=3, dim=4), counts.reshape(2, 49, 3))):
+    variables = layer.init(jax.random.key(0), jnp.asarray(inputs, jnp.float32))
+    expected = jax.tree.leaves(layer.apply(variables, jnp.asarray(inputs, jnp.float32)))[0]
+    assert float(jnp.abs(expected).max()) > 1e-5
+    for given in (inputs.astype(np.int32), inputs.astype(np.uint8), inputs.astype(np.float64)):
+      with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        got = jax.tree.leaves(layer.apply(variables, given))[0]
+      assert got.dtype == jnp.float32
+      np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
 def test_chunked_patch_convolution_covers_the_whole_batch():
   assert ops.batch_chunk_size(128, 16) == 16 and ops.batch_chunk_size(20, 16) == 10
   assert ops.batch_chunk_size(7, 16) == 7 and ops.batch_chunk_size(17, 16) == 1
