@@ -619,7 +619,8 @@ def test_explorer_and_predict_show_the_routings_activations():
   for images, line in [(pixels[0], r'predict takes a list of images or a batch \[n, h, w, c\]; one image of shape '
                                    r'\[28, 28, 1\] is predict\(\[image\]\)$'),
                        (None, r'predict takes images \(arrays, or a batch \[n, h, w, c\]\), got None; files: '),
-                       ('digit.png', r"predict takes images .*, got 'digit.png'; files: predict\(read_files")]:
+                       ('digit.png', r"predict takes images .*, got 'digit.png'; files: predict\(read_files"),
+                       (['digit.png'], r"image 0: a file name \('digit.png'\), not an image array; files: predict\(read_f")]:
     with pytest.raises(CapsjaxError, match='^' + line):
       predictor.predict(images)
   with pytest.raises(CapsjaxError, match=r'^Predictor takes a TrainedModel \(TrainedModel.from_workdir\(workdir\)\), '

@@ -96,6 +96,8 @@ class Predictor:
     a word."""
     from PIL import Image  # pylint: disable=g-import-not-at-top
     from capsjax.data.images import to_array  # pylint: disable=g-import-not-at-top
+    if isinstance(image, (str, bytes, os.PathLike)):
+      raise CapsjaxError(f'{name}: a file name ({image!r}), not an image array; files: predict(read_files([path, …]))')
     array = np.asarray(image)
     if array.dtype == bool:   # a mask (once refused as not numeric): as Pillow reads a 1-bit image
       array = array.astype(np.uint8) * 255
