@@ -7,12 +7,14 @@ whose line the command prints).
 Each config key's rule is declared with the key, where the code that reads it lives
 (capsjax.keys; `declared(config)` below lists them for a config: the run's keys, the
 evaluators', and the model's and loss's of the family and objective the config names). A config that breaks
-one raises ConfigError with one line: `config.KEY=VALUE: allowed ...`. Below the rules of
+one raises ConfigError with one line: `config.KEY=VALUE: allowed ...`; a key no declaration
+has, the command's `unknown config key 'KEY'`. Below the rules of
 single keys, the rules across keys. Comparison models (`baseline.model`, `cnn.model`) are
 checked as the run's model is. An experiment program's section (routing_zoo.*, sweep.*) is
 checked once its module has registered it (capsjax.defaults.register_section: the program's
 `KEYS`, `RULES` and `config_problems(config)`).
 """
+import difflib
 import os
 from typing import Iterator, List, Tuple
 
@@ -22,6 +24,7 @@ from capsjax import assemble, defaults
 from capsjax.errors import ConfigError, WorkdirError
 from capsjax.evaluators import EVALUATORS, evaluator_keys
 from capsjax.keys import Key, RegisteredTuple, check_values, int_at_least, lookup
+from capsjax.layout import moved_key_hint
 from capsjax.models import MODELS, model_keys, model_problems
 from capsjax.objectives import OBJECTIVES, loss_keys
 from capsjax.routing import ROUTINGS, routing_option_keys
@@ -106,9 +109,42 @@ def _across_problems(config) -> List[str]:
   return problems
 
 
+def _undeclared_problems(config) -> List[str]:
+  """A key no declaration has, one line each, as the command says it for an unknown
+  override: from Python, `config.lerning_rate = 0.1` adds a key to the ConfigDict, which
+  the run would never read. The model, loss and evaluator sections name theirs in their
+  own checks; a section of a program not yet imported (its keys unregistered) is its own."""
+  checked_apart = {'model', 'loss', 'evals'} | {f'{name}.{part}' for name in COMPARISON_MODELS for part in ('model', 'loss')}
+  names = {name for name, _ in declared(config)}
+  # (A comparison model's own keys do not make its section known: its program's keys do.)
+  sections = {name.rsplit('.', 1)[0] for name in names
+              if '.' in name and not name.startswith(tuple(section + '.' for section in checked_apart))}
+  sections |= {section.rsplit('.', 1)[0] for section in sections if '.' in section}
+  problems = []
+
+  def walk(section, prefix: str) -> None:
+    for key in section.keys():
+      dotted, value = prefix + key, section[key]
+      if dotted in checked_apart or (dotted in names and not (dotted in sections and hasattr(value, 'keys'))):
+        continue
+      if dotted in sections:
+        if hasattr(value, 'keys'):
+          walk(value, dotted + '.')
+        continue
+      if not prefix and hasattr(value, 'keys'):
+        continue
+      siblings = sorted({name[len(prefix):].split('.')[0] for name in names | sections if name.startswith(prefix)})
+      match = difflib.get_close_matches(key, siblings, 1, 0.75)   # (ml_collections' rule for the command's hint)
+      problems.append(f'unknown config key {dotted!r}' + (f" (did you mean '{prefix}{match[0]}'?)" if match else '')
+                      + moved_key_hint(dotted))
+
+  walk(config, '')
+  return problems
+
+
 def problems_of(config) -> List[str]:
   """Every rule `config` breaks, one line each (empty when it is valid)."""
-  problems: List[str] = []
+  problems: List[str] = _undeclared_problems(config)
   check_values(config, defaults.run_keys(defaults.registered_sections()), problems)
   found, evals = lookup(config, 'evals')
   if found and evals is not None:

@@ -276,7 +276,12 @@ def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdi
            'learning_rate': (-1.0, 'config.learning_rate=-1.0: allowed a finite number > 0'),
            'model.routing': ('dynamical', "config.model.routing='dynamical': allowed one of dynamic, "),
            'model.routing_iterations': (0, 'config.model.routing_iterations=0: allowed an integer in [1, 100]'),
-           'eval_batch_size': (-5, 'config.eval_batch_size=-5: allowed an integer in [1, 65536]')}
+           'eval_batch_size': (-5, 'config.eval_batch_size=-5: allowed an integer in [1, 65536]'),
+           # A key set from Python that the run never reads (a ConfigDict takes any new key):
+           # the command's line for the override (tests/test_launch.py).
+           'learning_rte': (0.1, "unknown config key 'learning_rte' (did you mean 'learning_rate'?)"),
+           'augment.rotatoin': (10.0, "unknown config key 'augment.rotatoin' (did you mean 'augment.rotation'?)"),
+           'conv_impl': ('xla', "unknown config key 'conv_impl'")}
   for key, (value, line) in cases.items():
     config = mnist_smoke.get_config()
     _set(config, key, value)
