@@ -80,8 +80,8 @@ def model_decode(explorer, vector, cls):
   capsules = np.zeros((1, explorer.num_classes, explorer.dim), np.float32)
   capsules[0, cls] = vector
   mask = jax.nn.one_hot(jnp.array([cls]), explorer.num_classes)
-  return np.asarray(explorer.model.apply({'params': explorer.params}, jnp.asarray(capsules), mask,
-                                         method='decode'))[0, ..., 0]
+  decode = jax.jit(lambda p, c, m: explorer.model.apply({'params': p}, c, m, method='decode'))
+  return np.asarray(decode(explorer.params, jnp.asarray(capsules), mask))[0, ..., 0]
 
 
 # ------------------------------------------------------------------------- preprocessing
@@ -114,7 +114,8 @@ def test_example_is_the_model_encoding_of_the_test_image(explorer, url, mnist_di
   assert status == 200
   test = load_dataset('mnist', 'test', mnist_dir).take(50)
   image = preprocess(jnp.asarray(test.images[7:8]))
-  capsules = np.asarray(explorer.model.apply({'params': explorer.params}, image, method='encode'))[0]
+  encode = jax.jit(lambda p, x: explorer.model.apply({'params': p}, x, method='encode'))   # (op by op: slower)
+  capsules = np.asarray(encode(explorer.params, image))[0]
   np.testing.assert_allclose(answer['capsules'], capsules, atol=1e-5)
   np.testing.assert_allclose(answer['lengths'], np.linalg.norm(capsules, axis=-1), atol=1e-5)
   assert answer['prediction'] == [int(np.argmax(np.linalg.norm(capsules, axis=-1)))]

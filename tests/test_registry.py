@@ -328,7 +328,7 @@ def test_a_model_key_and_a_routing_option_are_one_declaration_each(user_declarat
     config.model.routing_options.scaled_mean.scale = scale
     model = build_model(**config.model)
     variables = jax.jit(model.init)(jax.random.key(0), images)
-    lengths[scale] = model.apply(variables, images)['lengths']
+    lengths[scale] = jax.jit(model.apply)(variables, images)['lengths']   # (op by op: a compilation each)
   # squash: |v| = |s|² / (1 + |s|²), so |s| = sqrt(|v| / (1 − |v|)); the option scales |s| by 4.
   norm = lambda v: jnp.sqrt(v / (1 - v))
   assert jnp.allclose(norm(lengths[4.0]), 4 * norm(lengths[1.0]), rtol=1e-3)

@@ -583,8 +583,9 @@ def test_every_routing_drives_the_capsnet_and_its_loss(name):
   config, model, params, _, images = _tiny_capsnet(name)
   learned = {f'routing_{option}' for option in routing.ROUTINGS[name].learned}
   assert learned <= set(params['digit_caps'])
-  outputs = model.apply({'params': params}, images)
-  _, activations = model.apply({'params': params}, images, method='classify')
+  apply = jax.jit(model.apply, static_argnames='method')   # (op by op: a compilation per operation)
+  outputs = apply({'params': params}, images)
+  _, activations = apply({'params': params}, images, method='classify')
   np.testing.assert_allclose(outputs['activations'], activations, rtol=1e-6)
   assert jnp.all((activations >= 0) & (activations <= 1))
   batch = {'images': images, 'labels': jnp.arange(4)}
@@ -600,7 +601,7 @@ def test_explorer_and_predict_show_the_routings_activations():
   from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
   from capsjax.data.rows import ImageRows  # pylint: disable=g-import-not-at-top
   config, model, params, pixels, images = _tiny_capsnet('em')
-  _, activations = model.apply({'params': params}, images, method='classify')
+  _, activations = jax.jit(model.apply, static_argnames='method')({'params': params}, images, method='classify')
   explorer = Explorer(TrainedModel(config, model, params, 'a test model'), np.asarray(images), np.arange(4))
   answer = explorer.example(2)
   # (The explorer encodes padded batches of another size: float32 rounding differs a little.)
@@ -825,7 +826,7 @@ def test_the_capsnet_routes_the_newer_algorithms_without_votes_too():
       model = assemble.model(config)
       params = params or jax.jit(model.init)(jax.random.key(0), images[:1])['params']
       with jax.default_matmul_precision('float32'):
-        encoded[votes] = model.apply({'params': params}, images, method='classify')
+        encoded[votes] = jax.jit(lambda p, x: model.apply({'params': p}, x, method='classify'))(params, images)
     for ours, reference in zip(encoded['factored'], encoded['materialised']):   # capsules, activations
       # Relative to the largest value: the layer norm of inverted dot-product routing
       # divides vote sums of about 1e-4 by their spread, float32 rounding with them.
