@@ -116,23 +116,23 @@ def _undeclared_problems(config) -> List[str]:
   own checks; a section of a program not yet imported (its keys unregistered) is its own."""
   checked_apart = {'model', 'loss', 'evals'} | {f'{name}.{part}' for name in COMPARISON_MODELS for part in ('model', 'loss')}
   names = {name for name, _ in declared(config)}
-  # (A comparison model's own keys do not make its section known: its program's keys do.)
-  sections = {name.rsplit('.', 1)[0] for name in names
-              if '.' in name and not name.startswith(tuple(section + '.' for section in checked_apart))}
-  sections |= {section.rsplit('.', 1)[0] for section in sections if '.' in section}
+  # Every section holding a declared key, at any depth. (A comparison model's own keys do
+  # not make its section known: its program's keys do.)
+  sections = {'.'.join(parts[:depth]) for parts in (name.split('.') for name in names
+                                                    if not name.startswith(tuple(s + '.' for s in checked_apart)))
+              for depth in range(1, len(parts))}
   problems = []
 
   def walk(section, prefix: str) -> None:
     for key in section.keys():
       dotted, value = prefix + key, section[key]
-      if dotted in checked_apart or (dotted in names and not (dotted in sections and hasattr(value, 'keys'))):
+      if dotted in checked_apart:
         continue
-      if dotted in sections:
-        if hasattr(value, 'keys'):
-          walk(value, dotted + '.')
+      if dotted in sections and hasattr(value, 'keys'):
+        walk(value, dotted + '.')
         continue
-      if not prefix and hasattr(value, 'keys'):
-        continue
+      if dotted in names or dotted in sections or (not prefix and hasattr(value, 'keys')):
+        continue   # declared; or a section of a program not imported yet
       siblings = sorted({name[len(prefix):].split('.')[0] for name in names | sections if name.startswith(prefix)})
       match = difflib.get_close_matches(key, siblings, 1, 0.75)   # (ml_collections' rule for the command's hint)
       problems.append(f'unknown config key {dotted!r}' + (f" (did you mean '{prefix}{match[0]}'?)" if match else '')
