@@ -32,7 +32,9 @@ from capsjax.app.explorer.backend import Explorer, RequestError, mnist_preproces
 from capsjax.app.explorer.export import MAX_SHIPPED_FILE_BYTES
 from capsjax.app.explorer.server import make_server
 from capsjax.models import build_model
+from capsjax.app import predict as predict_command
 from capsjax.app.predict import Predictor
+from capsjax.data.images import fit_like_mnist
 from capsjax.errors import CapsjaxError
 from capsjax.experiments import multimnist as multimnist_experiment
 import documented
@@ -92,12 +94,20 @@ def test_drawing_is_fitted_into_20x20_and_centred_by_mass():
   image = mnist_preprocess(drawing)
   assert image.shape == (28, 28) and image.dtype == np.float32
   assert 0.0 <= image.min() and image.max() <= 1.0
-  rows, cols = np.nonzero(image > 0.5)
-  assert rows.max() - rows.min() + 1 == 20       # the longer side fills the 20-pixel box
-  assert cols.max() - cols.min() + 1 == 10       # aspect ratio kept
-  mass = image.sum()
-  centre = [(image.sum(axis=1) @ np.arange(28)) / mass, (image.sum(axis=0) @ np.arange(28)) / mass]
-  np.testing.assert_allclose(centre, [13.5, 13.5], atol=0.5)   # integer placement
+  # The same bar photographed as ink on paper (uneven light, grain), as predict lays out a
+  # photo for an MNIST model: alike, in its own polarity (the paper stays white).
+  rng = np.random.default_rng(0)
+  photo = 200 + np.linspace(0, 30, 280)[None] - (drawing > 0) * 150 + rng.normal(0, 6, drawing.shape)
+  on_paper = fit_like_mnist(np.clip(photo, 0, 255).astype(np.uint8))
+  assert on_paper.dtype == np.uint8 and on_paper[0, 0] == on_paper[-1, -1] == 255
+  for fitted in (image, (255 - on_paper) / 255.0):
+    rows, cols = np.nonzero(fitted > 0.5)
+    assert rows.max() - rows.min() + 1 == 20       # the longer side fills the 20-pixel box
+    assert cols.max() - cols.min() + 1 == 10       # aspect ratio kept
+    mass = fitted.sum()
+    centre = [(fitted.sum(axis=1) @ np.arange(28)) / mass, (fitted.sum(axis=0) @ np.arange(28)) / mass]
+    np.testing.assert_allclose(centre, [13.5, 13.5], atol=0.5)   # integer placement
+  np.testing.assert_array_equal(fit_like_mnist(np.full((50, 40), 230, np.uint8)), np.full((28, 28), 230))  # no ink
 
 
 def test_drawing_errors_are_request_errors():
@@ -160,7 +170,8 @@ def test_drawing_is_encoded(url):
   assert answer['image'] == to_pixels(mnist_preprocess(drawing)).ravel().tolist()
 
 
-def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
+def test_an_image_file_is_converted_as_predict_converts_it(explorer, url, trained_workdir, tmp_path, monkeypatch,
+                                                           capsys):
   # A test image as a PNG file encodes as the test image itself; a larger colour photo of
   # it as predict converts that file.
   _, example = call(url, '/api/example?index=7')
@@ -187,6 +198,15 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url):
   status, answer = call(url, '/api/encode_file', raw=photo.getvalue())
   assert status == 200 and answer['image'] == expected[..., 0].ravel().tolist()
   assert answer['prediction'] == [predictor.predict(expected[None])[0]['class_index']]
+  # A file of another size than 28×28, for this MNIST run: laid out as MNIST's digits (its
+  # ink fitted into 20×20 and centred by mass), which capsjax-predict says (in this process).
+  (tmp_path / 'photo.jpg').write_bytes(photo.getvalue())
+  monkeypatch.setattr(Predictor, 'from_workdir', classmethod(lambda cls, *args: predictor))
+  assert predict_command.main([str(tmp_path / 'photo.jpg'), f'--workdir={trained_workdir}']) == 0
+  assert (f"{tmp_path}/photo.jpg: 84×70, laid out as MNIST's digits are (its ink fitted into 20×20 and centred by "
+          'mass in 28×28) before classifying') in capsys.readouterr().err.splitlines()
+  assert predictor.predict([np.asarray(Image.open(tmp_path / 'photo.jpg'))])[0]['fitted']
+  assert not predictor.predict([expected])[0]['fitted']   # 28×28: taken as it is
   # Ink on paper (dark on light, MNIST's opposite): inverted first, and said so; a blank
   # page (white: inverted to black) or a nearly uniform grey is blank, a faint digit is not.
   faint = (expected // 8).astype(np.uint8)   # 0–31: a digit of 31 levels
@@ -290,6 +310,23 @@ def test_shipped_model_is_the_paper_model_and_classifies_its_test_sample():
   assert explorer.config.model.conv1_channels == 256 and explorer.config.model.primary_types == 32
   accuracy = np.mean(explorer.predictions[:, 0] == explorer.labels)
   assert accuracy > 0.99, accuracy
+  # Photos of its digits (each 2–3× larger, somewhere on a 120×90 page: ink on paper, uneven
+  # light, grain), opened as files: laid out as MNIST's digits, then read right. (Stretched
+  # to 28×28 instead, 8 % of 500 such photos were: docs/results.md.)
+  rng = np.random.default_rng(0)
+  read_right = []
+  for digit, label in zip(to_pixels(explorer.images[:20, ..., 0]), explorer.labels[:20]):
+    side = int(28 * rng.uniform(2, 3))
+    page = np.zeros((120, 90), np.float32)
+    top, left = rng.integers(0, 120 - side), rng.integers(0, 90 - side)
+    page[top:top + side, left:left + side] = np.asarray(Image.fromarray(digit).resize((side, side), Image.BILINEAR))
+    page = 200 + np.linspace(0, 30, 90)[None] - page * (150 / 255) + rng.normal(0, 6, page.shape)
+    photo = io.BytesIO()
+    Image.fromarray(np.clip(page, 0, 255).astype(np.uint8)).save(photo, format='PNG')
+    answer = explorer.encode_file(photo.getvalue())
+    assert answer['inverted'] and not answer['blank']
+    read_right.append(answer['prediction'] == [label])
+  assert np.mean(read_right) >= 0.95, read_right
 
 
 def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):

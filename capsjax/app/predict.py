@@ -8,7 +8,10 @@ MNIST's light strokes on black, is inverted first, and a line on stderr says so;
 blank image (no pixel more than 16 of 255 levels from the others), whose class means nothing.
 Without --workdir: the paper's MNIST CapsNet that ships with capsjax. A file of any size or
 colour is converted as training converted the run's images (capsjax.data.images: grey or
-RGB, resized to the run's size), then preprocessed as the run's test images. --json
+RGB, resized to the run's size), then preprocessed as the run's test images; for an MNIST
+model, a file that is not 28×28 (a photo of a digit) is laid out as MNIST's digits are
+instead (its ink fitted into 20×20 and centred by mass: fit_like_mnist), and a line on
+stderr says so. --json
 prints one JSON object per line: {"file", "class", "class_index", "activations"}.
 --reconstruct=DIR writes DIR/NAME.png (at least 112 px tall, whole-pixel blocks; NAME
 with the folders that tell same-named files apart): the input | the decoder's reconstruction from the
@@ -45,7 +48,7 @@ class Predictor:
     >>> test = capsjax.load_dataset('mnist', 'test', data_dir=mnist_dir)
     >>> results = predictor.predict(test.images[:4])   # uint8 [4, 28, 28, 1]
     >>> [r['class'] for r in results], sorted(results[0])
-    (['7', '2', '1', '0'], ['activations', 'blank', 'class', 'class_index', 'input', 'inverted', 'reconstruction'])
+    (['7', '2', '1', '0'], ['activations', 'blank', 'class', 'class_index', 'fitted', 'input', 'inverted', 'reconstruction'])
     >>> [r['class'] for r in predictor.predict(255 - test.images[:2])], results[0]['inverted']   # ink on paper
     (['7', '2'], False)
     >>> results[0]['reconstruction'].shape
@@ -72,6 +75,8 @@ class Predictor:
     described = DATASETS.get(trained.config.get('dataset'))
     # Light strokes on black (MNIST): an ink-on-paper image is inverted first (predict says so).
     self.light_on_dark = bool(described and described.light_on_dark and self.info.image_shape[-1] == 1)
+    # One digit fitted into 20×20 and centred (MNIST): so is a photo of another size (`held`).
+    self.mnist_layout = bool(described and described.mnist_layout and tuple(self.info.image_shape) == (28, 28, 1))
     self._scores = jax.jit(self._scores_and_reconstructions)
     self._classes = jax.jit(lambda params, images: jax.numpy.argmax(
         self._scores_and_reconstructions(params, images, reconstruct=False)[0], -1))
@@ -115,17 +120,36 @@ class Predictor:
       array = array[..., 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
       raise CapsjaxError(f'{name}: expected an image [h, w] or [h, w, 1|3|4], got shape {list(np.shape(image))}')
-    return to_array(Image.fromarray(array), self.info.image_shape, name, self.info.background)
+    return self.held(Image.fromarray(array), name)
+
+  def fits(self, size: Tuple[int, int]) -> bool:
+    """Whether an image of `size` (width, height) is laid out as MNIST's digits (`held`)."""
+    return self.mnist_layout and tuple(size) != tuple(self.info.image_shape[1::-1])
+
+  def held(self, image, name: str = 'image') -> np.ndarray:
+    """A Pillow image as the run held its images: uint8 of the run's shape
+    (capsjax.data.images.to_array); for an MNIST model, an image of another size (a photo of a
+    digit, which stretched to 28×28 is often misread: docs/results.md) laid out as MNIST's
+    digits are instead (capsjax.data.images.fit_like_mnist)."""
+    from capsjax.data.images import fit_like_mnist, to_array  # pylint: disable=g-import-not-at-top
+    if self.fits(image.size):
+      grey = to_array(image, (image.height, image.width, 1), name, self.info.background)   # [h, w, 1]
+      return fit_like_mnist(grey[..., 0])[..., None]
+    return to_array(image, self.info.image_shape, name, self.info.background)
 
   def read_files(self, paths: Sequence[str]) -> np.ndarray:
-    """The files as the run held its images: uint8 [n, *shape] (one error line for a
-    missing file or one that is not an image)."""
-    from capsjax.data.images import read_image  # pylint: disable=g-import-not-at-top
+    """The files as the run held its images (`held`): uint8 [n, *shape] (one error line for
+    a missing file or one that is not an image)."""
+    from capsjax.data.images import open_image  # pylint: disable=g-import-not-at-top
     if isinstance(paths, (str, bytes, os.PathLike)):
       raise CapsjaxError(f'read_files takes a list of paths, got one path: read_files([{paths!r}])')
     if not paths:
       return np.zeros((0,) + tuple(self.info.image_shape), np.uint8)
-    return np.stack([read_image(path, self.info.image_shape, self.info.background) for path in paths])
+    held = []
+    for path in paths:
+      with open_image(path) as image:
+        held.append(self.held(image, path))
+    return np.stack(held)
 
   # --------------------------------------------------------------------------- prediction
 
@@ -191,7 +215,8 @@ class Predictor:
     the capsule lengths); a CNN's are its softmax (or sigmoid) outputs. An image of the
     opposite polarity to the run's (a dark digit on white for an MNIST model:
     opposite_polarity) is inverted first, and 'inverted' says so; 'blank': the image holds
-    no ink (`blank`), so its class means nothing."""
+    no ink (`blank`), so its class means nothing; 'fitted': an MNIST model's image of another
+    size than 28×28, laid out as MNIST's digits are (`held`)."""
     if images is None or isinstance(images, (str, bytes, os.PathLike)):
       raise CapsjaxError(f'predict takes images (arrays, or a batch [n, h, w, c]), got {images!r}; files: '
                          'predict(read_files([path, …]))')
@@ -204,9 +229,11 @@ class Predictor:
     if (hasattr(images, 'shape') and hasattr(images, 'dtype') and len(images.shape) == 4
         and images.dtype == np.uint8 and tuple(images.shape[1:]) == tuple(self.info.image_shape)):
       held = np.asarray(images)   # an array, or on-demand rows (capsjax.data.rows.ImageRows) read here
+      fitted = np.zeros(len(held), bool)
     elif not len(images):
       return []
     else:
+      fitted = [self.fits(np.shape(image)[1::-1]) for image in images]
       held = np.stack([self.convert(image, (names or [None] * len(images))[i] or f'image {i}')
                        for i, image in enumerate(images)])
     held, inverted, blank = self.as_classified(held)
@@ -220,7 +247,8 @@ class Predictor:
         results.append({'class': self.class_names[index], 'class_index': index,
                         'activations': {name: float(v) for name, v in zip(self.class_names, row)},
                         'input': chunk[i], 'reconstruction': None if reconstructions is None else reconstructions[i],
-                        'inverted': bool(inverted[len(results)]), 'blank': bool(blank[len(results)])})
+                        'inverted': bool(inverted[len(results)]), 'blank': bool(blank[len(results)]),
+                        'fitted': bool(fitted[len(results)])})
     return results
 
 
@@ -291,8 +319,10 @@ def main(argv=None):
   args = parser.parse_args(argv)
   from PIL import Image, PngImagePlugin  # pylint: disable=g-import-not-at-top
   from capsjax.data.images import open_image, side_by_side  # pylint: disable=g-import-not-at-top
+  sizes = []
   for path in args.files:   # every file checked before the model loads
-    open_image(path).close()
+    with open_image(path) as image:
+      sizes.append(image.size)
   if args.workdir is None and args.member is not None:
     cli.fail('capsjax-predict: --member needs --workdir (the shipped model is a single run)')
   if args.reconstruct and os.path.exists(args.reconstruct) and not os.path.isdir(args.reconstruct):
@@ -319,7 +349,10 @@ def main(argv=None):
       cli.fail(f'capsjax-predict: --reconstruct={args.reconstruct}: cannot make the folder '
                f'({error.strerror or error})')
   width = max(len(name) for name in predictor.class_names)
-  for path, png, result in zip(args.files, _png_names(args.files), results):
+  for path, png, result, size in zip(args.files, _png_names(args.files), results, sizes):
+    if predictor.fits(size) and not result['blank']:
+      print(f'{path}: {size[0]}×{size[1]}, laid out as MNIST\'s digits are (its ink fitted into 20×20 and centred '
+            'by mass in 28×28) before classifying', file=sys.stderr, flush=True)
     if result['blank']:   # on stderr: stdout stays the predictions
       print(f'{path}: a blank image (every pixel within {BLANK_RANGE} of 255 levels of the others): its class '
             'below means nothing', file=sys.stderr, flush=True)

@@ -48,6 +48,10 @@ class DatasetInfo(DescribesImages):
   # (a digit drawn in ink on paper) is inverted before a model of this data sees it
   # (capsjax.app.predict, saying so).
   light_on_dark: bool = False
+  # Each image one digit laid out as MNIST's are (fitted into 20×20, centred by mass in 28×28):
+  # a photo of another size is laid out so too before a model of this data sees it
+  # (capsjax.data.images.fit_like_mnist, in capsjax.app.predict and the explorer).
+  mnist_layout: bool = False
   splits: Tuple[str, str] = ('train', 'test')   # TFDS names of (training, test)
   preprocessing: Preprocessing = Preprocessing()
   source: str = ''                    # where the preprocessing choices come from
@@ -75,7 +79,8 @@ CIFAR10 = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'hors
 SMALLNORB = ('four-legged animal', 'human figure', 'airplane', 'truck', 'car')
 
 DATASETS: Dict[str, DatasetInfo] = {
-    'mnist': DatasetInfo('mnist', (28, 28, 1), DIGITS, idx_folder=True, split_sizes=(60000, 10000), light_on_dark=True),
+    'mnist': DatasetInfo('mnist', (28, 28, 1), DIGITS, idx_folder=True, split_sizes=(60000, 10000), light_on_dark=True,
+                          mnist_layout=True),
     # Same format; Debian's dataset-fashion-mnist installs the IDX files.
     'fashion_mnist': DatasetInfo('fashion_mnist', (28, 28, 1), FASHION, idx_folder=True, split_sizes=(60000, 10000),
                                  light_on_dark=True),

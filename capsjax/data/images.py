@@ -142,6 +142,53 @@ def resize_array(images: np.ndarray, size: int) -> np.ndarray:
   return out
 
 
+# MNIST's own preparation (LeCun et al.): the digit fitted into a 20×20 box (aspect ratio
+# kept, anti-aliased), then placed so that its centre of mass is the centre of 28×28.
+MNIST_BOX, MNIST_SIZE = 20, 28
+# Ink: pixels at least this fraction of the strongest ink's distance from the ground (paper
+# grain and sensor noise below it are the ground).
+INK_FRACTION = 0.25
+
+
+def fit_like_mnist(grey: np.ndarray) -> np.ndarray:
+  """A grey image uint8 [h, w] of one digit (a photo, a scan, a drawing: any size, either
+  polarity) → uint8 [28, 28] laid out as MNIST's digits are, in the image's own polarity:
+  the ground is the median of the image's frame (its outer 1/14 on each side); ink is how far
+  a pixel lies from it, stretched so that the strongest is 255, and what lies below
+  INK_FRACTION of that is ground; the ink's box is fitted into 20×20 (aspect ratio kept,
+  Lanczos) and placed so that its centre of mass is the image's centre. An image without
+  ink (every pixel within 1 level of the ground) is returned as a plain 28×28 of its ground."""
+  grey = np.asarray(grey)
+  if grey.ndim != 2 or grey.dtype != np.uint8:
+    raise DataError(f'fit_like_mnist takes a grey uint8 image [h, w], got {grey.dtype} {list(grey.shape)}')
+  height, width = grey.shape
+  frame = np.ones(grey.shape, bool)
+  frame[max(1, round(height / 14)):-max(1, round(height / 14)), max(1, round(width / 14)):-max(1, round(width / 14))] = False
+  ground = float(np.median(grey[frame]))
+  dark_ground = ground < 128           # light strokes on black (MNIST's own), else ink on paper
+  ink = (grey.astype(np.float32) - ground) * (1.0 if dark_ground else -1.0)   # [h, w]
+  strongest = ink.max()
+  canvas = np.zeros((MNIST_SIZE, MNIST_SIZE), np.float32)
+  if strongest > 1.0:
+    ink = np.where(ink >= INK_FRACTION * strongest, ink * (255.0 / strongest), 0.0)
+    rows, cols = np.nonzero(ink)
+    ink = ink[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+    scale = MNIST_BOX / max(ink.shape)
+    box_height, box_width = (max(1, round(side * scale)) for side in ink.shape)
+    boxed = np.clip(np.asarray(Image.fromarray(ink, 'F').resize((box_width, box_height), Image.LANCZOS)), 0, 255)
+    mass = boxed.sum()
+    middle = (MNIST_SIZE - 1) / 2
+    top = int(np.clip(round(middle - (boxed.sum(axis=1) @ np.arange(box_height)) / mass), 0, MNIST_SIZE - box_height))
+    left = int(np.clip(round(middle - (boxed.sum(axis=0) @ np.arange(box_width)) / mass), 0, MNIST_SIZE - box_width))
+    canvas[top:top + box_height, left:left + box_width] = boxed
+  fitted = np.uint8(np.round(canvas))
+  if not dark_ground:
+    fitted = 255 - fitted
+  if strongest <= 1.0:   # no ink: the ground, as it is
+    fitted = np.full((MNIST_SIZE, MNIST_SIZE), round(ground), np.uint8)
+  return fitted
+
+
 def side_by_side(image_uint8: np.ndarray, reconstruction: np.ndarray) -> np.ndarray:
   """uint8 [h, 2w + 2, c]: an input | a 2-pixel grey gap | its reconstruction (in [0, 1])."""
   rebuilt = np.uint8(np.round(np.clip(reconstruction, 0.0, 1.0) * 255)).reshape(image_uint8.shape)

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from PIL import Image
 
 from capsjax.app.predict import Predictor
 from capsjax.app.trained import SHIPPED, TrainedModel
@@ -27,9 +26,7 @@ from capsjax.app.plots import draw_perturbations
 SLIDER_RANGE = 0.25        # figure 4 of the paper: each dimension tweaked within ±0.25
 WIDE_SLIDER_RANGE = 1.0
 ENCODE_BATCH = 100
-# MNIST's own preprocessing (LeCun et al.): the digit fitted into a 20×20 box (aspect
-# ratio kept, anti-aliased), then placed so its centre of mass is the centre of 28×28.
-MNIST_BOX, MNIST_SIZE = 20, 28
+MNIST_BOX, MNIST_SIZE = image_files.MNIST_BOX, image_files.MNIST_SIZE
 
 
 class RequestError(CapsjaxError):
@@ -37,29 +34,15 @@ class RequestError(CapsjaxError):
 
 
 def mnist_preprocess(drawing: np.ndarray) -> np.ndarray:
-  """A grey drawing uint8 [h, w] (white ink on black) → a 28×28 MNIST-style image in [0, 1]."""
+  """A grey drawing uint8 [h, w] (white ink on black) → a 28×28 MNIST-style image in [0, 1]
+  (capsjax.data.images.fit_like_mnist: as predict lays out a photo of a digit)."""
   drawing = np.asarray(drawing)
   if drawing.ndim != 2 or min(drawing.shape) < MNIST_BOX:
     raise RequestError(f'a drawing must be a 2-D grey image of at least {MNIST_BOX}×{MNIST_BOX} pixels, '
                        f'got shape {list(drawing.shape)}')
-  rows, cols = np.nonzero(drawing)
-  if not len(rows):
+  if not drawing.any():
     raise RequestError('the drawing is empty: draw a digit first')
-  ink = drawing[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
-  scale = MNIST_BOX / max(ink.shape)
-  height, width = (max(1, round(side * scale)) for side in ink.shape)
-  boxed = np.asarray(Image.fromarray(ink.astype(np.uint8)).resize((width, height), Image.LANCZOS),
-                     np.float32) / 255.0
-  boxed = np.clip(boxed, 0.0, 1.0)
-  mass = boxed.sum()
-  centre_row = (boxed.sum(axis=1) @ np.arange(height)) / mass
-  centre_col = (boxed.sum(axis=0) @ np.arange(width)) / mass
-  middle = (MNIST_SIZE - 1) / 2
-  top = int(np.clip(round(middle - centre_row), 0, MNIST_SIZE - height))
-  left = int(np.clip(round(middle - centre_col), 0, MNIST_SIZE - width))
-  image = np.zeros((MNIST_SIZE, MNIST_SIZE), np.float32)
-  image[top:top + height, left:left + width] = boxed
-  return image
+  return image_files.fit_like_mnist(np.clip(drawing, 0, 255).astype(np.uint8)).astype(np.float32) / 255.0
 
 
 def to_pixels(images) -> np.ndarray:
@@ -202,8 +185,9 @@ class Explorer:
 
   def encode_file(self, data: bytes) -> Dict[str, Any]:
     """An image file's bytes (any size, grey or colour), converted as `capsjax.app.predict`
-    converts a file for this run (capsjax.data.images; ink on paper inverted for a run of
-    light strokes on black; then the run's test preprocessing), encoded: as /api/example,
+    converts a file for this run (Predictor.held: a photo laid out as MNIST's digits for an
+    MNIST model; ink on paper inverted for a run of light strokes on black; then the run's
+    test preprocessing), encoded: as /api/example,
     without a label, with 'inverted' and 'blank' (no ink: its class means nothing) as
     predict's results say them."""
     if not self.can_open_files:
@@ -211,7 +195,7 @@ class Explorer:
     info = self.trained.info
     try:
       with image_files.image_from_bytes(data) as image:
-        array = image_files.to_array(image, info.image_shape, 'the file', info.background)   # uint8 [h, w, c]
+        array = self._files.held(image, 'the file')   # uint8 [h, w, c]
     except DataError as e:
       raise RequestError(str(e)) from None
     held, inverted, blank = self._files.as_classified(array[None])              # [1, h, w, c] uint8

@@ -1,0 +1,60 @@
+"""How an MNIST model reads photos of digits: MNIST test digits, each enlarged 1.5–3× and
+placed at random on a larger page (light strokes on black, or ink on paper with uneven light
+and grain), classified by `capsjax.app.predict.Predictor` as predict reads such a file (laid
+out as MNIST's digits: capsjax.data.images.fit_like_mnist) and as it read them before
+(stretched to 28×28 by capsjax.data.images.to_array, then inverted where on paper).
+
+  python benchmarks/digit_photos.py --data_dir=../shared/data/mnist [--workdir=W] [--num_images=500]
+
+Prints one line per page kind: the accuracy of each conversion over the same photos.
+Without --workdir: the shipped model.
+"""
+import argparse
+
+import numpy as np
+from PIL import Image
+
+PAGE_HEIGHT, PAGE_WIDTH = 120, 90
+
+
+def digit_photo(digit: np.ndarray, on_paper: bool, rng: np.random.Generator) -> np.ndarray:
+  """An MNIST digit uint8 [28, 28] enlarged 1.5–3× at a random place of a 120×90 page: light
+  on black, or ink on paper (200–230 across the page, strokes 150 darker, grain σ 6)."""
+  side = int(28 * rng.uniform(1.5, 3.0))
+  page = np.zeros((PAGE_HEIGHT, PAGE_WIDTH), np.float32)
+  top, left = rng.integers(0, PAGE_HEIGHT - side + 1), rng.integers(0, PAGE_WIDTH - side + 1)
+  page[top:top + side, left:left + side] = np.asarray(Image.fromarray(digit).resize((side, side), Image.BILINEAR))
+  if on_paper:
+    page = 200 + np.linspace(0, 30, PAGE_WIDTH)[None] - page * (150 / 255) + rng.normal(0, 6, page.shape)
+  return np.clip(page, 0, 255).astype(np.uint8)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--data_dir', required=True, help="MNIST's IDX files (or a TFDS data dir)")
+  parser.add_argument('--workdir', default=None, help='an MNIST run (default: the shipped model)')
+  parser.add_argument('--num_images', type=int, default=500)
+  parser.add_argument('--seed', type=int, default=0)
+  args = parser.parse_args()
+  import capsjax  # pylint: disable=g-import-not-at-top
+  from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
+  from capsjax.data.images import to_array  # pylint: disable=g-import-not-at-top
+  predictor = Predictor.shipped() if args.workdir is None else Predictor.from_workdir(args.workdir)
+  if not predictor.mnist_layout:
+    raise SystemExit(f'error: {predictor.source} is not an MNIST model')
+  test = capsjax.load_dataset('mnist', 'test', data_dir=args.data_dir)
+  digits, labels = test.images[:args.num_images, ..., 0], np.asarray(test.labels[:args.num_images])
+  rng = np.random.default_rng(args.seed)
+  print(f'model: {predictor.trained.describe()}; {len(digits)} test digits on {PAGE_HEIGHT}×{PAGE_WIDTH} pages')
+  for on_paper in (False, True):
+    photos = [digit_photo(digit, on_paper, rng) for digit in digits]
+    laid_out = [r['class_index'] for r in predictor.predict(photos)]
+    stretched = np.stack([to_array(Image.fromarray(photo), (28, 28, 1)) for photo in photos])
+    stretched_classes = [r['class_index'] for r in predictor.predict(stretched)]   # polarity checked as before
+    print(f'{"ink on paper" if on_paper else "light on black"}: laid out as MNIST '
+          f'{np.mean(np.array(laid_out) == labels):.1%}, stretched to 28×28 '
+          f'{np.mean(np.array(stretched_classes) == labels):.1%}')
+
+
+if __name__ == '__main__':
+  main()
