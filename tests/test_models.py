@@ -291,10 +291,10 @@ def test_same_padding_conv_equals_flax_conv(kernel):
   images = jax.random.normal(jax.random.key(4), (2, 11, 11, 3))
   reference = nn.Conv(6, (kernel, kernel), padding='SAME')
   params = jax.jit(reference.init)(jax.random.key(5), images)['params']
-  expected = reference.apply({'params': params}, images)
+  expected = jax.jit(reference.apply)({'params': params}, images)   # (op by op: a compilation per operation)
   for impl in ('xla', 'patches', 'kernel_rows', 'fourier'):
     ours = Conv(6, kernel, padding='SAME', formulation=Formulation(conv_impl=impl))
-    np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(ours.apply)({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
   assert expected.shape == (2, 11, 11, 6)
 
 
@@ -308,15 +308,15 @@ def test_transposed_conv_equals_flax_conv_transpose_in_value_and_gradient(side, 
   reference = nn.ConvTranspose(4, (kernel, kernel), strides=(stride, stride), padding='SAME')
   params = jax.jit(reference.init)(jax.random.key(7), images)['params']
   loss = lambda module: lambda p, x: jnp.sum(jnp.sin(module.apply({'params': p}, x)))
-  expected = reference.apply({'params': params}, images)
-  expected_grads = jax.grad(loss(reference), argnums=(0, 1))(params, images)
+  expected = jax.jit(reference.apply)({'params': params}, images)   # (op by op: a compilation per operation)
+  expected_grads = jax.jit(jax.grad(loss(reference), argnums=(0, 1)))(params, images)
   assert expected.shape == (2, side * stride, (side + 1) * stride, 4)
   for impl in ('xla', 'patches'):
     ours = TransposedConv(4, kernel, stride, formulation=Formulation(conv_impl=impl))
     assert jax.tree.map(jnp.shape, jax.eval_shape(ours.init, jax.random.key(7), images)['params']) == jax.tree.map(
         jnp.shape, params)
-    np.testing.assert_allclose(ours.apply({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
-    grads = jax.grad(loss(ours), argnums=(0, 1))(params, images)
+    np.testing.assert_allclose(jax.jit(ours.apply)({'params': params}, images), expected, rtol=1e-5, atol=1e-5)
+    grads = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(params, images)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
