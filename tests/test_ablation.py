@@ -78,6 +78,10 @@ def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir,
     assert member.config.ensemble is None and member.config.model.routing_iterations == 1
     assert member.model == assemble.model(member_config(config, members[index]))
     chex.assert_trees_all_close(member.params, alone_params, atol=1e-5, rtol=0)
+    assert member.describe().endswith(f"(finished), member {index} of the ensemble's 0..{len(members) - 1}")
+  # Without --member: the last, and every command's model line says which (predict's included).
+  assert TrainedModel.from_workdir(str(tmp_path / 'ensemble')).describe().endswith(
+      f"member {len(members) - 1} of the ensemble's 0..{len(members) - 1} (the last; --member chooses)")
   other = np.asarray(jax.tree.leaves(ensemble_params)[0])
   assert np.max(np.abs(other[0] - other[3])) > 1e-3   # the members really differ
 

@@ -50,6 +50,8 @@ class TrainedModel:
   step: Optional[int] = None        # the checkpoint's step (None: an export)
   num_steps: Optional[int] = None   # the run's length, where known
   finished: Optional[bool] = None   # whether training reached its end (or stopped early, done)
+  member: Optional[int] = None      # of an ensemble run: which member, of how many
+  members: Optional[int] = None
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None, data: Optional[Dict[str, str]] = None,
@@ -66,21 +68,23 @@ class TrainedModel:
       trained = cls.exported(workdir)
       trained.config.update(_checked_data(data))
       return trained
-    config, model, params, state, progress = _restore_one(workdir, data, step, member)
+    config, model, params, state, progress, which = _restore_one(workdir, data, step, member)
     at = int(np.asarray(state['step']).reshape(-1)[0])
     results = read_results(workdir)
     finished_at = results.get('steps') if results.get('completed') else None
     num_steps = finished_at or progress.get('num_steps') or config.get('num_steps') or None
-    return cls(config, model, params, workdir, at, num_steps, finished_at is not None and at == finished_at)
+    return cls(config, model, params, workdir, at, num_steps, finished_at is not None and at == finished_at, *which)
 
   def describe(self) -> str:
     """Which model this is, for the console and the explorer's page: the checkpoint's step,
-    of how many, and whether the run finished."""
+    of how many, whether the run finished, and of an ensemble run which member."""
     if self.step is None:
       return f'{self.source} (exported from {self.config.experiment})'
     of = f' of {self.num_steps:,}' if self.num_steps else ''
     state = 'finished' if self.finished else 'training not finished: this is an intermediate checkpoint'
-    return f'{self.source} at step {self.step:,}{of} ({state})'
+    member = '' if self.members is None else (f', member {self.member} of the ensemble\'s 0..{self.members - 1}'
+                                              + (' (the last; --member chooses)' if self.member == self.members - 1 else ''))
+    return f'{self.source} at step {self.step:,}{of} ({state}){member}'
 
   @classmethod
   def exported(cls, directory: str, source: Optional[str] = None) -> 'TrainedModel':
@@ -164,15 +168,18 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
 
 
 def _restore_one(workdir: str, data: Optional[Dict[str, str]], step: Optional[int], member: Optional[int]):
-  """(config, model, params, state, progress) of one model of the run in `workdir`: the
-  single run's, or an ensemble's member `member` (default: the last) as one model, with its
-  own config (assemble.member_config: its seed, recipe, routing iterations)."""
+  """(config, model, params, state, progress, (member, members)) of one model of the run in
+  `workdir`: the single run's ((None, None)), or an ensemble's member `member` (default: the
+  last) as one model, with its own config (assemble.member_config: its seed, recipe, routing
+  iterations)."""
   config, model, state, progress = _restore(workdir, data, step)
   params = select_member(state['params'], member, workdir, bool(config.ensemble))   # (checks `member`)
+  which = (None, None)
   if config.ensemble:
-    config = assemble.member_config(config, member_index(state['params'], member))
+    which = (member_index(state['params'], member), jax.tree.leaves(state['params'])[0].shape[0])
+    config = assemble.member_config(config, which[0])
     model = assemble.model(config)
-  return config, model, params, state, progress
+  return config, model, params, state, progress, which
 
 
 def check_member(member: int, members: int, workdir: str) -> None:
@@ -237,7 +244,7 @@ def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: n
   (check_export_folder); the three files replace the earlier ones together, once all are
   written, so a stop midway leaves the earlier export whole."""
   directory = check_export_folder(directory)
-  config, _, params, _, _ = _restore_one(workdir, None, step, member)   # one model: a member's own config
+  config, _, params, _, _, _ = _restore_one(workdir, None, step, member)   # one model: a member's own config
   flat = {name: np.asarray(leaf, np.float16)
           for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}
   shipped_config = config.to_dict()
