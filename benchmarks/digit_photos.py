@@ -4,7 +4,7 @@ and grain), classified by `capsjax.app.predict.Predictor` as predict reads such 
 out as MNIST's digits: capsjax.data.images.fit_like_mnist) and as it read them before
 (stretched to 28×28 by capsjax.data.images.to_array, then inverted where on paper).
 
-  python benchmarks/digit_photos.py --data_dir=../shared/data/mnist [--workdir=W] [--num_images=500]
+  python benchmarks/digit_photos.py --data_dir=../shared/data/mnist [--workdir=W] [--num_images=500] [--specks=3]
 
 Prints one line per page kind: the accuracy of each conversion over the same photos.
 Without --workdir: the shipped model.
@@ -17,15 +17,19 @@ from PIL import Image
 PAGE_HEIGHT, PAGE_WIDTH = 120, 90
 
 
-def digit_photo(digit: np.ndarray, on_paper: bool, rng: np.random.Generator) -> np.ndarray:
+def digit_photo(digit: np.ndarray, on_paper: bool, rng: np.random.Generator, specks: int = 0) -> np.ndarray:
   """An MNIST digit uint8 [28, 28] enlarged 1.5–3× at a random place of a 120×90 page: light
-  on black, or ink on paper (200–230 across the page, strokes 150 darker, grain σ 6)."""
+  on black, or ink on paper (200–230 across the page, strokes 150 darker, grain σ 6), with
+  `specks` 3×3 blots of full ink anywhere on the page (dust)."""
   side = int(28 * rng.uniform(1.5, 3.0))
   page = np.zeros((PAGE_HEIGHT, PAGE_WIDTH), np.float32)
   top, left = rng.integers(0, PAGE_HEIGHT - side + 1), rng.integers(0, PAGE_WIDTH - side + 1)
   page[top:top + side, left:left + side] = np.asarray(Image.fromarray(digit).resize((side, side), Image.BILINEAR))
   if on_paper:
     page = 200 + np.linspace(0, 30, PAGE_WIDTH)[None] - page * (150 / 255) + rng.normal(0, 6, page.shape)
+  for _ in range(specks):
+    top, left = rng.integers(0, PAGE_HEIGHT - 2), rng.integers(0, PAGE_WIDTH - 2)
+    page[top:top + 3, left:left + 3] = 50 if on_paper else 255
   return np.clip(page, 0, 255).astype(np.uint8)
 
 
@@ -34,6 +38,7 @@ def main():
   parser.add_argument('--data_dir', required=True, help="MNIST's IDX files (or a TFDS data dir)")
   parser.add_argument('--workdir', default=None, help='an MNIST run (default: the shipped model)')
   parser.add_argument('--num_images', type=int, default=500)
+  parser.add_argument('--specks', type=int, default=0, help='3×3 blots of ink (dust) on each page')
   parser.add_argument('--seed', type=int, default=0)
   args = parser.parse_args()
   import capsjax  # pylint: disable=g-import-not-at-top
@@ -45,9 +50,10 @@ def main():
   test = capsjax.load_dataset('mnist', 'test', data_dir=args.data_dir)
   digits, labels = test.images[:args.num_images, ..., 0], np.asarray(test.labels[:args.num_images])
   rng = np.random.default_rng(args.seed)
-  print(f'model: {predictor.trained.describe()}; {len(digits)} test digits on {PAGE_HEIGHT}×{PAGE_WIDTH} pages')
+  print(f'model: {predictor.trained.describe()}; {len(digits)} test digits on {PAGE_HEIGHT}×{PAGE_WIDTH} pages, '
+        f'{args.specks} specks each')
   for on_paper in (False, True):
-    photos = [digit_photo(digit, on_paper, rng) for digit in digits]
+    photos = [digit_photo(digit, on_paper, rng, args.specks) for digit in digits]
     laid_out = [r['class_index'] for r in predictor.predict(photos)]
     stretched = np.stack([to_array(Image.fromarray(photo), (28, 28, 1)) for photo in photos])
     stretched_classes = [r['class_index'] for r in predictor.predict(stretched)]   # polarity checked as before

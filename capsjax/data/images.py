@@ -148,6 +148,20 @@ MNIST_BOX, MNIST_SIZE = 20, 28
 # Ink: pixels at least this fraction of the strongest ink's distance from the ground (paper
 # grain and sensor noise below it are the ground).
 INK_FRACTION = 0.25
+# Blots of less than this fraction of the largest one's ink are specks, not the digit.
+SPECK_FRACTION = 0.1
+
+
+def _without_specks(ink: np.ndarray) -> np.ndarray:
+  """`ink` [h, w] without the connected blots (8-connected) of less than SPECK_FRACTION of
+  the largest one's ink: dust and grain on a page would widen the digit's box."""
+  import scipy.ndimage  # pylint: disable=g-import-not-at-top
+  labels, count = scipy.ndimage.label(ink > 0, structure=np.ones((3, 3)))
+  if count < 2:
+    return ink
+  masses = scipy.ndimage.sum(ink, labels, index=np.arange(1, count + 1))   # [count]
+  kept = np.concatenate([[False], masses >= SPECK_FRACTION * masses.max()])   # [count + 1]: 0 is the ground
+  return np.where(kept[labels], ink, 0.0)
 
 
 def fit_like_mnist(grey: np.ndarray) -> np.ndarray:
@@ -155,9 +169,10 @@ def fit_like_mnist(grey: np.ndarray) -> np.ndarray:
   polarity) → uint8 [28, 28] laid out as MNIST's digits are, in the image's own polarity:
   the ground is the median of the image's frame (its outer 1/14 on each side); ink is how far
   a pixel lies from it, stretched so that the strongest is 255, and what lies below
-  INK_FRACTION of that is ground; the ink's box is fitted into 20×20 (aspect ratio kept,
-  Lanczos) and placed so that its centre of mass is the image's centre. An image without
-  ink (every pixel within 1 level of the ground) is returned as a plain 28×28 of its ground."""
+  INK_FRACTION of that is ground; specks (blots of under SPECK_FRACTION of the largest
+  blot's ink) are left out; the ink's box is fitted into 20×20 (aspect ratio kept, Lanczos)
+  and placed so that its centre of mass is the image's centre. An image without ink (every
+  pixel within 1 level of the ground) is returned as a plain 28×28 of its ground."""
   grey = np.asarray(grey)
   if grey.ndim != 2 or grey.dtype != np.uint8:
     raise DataError(f'fit_like_mnist takes a grey uint8 image [h, w], got {grey.dtype} {list(grey.shape)}')
@@ -171,6 +186,7 @@ def fit_like_mnist(grey: np.ndarray) -> np.ndarray:
   canvas = np.zeros((MNIST_SIZE, MNIST_SIZE), np.float32)
   if strongest > 1.0:
     ink = np.where(ink >= INK_FRACTION * strongest, ink * (255.0 / strongest), 0.0)
+    ink = _without_specks(ink)
     rows, cols = np.nonzero(ink)
     ink = ink[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
     scale = MNIST_BOX / max(ink.shape)
