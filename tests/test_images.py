@@ -210,6 +210,28 @@ def test_conversion_is_one_function_for_files_and_arrays(tmp_path):
   np.testing.assert_array_equal(resized[0], image_files.to_array(Image.fromarray(grey), (16, 16, 1)))
 
 
+def test_a_photo_stored_on_its_side_is_read_upright_everywhere(tmp_path):
+  # A phone stores a photo held upright on its side with EXIF orientation 6 ("turn 90°
+  # clockwise to show"), which viewers apply and Pillow does not: training, predict and the
+  # explorer read it as viewers show it, and a folder's size scan sees its upright size.
+  from capsjax.data.sources.image_folder import scan_image_folder  # pylint: disable=g-import-not-at-top
+  upright = np.zeros((20, 12), np.uint8)                 # [height, width]: a "1", taller than wide
+  upright[3:17, 5:8] = 255
+  turned = Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90)   # as the sensor stores it: 20 wide
+  exif = Image.Exif()
+  exif[image_files.EXIF_ORIENTATION] = 6
+  for name, options in (('photo.jpg', dict(quality=100)), ('photo.png', {})):
+    turned.save(tmp_path / name, exif=exif.tobytes(), **options)
+    with image_files.open_image(str(tmp_path / name)) as image:
+      assert image.size == (20, 12) and image_files.upright_size(image) == (12, 20)
+    read = image_files.read_image(str(tmp_path / name), (20, 12, 1))[..., 0]
+    assert np.abs(read.astype(int) - upright).max() <= 8, name   # (JPEG's rounding)
+  root = _write_folder(tmp_path / 'data', {'train': ['a', 'b'], 'test': ['a', 'b']},
+                       image=lambda i: Image.new('L', (12, 20), 40 * i))
+  turned.save(root / 'train' / 'a' / 'phone.jpg', exif=exif.tobytes())
+  assert scan_image_folder(str(root)).sizes == {(12, 20)}   # one size: no --config.image_size needed
+
+
 # ----------------------------------------------------------------------------- another TFDS builder
 
 # TFDS's cmaterdb builder (handwritten Bangla numerals; 32×32 RGB; npz files of `images`

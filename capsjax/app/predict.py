@@ -131,9 +131,10 @@ class Predictor:
     (capsjax.data.images.to_array); for an MNIST model, an image of another size (a photo of a
     digit, which stretched to 28×28 is often misread: docs/results.md) laid out as MNIST's
     digits are instead (capsjax.data.images.fit_like_mnist)."""
-    from capsjax.data.images import fit_like_mnist, to_array  # pylint: disable=g-import-not-at-top
-    if self.fits(image.size):
-      grey = to_array(image, (image.height, image.width, 1), name, self.info.background)   # [h, w, 1]
+    from capsjax.data.images import fit_like_mnist, to_array, upright_size  # pylint: disable=g-import-not-at-top
+    width, height = upright_size(image)
+    if self.fits((width, height)):
+      grey = to_array(image, (height, width, 1), name, self.info.background)   # [h, w, 1]
       return fit_like_mnist(grey[..., 0])[..., None]
     return to_array(image, self.info.image_shape, name, self.info.background)
 
@@ -318,11 +319,11 @@ def main(argv=None):
                       help='write DIR/NAME.png: input | reconstruction')
   args = parser.parse_args(argv)
   from PIL import Image, PngImagePlugin  # pylint: disable=g-import-not-at-top
-  from capsjax.data.images import open_image, side_by_side  # pylint: disable=g-import-not-at-top
+  from capsjax.data.images import open_image, side_by_side, upright_size  # pylint: disable=g-import-not-at-top
   sizes = []
   for path in args.files:   # every file checked before the model loads
     with open_image(path) as image:
-      sizes.append(image.size)
+      sizes.append(upright_size(image))
   if args.workdir is None and args.member is not None:
     cli.fail('capsjax-predict: --member needs --workdir (the shipped model is a single run)')
   if args.reconstruct and os.path.exists(args.reconstruct) and not os.path.isdir(args.reconstruct):

@@ -8,6 +8,8 @@ palette's or a colour key's tRNS entry) is composited onto the run's background,
 `config.image_background` (white by default, or black): what a transparent pixel shows
 is the background, never the colour stored under it. Size: resized with Pillow's bilinear
 filter (antialiased when shrinking) to the run's [height, width] when it differs.
+Orientation: as viewers show the image (its EXIF orientation applied: a phone's photo stored
+on its side is read upright).
 """
 import io
 import os
@@ -16,7 +18,7 @@ import warnings
 from typing import Tuple
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from capsjax.errors import DataError
 from capsjax.keys import key, one_of
@@ -32,6 +34,8 @@ KEYS = (
     key('image_background', DEFAULT_BACKGROUND, one_of(tuple(BACKGROUNDS)), 'what the transparent pixels of image '
         "files (alpha, or a palette's transparent entry) are composited onto, in training, predict and the explorer"),
 )
+# The EXIF tag of the orientation (Pillow's ExifTags.Base.Orientation).
+EXIF_ORIENTATION = 0x0112
 # Pillow modes with an alpha channel (premultiplied ones included).
 ALPHA_MODES = frozenset({'RGBA', 'LA', 'PA', 'RGBa', 'La'})
 
@@ -85,6 +89,30 @@ def _opened(source, name: str) -> Image.Image:
     raise DataError(f'{name}: cannot read ({e.strerror or e})') from None
 
 
+def orientation(image: Image.Image) -> int:
+  """The EXIF orientation a viewer turns the image by (1: as stored; 5–8: a quarter turn, as
+  a phone's camera stores a photo held upright), read from the header without decoding the
+  pixels (a PNG's eXIf chunk only where it precedes them)."""
+  if image.format == 'PNG' and 'exif' not in image.info:
+    return 1
+  try:
+    value = image.getexif().get(EXIF_ORIENTATION, 1)
+  except (OSError, ValueError, SyntaxError):   # a malformed EXIF block: the image as stored
+    return 1
+  return value if value in range(1, 9) else 1
+
+
+def upright_size(image: Image.Image) -> Tuple[int, int]:
+  """(width, height) of `image` as viewers show it (its EXIF orientation applied)."""
+  return image.size[::-1] if orientation(image) >= 5 else image.size
+
+
+def upright(image: Image.Image) -> Image.Image:
+  """`image` as viewers show it: turned by its EXIF orientation (a phone photo of a digit,
+  stored on its side, read upright), or `image` itself."""
+  return image if orientation(image) == 1 else ImageOps.exif_transpose(image)
+
+
 def has_transparency(image: Image.Image) -> bool:
   """Whether some pixels of `image` may be (partly) transparent."""
   return image.mode in ALPHA_MODES or 'transparency' in image.info
@@ -104,12 +132,12 @@ def flattened(image: Image.Image, background: str = DEFAULT_BACKGROUND) -> Image
 
 def to_array(image: Image.Image, shape: Tuple[int, int, int], name: str = 'image',
              background: str = DEFAULT_BACKGROUND) -> np.ndarray:
-  """uint8 [height, width, channels] of `shape`: `image` with its transparency composited
-  onto `background` ('white' or 'black'), converted to grey or RGB and resized (bilinear)
-  where its size differs."""
+  """uint8 [height, width, channels] of `shape`: `image` upright (its EXIF orientation
+  applied), its transparency composited onto `background` ('white' or 'black'), converted to
+  grey or RGB and resized (bilinear) where its size differs."""
   height, width, channels = shape
   try:
-    image = flattened(image, background)
+    image = flattened(upright(image), background)
     if image.mode in ('I', 'I;16', 'I;16B', 'I;16L', 'I;16N', 'F') and channels == 1:
       # 16-bit or float grey: scaled to 0..255 by its own range, not clipped.
       values = np.asarray(image, np.float64)

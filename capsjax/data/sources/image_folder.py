@@ -134,6 +134,6 @@ def scan_image_folder(root: str) -> FolderScan:
     random.Random(split).shuffle(files[split])   # tfds.ImageFolder's order
     for path, _ in console.progress(files[split], what=f'scanning {split_dir}', unit='images'):
       with image_files.open_image(path) as image:
-        sizes.add(image.size)
+        sizes.add(image_files.upright_size(image))
         channels = max(channels, image_files.channels_of(image.mode))
   return FolderScan(dict(files), tuple(sorted(class_names)), frozenset(sizes), channels)
