@@ -203,10 +203,15 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url, traine
   # A file of another size than 28×28, for this MNIST run: laid out as MNIST's digits (its
   # ink fitted into 20×20 and centred by mass), which capsjax-predict says (in this process).
   (tmp_path / 'photo.jpg').write_bytes(photo.getvalue())
+  Image.fromarray(255 - np.asarray(Image.open(tmp_path / 'photo.jpg'))).save(tmp_path / 'paper.png')   # ink on paper
   monkeypatch.setattr(Predictor, 'from_workdir', classmethod(lambda cls, *args: predictor))
-  assert predict_command.main([str(tmp_path / 'photo.jpg'), f'--workdir={trained_workdir}']) == 0
-  assert (f"{tmp_path}/photo.jpg: 84×70, laid out as MNIST's digits are (its ink fitted into 20×20 and centred by "
-          'mass in 28×28) before classifying') in capsys.readouterr().err.splitlines()
+  assert predict_command.main([str(tmp_path / 'photo.jpg'), str(tmp_path / 'paper.png'),
+                               f'--workdir={trained_workdir}']) == 0
+  laid_out = "84×70, laid out as MNIST's digits are (its ink fitted into 20×20 and centred by mass in 28×28)"
+  assert capsys.readouterr().err.splitlines()[1:] == [   # one line a file, after the model's
+      f'{tmp_path}/photo.jpg: {laid_out} before classifying',
+      f"{tmp_path}/paper.png: dark on a light ground, where {trained_workdir}'s images are light strokes on black: "
+      f'{laid_out} and inverted before classifying']
   assert predictor.predict([np.asarray(Image.open(tmp_path / 'photo.jpg'))])[0]['fitted']
   assert not predictor.predict([expected])[0]['fitted']   # 28×28: taken as it is
   # Ink on paper (dark on light, MNIST's opposite): inverted first, and said so; a blank

@@ -351,15 +351,17 @@ def main(argv=None):
                f'({error.strerror or error})')
   width = max(len(name) for name in predictor.class_names)
   for path, png, result, size in zip(args.files, _png_names(args.files), results, sizes):
-    if predictor.fits(size) and not result['blank']:
-      print(f'{path}: {size[0]}×{size[1]}, laid out as MNIST\'s digits are (its ink fitted into 20×20 and centred '
-            'by mass in 28×28) before classifying', file=sys.stderr, flush=True)
-    if result['blank']:   # on stderr: stdout stays the predictions
+    # On stderr (stdout stays the predictions), one line a file.
+    laid_out = (f"{size[0]}×{size[1]}, laid out as MNIST's digits are (its ink fitted into 20×20 and centred by mass "
+                'in 28×28)') if predictor.fits(size) else ''
+    if result['blank']:
       print(f'{path}: a blank image (every pixel within {BLANK_RANGE} of 255 levels of the others): its class '
             'below means nothing', file=sys.stderr, flush=True)
     elif result['inverted']:
       print(f'{path}: dark on a light ground, where {predictor.source}\'s images are light strokes on black: '
-            'inverted before classifying', file=sys.stderr, flush=True)
+            f'{laid_out + " and " if laid_out else ""}inverted before classifying', file=sys.stderr, flush=True)
+    elif laid_out:
+      print(f'{path}: {laid_out} before classifying', file=sys.stderr, flush=True)
     if args.json:
       print(json.dumps({'file': path, 'class': result['class'], 'class_index': result['class_index'],
                         'activations': result['activations']}), flush=True)
