@@ -4,7 +4,7 @@ and grain), classified by `capsjax.app.predict.Predictor` as predict reads such 
 out as MNIST's digits: capsjax.data.images.fit_like_mnist) and as it read them before
 (stretched to 28×28 by capsjax.data.images.to_array, then inverted where on paper).
 
-  python benchmarks/digit_photos.py --data_dir=../shared/data/mnist [--workdir=W] [--num_images=500] [--specks=3]
+  python benchmarks/digit_photos.py --data_dir=../shared/data/mnist [--workdir=W] [--num_images=500] [--specks=3] [--vignette=60] [--shadow=80]
 
 Prints one line per page kind: the accuracy of each conversion over the same photos.
 Without --workdir: the shipped model.
@@ -17,10 +17,14 @@ from PIL import Image
 PAGE_HEIGHT, PAGE_WIDTH = 120, 90
 
 
-def digit_photo(digit: np.ndarray, on_paper: bool, rng: np.random.Generator, specks: int = 0) -> np.ndarray:
+def digit_photo(digit: np.ndarray, on_paper: bool, rng: np.random.Generator, specks: int = 0,
+                vignette: float = 0.0, shadow: float = 0.0) -> np.ndarray:
   """An MNIST digit uint8 [28, 28] enlarged 1.5–3× at a random place of a 120×90 page: light
   on black, or ink on paper (200–230 across the page, strokes 150 darker, grain σ 6), with
-  `specks` 3×3 blots of full ink anywhere on the page (dust)."""
+  `specks` 3×3 blots of full ink anywhere on the page (dust), and the page's corners
+  `vignette` levels darker than its centre (a lens's fall-off, growing with the squared
+  distance), and a sharp-edged shadow `shadow` levels dark over a random 20–70 columns from
+  the left (a hand's or the phone's)."""
   side = int(28 * rng.uniform(1.5, 3.0))
   page = np.zeros((PAGE_HEIGHT, PAGE_WIDTH), np.float32)
   top, left = rng.integers(0, PAGE_HEIGHT - side + 1), rng.integers(0, PAGE_WIDTH - side + 1)
@@ -30,6 +34,10 @@ def digit_photo(digit: np.ndarray, on_paper: bool, rng: np.random.Generator, spe
   for _ in range(specks):
     top, left = rng.integers(0, PAGE_HEIGHT - 2), rng.integers(0, PAGE_WIDTH - 2)
     page[top:top + 3, left:left + 3] = 50 if on_paper else 255
+  rows, cols = np.mgrid[0:PAGE_HEIGHT, 0:PAGE_WIDTH]
+  distance = ((rows - PAGE_HEIGHT / 2) / (PAGE_HEIGHT / 2)) ** 2 + ((cols - PAGE_WIDTH / 2) / (PAGE_WIDTH / 2)) ** 2
+  page = page - vignette * distance / 2   # [h, w]: 0 at the centre, `vignette` at the corners
+  page[:, :rng.integers(20, 70)] -= shadow
   return np.clip(page, 0, 255).astype(np.uint8)
 
 
@@ -39,6 +47,8 @@ def main():
   parser.add_argument('--workdir', default=None, help='an MNIST run (default: the shipped model)')
   parser.add_argument('--num_images', type=int, default=500)
   parser.add_argument('--specks', type=int, default=0, help='3×3 blots of ink (dust) on each page')
+  parser.add_argument('--vignette', type=float, default=0.0, help="how many levels darker the pages' corners are")
+  parser.add_argument('--shadow', type=float, default=0.0, help='how many levels dark a shadow over the left is')
   parser.add_argument('--seed', type=int, default=0)
   args = parser.parse_args()
   import capsjax  # pylint: disable=g-import-not-at-top
@@ -51,9 +61,9 @@ def main():
   digits, labels = test.images[:args.num_images, ..., 0], np.asarray(test.labels[:args.num_images])
   rng = np.random.default_rng(args.seed)
   print(f'model: {predictor.trained.describe()}; {len(digits)} test digits on {PAGE_HEIGHT}×{PAGE_WIDTH} pages, '
-        f'{args.specks} specks each')
+        f'{args.specks} specks each, corners {args.vignette:g} levels darker, a shadow of {args.shadow:g}')
   for on_paper in (False, True):
-    photos = [digit_photo(digit, on_paper, rng, args.specks) for digit in digits]
+    photos = [digit_photo(digit, on_paper, rng, args.specks, args.vignette, args.shadow) for digit in digits]
     laid_out = [r['class_index'] for r in predictor.predict(photos)]
     stretched = np.stack([to_array(Image.fromarray(photo), (28, 28, 1)) for photo in photos])
     stretched_classes = [r['class_index'] for r in predictor.predict(stretched)]   # polarity checked as before

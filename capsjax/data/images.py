@@ -173,11 +173,35 @@ def resize_array(images: np.ndarray, size: int) -> np.ndarray:
 # MNIST's own preparation (LeCun et al.): the digit fitted into a 20×20 box (aspect ratio
 # kept, anti-aliased), then placed so that its centre of mass is the centre of 28×28.
 MNIST_BOX, MNIST_SIZE = 20, 28
+# A larger photo is shrunk to this long side first (its digit ends up 20 pixels tall).
+WORKING_SIDE = 512
+# The ground (paper, or black) under each pixel: the image closed (dark ink) or opened (light
+# ink) over squares of this fraction of its long side. What is narrower (strokes) is ink; what
+# is wider (uneven light, a vignette, a shadow's edge) is ground.
+GROUND_WINDOW = 0.25
 # Ink: pixels at least this fraction of the strongest ink's distance from the ground (paper
 # grain and sensor noise below it are the ground).
 INK_FRACTION = 0.25
 # Blots of less than this fraction of the largest one's ink are specks, not the digit.
 SPECK_FRACTION = 0.1
+
+
+def _ink(grey: np.ndarray) -> Tuple[np.ndarray, float, bool]:
+  """(ink float32 [h, w] ≥ 0: how far each pixel lies from the ground under it, the frame's
+  ground level, whether the ground is dark) of a grey uint8 [h, w]. The polarity is the
+  frame's (its outer 1/14 on each side: median below 128, light strokes on black)."""
+  import scipy.ndimage  # pylint: disable=g-import-not-at-top
+  height, width = grey.shape
+  edge_rows, edge_cols = max(1, round(height / 14)), max(1, round(width / 14))
+  frame = np.ones(grey.shape, bool)
+  frame[edge_rows:height - edge_rows, edge_cols:width - edge_cols] = False
+  level = float(np.median(grey[frame]))
+  dark_ground = level < 128
+  window = max(3, round(GROUND_WINDOW * max(height, width)))
+  values = grey.astype(np.float32)
+  if dark_ground:   # light strokes: the opening removes them, leaving the ground
+    return values - scipy.ndimage.grey_opening(values, size=(window, window)), level, dark_ground
+  return scipy.ndimage.grey_closing(values, size=(window, window)) - values, level, dark_ground
 
 
 def _without_specks(ink: np.ndarray) -> np.ndarray:
@@ -192,45 +216,48 @@ def _without_specks(ink: np.ndarray) -> np.ndarray:
   return np.where(kept[labels], ink, 0.0)
 
 
+def _centred(ink: np.ndarray) -> np.ndarray:
+  """float32 [28, 28]: the box of `ink` [h, w] (some of it > 0) fitted into 20×20 (aspect
+  ratio kept, Lanczos), placed so that its centre of mass is the centre."""
+  rows, cols = np.nonzero(ink)
+  ink = ink[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+  scale = MNIST_BOX / max(ink.shape)
+  box_height, box_width = (max(1, round(side * scale)) for side in ink.shape)
+  boxed = np.clip(np.asarray(Image.fromarray(ink, 'F').resize((box_width, box_height), Image.LANCZOS)), 0, 255)
+  mass = boxed.sum()
+  middle = (MNIST_SIZE - 1) / 2
+  top = int(np.clip(round(middle - (boxed.sum(axis=1) @ np.arange(box_height)) / mass), 0, MNIST_SIZE - box_height))
+  left = int(np.clip(round(middle - (boxed.sum(axis=0) @ np.arange(box_width)) / mass), 0, MNIST_SIZE - box_width))
+  canvas = np.zeros((MNIST_SIZE, MNIST_SIZE), np.float32)
+  canvas[top:top + box_height, left:left + box_width] = boxed
+  return canvas
+
+
 def fit_like_mnist(grey: np.ndarray) -> np.ndarray:
   """A grey image uint8 [h, w] of one digit (a photo, a scan, a drawing: any size, either
-  polarity) → uint8 [28, 28] laid out as MNIST's digits are, in the image's own polarity:
-  the ground is the median of the image's frame (its outer 1/14 on each side); ink is how far
-  a pixel lies from it, stretched so that the strongest is 255, and what lies below
-  INK_FRACTION of that is ground; specks (blots of under SPECK_FRACTION of the largest
-  blot's ink) are left out; the ink's box is fitted into 20×20 (aspect ratio kept, Lanczos)
-  and placed so that its centre of mass is the image's centre. An image without ink (every
-  pixel within 1 level of the ground) is returned as a plain 28×28 of its ground."""
+  polarity) → uint8 [28, 28] laid out as MNIST's digits are, in the image's own polarity.
+  A photo larger than WORKING_SIDE is shrunk to it first. Ink is how far a pixel lies from
+  the ground under it (`_ink`: uneven light and shadows are ground), stretched so that the
+  strongest is 255; what lies below INK_FRACTION of that is ground, and specks (blots of
+  under SPECK_FRACTION of the largest blot's ink) are left out; the ink's box is fitted into
+  20×20 (aspect ratio kept, Lanczos) and placed so that its centre of mass is the image's
+  centre. An image without ink (every pixel within 1 level of the ground) is returned as a
+  plain 28×28 of its frame's level."""
   grey = np.asarray(grey)
-  if grey.ndim != 2 or grey.dtype != np.uint8:
+  if grey.ndim != 2 or grey.dtype != np.uint8 or not grey.size:
     raise DataError(f'fit_like_mnist takes a grey uint8 image [h, w], got {grey.dtype} {list(grey.shape)}')
-  height, width = grey.shape
-  frame = np.ones(grey.shape, bool)
-  frame[max(1, round(height / 14)):-max(1, round(height / 14)), max(1, round(width / 14)):-max(1, round(width / 14))] = False
-  ground = float(np.median(grey[frame]))
-  dark_ground = ground < 128           # light strokes on black (MNIST's own), else ink on paper
-  ink = (grey.astype(np.float32) - ground) * (1.0 if dark_ground else -1.0)   # [h, w]
-  strongest = ink.max()
-  canvas = np.zeros((MNIST_SIZE, MNIST_SIZE), np.float32)
-  if strongest > 1.0:
-    ink = np.where(ink >= INK_FRACTION * strongest, ink * (255.0 / strongest), 0.0)
-    ink = _without_specks(ink)
-    rows, cols = np.nonzero(ink)
-    ink = ink[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
-    scale = MNIST_BOX / max(ink.shape)
-    box_height, box_width = (max(1, round(side * scale)) for side in ink.shape)
-    boxed = np.clip(np.asarray(Image.fromarray(ink, 'F').resize((box_width, box_height), Image.LANCZOS)), 0, 255)
-    mass = boxed.sum()
-    middle = (MNIST_SIZE - 1) / 2
-    top = int(np.clip(round(middle - (boxed.sum(axis=1) @ np.arange(box_height)) / mass), 0, MNIST_SIZE - box_height))
-    left = int(np.clip(round(middle - (boxed.sum(axis=0) @ np.arange(box_width)) / mass), 0, MNIST_SIZE - box_width))
-    canvas[top:top + box_height, left:left + box_width] = boxed
-  fitted = np.uint8(np.round(canvas))
-  if not dark_ground:
-    fitted = 255 - fitted
+  if max(grey.shape) > WORKING_SIDE:
+    scale = WORKING_SIDE / max(grey.shape)
+    shrunk = Image.fromarray(grey).resize((max(1, round(grey.shape[1] * scale)), max(1, round(grey.shape[0] * scale))),
+                                          Image.LANCZOS)
+    grey = np.asarray(shrunk)
+  ink, level, dark_ground = _ink(grey)
+  strongest = float(ink.max())
   if strongest <= 1.0:   # no ink: the ground, as it is
-    fitted = np.full((MNIST_SIZE, MNIST_SIZE), round(ground), np.uint8)
-  return fitted
+    return np.full((MNIST_SIZE, MNIST_SIZE), round(level), np.uint8)
+  ink = _without_specks(np.where(ink >= INK_FRACTION * strongest, ink * (255.0 / strongest), 0.0))
+  fitted = np.uint8(np.round(_centred(ink)))
+  return fitted if dark_ground else 255 - fitted
 
 
 def side_by_side(image_uint8: np.ndarray, reconstruction: np.ndarray) -> np.ndarray:
