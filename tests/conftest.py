@@ -43,25 +43,13 @@ def _folder_bytes(folder: str) -> int:
   return sum(entry.stat().st_size for entry in os.scandir(folder) if entry.is_file()) if os.path.isdir(folder) else 0
 
 
-def _cpu_name() -> str:
-  """The CPU's model and instruction set as a folder name (its /proc/cpuinfo lines)."""
-  import hashlib  # pylint: disable=g-import-not-at-top
-  import platform  # pylint: disable=g-import-not-at-top
-  try:
-    with open('/proc/cpuinfo') as f:
-      lines = [line for line in f if line.startswith(('vendor_id', 'cpu family', 'model', 'flags'))]
-  except OSError:
-    lines = [platform.processor()]
-  described = ''.join(sorted(set(lines)))
-  return f'{platform.machine()}-{hashlib.sha1(described.encode()).hexdigest()[:12]}'
-
-
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:   # set before JAX reads its flags
   if os.environ.get('CAPSJAX_TEST_JAX_CACHE', 'kept') == 'fresh':
     _cache_dir = tempfile.mkdtemp(prefix='capsjax-tests-jax-cache-')
     atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)   # the process that made it
   else:
-    _cache_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), '.jax_cache', _cpu_name())
+    from capsjax.app.cli import cpu_folder_name  # pylint: disable=g-import-not-at-top  (JAX not imported)
+    _cache_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), '.jax_cache', cpu_folder_name())
     # JAX's own size limit (jax_compilation_cache_max_size) locks and evicts across processes,
     # and its races surface as warnings in the commands' output that tests read: the run's
     # first process empties the folder instead, before any worker starts.

@@ -228,6 +228,31 @@ def test_huge_pages_are_asked_for_only_where_they_change_something(environ, thp_
         k: v for k, v in environ.items() if k != 'GLIBC_TUNABLES'}
 
 
+def test_commands_keep_what_they_compile_in_the_user_s_cache_folder(tmp_path):
+  # JAX's persistent compilation cache for predict, the explorer, figures, segmentation and
+  # export: their next start reuses what this one compiled (docs/results.md, "A command's start").
+  from capsjax.app import cli  # pylint: disable=g-import-not-at-top
+  folder = str(tmp_path / 'xdg' / 'capsjax' / 'xla' / cli.cpu_folder_name())
+  assert cli.compilation_cache_environment({'XDG_CACHE_HOME': str(tmp_path / 'xdg')}) == {
+      'JAX_COMPILATION_CACHE_DIR': folder, 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0'}
+  assert os.path.isdir(folder)
+  assert cli.compilation_cache_environment({'HOME': str(tmp_path / 'home')})['JAX_COMPILATION_CACHE_DIR'].startswith(
+      f'{tmp_path}/home/.cache/capsjax/xla/')
+  (tmp_path / 'file').touch()   # a cache folder that cannot be made: none, no warning
+  for declined in ({'JAX_COMPILATION_CACHE_DIR': '/elsewhere'}, {'CAPSJAX_COMPILATION_CACHE': 'off'},
+                   {'XDG_CACHE_HOME': str(tmp_path / 'file')}):
+    assert cli.compilation_cache_environment(declined) == {}
+  with pytest.raises(cli.ConfigError, match=r"^CAPSJAX_COMPILATION_CACHE='later': allowed 1/true/yes/on or "):
+    cli.compilation_cache_environment({'CAPSJAX_COMPILATION_CACHE': 'later'})
+  # A command (run_program) sets it before JAX reads its flags.
+  env = {k: v for k, v in os.environ.items() if k not in ('JAX_COMPILATION_CACHE_DIR', 'XLA_FLAGS')}
+  program = ('import jax; from capsjax.app import cli; cli.run_program(lambda: print(jax.config.jax_compilation_cache_dir, '
+             'jax.config.jax_persistent_cache_min_compile_time_secs) or 0)')
+  result = subprocess.run([sys.executable, '-c', program], capture_output=True, text=True, timeout=60,
+                          env=dict(env, XDG_CACHE_HOME=str(tmp_path / 'xdg'), CAPSJAX_HUGE_PAGES='0'))
+  assert result.returncode == 0 and result.stdout.split() == [folder, '0.0'], result.stderr[-2000:]
+
+
 def test_a_huge_pages_switch_of_another_word_is_one_line():
   result = subprocess.run([sys.executable, '-m', 'capsjax.app.predict', 'x.png'], capture_output=True, text=True,
                           timeout=60, env=dict(os.environ, CAPSJAX_HUGE_PAGES='garbage'))

@@ -128,10 +128,59 @@ def use_huge_pages() -> None:
     pass
 
 
+def cpu_folder_name() -> str:
+  """The CPU's model and instruction set as a folder name (its /proc/cpuinfo lines): XLA
+  refuses, with an error line, a CPU executable compiled for another CPU's features."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  try:
+    with open('/proc/cpuinfo') as f:
+      lines = [line for line in f if line.startswith(('vendor_id', 'cpu family', 'model', 'flags'))]
+  except OSError:
+    lines = [platform.processor()]
+  described = ''.join(sorted(set(lines)))
+  return f'{platform.machine()}-{hashlib.sha1(described.encode()).hexdigest()[:12]}'
+
+
+def compilation_cache_environment(environ=None) -> dict:
+  """The environment that gives a command JAX's persistent compilation cache, so that its
+  next start reuses what this one compiled (predict and the explorer compile the same
+  programs at every start: docs/results.md, "A command's start"): a folder per CPU kind
+  (`cpu_folder_name`) in $XDG_CACHE_HOME/capsjax/xla (~/.cache by default). {} where
+  JAX_COMPILATION_CACHE_DIR already names one, CAPSJAX_COMPILATION_CACHE=0 (or false, no,
+  off) declines it, or the folder cannot be made or written."""
+  environ = os.environ if environ is None else environ
+  if environ.get('JAX_COMPILATION_CACHE_DIR') or not environment_switch(environ, 'CAPSJAX_COMPILATION_CACHE', True):
+    return {}
+  base = environ.get('XDG_CACHE_HOME') or os.path.join(environ.get('HOME') or os.path.expanduser('~'), '.cache')
+  folder = os.path.join(base, 'capsjax', 'xla', cpu_folder_name())
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError:
+    return {}
+  if not os.access(folder, os.W_OK | os.X_OK):
+    return {}
+  return {'JAX_COMPILATION_CACHE_DIR': folder, 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0'}
+
+
+def use_compilation_cache() -> None:
+  """This process (and what it starts) with `compilation_cache_environment`, before JAX
+  reads its flags (or into JAX's config, where it is imported already)."""
+  try:
+    environment = compilation_cache_environment()
+  except ConfigError as e:
+    fail(str(e))
+  os.environ.update(environment)
+  if environment and 'jax' in sys.modules:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_compilation_cache_dir', environment['JAX_COMPILATION_CACHE_DIR'])
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+
+
 def run_program(main: Callable[[], int]) -> NoReturn:
   """The `__main__` of a command line: `sys.exit(main())` as a program (XLA_FLAGS checked
-  first: see xla_flags_problem)."""
+  first: see xla_flags_problem), with JAX's compilation cache (`use_compilation_cache`)."""
   as_program()
+  use_compilation_cache()
   check_xla_flags()
   check_backend()
   sys.exit(main())
