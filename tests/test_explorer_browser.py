@@ -100,6 +100,14 @@ def test_a_drawn_stroke_gets_a_prediction(page, tmp_path):
   assert rows.max() - rows.min() + 1 >= 19 and cols.max() - cols.min() + 1 <= 8   # a tall thin stroke
   assert prediction == '1'
   shown_matches_server_decode(driver, explorer)
+  # A photo of a "1" in ink on paper, opened: named with what predict says of it.
+  page_photo = np.full((60, 40), 220, np.uint8)
+  page_photo[10:50, 18:23] = 30
+  Image.fromarray(page_photo).save(tmp_path / 'one.png')
+  driver.find_element('id', 'file-input').send_keys(str(tmp_path / 'one.png'))
+  browser.wait_for(driver, "document.getElementById('input-name').textContent.startsWith('one.png')")
+  assert driver.find_element('id', 'input-name').text == (
+      "one.png (laid out as MNIST's digits; dark on light: inverted first)")
   driver.execute_script('window.scrollTo(0, 0)')
   assert driver.save_screenshot(str(tmp_path / 'explorer.png'))
   assert (tmp_path / 'explorer.png').stat().st_size > 20000

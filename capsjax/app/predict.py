@@ -96,7 +96,8 @@ class Predictor:
   def convert(self, image: np.ndarray, name: str = 'image') -> np.ndarray:
     """One image array (integers in [0, 255], floats in [0, 1] or booleans, True white, as
     a 1-bit PNG reads; [h, w], [h, w, 1|3|4]) as the run held its images: uint8 of the
-    run's shape (capsjax.data.images.to_array). Values outside that range are refused:
+    run's shape (`held`: a photo of a digit laid out as MNIST's for an MNIST model). Values
+    outside that range are refused:
     clipping them (floats of 0–255) once turned a grey image into black and white without
     a word."""
     from PIL import Image  # pylint: disable=g-import-not-at-top

@@ -188,21 +188,22 @@ class Explorer:
     converts a file for this run (Predictor.held: a photo laid out as MNIST's digits for an
     MNIST model; ink on paper inverted for a run of light strokes on black; then the run's
     test preprocessing), encoded: as /api/example,
-    without a label, with 'inverted' and 'blank' (no ink: its class means nothing) as
-    predict's results say them."""
+    without a label, with 'fitted' (laid out as MNIST's digits), 'inverted' and 'blank' (no
+    ink: its class means nothing) as predict's results say them."""
     if not self.can_open_files:
       raise RequestError(f'a {self.config.task} run reads two overlapping digits, not an image file')
     info = self.trained.info
     try:
       with image_files.image_from_bytes(data) as image:
         array = self._files.held(image, 'the file')   # uint8 [h, w, c]
+        fitted = self._files.fits(image_files.upright_size(image))
     except DataError as e:
       raise RequestError(str(e)) from None
     held, inverted, blank = self._files.as_classified(array[None])              # [1, h, w, c] uint8
     inputs, _ = augment.prepare(jnp.asarray(held), info.preprocessing)           # [1, *input_shape]
     capsules, activations = (np.asarray(x)[0] for x in self._encode(inputs))
     answer = self._describe(np.asarray(inputs)[0], capsules, activations, self._most_active(activations))
-    answer.update(inverted=bool(inverted[0]), blank=bool(blank[0]))
+    answer.update(fitted=fitted, inverted=bool(inverted[0]), blank=bool(blank[0]))
     return answer
 
   @property

@@ -331,8 +331,10 @@ async function classifyDrawing() {
 async function classifyFile(file) {
   try {
     const example = await (await api('/api/encode_file', await file.arrayBuffer())).json();
-    // As capsjax-predict says them: ink on paper inverted first; no ink, no meaningful class.
-    const notes = [example.inverted && 'dark on light: inverted first',
+    // As capsjax-predict says them: a photo laid out as MNIST's digits, ink on paper inverted
+    // first; no ink, no meaningful class.
+    const notes = [example.fitted && "laid out as MNIST's digits",
+                   example.inverted && 'dark on light: inverted first',
                    example.blank && 'blank: its class means nothing'].filter(Boolean);
     setExample(example, notes.length ? `${file.name} (${notes.join('; ')})` : file.name);
   } catch (error) {
