@@ -97,9 +97,8 @@ class Predictor:
     """One image array (integers in [0, 255], floats in [0, 1] or booleans, True white, as
     a 1-bit PNG reads; [h, w], [h, w, 1|3|4]) as the run held its images: uint8 of the
     run's shape (`held`: a photo of a digit laid out as MNIST's for an MNIST model). Values
-    outside that range are refused:
-    clipping them (floats of 0–255) once turned a grey image into black and white without
-    a word."""
+    outside that range are refused: clipping them (floats of 0–255) once turned a grey image
+    into black and white without a word."""
     from PIL import Image  # pylint: disable=g-import-not-at-top
     from capsjax.data.images import to_array  # pylint: disable=g-import-not-at-top
     if isinstance(image, (str, bytes, os.PathLike)):
