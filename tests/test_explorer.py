@@ -94,13 +94,14 @@ def test_drawing_is_fitted_into_20x20_and_centred_by_mass():
   image = mnist_preprocess(drawing)
   assert image.shape == (28, 28) and image.dtype == np.float32
   assert 0.0 <= image.min() and image.max() <= 1.0
-  # The same bar photographed as ink on paper (uneven light, grain, a speck of dust and a
-  # shadow far from it), as predict lays out a photo for an MNIST model: alike, in its own
-  # polarity (the paper stays white), neither the speck nor the shadow in the digit's box.
+  # The same bar photographed as ink on paper (uneven light, grain, a speck of dust, a shadow
+  # far from it, and a notebook's ruled line), as predict lays out a photo for an MNIST model:
+  # alike, in its own polarity (the paper stays white), none of them in the digit's box.
   rng = np.random.default_rng(0)
   photo = 200 + np.linspace(0, 30, 280)[None] - (drawing > 0) * 150 + rng.normal(0, 6, drawing.shape)
   photo[250:254, 20:24] = 40
   photo[:, :100] -= 80
+  photo[60:62] -= 60   # across the bar: one blot with it, were it ink
   on_paper = fit_like_mnist(np.clip(photo, 0, 255).astype(np.uint8))
   assert on_paper.dtype == np.uint8 and on_paper[0, 0] == on_paper[-1, -1] == 255
   for fitted in (image, (255 - on_paper) / 255.0):

@@ -180,8 +180,9 @@ WORKING_SIDE = 512
 # is wider (uneven light, a vignette, a shadow's edge) is ground.
 GROUND_WINDOW = 0.25
 # Ink: pixels at least this fraction of the strongest ink's distance from the ground (paper
-# grain and sensor noise below it are the ground).
-INK_FRACTION = 0.25
+# grain, sensor noise and a notebook's ruled lines below it are the ground). Chosen on MNIST's
+# training digits photographed (benchmarks/digit_photos.py --split=train; docs/results.md).
+INK_FRACTION = 0.4
 # Blots of less than this fraction of the largest one's ink are specks, not the digit.
 SPECK_FRACTION = 0.1
 
