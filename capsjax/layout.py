@@ -44,6 +44,10 @@ def moved_key(dotted: str) -> Optional[str]:
 
 
 def moved_key_hint(dotted: str) -> str:
-  """' (it is config.NEW now)' for a key that today's layout moved, else ''."""
+  """' (it is config.NEW now)' for a key that today's layout moved, else '' (the command's
+  words and the library's: capsjax.app.launch, capsjax.validation)."""
   now = moved_key(dotted)
-  return f' (it is config.{now} now)' if now else ''
+  if now is None:
+    return ''
+  off = '; 0 (off) is --config.evals.routing_probe.enabled=False' if dotted == 'routing_probe_iterations' else ''
+  return f' (it is config.{now} now{off})'

@@ -281,7 +281,10 @@ def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdi
            # the command's line for the override (tests/test_launch.py).
            'learning_rte': (0.1, "unknown config key 'learning_rte' (did you mean 'learning_rate'?)"),
            'augment.rotatoin': (10.0, "unknown config key 'augment.rotatoin' (did you mean 'augment.rotation'?)"),
-           'conv_impl': ('xla', "unknown config key 'conv_impl'")}
+           'conv_impl': ('xla', "unknown config key 'conv_impl'"),
+           'routing_probe_iterations': (0, "unknown config key 'routing_probe_iterations' (it is "   # moved: the hint
+                                        'config.evals.routing_probe.iterations now; 0 (off) is '     # the command gives
+                                        '--config.evals.routing_probe.enabled=False)')}
   for key, (value, line) in cases.items():
     config = mnist_smoke.get_config()
     _set(config, key, value)

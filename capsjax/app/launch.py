@@ -186,11 +186,11 @@ def unknown_key_problem(error: Exception, argv=(), experiment: Optional[str] = N
   spelt = [arg[len('--config.'):].split('=')[0] for arg in argv if arg.startswith('--config.')]
   dotted = next((path for path in spelt if path.split('.')[-1] == name or f'.{name}.' in f'.{path}.'), name)
   prefix = dotted[:dotted.index(name)] if name in dotted else ''
-  from capsjax.layout import moved_key  # pylint: disable=g-import-not-at-top
+  from capsjax.layout import moved_key, moved_key_hint  # pylint: disable=g-import-not-at-top
   having = [] if suggestion or moved_key(dotted) else _experiments_with(dotted)
   return (f'unknown config key {dotted!r}'
           + (f" (did you mean '{prefix}{suggestion.group(1)}'?)" if suggestion else '')
-          + _renamed_key_hint(dotted)
+          + moved_key_hint(dotted)
           + (_routing_options_hint(argv, experiment) if 'routing_options.' in dotted else '')
           + (f' in experiment {experiment!r}; experiments with it: {", ".join(having)}'
              if having and experiment else ''))
@@ -209,16 +209,6 @@ def _experiments_with(dotted: str) -> List[str]:
     if value is not None:
       having.append(other)
   return having
-
-
-def _renamed_key_hint(dotted: str) -> str:
-  """Where a key moved by the config's layout lives now (capsjax.layout.moved_key)."""
-  from capsjax.layout import moved_key  # pylint: disable=g-import-not-at-top
-  now = moved_key(dotted)
-  if now is None:
-    return ''
-  off = '; 0 (off) is --config.evals.routing_probe.enabled=False' if dotted == 'routing_probe_iterations' else ''
-  return f' (it is config.{now} now{off})'
 
 
 def _routing_options_hint(argv, experiment: Optional[str]) -> str:
