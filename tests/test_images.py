@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import ExifTags, Image
 
 from capsjax.data import images as image_files
 from capsjax.data.sources import DataSpec, describe_source, load_dataset
@@ -219,7 +219,7 @@ def test_a_photo_stored_on_its_side_is_read_upright_everywhere(tmp_path):
   upright[3:17, 5:8] = 255
   turned = Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90)   # as the sensor stores it: 20 wide
   exif = Image.Exif()
-  exif[image_files.EXIF_ORIENTATION] = 6
+  exif[ExifTags.Base.Orientation] = 6
   for name, options in (('photo.jpg', dict(quality=100)), ('photo.png', {})):
     turned.save(tmp_path / name, exif=exif.tobytes(), **options)
     with image_files.open_image(str(tmp_path / name)) as image:

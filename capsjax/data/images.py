@@ -18,7 +18,7 @@ import warnings
 from typing import Tuple
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from capsjax.errors import DataError
 from capsjax.keys import key, one_of
@@ -34,8 +34,6 @@ KEYS = (
     key('image_background', DEFAULT_BACKGROUND, one_of(tuple(BACKGROUNDS)), 'what the transparent pixels of image '
         "files (alpha, or a palette's transparent entry) are composited onto, in training, predict and the explorer"),
 )
-# The EXIF tag of the orientation (Pillow's ExifTags.Base.Orientation).
-EXIF_ORIENTATION = 0x0112
 # Pillow modes with an alpha channel (premultiplied ones included).
 ALPHA_MODES = frozenset({'RGBA', 'LA', 'PA', 'RGBa', 'La'})
 
@@ -96,7 +94,7 @@ def orientation(image: Image.Image) -> int:
   if image.format == 'PNG' and 'exif' not in image.info:
     return 1
   try:
-    value = image.getexif().get(EXIF_ORIENTATION, 1)
+    value = image.getexif().get(ExifTags.Base.Orientation, 1)
   except (OSError, ValueError, SyntaxError):   # a malformed EXIF block: the image as stored
     return 1
   return value if value in range(1, 9) else 1
