@@ -10,7 +10,7 @@ import pytest
 from capsjax import assemble, steps, train
 from capsjax.app.trained import TrainedModel, load_trained
 from capsjax.app.programs import ablation
-from capsjax.errors import ConfigError, RunStopped
+from capsjax.errors import CheckpointError, ConfigError, RunStopped
 from capsjax.models import build_model, count_params
 from capsjax.experiments import ablation as ablation_experiment
 from helpers import tiny_config
@@ -82,6 +82,9 @@ def test_one_member_of_the_vmapped_ensemble_trains_like_the_run_alone(mnist_dir,
   # Without --member: the last, and every command's model line says which (predict's included).
   assert TrainedModel.from_workdir(str(tmp_path / 'ensemble')).describe().endswith(
       f"member {len(members) - 1} of the ensemble's 0..{len(members) - 1} (the last; --member chooses)")
+  # Members of another routing are compared, not pooled: no summed classifier to predict with.
+  with pytest.raises(CheckpointError, match=r'^--member=all: the members of .* differ by routing_iterations besides'):
+    TrainedModel.summed_seeds(str(tmp_path / 'ensemble'))
   other = np.asarray(jax.tree.leaves(ensemble_params)[0])
   assert np.max(np.abs(other[0] - other[3])) > 1e-3   # the members really differ
 

@@ -8,13 +8,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from PIL import Image
 
 from capsjax import assemble, losses, reports, train
 from capsjax.app.trained import load_trained
 from capsjax.data.sources import Dataset
 from capsjax.assemble import split_validation
-from capsjax.errors import ConfigError, RunStopped
+from capsjax.errors import CapsjaxError, CheckpointError, ConfigError, RunStopped
+from capsjax.app import predict as predict_main
 from capsjax.app.explorer import export as export_main
+from capsjax.app.explorer.backend import Explorer
+from capsjax.app.predict import Predictor
+from capsjax.data import load_dataset
 from capsjax.app.trained import read_exported
 from capsjax.layers import PrimaryCaps
 from capsjax.models import build_model
@@ -253,6 +258,35 @@ def test_seeds_with_validation_train_as_one_program_and_report_mean_std(mnist_di
   assert 'test error at best validation' in table and '| 0, 1 |' in table and '±' in table
   kept = sorted(int(name) for name in os.listdir(os.path.join(workdir, 'checkpoints')) if name.isdigit())
   assert kept == sorted(set(selected['step']) | {6})
+
+  # --member=all: the members summed as the one classifier the run reported (its final
+  # step is the latest checkpoint), each member alone as the run reported it.
+  test = load_dataset('mnist', 'test', data_dir=mnist_dir)
+  images, labels = test.images[:config.num_test_examples], test.labels[:config.num_test_examples]
+  summed = Predictor.from_workdir(workdir, member='all')
+  assert summed.trained.describe() == (f"{workdir} at step 6 of 6 (finished), the ensemble's 2 members (0..1, "
+                                       'differing by seed alone) summed')
+  error = lambda predicted: np.mean([r['class_index'] for r in predicted] != labels)
+  together = summed.predict(images)
+  assert error(together) == pytest.approx(results['ensemble_test_error'], abs=1e-9)
+  apart = [Predictor.from_workdir(workdir, member=k).predict(images) for k in (0, 1)]
+  assert [error(a) for a in apart] == pytest.approx(results['test_error'], abs=1e-9)
+  for i, result in enumerate(together):   # the members' activations averaged
+    np.testing.assert_allclose(list(result['activations'].values()),
+                               np.mean([list(a[i]['activations'].values()) for a in apart], 0), rtol=1e-5, atol=1e-6)
+    if all(a[i]['class'] == result['class'] for a in apart):   # each member decodes the same class
+      np.testing.assert_allclose(result['reconstruction'], np.mean([a[i]['reconstruction'] for a in apart], 0),
+                                 atol=1e-5)
+  with pytest.raises(CheckpointError, match=r'^the explorer takes one model, not the 2 members of .* summed'):
+    Explorer(summed.trained, images, labels)
+  with pytest.raises(CapsjaxError, match=r"^member='ALL': allowed an integer >= 0 .*, 'all' "):
+    Predictor.from_workdir(workdir, member='ALL')
+  file = str(tmp_path / 'digit.png')
+  Image.fromarray(images[0, ..., 0]).save(file)
+  capsys.readouterr()
+  assert predict_main.main(['--workdir', workdir, '--member=all', '--json', file]) == 0
+  out, err = capsys.readouterr()
+  assert json.loads(out)['class'] == together[0]['class'] and 'summed' in err
 
   # The validation-selected model is what export writes: the best member at its best step.
   out = tmp_path / 'shipped'

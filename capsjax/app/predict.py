@@ -1,12 +1,15 @@
 """Classify image files with a trained CapsNet.
 
-  python -m capsjax.app.predict [--workdir=W] [--member=K] [--json] [--reconstruct=DIR] FILE...
+  python -m capsjax.app.predict [--workdir=W] [--member=K|all] [--json] [--reconstruct=DIR] FILE...
 
 For each file: the class name and every class's activation (the routing's activations:
 for Procedure 1, the capsule lengths). A dark digit on a light ground, for a model of
 MNIST's light strokes on black, is inverted first, and a line on stderr says so; so is a
 blank image (no pixel more than 16 of 255 levels from the others), whose class means nothing.
-Without --workdir: the paper's MNIST CapsNet that ships with capsjax. A file of any size or
+Without --workdir: the paper's MNIST CapsNet that ships with capsjax. --member=all: the
+members of a seed ensemble (`mnist_seeds`, `mnist_final`) as the one classifier the run
+reports, their class scores averaged (the summed scores' class) and each member's
+reconstruction of that class averaged. A file of any size or
 colour is converted as training converted the run's images (capsjax.data.images: grey or
 RGB, resized to the run's size), then preprocessed as the run's test images; for an MNIST
 model, a file that is not 28×28 (a photo of a digit) is laid out as MNIST's digits are
@@ -20,10 +23,11 @@ later call replaces such a file, and refuses to replace any other.
 
 From Python, `Predictor.from_workdir(W).predict(images)` does the same for arrays.
 """
+import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -82,8 +86,16 @@ class Predictor:
         self._scores_and_reconstructions(params, images, reconstruct=False)[0], -1))
 
   @classmethod
-  def from_workdir(cls, workdir: str, member: Optional[int] = None) -> 'Predictor':
+  def from_workdir(cls, workdir: str, member: Union[int, str, None] = None) -> 'Predictor':
+    """The run in `workdir`: of an ensemble, member `member` (default: the last), or with
+    member='all' every member of a seed ensemble summed as the one classifier the run
+    reports (TrainedModel.summed_seeds)."""
     from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    if isinstance(member, str):
+      if member != 'all':   # (TrainedModel's refusal would not name 'all')
+        raise CapsjaxError(f"member={member!r}: allowed an integer >= 0 (a member of the ensemble), 'all' (a seed "
+                           "ensemble's members summed) or None (the last)")
+      return cls(TrainedModel.summed_seeds(workdir))
     return cls(TrainedModel.from_workdir(workdir, member))
 
   @classmethod
@@ -154,17 +166,33 @@ class Predictor:
 
   # --------------------------------------------------------------------------- prediction
 
+  def _model_scores(self, params, inputs):
+    """(class scores [batch, classes]: a CapsNet's activations, a CNN's logits; the class
+    capsules [batch, classes, dim] or None) of one model."""
+    if not self.capsules:
+      return self.model.apply({'params': params}, inputs)['logits'], None
+    capsules, activations = self.model.apply({'params': params}, inputs, method='classify')
+    return activations, capsules
+
   def _scores_and_reconstructions(self, params, images_uint8, reconstruct: bool = True):
+    import jax  # pylint: disable=g-import-not-at-top
     from capsjax.data import augment  # pylint: disable=g-import-not-at-top
     from capsjax.models import longest_capsule_mask  # pylint: disable=g-import-not-at-top
     inputs, _ = augment.prepare(images_uint8, self.info.preprocessing)
-    variables = {'params': params}
-    if not self.capsules:
-      return self.probabilities(self.model.apply(variables, inputs)['logits']), None
-    capsules, activations = self.model.apply(variables, inputs, method='classify')
-    if not (self.has_decoder and reconstruct):
+    over_members = lambda f, *axes: jax.vmap(f, in_axes=(0,) + axes) if self.trained.summed else f
+    # A seed ensemble's scores averaged over its members: the class of the run's summed
+    # classifier (steps.make_eval_step's ensemble_correct), shown on one member's scale.
+    scores, capsules = over_members(self._model_scores, None)(params, inputs)   # [(members,) batch, classes]
+    if self.trained.summed:
+      scores = scores.mean(0)
+    activations = scores if self.capsules else self.probabilities(scores)
+    if capsules is None or not (self.has_decoder and reconstruct):
       return activations, None
-    return activations, self.model.apply(variables, capsules, longest_capsule_mask(activations), method='decode')
+    # Each member reconstructs the (summed) predicted class from its own capsule; averaged.
+    decode = lambda member_params, member_capsules, mask: self.model.apply(
+        {'params': member_params}, member_capsules, mask, method='decode')
+    reconstructions = over_members(decode, 0, None)(params, capsules, longest_capsule_mask(activations))
+    return activations, reconstructions.mean(0) if self.trained.summed else reconstructions
 
   def classify(self, images_uint8: np.ndarray, what: Optional[str] = None) -> np.ndarray:
     """The class index of each image of a uint8 batch of the run's shape (no
@@ -306,14 +334,28 @@ def enlarged(pixels: np.ndarray, min_height: int = MIN_PNG_HEIGHT) -> np.ndarray
   return np.repeat(np.repeat(pixels, factor, axis=0), factor, axis=1)
 
 
+def member_or_all(text: str):
+  """--member: an ensemble member's index, or 'all' (a seed ensemble's members summed)."""
+  if text == 'all':
+    return text
+  try:
+    return cli.int_at_least(0)(text)
+  except argparse.ArgumentTypeError as error:
+    raise argparse.ArgumentTypeError(f"{error} (a member's index, or all)") from None
+
+
+member_or_all.__name__ = "integer >= 0 or 'all'"
+
+
 @cli.main_wrapper
 def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax-predict', description=__doc__.splitlines()[0])
   parser.add_argument('files', nargs='+', metavar='FILE', help='image files (PNG, JPEG, …)')
   parser.add_argument('--workdir', type=cli.existing_workdir, default=None,
                       help='a trained run (default: the model shipped with capsjax)')
-  parser.add_argument('--member', type=cli.int_at_least(0), default=None,
-                      help='ensemble member of an ensemble run (default: the last)')
+  parser.add_argument('--member', type=member_or_all, default=None,
+                      help='ensemble member of an ensemble run (default: the last); all: the members of a seed '
+                           'ensemble summed, the classifier the run reports')
   parser.add_argument('--json', action='store_true', help='one JSON object per line')
   parser.add_argument('--reconstruct', metavar='DIR', default=None,
                       help='write DIR/NAME.png: input | reconstruction')

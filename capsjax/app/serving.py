@@ -51,6 +51,7 @@ def inference_function(trained, reconstructions: bool = False) -> Tuple[Callable
   from capsjax import assemble  # pylint: disable=g-import-not-at-top
   from capsjax.data import augment  # pylint: disable=g-import-not-at-top
   from capsjax.models import longest_capsule_mask  # pylint: disable=g-import-not-at-top
+  trained.require_one_model('the export')
   if not trained.family.capsules:
     raise ExportError(f'{trained.source} holds a {trained.config.model.name!r} model: the ONNX and StableHLO '
                       'exports are of capsule networks (their capsules are outputs)')

@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from capsjax import assemble, reports
+from capsjax import assemble, reports, steps
 from capsjax.checkpoints import Checkpoints
 from capsjax.data.tasks import TASKS
 from capsjax.errors import CheckpointError, ConfigError, WorkdirError
@@ -52,6 +52,7 @@ class TrainedModel:
   finished: Optional[bool] = None   # whether training reached its end (or stopped early, done)
   member: Optional[int] = None      # of an ensemble run: which member, of how many
   members: Optional[int] = None
+  summed: bool = False              # every member of a seed ensemble (summed_seeds): params [members, …]
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None, data: Optional[Dict[str, str]] = None,
@@ -69,11 +70,32 @@ class TrainedModel:
       trained.config.update(_checked_data(data))
       return trained
     config, model, params, state, progress, which = _restore_one(workdir, data, step, member)
-    at = int(np.asarray(state['step']).reshape(-1)[0])
-    results = read_results(workdir)
-    finished_at = results.get('steps') if results.get('completed') else None
-    num_steps = finished_at or progress.get('num_steps') or config.get('num_steps') or None
-    return cls(config, model, params, workdir, at, num_steps, finished_at is not None and at == finished_at, *which)
+    return cls(config, model, params, workdir, *_progress(workdir, config, state, progress), *which)
+
+  @classmethod
+  def summed_seeds(cls, workdir: str, data: Optional[Dict[str, str]] = None,
+                   step: Optional[int] = None) -> 'TrainedModel':
+    """Every member of an ensemble run whose members differ by seed alone, as the one
+    classifier the run reports (`ensemble_test_error`: the class of the largest score
+    summed over the members): `params` carry a leading member axis and `summed` is True.
+    Predict (`--member=all`) sums their scores; the explorer, export and figures take one
+    model (`from_workdir`'s member). The members of an ablation or a recipe program differ
+    by more than their seed: their sum is no classifier the run reports, and is refused."""
+    if is_export(workdir):
+      raise CheckpointError(f'--member=all: {workdir} holds an exported model (one model); all sums the members '
+                            "of an ensemble run's workdir")
+    config, model, state, progress = _restore(workdir, data, step)
+    members = assemble.members(config)
+    if not members:
+      raise CheckpointError(f'--member=all: {workdir} holds a single run, not an ensemble')
+    if not steps.seeds_alone(members):
+      differing = sorted({field for member in members for field, value in member.items()
+                          if field != 'seed' and value != members[0][field]})
+      raise CheckpointError(f'--member=all: the members of {workdir} differ by {", ".join(differing)} besides their '
+                            'seed, so their summed scores are no classifier the run reports; --member=K chooses one')
+    single = assemble.member_config(config, 0)   # the members' model: theirs differ by seed alone
+    return cls(single, assemble.model(single), state['params'], workdir, *_progress(workdir, config, state, progress),
+               None, len(members), True)
 
   def describe(self) -> str:
     """Which model this is, for the console and the explorer's page: the checkpoint's step,
@@ -82,9 +104,20 @@ class TrainedModel:
       return f'{self.source} (exported from {self.config.experiment})'
     of = f' of {self.num_steps:,}' if self.num_steps else ''
     state = 'finished' if self.finished else 'training not finished: this is an intermediate checkpoint'
-    member = '' if self.members is None else (f', member {self.member} of the ensemble\'s 0..{self.members - 1}'
-                                              + (' (the last; --member chooses)' if self.member == self.members - 1 else ''))
+    if self.summed:
+      member = f", the ensemble's {self.members} members (0..{self.members - 1}, differing by seed alone) summed"
+    elif self.members is None:
+      member = ''
+    else:
+      member = (f', member {self.member} of the ensemble\'s 0..{self.members - 1}'
+                + (' (the last; --member chooses)' if self.member == self.members - 1 else ''))
     return f'{self.source} at step {self.step:,}{of} ({state}){member}'
+
+  def require_one_model(self, what: str) -> None:
+    """Refuses a seed ensemble summed (`summed_seeds`) where `what` takes one model."""
+    if self.summed:
+      raise CheckpointError(f'{what} takes one model, not the {self.members} members of {self.source} summed '
+                            '(--member=all): choose one with --member=K (from Python, member=K)')
 
   @classmethod
   def exported(cls, directory: str, source: Optional[str] = None) -> 'TrainedModel':
@@ -135,6 +168,15 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
   """
   config, model, state, _ = _restore(workdir, data, step)
   return config, model, state['params']
+
+
+def _progress(workdir: str, config, state, progress) -> Tuple[int, Optional[int], bool]:
+  """(the checkpoint's step, the run's length where known, whether training reached it)."""
+  at = int(np.asarray(state['step']).reshape(-1)[0])
+  results = read_results(workdir)
+  finished_at = results.get('steps') if results.get('completed') else None
+  num_steps = finished_at or progress.get('num_steps') or config.get('num_steps') or None
+  return at, num_steps, finished_at is not None and at == finished_at
 
 
 def _checked_data(data: Optional[Dict[str, str]]) -> Dict[str, str]:

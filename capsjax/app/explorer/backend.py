@@ -65,6 +65,7 @@ class Explorer:
   """
 
   def __init__(self, trained: TrainedModel, images: np.ndarray, labels: np.ndarray, show_progress: bool = False):
+    trained.require_one_model('the explorer')   # its sliders move one model's capsule
     if not trained.has_decoder:
       raise CapsjaxError(f'{trained.source} holds no CapsNet with a decoder: nothing to explore')
     config, model, params, source = trained.config, trained.model, trained.params, trained.source
