@@ -558,31 +558,33 @@ def test_byerly_augmentation_on_drawn_images():
   bars[:, 6:22, 12:16] = 1.0                          # a vertical bar; margins 6 above and below, 12 beside
   # As their code draws it (BMCNNwHFCs, python/input/): rotation from a normal of 10°,
   # clipped at ±30°, on a random half of the images.
-  turned = np.asarray(augment.random_normal_rotation(jnp.asarray(bars), jax.random.key(0), 10.0))
+  # Each function jitted (op by op, every operation compiled on its own took seconds).
+  jitted = lambda f: jax.jit(f, static_argnums=2)
+  turned = np.asarray(jitted(augment.random_normal_rotation)(jnp.asarray(bars), jax.random.key(0), 10.0))
   unchanged = np.all(np.abs(turned - bars) < 1e-6, axis=(1, 2, 3))
   assert 16 <= unchanged.sum() <= 48, unchanged.sum()
   angles = np.array([_orientation_from_vertical(image) for image in turned[~unchanged]])
   assert np.all(np.abs(angles) <= 31.0) and np.abs(angles).max() > 2.0, angles
   # A shift by a half-normal share (× 1/2 here) of the free margin: whole pixels, the ink inside.
-  shifted = np.asarray(augment.random_margin_shift(jnp.asarray(bars), jax.random.key(1), 0.5))
+  shifted = np.asarray(jitted(augment.random_margin_shift)(jnp.asarray(bars), jax.random.key(1), 0.5))
   np.testing.assert_allclose(shifted.sum(axis=(1, 2, 3)), bars[0].sum())   # nothing cut off, nothing blurred
   tops = np.array([np.nonzero(image[..., 0].any(axis=1))[0][0] for image in shifted])
   lefts = np.array([np.nonzero(image[..., 0].any(axis=0))[0][0] for image in shifted])
   assert tops.min() >= 3 and tops.max() <= 9 and lefts.min() >= 6 and lefts.max() <= 18   # ±½ of 6 and of 12
   assert len(set(tops)) > 2 and len(set(lefts)) > 2
-  margins = np.asarray(augment.ink_margins(jnp.asarray(bars[0])))
+  margins = np.asarray(jax.jit(augment.ink_margins)(jnp.asarray(bars[0])))
   assert margins.tolist() == [6, 6, 12, 12]
   # A horizontal squish by 1 … 8 px, fewer more often (their half-normal share: a mean of
   # about 3 px here, 4.5 if uniform): a wide bar's ink shrinks by (28 − k) / 28, its rows stay.
   wide = np.zeros((64, 28, 28, 1), np.float32)
   wide[:, 10:18, 2:26] = 1.0
-  squished = np.asarray(augment.random_squish(jnp.asarray(wide), jax.random.key(2), 8))
+  squished = np.asarray(jitted(augment.random_squish)(jnp.asarray(wide), jax.random.key(2), 8))
   pixels = 28 * (1 - squished.sum(axis=(1, 2, 3)) / wide[0].sum())
   assert pixels.min() >= 0.5 and pixels.max() <= 8.5 and np.ptp(pixels) > 3, pixels
   assert 2.0 < pixels.mean() < 4.0, pixels.mean()
   np.testing.assert_array_equal(squished[..., 0].any(axis=2), wide[..., 0].any(axis=2))   # the same rows
   # One random 4×4 square erased, its corner 4 … 22 px from the top left as theirs.
-  erased = np.asarray(augment.random_erase(jnp.ones((64, 28, 28, 1)), jax.random.key(3), 4))
+  erased = np.asarray(jitted(augment.random_erase)(jnp.ones((64, 28, 28, 1)), jax.random.key(3), 4))
   corners = []
   for image in erased[..., 0]:
     rows, cols = np.nonzero(image == 0)
