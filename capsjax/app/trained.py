@@ -70,7 +70,7 @@ class TrainedModel:
       trained.config.update(_checked_data(data))
       return trained
     config, model, params, state, progress, which = _restore_one(workdir, data, step, member)
-    return cls(config, model, params, workdir, *_progress(workdir, config, state, progress), *which)
+    return cls(config, model, params, workdir, *_progress(workdir, state, progress, config.get('num_steps')), *which)
 
   @classmethod
   def summed_seeds(cls, workdir: str, data: Optional[Dict[str, str]] = None,
@@ -94,8 +94,8 @@ class TrainedModel:
       raise CheckpointError(f'--member=all: the members of {workdir} differ by {", ".join(differing)} besides their '
                             'seed, so their summed scores are no classifier the run reports; --member=K chooses one')
     single = assemble.member_config(config, 0)   # the members' model: theirs differ by seed alone
-    return cls(single, assemble.model(single), state['params'], workdir, *_progress(workdir, config, state, progress),
-               None, len(members), True)
+    return cls(single, assemble.model(single), state['params'], workdir,
+               *_progress(workdir, state, progress, config.get('num_steps')), None, len(members), True)
 
   def describe(self) -> str:
     """Which model this is, for the console and the explorer's page: the checkpoint's step,
@@ -170,12 +170,12 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
   return config, model, state['params']
 
 
-def _progress(workdir: str, config, state, progress) -> Tuple[int, Optional[int], bool]:
+def _progress(workdir: str, state, progress, configured_steps: Optional[int]) -> Tuple[int, Optional[int], bool]:
   """(the checkpoint's step, the run's length where known, whether training reached it)."""
   at = int(np.asarray(state['step']).reshape(-1)[0])
   results = read_results(workdir)
   finished_at = results.get('steps') if results.get('completed') else None
-  num_steps = finished_at or progress.get('num_steps') or config.get('num_steps') or None
+  num_steps = finished_at or progress.get('num_steps') or configured_steps or None
   return at, num_steps, finished_at is not None and at == finished_at
 
 
