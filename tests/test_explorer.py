@@ -385,6 +385,7 @@ def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):
     (['--port', 'eighty'], 'not an integer'),
     (['--port', '70000'], 'above 65535'),
     (['--member', '1'], '--member needs --workdir'),
+    (['--member', 'all'], "'all' (a seed ensemble's members summed) is capsjax-predict's; this command takes one"),
 ])
 def test_bad_flags_are_one_line(argv, message, capsys):
   with pytest.raises(SystemExit) as exited:

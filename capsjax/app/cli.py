@@ -285,6 +285,18 @@ def int_at_least(low: int) -> Callable[[str], int]:
   return parse
 
 
+def member(text: str) -> int:
+  """--member of a command that takes one model: an ensemble member's index (capsjax-predict's
+  --member=all, a seed ensemble's members summed, is said to be its alone)."""
+  if text == 'all':
+    raise argparse.ArgumentTypeError("'all' (a seed ensemble's members summed) is capsjax-predict's; this command "
+                                     'takes one member, an integer >= 0')
+  return int_at_least(0)(text)
+
+
+member.__name__ = 'integer >= 0'
+
+
 def int_in(low: int, high: int) -> Callable[[str], int]:
   """An integer in [low, high] (e.g. what fits JAX's int32 seeds and indices)."""
   at_least = int_at_least(low)

@@ -339,7 +339,7 @@ def member_or_all(text: str):
   if text == 'all':
     return text
   try:
-    return cli.int_at_least(0)(text)
+    return cli.member(text)
   except argparse.ArgumentTypeError as error:
     raise argparse.ArgumentTypeError(f"{error} (a member's index, or all)") from None
 

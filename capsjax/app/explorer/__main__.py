@@ -22,7 +22,7 @@ def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax-explorer', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', type=cli.existing_workdir, default=None,
                       help='a trained CapsNet run (default: the model shipped with capsjax)')
-  parser.add_argument('--member', type=cli.int_at_least(0), default=None,
+  parser.add_argument('--member', type=cli.member, default=None,
                       help='ensemble member of an ensemble run (default: the last)')
   parser.add_argument('--num_images', type=cli.int_at_least(1), default=1000,
                       help="test inputs to offer from the run's test set")

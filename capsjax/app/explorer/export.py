@@ -65,7 +65,7 @@ def main(argv=None):
                       'file (onnx, stablehlo, savedmodel; default: EXPERIMENT.onnx / .stablehlo / _savedmodel here)')
   parser.add_argument('--num_images', type=cli.int_at_least(1), default=None,
                       help=f'test images written beside the model (explorer; default {NUM_IMAGES})')
-  parser.add_argument('--member', type=cli.int_at_least(0), default=None,
+  parser.add_argument('--member', type=cli.member, default=None,
                       help='ensemble member (explorer default: the best on validation; with --step=latest, the last)')
   parser.add_argument('--step', type=step_argument, default='best',
                       help='best (validation-selected, the default), latest, or a step number')

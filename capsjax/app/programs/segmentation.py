@@ -63,7 +63,7 @@ def iou_report(ious: np.ndarray, ious_correct: np.ndarray, threshold: float) -> 
 def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax-segmentation', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
-  parser.add_argument('--member', type=cli.int_at_least(0), default=None,
+  parser.add_argument('--member', type=cli.member, default=None,
                       help='ensemble member (multimnist_lease runs; default: the last)')
   parser.add_argument('--num', type=cli.int_at_least(1), default=None,
                       help="test pairs for the IoU (default: the run's own, config.num_test_examples)")
