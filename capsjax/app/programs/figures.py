@@ -121,7 +121,8 @@ def draw_routing_convergence(metrics_path, final_changes, path):
 def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax-figures', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
-  parser.add_argument('--member', type=cli.member, default=None, help='ensemble member (ablation runs; default: the last)')
+  parser.add_argument('--member', type=cli.member, default=None,
+                      help='ensemble member (ablation runs; default: the last)')
   parser.add_argument('--digits', type=cli.int_at_least(1), default=3, help='images for the perturbation figure')
   parser.add_argument('--num', type=cli.int_at_least(1), default=2000, help='test images searched for examples')
   cli.add_data_flags(parser)
