@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from capsjax import assemble, formulations, runtime  # pylint: disable=g-import-not-at-top
 from capsjax.app import cli  # pylint: disable=g-import-not-at-top
+from capsjax.models import MODELS  # pylint: disable=g-import-not-at-top
 from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
 from timing import (buffer_bytes, capsnet_flops, conv_layers, is_paper_architecture, random_inputs, seconds_per_call,
                     seconds_per_step)
@@ -165,7 +166,15 @@ def main():
   else:
     os.environ['CAPSJAX_HUGE_PAGES'] = '0'
 
-  config = importlib.import_module(f'capsjax.experiments.{args.experiment}').get_config()
+  try:
+    config = importlib.import_module(f'capsjax.experiments.{args.experiment}').get_config()
+  except ModuleNotFoundError as error:
+    if error.name != f'capsjax.experiments.{args.experiment}':
+      raise
+    parser.exit(2, f'{parser.prog}: error: --experiment={args.experiment}: no such experiment (experiments/NAME.py)\n')
+  if not MODELS[config.model.name].capsules:   # (its CNN once ended in an AttributeError on conv1_kernel)
+    parser.exit(2, f'{parser.prog}: error: --experiment={args.experiment}: its model is a {config.model.name!r}; '
+                'this benchmark times CapsNets against the PyTorch CapsNet\n')
   config.model.formulation.conv_impl = args.conv_impl
   config.model.formulation.dtype = args.dtype
   config.model.formulation.conv_inputs = args.conv_inputs
