@@ -31,8 +31,9 @@ SHIPPED = os.path.join(os.path.dirname(__file__), 'explorer', 'assets')
 @dataclasses.dataclass
 class TrainedModel:
   """One trained model as predict and the explorer use it: the run's config (as read from
-  its workdir or export), its module, one member's parameters, where it came from, and
-  what its family, task and objective can do (their registry entries).
+  its workdir or export), its module, one member's parameters (`summed_seeds`: every
+  member's, on a leading axis), where it came from, and what its family, task and
+  objective can do (their registry entries).
 
   Example:
     `workdir` as in load_trained's example.
@@ -79,8 +80,9 @@ class TrainedModel:
     classifier the run reports (`ensemble_test_error`: the class of the largest score
     summed over the members): `params` carry a leading member axis and `summed` is True.
     Predict (`--member=all`) sums their scores; the explorer, export and figures take one
-    model (`from_workdir`'s member). The members of an ablation or a recipe program differ
-    by more than their seed: their sum is no classifier the run reports, and is refused."""
+    model (`from_workdir`'s member). The members of an ablation's grid or of several
+    recipes differ by more than their seed: their sum is no classifier the run reports, and
+    is refused."""
     if is_export(workdir):
       raise CheckpointError(f'--member=all: {workdir} holds an exported model (one model); all sums the members '
                             "of an ensemble run's workdir")
