@@ -27,6 +27,9 @@ from capsjax.errors import CheckpointError, CheckpointWriteError
 State = Dict[str, Any]
 # Where checkpoints that cannot be read are moved (beside workdir/checkpoints), never deleted.
 DAMAGED_DIR = 'damaged_checkpoints'
+# A reader beside a running training lists the checkpoints again this often when a step it
+# listed was removed meanwhile (the training keeps only the latest few).
+READER_ATTEMPTS = 5
 _OS_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO, errno.ENOENT, errno.EPERM)
 
 
@@ -107,10 +110,15 @@ def _reason(error: BaseException) -> str:
 
 class _DropOrbaxRecords(logging.Filter):
   """Orbax logs every failed write with tracebacks from several threads; the run reports
-  the failure once itself."""
+  the failure once itself. A reader drops orbax's warnings too (that its options are
+  read-only, as asked)."""
+
+  def __init__(self, level: int = logging.ERROR):
+    super().__init__()
+    self.level = level
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not (record.levelno >= logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
+    return not (record.levelno >= self.level and f'{os.sep}orbax{os.sep}' in record.pathname)
 
 
 class _DropClosedLoopNoise:
@@ -141,26 +149,45 @@ class _KeptSteps:
 
 class Checkpoints:
   """The checkpoints of one run in workdir/checkpoints: the latest `keep`, and those of
-  the steps named by `keep_steps` (the best validation step of each member)."""
+  the steps named by `keep_steps` (the best validation step of each member).
 
-  def __init__(self, workdir: str, keep: int = 3):
+  `read_only`: for a reader beside a training that may be running (predict, export,
+  load_trained, the explorer): nothing is created, saved or deleted. A writer's start
+  removes unfinished saves (*.orbax-checkpoint-tmp); a reader's must not, since one may be
+  the running training's save in flight."""
+
+  def __init__(self, workdir: str, keep: int = 3, read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+    self.read_only = read_only
     self._kept = _KeptSteps()
-    options = ocp.CheckpointManagerOptions(
-        create=True, cleanup_tmp_directories=True,
-        preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(
-            [ocp.checkpoint_managers.LatestN(keep), self._kept]))
-    self._filter = _DropOrbaxRecords()
+    if read_only:
+      options = ocp.CheckpointManagerOptions(read_only=True, create=False, cleanup_tmp_directories=False,
+                                             save_interval_steps=0)
+    else:
+      options = ocp.CheckpointManagerOptions(
+          create=True, cleanup_tmp_directories=True,
+          preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(
+              [ocp.checkpoint_managers.LatestN(keep), self._kept]))
+    self._attempted: List[int] = []   # steps whose save was started
+    self.failed = False
+    self._filter = _DropOrbaxRecords(logging.WARNING if read_only else logging.ERROR)
     logging.getLogger('absl').addFilter(self._filter)
     self._unraisable = _DropClosedLoopNoise()
     sys.unraisablehook = self._unraisable
-    try:
-      self.manager = ocp.CheckpointManager(self.directory, options=options)
-    except Exception as e:  # pylint: disable=broad-except
-      self._remove_filter()
-      raise CheckpointError(f'cannot open checkpoints in {self.directory} ({_reason(e)})') from None
-    self._attempted: List[int] = []   # steps whose save was started
-    self.failed = False
+    for attempt in range(READER_ATTEMPTS if read_only else 1):
+      try:
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        break
+      except Exception as e:  # pylint: disable=broad-except
+        if self._deleted_under_reader(e) and attempt + 1 < READER_ATTEMPTS:
+          continue
+        self._remove_filter()
+        raise CheckpointError(f'cannot open checkpoints in {self.directory} ({_reason(e)})') from None
+
+  def _deleted_under_reader(self, error: BaseException) -> bool:
+    """Whether a reader's failure is a step that the running training removed while it was
+    listed (its older checkpoints beyond `keep`): the reader lists them again."""
+    return self.read_only and os.path.isdir(self.directory) and _reason(error) == os.strerror(errno.ENOENT)
 
   # --------------------------------------------------------------------------- reading
   def latest_step(self) -> Optional[int]:
@@ -174,12 +201,23 @@ class Checkpoints:
     there is no checkpoint. `template` gives the structure, shapes and dtypes: arrays, or
     jax.ShapeDtypeStruct."""
     if step is None:
-      step = self.manager.latest_step()
-      if step is None:
-        return template, {}
-    elif step not in self.manager.all_steps():
+      for attempt in range(READER_ATTEMPTS if self.read_only else 1):
+        step = self.manager.latest_step()
+        if step is None:
+          return template, {}
+        try:
+          return self._restore(template, step)
+        except CheckpointError:   # a reader's latest step, removed by a training since it was listed
+          if not (self.read_only and attempt + 1 < READER_ATTEMPTS
+                  and not os.path.isdir(os.path.join(self.directory, str(step)))):
+            raise
+          self.manager.reload()
+    if step not in self.manager.all_steps():
       raise CheckpointError(f'no checkpoint of step {step} in {self.directory} '
                             f'(there are: {", ".join(map(str, self.all_steps())) or "none"})')
+    return self._restore(template, step)
+
+  def _restore(self, template: State, step: int) -> Tuple[State, Dict[str, Any]]:
     abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template)   # host arrays
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(

@@ -243,6 +243,27 @@ def test_checkpoints_keep_the_named_steps_beside_the_latest(tmp_path):
       checkpoints.restore(template, step=3)
 
 
+def test_a_reader_opens_checkpoints_read_only_and_leaves_a_save_in_flight(tmp_path):
+  """A reader (predict, export, load_trained) beside a running training: a writer's start
+  removes unfinished saves, a reader's must not (it once deleted the training's save in flight,
+  which then stopped the training)."""
+  from capsjax.checkpoints import Checkpoints   # pylint: disable=g-import-not-at-top
+  template = {'params': {'w': np.zeros(2, np.float32)}, 'step': np.zeros((), np.int32)}
+  with Checkpoints(str(tmp_path), keep=2) as writer:
+    writer.save({'params': {'w': jnp.full(2, 3.0)}, 'step': jnp.asarray(3)}, {'wall_time_s': 0.0})
+    writer.wait()
+  in_flight = tmp_path / 'checkpoints' / '4.orbax-checkpoint-tmp-1234'
+  (in_flight / 'state').mkdir(parents=True)
+  before = sorted(str(path) for path in tmp_path.rglob('*'))
+  with Checkpoints(str(tmp_path), read_only=True) as reader:
+    assert reader.all_steps() == [3]
+    np.testing.assert_array_equal(reader.restore(template)[0]['params']['w'], [3.0, 3.0])
+  assert sorted(str(path) for path in tmp_path.rglob('*')) == before   # nothing created, nothing deleted
+  with Checkpoints(str(tmp_path / 'elsewhere'), read_only=True) as reader:   # no run there: nothing created
+    assert reader.latest_step() is None
+  assert not (tmp_path / 'elsewhere').exists()
+
+
 def test_a_state_of_another_optimizer_or_moving_average_is_named_not_taken_for_damage(tmp_path):
   from capsjax.checkpoints import Checkpoints   # pylint: disable=g-import-not-at-top
   from capsjax.errors import CheckpointError    # pylint: disable=g-import-not-at-top

@@ -176,6 +176,33 @@ def test_failing_save_stops_the_run_and_keeps_the_last_good_checkpoint(mnist_dir
   assert params
 
 
+def test_a_reader_beside_a_training_that_checkpoints_every_step_never_stops_it(mnist_dir, tmp_path):
+  """load_trained in a loop beside a training (predict, export and the explorer read the same
+  way): a reader once deleted the training's save in flight, which then stopped it."""
+  import threading   # pylint: disable=g-import-not-at-top
+  done, read_steps, errors = threading.Event(), [], []
+
+  def read_in_a_loop():
+    while not done.is_set():
+      try:
+        _, _, params = load_trained(str(tmp_path))
+        read_steps.append(int(params is not None))
+      except (CheckpointError, WorkdirError) as e:   # before the first checkpoint and config.json
+        errors.append(str(e))
+        time.sleep(0.01)
+
+  reader = threading.Thread(target=read_in_a_loop, daemon=True)
+  reader.start()
+  try:
+    result = train.train_and_evaluate(tiny_config(mnist_dir, num_steps=24, checkpoint_every_steps=1), str(tmp_path))
+  finally:
+    done.set()
+    reader.join(timeout=60)
+  assert result.steps == 24
+  assert len(read_steps) >= 3, errors[-3:]
+  assert not [e for e in errors if 'no checkpoint' not in e and 'config.json' not in e], errors
+
+
 def _mount_tmpfs(path, size):
   os.makedirs(path, exist_ok=True)
   result = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)],

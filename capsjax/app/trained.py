@@ -204,7 +204,7 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
   model = assemble.model(config)
   # Shapes only: restoring needs no initial values (initialising op by op took seconds).
   template = jax.eval_shape(lambda: assemble.initial_state(config, model, assemble.optimizer(config)))
-  with Checkpoints(workdir, config.keep_checkpoints) as checkpoints:
+  with Checkpoints(workdir, read_only=True) as checkpoints:   # a training may be writing beside it
     if checkpoints.latest_step() is None:
       raise CheckpointError(f'no checkpoint in {checkpoints.directory}')
     state, progress = checkpoints.restore(template, step)
