@@ -73,6 +73,11 @@ class Hook:
   def __call__(self, run: Run, step: int, metrics: Dict[str, Any]) -> None:
     pass
 
+  def resumed(self, run: Run, step: int) -> None:
+    """Once, before a resumed run trains on from `step`, when the evaluation due at `step`
+    has no row (a stop request ended it): the hooks that act on an evaluation act now, so that
+    what the run selects does not depend on when it was stopped."""
+
   def end(self, run: Run) -> None:
     pass
 
@@ -257,6 +262,10 @@ class Evaluator(Hook):
       self.before(run, step)
     self.record(run, step)
 
+  def resumed(self, run, step):
+    run.log(f'step {step}: its evaluation was stopped before it ended; evaluating the restored checkpoint first')
+    self.record(run, step)
+
   def record(self, run: Run, step: int) -> None:
     """Evaluates and writes the `test` (and `validation`) rows of `step` to the metrics
     log: at a due step, and when a finished run is evaluated again (its newer rows follow
@@ -273,6 +282,13 @@ class Evaluator(Hook):
       run.log(f'step {step} validation: {run.describe(run.last_validation)}')
       run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
     run.log(f'step {step} test: {run.describe(results)}{took}')
+    for split, values in (('validation', run.last_validation if self.validate is not None else None),
+                          ('test', results)):
+      counts = np.atleast_1d((values or {}).get('non_finite_examples', 0))
+      if np.any(counts):   # NaN scores read as length 0 once: "every class absent", and no word
+        run.log(f'warning: step {step} {split}: {int(np.max(counts))} examples with NaN or infinite class scores '
+                f'(counted wrong){" in a member" if counts.size > 1 else ""}: the parameters or inputs hold '
+                'non-finite values')
     run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds,
                       **results)
     for evaluation in self.evaluations:
@@ -304,6 +320,9 @@ class KeepBestCheckpoint(Hook):
       self.errors.append(run.last_validation['error'])
       self._keep()
 
+  def resumed(self, run, step):
+    self(run, step, None)
+
 
 class EarlyStop(Hook):
   """Ends the run (as complete) at the first evaluation whose test accuracy reaches
@@ -318,6 +337,9 @@ class EarlyStop(Hook):
     if run.last_eval['accuracy'] >= self.target:
       run.log(f'test accuracy reached {self.target} at step {step}: stopping early')
       run.request_stop('early', step)
+
+  def resumed(self, run, step):
+    self(run, step, None)
 
 
 class Preemption(Hook):

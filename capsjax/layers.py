@@ -317,7 +317,7 @@ class Decoder(nn.Module):
   def __call__(self, masked_capsules: Array) -> Array:
     check_fields(self)
     batch = masked_capsules.shape[0]
-    hidden = masked_capsules.reshape(batch, -1)  # [batch, out_caps * out_dim]
+    hidden = masked_capsules.reshape(batch, math.prod(masked_capsules.shape[1:]))  # [batch, out_caps * out_dim] (-1: not for 0 images)
     dense = lambda width: nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init)
     for width in self.hidden:
       hidden = nn.relu(dense(width)(hidden))
@@ -421,7 +421,7 @@ class DeconvDecoder(nn.Module):
     stages = max(halvings_to(max(height, width), DECONV_START_SIDE), 1)
     start_h, start_w = (halved(side, stages) for side in (height, width))
     batch = masked_capsules.shape[0]
-    hidden = masked_capsules.reshape(batch, -1)                                  # [batch, out_caps * out_dim]
+    hidden = masked_capsules.reshape(batch, math.prod(masked_capsules.shape[1:]))   # [batch, out_caps * out_dim]
     hidden = nn.relu(nn.Dense(start_h * start_w * DECONV_CHANNELS[0], kernel_init=self.kernel_init,
                               bias_init=self.bias_init)(hidden))
     grid = hidden.reshape(batch, start_h, start_w, DECONV_CHANNELS[0])          # [batch, h0, w0, 64]

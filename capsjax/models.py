@@ -1,5 +1,6 @@
 """CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
 import dataclasses
+import math
 from typing import Annotated, Any, Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -388,7 +389,7 @@ class BaselineCNN(nn.Module):
       features = nn.relu(Conv(channels, kernel, padding='SAME', formulation=how)(features))
       if self.pool:
         features = nn.max_pool(features, (2, 2), strides=(2, 2))
-    features = features.reshape(features.shape[0], -1)
+    features = features.reshape(features.shape[0], math.prod(features.shape[1:]))   # (-1 fails for 0 images)
     for width in self.dense:
       features = nn.relu(nn.Dense(width)(features))
     if self.dropout_rate:  # "the last fully connected layer is connected with dropout" (section 5)

@@ -192,9 +192,17 @@ def top_k_correct(scores: jax.Array, labels: jax.Array):
   """(all labels among the k best scores [batch], fraction of labels found [batch]).
 
   k is the number of labels per example (1 for MNIST, 2 for MultiMNIST); with k = 1 the
-  first is plain argmax accuracy.
+  first is plain argmax accuracy. An example with a non-finite score is wrong (top_k ranks
+  NaN first: it would count as right when its label happened to be there).
   """
   labels = labels if labels.ndim == 2 else labels[:, None]
   _, predicted = jax.lax.top_k(scores, labels.shape[1])                   # [batch, k]
   found = jnp.any(labels[:, :, None] == predicted[:, None, :], axis=-1)   # [batch, k]
+  found = found & jnp.all(jnp.isfinite(scores), -1, keepdims=True)        # [batch, k]
   return jnp.all(found, -1).astype(jnp.float32), jnp.mean(found.astype(jnp.float32), -1)
+
+
+def non_finite(scores: jax.Array) -> jax.Array:
+  """Per example, whether any class score is NaN or infinite: scores [..., batch, classes] →
+  [..., batch] float32 (a diverged model, a NaN input)."""
+  return jnp.any(~jnp.isfinite(scores), -1).astype(jnp.float32)

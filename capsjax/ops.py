@@ -10,6 +10,7 @@ PrimaryCaps at batch 128) is never written to memory. Which one 'auto' picks per
 out] kernel, so parameters are shared.
 """
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -45,7 +46,7 @@ def extract_patches(images: Array, kernel_size: int, stride: int, extraction: st
     rows = stride * np.arange(out_h)[:, None] + np.arange(kernel_size)[None, :]      # [out_h, kh]
     columns = stride * np.arange(out_w)[:, None] + np.arange(kernel_size)[None, :]   # [out_w, kw]
     patches = images[:, rows[:, None, :, None], columns[None, :, None, :], :]       # [batch, out_h, out_w, kh, kw, c]
-    return patches.reshape(patches.shape[:3] + (-1,))
+    return patches.reshape(patches.shape[:3] + (math.prod(patches.shape[3:]),))
   slices = [
       images[:, dy:dy + stride * (out_h - 1) + 1:stride, dx:dx + stride * (out_w - 1) + 1:stride, :]
       for dy in range(kernel_size) for dx in range(kernel_size)
@@ -54,7 +55,10 @@ def extract_patches(images: Array, kernel_size: int, stride: int, extraction: st
 
 
 def batch_chunk_size(batch: int, target: int) -> int:
-  """The largest divisor of `batch` that is ≤ target (so chunks tile the batch exactly)."""
+  """The largest divisor of `batch` that is ≤ target (so chunks tile the batch exactly); 1
+  for an empty batch."""
+  if batch == 0:
+    return 1
   return max(d for d in range(1, min(batch, max(target, 1)) + 1) if batch % d == 0)
 
 

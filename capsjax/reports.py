@@ -199,6 +199,13 @@ def results_table(results: Dict[str, Any]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _logged_train_loss(rows: Sequence[Dict[str, Any]], step: int):
+  """The training loss metrics.jsonl holds for `step` (None: no row): a run whose final
+  evaluation was stopped trained its last step in an earlier invocation."""
+  losses = [row['loss'] for row in rows if row.get('split') == 'train' and row.get('step') == step and 'loss' in row]
+  return losses[-1] if losses else None
+
+
 def run_results(run, record: Dict[str, Any], train_metrics, previous: Dict[str, Any], num_params: int,
                 members: Optional[List[Dict[str, Any]]], counts: Tuple[int, int, Optional[int]],
                 rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -223,7 +230,7 @@ def run_results(run, record: Dict[str, Any], train_metrics, previous: Dict[str, 
       'num_train_examples': counts[0],
       'num_test_examples': counts[1],
       'final_train_loss': (np.asarray(train_metrics['loss']).tolist() if trained_now
-                           else previous.get('final_train_loss')),
+                           else previous.get('final_train_loss', _logged_train_loss(rows, run.num_steps))),
       # Training time over every invocation.
       'wall_time_s': run.wall_time() if trained_now else previous.get('wall_time_s', run.wall_time()),
       'backend': jax.default_backend(),

@@ -16,7 +16,7 @@ import optax
 
 from capsjax import sharding
 from capsjax.optimization import SCHEDULES
-from capsjax.objectives import top_k_correct
+from capsjax.objectives import non_finite, top_k_correct
 from capsjax.routing import coupling_changes, routing_logit_changes
 
 State = Dict[str, Any]
@@ -142,7 +142,8 @@ def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_ave
       per_example, scores = member_outputs(params, batch, knobs)            # [batch], [batch, classes]
       correct, digits_correct = top_k_correct(scores, labels)
       sums = {'correct': jnp.sum(correct * weights), 'digits_correct': jnp.sum(digits_correct * weights),
-              'loss': jnp.sum(per_example * weights), 'count': jnp.sum(weights)}
+              'loss': jnp.sum(per_example * weights), 'count': jnp.sum(weights),
+              'non_finite': jnp.sum(non_finite(scores) * weights)}
       if shift_averaging:
         shift_correct, _ = top_k_correct(shift_averaged_scores(params, batch, knobs), labels)
         sums['shift_correct'] = jnp.sum(shift_correct * weights)
@@ -152,7 +153,8 @@ def make_eval_step(objective, model, pipeline, ensemble: bool = False, shift_ave
     correct, digits_correct = jax.vmap(top_k_correct, in_axes=(0, None))(scores, labels)
     members = scores.shape[0]
     sums = {'correct': jnp.sum(correct * weights, -1), 'digits_correct': jnp.sum(digits_correct * weights, -1),
-            'loss': jnp.sum(per_example * weights, -1), 'count': jnp.full((members,), jnp.sum(weights))}
+            'loss': jnp.sum(per_example * weights, -1), 'count': jnp.full((members,), jnp.sum(weights)),
+            'non_finite': jnp.sum(non_finite(scores) * weights, -1)}
     if summed:
       sums['ensemble_correct'] = jnp.sum(top_k_correct(jnp.sum(scores, axis=0), labels)[0] * weights)
     group_correct = lambda member_scores: jnp.stack([   # [groups]
@@ -215,6 +217,8 @@ def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None
   accuracy = totals['correct'] / count
   metrics = {'accuracy': accuracy, 'error': 1.0 - accuracy,
              'digit_accuracy': totals['digits_correct'] / count, 'loss': totals['loss'] / count}
+  if np.any(totals.get('non_finite', 0)):   # NaN or infinite class scores: counted wrong, and named
+    metrics['non_finite_examples'] = totals['non_finite']
   if 'ensemble_correct' in totals:   # the members' summed scores as one classifier
     metrics['ensemble_accuracy'] = totals['ensemble_correct'] / count[0]
     metrics['ensemble_error'] = 1.0 - metrics['ensemble_accuracy']

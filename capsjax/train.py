@@ -13,7 +13,9 @@ import os
 from typing import Any, Dict, Optional
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 
 from capsjax import assemble, console, memory, reports, runtime, sharding, stored_config, validation
 from capsjax import checkpoints as ckpt
@@ -165,17 +167,21 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
          f'examples, {num_steps} steps of {built.batch_size} ({run.epoch(num_steps):.2f} epochs)'
          + (f', {len(members)} members in one vmapped program' if members else '')
          + f'; {runtime.describe_devices()}; {memory.describe(memory_estimates, available)}')
+    rows = metrics_log.read()
     hooks, evaluator = default_hooks(settings, run, checkpoints, requests, multi_process, program.evaluations,
-                                     program.validate, metrics_log.read() if program.validate else (),
+                                     program.validate, rows if program.validate else (),
                                      ensemble=members is not None)
-    if first_step < run.last_step:
+    if _evaluation_missing(rows, first_step, evaluator.due(first_step, num_steps) and first_step > 0):
+      for hook in hooks:
+        hook.resumed(run, first_step)
+    if first_step < run.last_step and not run.stop_reason:
       _log('compiling the training step…')
     train_metrics = None
     record_config = (lambda: workdir_lib.record_config(workdir, built.recorded)) if is_writer else (lambda: None)
     if first_step >= run.last_step:
       record_config()   # nothing to train: the restore has shown that the config fits
     in_flight = collections.deque()
-    for step in range(first_step, run.last_step):
+    for step in range(first_step, run.last_step if not run.stop_reason else first_step):
       # The first call compiles: XLA's slow-compile banners stay out (the first progress line times it).
       with console.xla_alarms_dropped() if step == first_step else contextlib.nullcontext():
         run.state, train_metrics = program.train_step(run.state, step)
@@ -216,6 +222,15 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
   _log(f'test {run.describe(run.last_eval)} after {run.num_steps} steps; '
        f'results in {os.path.join(workdir, "results.json")}')
   return RunResult.from_results(results)
+
+
+def _evaluation_missing(rows, step: int, due: bool) -> bool:
+  """Whether the evaluation due at the restored `step` has no test row in metrics.jsonl (a
+  stop request ended it). Every process takes process 0's answer: the evaluation is collective."""
+  missing = due and not any(row.get('split') == 'test' and row.get('step') == step for row in rows)
+  if jax.process_count() > 1:
+    missing = bool(multihost_utils.broadcast_one_to_all(np.asarray(missing)))
+  return missing
 
 
 def _complete(workdir: str, results: Dict[str, Any]) -> RunResult:

@@ -46,6 +46,8 @@ import numpy as np, onnxruntime
 session = onnxruntime.InferenceSession(sys.argv[1])
 images = np.load(sys.argv[2])
 outputs = [session.run(None, {'images': images[:1]}), session.run(None, {'images': images})]
+empty = session.run(None, {'images': images[:0]})   # 0 images: empty outputs (ONNX Runtime's Einsum once died)
+assert [value.shape[0] for value in empty] == [0, 0, 0], [value.shape for value in empty]
 np.savez(sys.argv[3], **{f'{batch}_{i}': value for batch, run in zip(('one', 'all'), outputs)
                          for i, value in enumerate(run)})
 '''
@@ -206,6 +208,14 @@ def test_an_own_images_model_exports_and_agrees(tmp_path):
   activations, capsules = serving.run_file(path, images)
   np.testing.assert_allclose(activations, [list(r['activations'].values()) for r in predicted], atol=TOLERANCE)
   assert capsules.shape == (3, 2, config.model.digit_dim)
+  # No images: empty outputs from the model, the Predictor and the file (in ONNX Runtime: the test above).
+  assert {name: value.shape for name, value in model.apply({'params': params}, np.zeros((0, 64, 64, 3))).items()
+          if value is not None} == {'capsules': (0, 2, 8), 'lengths': (0, 2), 'activations': (0, 2),
+                                    'reconstructions': (0, 64, 64, 3)}
+  assert Predictor(trained).predict(images[:0]) == []
+  stablehlo = str(tmp_path / 'photos.stablehlo')
+  serving.write_file(trained, 'stablehlo', stablehlo)
+  assert [value.shape for value in serving.run_file(stablehlo, images[:0])] == [(0, 2), (0, 2, 8)]
 
 
 def test_a_changed_jax2onnx_plugin_system_leaves_the_plugins_to_jax2onnx(monkeypatch):
@@ -240,3 +250,41 @@ def _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, digit, fo
     result = subprocess.run([sys.executable, '-c', code], cwd=folder, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (block, result.stderr[-2000:])
     assert result.stdout.strip(), block
+
+
+def _mounted_tmpfs(path, options):
+  os.makedirs(path, exist_ok=True)
+  result = subprocess.run(['mount', '-t', 'tmpfs', '-o', options, 'tmpfs', str(path)], capture_output=True, text=True)
+  if result.returncode:
+    pytest.skip(f'cannot mount a tmpfs here ({result.stderr.strip()})')
+
+
+def test_a_full_or_read_only_disk_and_a_mismatched_suffix_are_one_line(mnist_run, tmp_path, capsys):
+  """Every format to a full and to a read-only disk: one line, exit 2, nothing left behind
+  (SavedModel once ended in TensorFlow's traceback); --evaluate runs the file as --format says,
+  whatever its suffix; a user's own OUT.partial is never touched."""
+  full, read_only = tmp_path / 'full', tmp_path / 'read_only'
+  _mounted_tmpfs(full, 'size=256k')
+  try:
+    _mounted_tmpfs(read_only, 'ro,size=256k')
+    try:
+      for folder, reason in ((full, 'No space left on device'), (read_only, 'Read-only file system')):
+        for format_name in ('savedmodel', 'onnx'):
+          out = folder / f'model{serving.SUFFIXES[format_name]}'
+          with pytest.raises(SystemExit) as exited:
+            export.main([f'--format={format_name}', f'--workdir={mnist_run}', f'--out={out}'])
+          errors = capsys.readouterr().err.strip().splitlines()
+          assert exited.value.code == 2 and errors == [f'error: {out}: cannot write ({reason})'], errors
+        assert os.listdir(folder) == []
+    finally:
+      subprocess.run(['umount', str(read_only)], check=False)
+  finally:
+    subprocess.run(['umount', str(full)], check=False)
+  (tmp_path / 'model.bin.partial').write_text('mine')
+  for format_name, out in (('stablehlo', 'model.onnx'), ('onnx', 'model.bin')):
+    assert export.main([f'--format={format_name}', f'--workdir={mnist_run}', f'--out={tmp_path / out}',
+                        '--evaluate']) == 0
+    said = capsys.readouterr().out
+    assert f'test error on 100 test images: {format_name} file ' in said and 'differ on 0' in said, said
+  assert (tmp_path / 'model.bin.partial').read_text() == 'mine'
+  assert sorted(os.listdir(tmp_path)) == ['full', 'model.bin', 'model.bin.partial', 'model.onnx', 'read_only']

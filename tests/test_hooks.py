@@ -445,3 +445,10 @@ def test_checkpointer_never_saves_after_a_non_finite_step(tmp_path):
   with pytest.raises(NaNLossError):
     saver(run, 2, metrics())
   assert checkpoints.saved == []
+
+
+def test_an_evaluation_with_non_finite_scores_says_so(tmp_path):
+  run, lines = fake_run(tmp_path, evaluate=lambda params: {'accuracy': 0.5, 'error': 0.5, 'non_finite_examples': 3.0})
+  hooks.Evaluator(5)(run, 5, metrics())
+  assert lines[-1] == ('warning: step 5 test: 3 examples with NaN or infinite class scores (counted wrong): '
+                       'the parameters or inputs hold non-finite values')

@@ -245,6 +245,32 @@ def test_squash_is_safe_at_zero():
   assert [name for name, grad in zip(names, routed_grads) if not np.all(np.isfinite(grad))] == []
 
 
+def test_nan_stays_nan_through_lengths_squash_predict_and_evaluation():
+  """A NaN capsule once read as length 0 ("every class absent", predict exit 0): it stays
+  NaN, the zero vector keeps its gradient 0, an evaluation counts it wrong and names it, and
+  predict refuses with the parameters it found non-finite."""
+  import dataclasses   # pylint: disable=g-import-not-at-top
+  from capsjax import vector_norm   # pylint: disable=g-import-not-at-top
+  from capsjax.models import capsule_lengths   # pylint: disable=g-import-not-at-top
+  from capsjax.objectives import non_finite, top_k_correct   # pylint: disable=g-import-not-at-top
+  vectors = jnp.array([[np.nan, 1.0], [0.0, 0.0], [3.0, 4.0], [np.inf, 0.0]])
+  np.testing.assert_array_equal(vector_norm(vectors), [np.nan, 0.0, 5.0, np.inf])
+  np.testing.assert_array_equal(capsule_lengths(vectors[None]), [[np.nan, 0.0, 5.0, np.inf]])
+  assert np.all(np.isnan(squash(vectors[:1]))) and np.all(squash(vectors[1:2]) == 0)
+  np.testing.assert_array_equal(jax.grad(lambda v: vector_norm(v).sum())(jnp.zeros(3)), np.zeros(3))
+  scores, labels = jnp.array([[np.nan, 0.1], [0.9, 0.1]]), jnp.array([0, 0])   # NaN where the label is
+  np.testing.assert_array_equal(top_k_correct(scores, labels)[0], [0.0, 1.0])
+  np.testing.assert_array_equal(non_finite(scores), [1.0, 0.0])
+  from capsjax.app.predict import Predictor   # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import TrainedModel   # pylint: disable=g-import-not-at-top
+  trained = TrainedModel.shipped()
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x.at[(0,) * x.ndim].set(np.nan) if 'Decoder' not in jax.tree_util.keystr(path) else x,
+      trained.params)
+  with pytest.raises(CapsjaxError, match=r'^NaN or infinite class scores for digit: .* holds non-finite parameters \('):
+    Predictor(dataclasses.replace(trained, params=params)).predict([np.full((28, 28), 200, np.uint8)], ['digit'])
+
+
 def test_convergence_measures_match_the_reference_loop():
   from capsjax.routing import coupling_changes, routing_logit_changes  # pylint: disable=g-import-not-at-top
   u_hat = random_predictions(seed=5)

@@ -1,5 +1,6 @@
 """Ctrl-C (SIGINT) saves a checkpoint and exits like SIGTERM, within seconds; the same
 command resumes. A Ctrl-C before the first step has compiled is one line, exit 130."""
+import json
 import os
 import signal
 import subprocess
@@ -93,3 +94,36 @@ def test_sigterm_outside_a_training_loop_is_one_line():
   assert (done.returncode, done.stdout, done.stderr) == (128 + signal.SIGTERM, 'working\n',
                                                           'error: stopped by SIGTERM\n')
 
+
+
+def test_an_evaluation_stopped_by_sigterm_or_ctrl_c_is_run_again_on_resume(mnist_dir, tmp_path, monkeypatch):
+  """SIGTERM in the evaluation at step 4, Ctrl-C in the final one at step 8: each resume
+  evaluates its restored checkpoint first, so the run selects and reports what an
+  uninterrupted run of the same config does (it once skipped step 4 and selected step 8)."""
+  import pytest   # pylint: disable=g-import-not-at-top
+  from capsjax import hooks   # pylint: disable=g-import-not-at-top
+  from capsjax.errors import RunStopped   # pylint: disable=g-import-not-at-top
+  from helpers import tiny_config   # pylint: disable=g-import-not-at-top
+  config = lambda: tiny_config(mnist_dir, num_steps=8, eval_every_steps=4, validation_examples=64,
+                               checkpoint_every_steps=100)
+  reference = train.train_and_evaluate(config(), str(tmp_path / 'uninterrupted'))
+  real_metrics = hooks.Evaluator._metrics
+  stops = {4: signal.SIGTERM, 8: signal.SIGINT}
+
+  def metrics_with_a_signal(self, run, step):
+    if step in stops:   # arrives as the evaluation starts: it ends between two batches
+      os.kill(os.getpid(), stops.pop(step))
+    return real_metrics(self, run, step)
+
+  monkeypatch.setattr(hooks.Evaluator, '_metrics', metrics_with_a_signal)
+  workdir = str(tmp_path / 'stopped')
+  for stopped_at, reason in ((4, 'preempted'), (8, 'interrupted')):
+    with pytest.raises(RunStopped) as stopped:
+      train.train_and_evaluate(config(), workdir)
+    assert (stopped.value.steps, stopped.value.stop_reason) == (stopped_at, reason)
+  result = train.train_and_evaluate(config(), workdir)
+  assert result.selected_by_validation == reference.selected_by_validation
+  assert result.test_error == reference.test_error and result.final_train_loss == reference.final_train_loss
+  evaluated = [(row['split'], row['step']) for row in map(json.loads, open(os.path.join(workdir, 'metrics.jsonl')))
+               if row['split'] != 'train']
+  assert evaluated == [('validation', 4), ('test', 4), ('validation', 8), ('test', 8)]

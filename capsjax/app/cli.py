@@ -2,14 +2,16 @@
 input (flags, data, workdirs), argparse types that validate numbers, and `main_wrapper`.
 """
 import argparse
+import contextlib
 import functools
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
-from typing import Callable, NoReturn, Optional, Sequence
+from typing import Callable, List, NoReturn, Optional, Sequence
 
 
 from capsjax.console import quiet_libtpu_environment
@@ -250,6 +252,28 @@ def check_backend() -> None:
     fail(str(e))
 
 
+# Files a command is writing under a temporary name (an export's partial file): removed when
+# a signal ends the command, which leaves without running `finally` blocks (os._exit).
+_PARTIAL_PATHS: List[str] = []
+
+
+@contextlib.contextmanager
+def removed_if_stopped(path: str):
+  """While inside: `path` (a file or folder being written) is removed if Ctrl-C or SIGTERM
+  ends the command."""
+  _PARTIAL_PATHS.append(path)
+  try:
+    yield path
+  finally:
+    _PARTIAL_PATHS.remove(path)
+
+
+def _remove_partial_paths() -> None:
+  for path in list(_PARTIAL_PATHS):
+    with contextlib.suppress(OSError):
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
 def fail(message: str, status: int = 2, hard: bool = False) -> NoReturn:
   """Prints `error: MESSAGE` and exits. `hard` skips interpreter teardown (os._exit):
   after a Ctrl-C or a failed checkpoint write, orbax's and XLA's background threads can
@@ -259,6 +283,7 @@ def fail(message: str, status: int = 2, hard: bool = False) -> NoReturn:
   schedule new futures after interpreter shutdown') in 3 of 5 runs. (Its saves have
   finished or failed by then: the checkpoint manager is closed on the way out.)"""
   print(f'error: {message}', file=sys.stderr, flush=True)
+  _remove_partial_paths()
   if hard or (_PROGRAM and 'orbax.checkpoint' in sys.modules):
     sys.stdout.flush()
     os._exit(status)

@@ -25,6 +25,7 @@ From Python, `Predictor.from_workdir(W).predict(images)` does the same for array
 """
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -234,7 +235,8 @@ class Predictor:
   def blank(images_uint8: np.ndarray) -> np.ndarray:
     """Per image: whether all its pixels lie within BLANK_RANGE levels of each other (a
     blank page or an empty frame: any class it is given means nothing)."""
-    flat = np.asarray(images_uint8).reshape(len(images_uint8), -1).astype(np.int16)
+    images_uint8 = np.asarray(images_uint8)
+    flat = images_uint8.reshape(len(images_uint8), math.prod(images_uint8.shape[1:])).astype(np.int16)   # (-1: not for 0)
     return flat.max(-1) - flat.min(-1) <= BLANK_RANGE
 
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
@@ -270,6 +272,8 @@ class Predictor:
     for chunk, padded in _padded_batches(held):
       scores, reconstructions = self._scores(self.params, padded)
       scores = np.asarray(scores)[:len(chunk)]
+      if not np.all(np.isfinite(scores)):
+        raise CapsjaxError(self._non_finite(np.flatnonzero(~np.all(np.isfinite(scores), -1)) + len(results), names))
       reconstructions = None if reconstructions is None else np.asarray(reconstructions)[:len(chunk)]
       for i, row in enumerate(scores):
         index = int(np.argmax(row))
@@ -279,6 +283,22 @@ class Predictor:
                         'inverted': bool(inverted[len(results)]), 'blank': bool(blank[len(results)]),
                         'fitted': bool(fitted[len(results)])})
     return results
+
+
+  def _non_finite(self, indices, names) -> str:
+    """Why images `indices` got NaN or infinite class scores (a NaN capsule once read as
+    length 0: "every class absent", exit 0): the parameters that hold non-finite values
+    (a diverged run), else the model's arithmetic on these images."""
+    import jax  # pylint: disable=g-import-not-at-top
+    which = ', '.join((names[i] if names is not None else f'image {i}') for i in indices[:3])
+    which += f' and {len(indices) - 3} more' if len(indices) > 3 else ''
+    bad = [jax.tree_util.keystr(path, simple=True, separator='/')
+           for path, leaf in jax.tree_util.tree_flatten_with_path(self.params)[0]
+           if not np.all(np.isfinite(np.asarray(leaf, np.float32)))]
+    cause = (f'{self.source} holds non-finite parameters ({", ".join(bad[:3])}{" …" if len(bad) > 3 else ""}): '
+             'its training diverged' if bad
+             else 'the model overflowed on them')
+    return f'NaN or infinite class scores for {which}: {cause}'
 
 
 def _padded_batches(images):

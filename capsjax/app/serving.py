@@ -17,13 +17,14 @@ same values; this one converts cleanly): XLA's convolution as its plain primitiv
 routing loop as straight-line code, float32.
 """
 import contextlib
+import errno
 import io
 import json
 import logging
 import os
 import re
 import shutil
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -114,6 +115,7 @@ def _onnx_proto(trained, reconstructions: bool):
   except ImportError:
     raise ExportError(f'--format=onnx needs the jax2onnx converter: {EXTRA}') from None
   infer, names = inference_function(trained, reconstructions)
+  infer = _empty_batch_guarded(infer)
   chatter = io.StringIO()   # jax2onnx prints its plugins' debugging lines; kept for a failure
   quiet = [logging.getLogger(name) for name in ('jax2onnx', 'onnx_ir')]
   levels = [logger.level for logger in quiet]
@@ -138,7 +140,44 @@ def _onnx_proto(trained, reconstructions: bool):
   for key, value in metadata.items():
     entry = proto.metadata_props.add()
     entry.key, entry.value = key, value
+  _drop_unused_initializers(proto.graph)
   return proto
+
+
+def _empty_batch_guarded(infer):
+  """`infer` behind a branch on the batch size: 0 images give empty outputs without running
+  the model (ONNX Runtime 1.32's Einsum kills its process with SIGFPE on an empty batch)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  def guarded(images):   # uint8 [batch, h, w, c]
+    batch = images.shape[0]   # symbolic
+    def empty(images):
+      one = jax.eval_shape(infer, jax.ShapeDtypeStruct((1,) + images.shape[1:], images.dtype))
+      return tuple(jnp.zeros((batch,) + output.shape[1:], output.dtype) for output in one)
+    return jax.lax.cond(jnp.asarray(batch) == 0, empty, infer, images)
+  return guarded
+
+
+def _used_names(graph, names: set) -> set:
+  """The value names that `graph`'s nodes (and those of its subgraphs) read, and its outputs."""
+  import onnx  # pylint: disable=g-import-not-at-top
+  for node in graph.node:
+    names.update(node.input)
+    for attribute in node.attribute:
+      for subgraph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+        _used_names(subgraph, names)
+  names.update(output.name for output in graph.output)
+  return names
+
+
+def _drop_unused_initializers(graph) -> None:
+  """Removes the initializers no node reads (jax2onnx leaves a branch's constants in the
+  main graph too; ONNX Runtime then prints a warning for each one at every session start)."""
+  used = _used_names(graph, set())
+  kept = [initializer for initializer in graph.initializer if initializer.name in used]
+  del graph.initializer[:]
+  graph.initializer.extend(kept)
 
 
 def _stablehlo_bytes(trained, reconstructions: bool) -> bytes:
@@ -162,7 +201,13 @@ def _write_savedmodel(trained, reconstructions: bool, folder: str) -> None:
   module.serve = tf.function(lambda images: dict(zip(names, converted(images))), autograph=False,
                              input_signature=[tf.TensorSpec([None, *trained.info.image_shape], tf.uint8,
                                                             name='images')])
-  tf.saved_model.save(module, folder, signatures={'serving_default': module.serve})
+  try:
+    tf.saved_model.save(module, folder, signatures={'serving_default': module.serve})
+  except tf.errors.OpError as error:   # a full or read-only disk: TensorFlow's own error types
+    reason = next((os.strerror(code) for code in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT)
+                   if os.strerror(code).lower() in str(error.message).lower()), None)
+    raise OSError(errno.EIO, reason or f'{type(error).__name__}: {str(error.message).splitlines()[0][:200]}'
+                  ) from None
 
 
 def default_path(trained, format_name: str) -> str:
@@ -186,21 +231,26 @@ def write_file(trained, format_name: str, path: str, reconstructions: bool = Fal
   if format_name not in SUFFIXES:
     raise ConfigError(f'--format={format_name!r}: allowed one of {", ".join(FORMATS)}')
   check_output(path, force)
-  partial = f'{path}.partial'
+  from capsjax.app.cli import removed_if_stopped  # pylint: disable=g-import-not-at-top
+  # A hidden name of its own beside `path` (never a user's file), removed if the export fails
+  # or a signal ends the command.
+  folder, name = os.path.split(os.path.abspath(path))
+  partial = os.path.join(folder, f'.{name}.{os.getpid()}.partial')
   try:
-    if format_name == 'savedmodel':   # a folder, written beside and renamed
-      _write_savedmodel(trained, reconstructions, partial)
-      if os.path.exists(path):
-        shutil.rmtree(path)
-      os.replace(partial, path)
-      size = sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
-    else:
-      content = (_onnx_proto(trained, reconstructions).SerializeToString() if format_name == 'onnx'
-                 else _stablehlo_bytes(trained, reconstructions))
-      with open(partial, 'wb') as f:
-        f.write(content)
-      os.replace(partial, path)
-      size = len(content)
+    with removed_if_stopped(partial):
+      if format_name == 'savedmodel':   # a folder, written beside and renamed
+        _write_savedmodel(trained, reconstructions, partial)
+        if os.path.exists(path):
+          shutil.rmtree(path)
+        os.replace(partial, path)
+        size = sum(os.path.getsize(os.path.join(top, file)) for top, _, files in os.walk(path) for file in files)
+      else:
+        content = (_onnx_proto(trained, reconstructions).SerializeToString() if format_name == 'onnx'
+                   else _stablehlo_bytes(trained, reconstructions))
+        with open(partial, 'wb') as f:
+          f.write(content)
+        os.replace(partial, path)
+        size = len(content)
   except OSError as error:
     raise ExportError(f'{path}: cannot write ({error.strerror or error})') from None
   finally:
@@ -213,17 +263,27 @@ def write_file(trained, format_name: str, path: str, reconstructions: bool = Fal
           'platforms': LOWERED_FOR if format_name == 'stablehlo' else None}
 
 
-def run_file(path: str, images: np.ndarray, batch_size: int = 256) -> Tuple[np.ndarray, ...]:
-  """The outputs of the exported file at `path` (.onnx through ONNX Runtime, .stablehlo
-  through jax.export.deserialize, a SavedModel folder through TensorFlow) for uint8 images
-  [n, h, w, c], in batches."""
-  if os.path.isdir(path):   # a SavedModel
+def file_format(path: str) -> str:
+  """The format of an exported file, by what it is ('savedmodel': a folder) or its suffix."""
+  if os.path.isdir(path):
+    return 'savedmodel'
+  return 'onnx' if path.endswith(SUFFIXES['onnx']) else 'stablehlo'
+
+
+def run_file(path: str, images: np.ndarray, batch_size: int = 256, format_name: Optional[str] = None
+             ) -> Tuple[np.ndarray, ...]:
+  """The outputs of the exported file at `path` for uint8 images [n, h, w, c], in batches:
+  ONNX through ONNX Runtime, StableHLO through jax.export.deserialize, a SavedModel folder
+  through TensorFlow. `format_name`: the file's format (the command's --format; default:
+  `file_format(path)`)."""
+  format_name = format_name or file_format(path)
+  if format_name == 'savedmodel':
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     serve = tf.saved_model.load(path).signatures['serving_default']
     call = lambda chunk: [serve(images=tf.constant(chunk))[name].numpy() for name in OUTPUT_NAMES
                           if name in serve.structured_outputs]
-  elif path.endswith(SUFFIXES['onnx']):
+  elif format_name == 'onnx':
     try:
       import onnxruntime  # pylint: disable=g-import-not-at-top
     except ImportError:
@@ -234,9 +294,11 @@ def run_file(path: str, images: np.ndarray, batch_size: int = 256) -> Tuple[np.n
     import jax  # pylint: disable=g-import-not-at-top
     with open(path, 'rb') as f:
       exported = jax.export.deserialize(bytearray(f.read()))
-    call = lambda chunk: [np.asarray(value) for value in exported.call(chunk)]
+    # (JAX's symbolic batch is at least 1: for no images, the outputs' shapes)
+    call = lambda chunk: ([np.asarray(value) for value in exported.call(chunk)] if len(chunk) else
+                          [np.zeros((0,) + tuple(aval.shape[1:]), aval.dtype) for aval in exported.out_avals])
   parts = [call(np.ascontiguousarray(images[start:start + batch_size]))
-           for start in range(0, len(images), batch_size)]
+           for start in range(0, max(len(images), 1), batch_size)]   # no images: one empty call
   return tuple(np.concatenate([part[index] for part in parts]) for index in range(len(parts[0])))
 
 

@@ -28,7 +28,7 @@ def vector_norm(vectors: Array, axis: int = -1, keepdims: bool = False) -> Array
   """|v| along `axis`, exact (no ε), with gradient 0 at the zero vector.
 
   The norm's own gradient is infinite at 0, so zero vectors take a separate branch (the
-  double-where trick); capsule lengths and squash both use it.
+  double-where trick); capsule lengths and squash both use it. A NaN component gives NaN.
   vectors [..., dim] → lengths [...] ([..., 1] with keepdims).
 
   Example:
@@ -58,8 +58,10 @@ def check_axis(what: str, name: str, array: Array, axis) -> None:
 
 
 def _safe_sqrt(squared_norm: Array) -> Array:
-  nonzero = squared_norm > 0
-  return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, squared_norm, 1.0)), 0.0)
+  # Tested as `== 0`, not `> 0`: a NaN (a diverged model, a NaN input) stays NaN, never a
+  # length of 0 that reads as "every class absent".
+  zero = squared_norm == 0
+  return jnp.where(zero, 0.0, jnp.sqrt(jnp.where(zero, 1.0, squared_norm)))
 
 
 def squash(vectors: Array, axis: int = -1) -> Array:
@@ -80,7 +82,7 @@ def squash(vectors: Array, axis: int = -1) -> Array:
   """
   check_axis('squash', 'vectors', vectors, axis)
   largest = jax.lax.stop_gradient(jnp.max(jnp.abs(vectors), axis=axis, keepdims=True))
-  largest = jnp.where(largest > 0, largest, 1.0)       # a zero vector stays as it is
+  largest = jnp.where(largest == 0, 1.0, largest)      # a zero vector stays as it is (a NaN stays NaN)
   scaled = vectors / largest                           # [..., dim], largest |component| 1
   length = _safe_sqrt(jnp.sum(jnp.square(scaled), axis=axis, keepdims=True))   # |s| / c
   return scaled * (length / (1.0 / jnp.square(largest) + jnp.square(length)))

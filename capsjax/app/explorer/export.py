@@ -178,7 +178,7 @@ def _one_file(args) -> int:
     images, labels = np.asarray(test.images), np.asarray(test.labels)
     own = Predictor(trained).classify(images, 'the JAX model')
     console.say(f'running the {args.format} file on {len(images)} test images…')
-    activations = serving.run_file(path, images)[0]
+    activations = serving.run_file(path, images, format_name=args.format)[0]
     exported = np.argmax(activations, -1)
     print(f'test error on {len(labels)} test images: {args.format} file {100 * np.mean(exported != labels):.2f} %, '
           f'JAX model {100 * np.mean(own != labels):.2f} %; the predicted classes differ on '
