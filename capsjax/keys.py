@@ -24,6 +24,8 @@ import re
 import typing
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
+import numpy as np
+
 
 # ----------------------------------------------------------------------------- rules
 
@@ -51,7 +53,17 @@ def is_int(value) -> bool:
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+def as_python(value):
+  """A NumPy scalar (np.float32(2.0), a 0-d array) as the Python number or bool it holds; any
+  other value as it is. The rules read Python values: a NumPy scalar once skipped them (a NaN
+  passed) or failed them (a valid 2.0 refused)."""
+  if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+    return value.item()
+  return value
+
+
 def _is_number(value) -> bool:
+  value = as_python(value)
   return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
           and abs(value) <= FLOAT32_MAX)
 
@@ -290,6 +302,7 @@ def argument_problems(given: Dict[str, Tuple[Any, Optional[Rule]]], prefix: str 
   """One line per argument name → (value, rule) whose Python value its rule refuses, in the
   config's words (`{prefix}NAME=VALUE: allowed …`): a pure function's numbers, as a config
   key's (the losses' margins, a routing's options)."""
+  given = {name: (as_python(value), rule) for name, (value, rule) in given.items()}
   return [f'{prefix}{name}={value!r}: allowed {rule}' for name, (value, rule) in given.items()
           if rule is not None and isinstance(value, PYTHON_VALUES) and not rule(value)]
 

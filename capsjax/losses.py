@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from capsjax.errors import ArgumentError, ConfigError
-from capsjax.keys import PYTHON_VALUES, About, argument_problems, number_in
+from capsjax.keys import PYTHON_VALUES, About, argument_problems, as_python, number_in, positive_number
 
 Array = jax.Array
 
@@ -16,6 +16,8 @@ MARGIN_REDUCTIONS = ('sum', 'official')
 # is given by these rules, and config.loss of the capsnet objective declares its keys by them.
 M_PLUS = About(number_in(0, 1, low_open=True), 'margin loss m+ (0.9)')
 M_MINUS = About(number_in(0, 1, high_open=True), 'margin loss m− (0.1)')
+# margin_loss's `scale`: the factor on the summed loss (margin_reduction_scale's values).
+MARGIN_SCALE = positive_number()
 NEGATIVE_WEIGHT = About(number_in(0, math.inf), 'margin loss λ for absent classes (0.5)')
 RECONSTRUCTION_WEIGHT = About(number_in(0, math.inf), 'reconstruction loss weight (0.0005)')
 
@@ -26,6 +28,7 @@ def margin_problems(m_plus, m_minus, negative_weight, prefix: str = '') -> list:
   values (a vmapped margin) are not Python numbers and pass: they cannot be read here."""
   problems = argument_problems({'m_plus': (m_plus, M_PLUS.rule), 'm_minus': (m_minus, M_MINUS.rule),
                                 'negative_weight': (negative_weight, NEGATIVE_WEIGHT.rule)}, prefix)
+  m_plus, m_minus = as_python(m_plus), as_python(m_minus)
   if not problems and all(isinstance(m, PYTHON_VALUES) for m in (m_plus, m_minus)) and m_minus >= m_plus:
     problems.append(f'{prefix}m_minus={m_minus!r}: allowed a value below m_plus={m_plus!r}')
   return problems
@@ -72,6 +75,8 @@ def margin_loss(lengths: Array, targets: Array, m_plus: float = 0.9, m_minus: fl
   if reduction not in MARGIN_REDUCTIONS:
     raise ArgumentError(f'margin reduction must be one of {MARGIN_REDUCTIONS}, got {reduction!r}')
   problems = margin_problems(m_plus, m_minus, negative_weight, prefix='margin_loss: ')
+  if scale is not None:   # a number here; a traced scalar (a vmapped member's factor) passes
+    problems += argument_problems({'scale': (scale, MARGIN_SCALE)}, prefix='margin_loss: ')
   if problems:   # the command's words, and its exception
     raise ConfigError(problems[0])
   if lengths.ndim != 2:   # a [classes] vector would sum to one number, not a loss per example

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from capsjax.errors import ArgumentError
-from capsjax.keys import Across, boolean, key, int_at_least, number_in, one_of, positive_number, seed_value
+from capsjax.keys import Across, as_python, boolean, is_int, key, int_at_least, number_in, one_of, positive_number, seed_value
 
 
 def total_steps(num_steps: int, num_epochs: float, batch_size: int, num_train_examples: int) -> int:
@@ -102,6 +102,9 @@ def learning_rate_at(count, learning_rate, decay_steps, decay_rate, staircase, m
     if kind not in SCHEDULES:
       raise ArgumentError(f'lr_schedule must be one of {SCHEDULES}, got {kind!r}')
     kind = SCHEDULES.index(kind)
+  elif isinstance(as_python(kind), (bool, int)) and not (is_int(as_python(kind)) and 0 <= kind < len(SCHEDULES)):
+    # (an index past the names once ran as the last one, 'linear'; a traced index cannot be read here)
+    raise ArgumentError(f'lr_schedule must be one of {SCHEDULES} or its index 0 to {len(SCHEDULES) - 1}, got {kind!r}')
   count = jnp.asarray(count, jnp.float32)
   after = count - warmup_steps                   # the decay's own count
   exponent = after / decay_steps
@@ -109,8 +112,8 @@ def learning_rate_at(count, learning_rate, decay_steps, decay_rate, staircase, m
   exponential = learning_rate * jnp.asarray(decay_rate, jnp.float32) ** exponent
   exponential = jnp.where(minimum > 0, jnp.maximum(exponential, minimum), exponential)
   progress = jnp.clip(after / jnp.maximum(total_steps - warmup_steps, 1), 0.0, 1.0)
-  alpha = minimum / learning_rate
-  cosine = learning_rate * ((1 - alpha) * 0.5 * (1 + jnp.cos(jnp.pi * progress)) + alpha)
+  # optax's lr·((1 − α)·½(1 + cos πp) + α) with α = minimum / lr, without the division (a rate of 0 gave NaN)
+  cosine = (learning_rate - minimum) * 0.5 * (1 + jnp.cos(jnp.pi * progress)) + minimum
   linear = (learning_rate - minimum) * (1 - progress) + minimum
   decayed = jnp.where(kind == SCHEDULES.index('exponential'), exponential,
                       jnp.where(kind == SCHEDULES.index('cosine'), cosine, linear))

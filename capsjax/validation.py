@@ -142,9 +142,28 @@ def _undeclared_problems(config) -> List[str]:
   return problems
 
 
+def _none_section_problems(config) -> List[str]:
+  """A section (a group of keys: model, loss, evals, augment, …) set to None, one line each:
+  it once passed, and the run failed on it after the data was read."""
+  names = {name for name, _ in declared(config)}
+  sections = {'.'.join(parts[:depth]) for parts in (name.split('.') for name in names)
+              for depth in range(1, len(parts))} - names   # (a key that may itself be None is declared)
+  sections |= {prefix + part for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS)
+               for part in ('model', 'loss')}   # (declared() names their keys only when they are sections)
+  problems = []
+  for section in sorted(sections):
+    found, value = lookup(config, section)
+    if found and value is None:
+      problems.append(f'config.{section}=None: allowed a section of its keys, not None')
+  return problems
+
+
 def problems_of(config) -> List[str]:
   """Every rule `config` breaks, one line each (empty when it is valid)."""
-  problems: List[str] = _undeclared_problems(config)
+  problems: List[str] = _none_section_problems(config)
+  if problems:
+    return problems
+  problems = _undeclared_problems(config)
   check_values(config, defaults.run_keys(defaults.registered_sections()), problems)
   found, evals = lookup(config, 'evals')
   if found and evals is not None:

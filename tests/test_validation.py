@@ -494,3 +494,39 @@ def test_routing_results_and_layers_of_the_wrong_shape_are_named_at_trace_time()
     jax.eval_shape(primary.init, jax.random.key(0), jnp.ones((20, 20, 16)))
   with pytest.raises(ValueError, match=r'PrimaryCaps: feature maps of 5×5 are smaller than its 9×9 kernel'):
     jax.eval_shape(primary.init, jax.random.key(0), jnp.ones((2, 5, 5, 16)))
+
+
+def test_none_for_any_section_numpy_scalars_and_the_schedule_index_are_checked():
+  """Holes a fault probe found: config.evals = None passed and failed after the data was
+  read; margin_loss(scale=) took -1, NaN, inf and True; NumPy scalars skipped the argument
+  rules (a NaN routing option passed) or failed them (a valid np.float32(2.0) refused); an
+  out-of-range schedule index ran as 'linear', and a cosine rate of 0 divided by zero."""
+  import jax.numpy as jnp   # pylint: disable=g-import-not-at-top
+  import numpy as np   # pylint: disable=g-import-not-at-top
+  import capsjax   # pylint: disable=g-import-not-at-top
+  from capsjax import optimization   # pylint: disable=g-import-not-at-top
+  from capsjax.validation import declared   # pylint: disable=g-import-not-at-top
+  names = {name for name, _ in declared(mnist.get_config())}
+  sections = {'.'.join(parts[:depth]) for parts in (name.split('.') for name in names)
+              for depth in range(1, len(parts))} - names
+  from capsjax.keys import lookup   # pylint: disable=g-import-not-at-top
+  present = [section for section in sorted(sections) if lookup(mnist.get_config(), section)[0]]
+  assert {'model', 'loss', 'evals', 'augment', 'model.formulation', 'evals.routing_probe'} <= set(present)
+  for section in present:
+    config = mnist.get_config()
+    parent, _, last = section.rpartition('.')
+    (lookup(config, parent)[1] if parent else config)[last] = None
+    with pytest.raises(ConfigError, match=f'^config.{re.escape(section)}=None: allowed a section of its keys'):
+      validate(config)
+  lengths, targets = jnp.array([[0.9, 0.2]]), jnp.array([[1.0, 0.0]])
+  for scale in (-1, float('nan'), float('inf'), True):
+    with pytest.raises(ConfigError, match=re.escape(f'margin_loss: scale={scale!r}: allowed a finite number > 0')):
+      capsjax.margin_loss(lengths, targets, scale=scale)
+  np.testing.assert_allclose(capsjax.margin_loss(lengths, targets, scale=np.float32(0.5)), [0.0025])
+  with pytest.raises(ConfigError, match=re.escape("route('em'): inverse_temperature=nan: allowed a finite number > 0")):
+    capsjax.route('em', jnp.ones((1, 4, 2, 3)), inverse_temperature=np.float32('nan'))
+  assert capsjax.build_model('capsnet', routing='em', routing_options={'em': {'inverse_temperature': np.float32(2.0)}})
+  for kind in (7, -1, True):
+    with pytest.raises(capsjax.CapsjaxError, match=r"^lr_schedule must be one of .* or its index 0 to 2, got"):
+      optimization.learning_rate_at(10, 1e-3, 100, 0.9, False, 0.0, kind, 0, 100)
+  assert float(optimization.learning_rate_at(10, 0.0, 100, 0.9, False, 0.0, 'cosine', 0, 100)) == 0.0
