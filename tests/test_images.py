@@ -406,3 +406,22 @@ def test_a_long_folder_read_prints_progress_lines_into_a_log(tmp_path, monkeypat
   decoding = [line for line in lines if line.startswith(f'decoding {folder}/train')]
   assert len(decoding) >= 2 and decoding[-1].split('|')[-1].strip().startswith('6/6'), lines
   assert [line.split('|')[-1].split()[0] for line in decoding].count('6/6') == 1, lines   # finished: one line
+
+
+def test_predict_says_when_no_class_is_confident_or_a_digit_fills_the_frame(mnist_dir, tmp_path, capsys):
+  """MNIST's shipped model on a frame-filling 28×28 digit (an upscaled scan: it once got 3 of
+  10 such right, every activation ≤ 0.32, and said nothing) and on MNIST's own."""
+  from capsjax.app import predict   # pylint: disable=g-import-not-at-top
+  digits = np.asarray(load_dataset('mnist', 'test', data_dir=mnist_dir).images[:20])[..., 0]
+  filled = np.stack([np.asarray(Image.fromarray(digit[4:24, 4:24]).resize((28, 28))) for digit in digits])
+  predictor = predict.Predictor.shipped()
+  assert predictor.unlike_training_layout(filled[..., None]).all()
+  assert not predictor.unlike_training_layout(digits[..., None]).any()
+  results = predictor.predict(np.concatenate([digits[:1], filled[:1]])[..., None])
+  assert [(r['confident'], r['unlike_training']) for r in results] == [(True, False), (results[1]['confident'], True)]
+  Image.fromarray(filled[0]).save(tmp_path / 'filled.png')
+  Image.fromarray(np.full((28, 28), 0, np.uint8)).save(tmp_path / 'empty.png')
+  predict.main([str(tmp_path / 'filled.png'), str(tmp_path / 'empty.png')])
+  said = capsys.readouterr().err
+  assert f"{tmp_path / 'filled.png'}: its ink fills the 28×28 frame, where MNIST's digits lie in a 20×20 box" in said
+  assert 'empty.png: its ink' not in said and 'empty.png: no class is confident' not in said   # blank: said once

@@ -38,6 +38,13 @@ from capsjax.errors import CapsjaxError
 
 PREDICT_BATCH = 64
 BLANK_RANGE = 16   # an image whose pixels all lie within this many of 255 levels holds no ink
+# The activation a predicted class reaches to be confident (a capsule's length is the
+# probability that its entity is present, the paper's 0.5 for MultiMNIST's two digits).
+CONFIDENT_ACTIVATION = 0.5
+# MNIST's digits were fitted into 20×20 (ink of 128 and more spans 20 px at most in every
+# test digit); a 28×28 image whose ink spans more fills the frame unlike them (an upscaled
+# scan: the shipped model got 3 of 10 such digits right, every activation ≤ 0.32).
+MNIST_INK_SPAN = 22
 
 
 class Predictor:
@@ -239,6 +246,17 @@ class Predictor:
     flat = images_uint8.reshape(len(images_uint8), math.prod(images_uint8.shape[1:])).astype(np.int16)   # (-1: not for 0)
     return flat.max(-1) - flat.min(-1) <= BLANK_RANGE
 
+  def unlike_training_layout(self, images_uint8: np.ndarray) -> np.ndarray:
+    """Per image as classified (light on dark): for an MNIST model, whether its ink spans
+    more than MNIST_INK_SPAN pixels (a frame-filling digit); False for other models."""
+    if not self.mnist_layout or not len(images_uint8):
+      return np.zeros(len(images_uint8), bool)
+    ink = np.asarray(images_uint8)[..., 0] >= 128                         # [n, 28, 28]
+    def span(present):                                                   # [n, side] → [n]
+      first, last = np.argmax(present, -1), present.shape[-1] - np.argmax(present[:, ::-1], -1)
+      return np.where(present.any(-1), last - first, 0)
+    return np.maximum(span(ink.any(-1)), span(ink.any(-2))) > MNIST_INK_SPAN
+
   def predict(self, images, names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """For each image (an array, or a stacked batch of the run's shape): {'class',
     'class_index', 'activations' {name: value}, 'input' uint8, 'reconstruction' float
@@ -246,7 +264,9 @@ class Predictor:
     the capsule lengths); a CNN's are its softmax (or sigmoid) outputs. An image of the
     opposite polarity to the run's (a dark digit on white for an MNIST model:
     opposite_polarity) is inverted first, and 'inverted' says so; 'blank': the image holds
-    no ink (`blank`), so its class means nothing; 'fitted': an MNIST model's image of another
+    no ink (`blank`), so its class means nothing; 'confident': the predicted class's activation
+    reaches CONFIDENT_ACTIVATION; 'unlike_training': an MNIST model's 28×28 image whose ink
+    fills the frame (`unlike_training_layout`); 'fitted': an MNIST model's image of another
     size than 28×28, laid out as MNIST's digits are (`held`)."""
     if images is None or isinstance(images, (str, bytes, os.PathLike)):
       raise CapsjaxError(f'predict takes images (arrays, or a batch [n, h, w, c]), got {images!r}; files: '
@@ -268,6 +288,7 @@ class Predictor:
       held = np.stack([self.convert(image, (names or [None] * len(images))[i] or f'image {i}')
                        for i, image in enumerate(images)])
     held, inverted, blank = self.as_classified(held)
+    unlike = self.unlike_training_layout(held) & ~np.asarray(fitted, bool)
     results = []
     for chunk, padded in _padded_batches(held):
       scores, reconstructions = self._scores(self.params, padded)
@@ -281,7 +302,8 @@ class Predictor:
                         'activations': {name: float(v) for name, v in zip(self.class_names, row)},
                         'input': chunk[i], 'reconstruction': None if reconstructions is None else reconstructions[i],
                         'inverted': bool(inverted[len(results)]), 'blank': bool(blank[len(results)]),
-                        'fitted': bool(fitted[len(results)])})
+                        'fitted': bool(fitted[len(results)]), 'confident': bool(row[index] >= CONFIDENT_ACTIVATION),
+                        'unlike_training': bool(unlike[len(results)])})
     return results
 
 
@@ -424,6 +446,13 @@ def main(argv=None):
             f'{laid_out + " and " if laid_out else ""}inverted before classifying', file=sys.stderr, flush=True)
     elif laid_out:
       print(f'{path}: {laid_out} before classifying', file=sys.stderr, flush=True)
+    if result['unlike_training'] and not result['blank']:
+      print(f"{path}: its ink fills the 28×28 frame, where MNIST's digits lie in a 20×20 box centred in it: crop "
+            'the digit with a margin, or give a larger photo (laid out as MNIST\'s digits are)', file=sys.stderr,
+            flush=True)
+    if not result['confident'] and not result['blank']:
+      print(f'{path}: no class is confident (the strongest, {result["class"]}, has {max(result["activations"].values()):.2f}'
+            f' < {CONFIDENT_ACTIVATION}): the image may be unlike the training images', file=sys.stderr, flush=True)
     if args.json:
       print(json.dumps({'file': path, 'class': result['class'], 'class_index': result['class_index'],
                         'activations': result['activations']}), flush=True)
