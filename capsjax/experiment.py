@@ -127,15 +127,15 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
   def step_arguments(state, step):
     return (state, train_source, host_batch(step)) + ((knobs,) if ensemble else ())
 
-  def evaluate_test(params, should_stop=None):
-    return steps.evaluate(eval_step, params, test, eval_batch_size, knobs, mesh, test_source, should_stop)
+  def evaluate_test(params, should_stop=None, on_batch=None):
+    return steps.evaluate(eval_step, params, test, eval_batch_size, knobs, mesh, test_source, should_stop, on_batch)
 
   validate = None
   if validation is not None:
     validation_step = steps.make_eval_step(objective, model, validation, ensemble, shifts, groups, summed)
     validation_source = sharding.replicate(validation.source, mesh)
-    validate = lambda params, should_stop=None: steps.evaluate(
-        validation_step, params, validation, eval_batch_size, knobs, mesh, validation_source, should_stop)
+    validate = lambda params, should_stop=None, on_batch=None: steps.evaluate(
+        validation_step, params, validation, eval_batch_size, knobs, mesh, validation_source, should_stop, on_batch)
 
   evaluations = training.evaluations(model, test, test_source, mesh, knobs)
 

@@ -197,8 +197,9 @@ class Evaluator(Hook):
   def __init__(self, every_steps: int, evaluations=(),
                validate: Optional[Callable[[Any], Dict[str, Any]]] = None,
                before: Optional[Callable[[Run, int], None]] = None,
-               should_stop: Optional[Callable[[], bool]] = None):
+               should_stop: Optional[Callable[[], bool]] = None, every_seconds: float = 0.0):
     self.every_steps = every_steps
+    self.every_seconds = every_seconds   # a progress line this often during an evaluation (0: none)
     self.evaluations = list(evaluations)
     self.validate = validate
     self.before = before   # called before each evaluation: the checkpointer saves there
@@ -242,18 +243,35 @@ class Evaluator(Hook):
     """The test row's metrics (the EMA's and the evaluators' beside them); the validation's
     into `run.last_validation`."""
     stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
-    metrics = run.evaluate(run.state['params'], **stop)
+    told = [time.time()]   # when the evaluation last said something
+    def arguments(split):
+      return dict(stop, on_batch=self._progress(run, step, split, told)) if self.every_seconds else stop
+    metrics = run.evaluate(run.state['params'], **arguments('test'))
     average = run.state.get('ema_params')   # config.ema_decay: the average evaluated beside them
     if average is not None:
-      metrics.update({f'ema_{name}': value for name, value in run.evaluate(average, **stop).items()})
+      metrics.update({f'ema_{name}': value for name, value in run.evaluate(average, **arguments('test, moving average')).items()})
     for evaluation in self.evaluations:
       if not evaluation.images and evaluation.due(step, run.num_steps):
         metrics.update(evaluation.evaluate(run.state['params']))
     if self.validate is not None:
-      run.last_validation = self.validate(run.state['params'], **stop)
+      run.last_validation = self.validate(run.state['params'], **arguments('validation'))
       if average is not None:
-        run.last_validation.update({f'ema_{name}': value for name, value in self.validate(average, **stop).items()})
+        run.last_validation.update({f'ema_{name}': value for name, value in
+                                    self.validate(average, **arguments('validation, moving average')).items()})
     return metrics
+
+  def _progress(self, run: Run, step: int, split: str, told: List[float]):
+    """on_batch for one pass over `split`: a line every `every_seconds` (as training's
+    progress), with the batches done and the pass's ETA."""
+    started = time.time()
+    def on_batch(done: int, total: Optional[int], wait: Callable[[], Any]) -> None:
+      if time.time() - told[0] < self.every_seconds or (total is not None and done >= total):
+        return
+      wait()   # (dispatched is not computed: the line counts what is done)
+      now = told[0] = time.time()
+      left = f', ETA {console.format_duration((now - started) / done * (total - done))}' if total else ''
+      run.log(f'step {step}: evaluating ({split}) batch {done}' + (f'/{total}' if total else '') + left)
+    return on_batch
 
   def __call__(self, run, step, metrics):
     if not self.due(step, run.num_steps):

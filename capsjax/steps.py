@@ -7,6 +7,7 @@ State is a plain pytree {'params', 'opt_state', 'step'}; the step's randomness i
 `fold_in(key(seed), step)`, and the data order is a function of (seed, epoch), so a run
 resumed from a checkpoint continues exactly as the uninterrupted run would have.
 """
+import functools
 from typing import Any, Dict
 
 import jax
@@ -201,17 +202,23 @@ class EvaluationInterrupted(Exception):
 
 
 def evaluate(eval_step, params, pipeline, batch_size: int, knobs=None, mesh=None,
-             source=None, should_stop=None) -> Dict[str, Any]:
+             source=None, should_stop=None, on_batch=None) -> Dict[str, Any]:
   """Accuracy (all labels right), per-digit accuracy and mean loss over the test set:
   floats, or for an ensemble lists with one value per member. With `mesh`, every batch
-  is split over the data axis (`source`: the pipeline's source, replicated)."""
+  is split over the data axis (`source`: the pipeline's source, replicated). `on_batch(done,
+  total, wait)`: called after each batch's dispatch (progress lines; `total` None where
+  unknown; `wait()` blocks until the batches so far are computed)."""
   source = pipeline.source if source is None else source
+  total = getattr(pipeline, 'num_examples', None)
+  total = -(-total // batch_size) if total else None
   totals = None
-  for host_batch, weights in eval_batches(pipeline, batch_size, mesh):
+  for done, (host_batch, weights) in enumerate(eval_batches(pipeline, batch_size, mesh), 1):
     if should_stop is not None and should_stop():   # between batches: acted on within a batch's time
       raise EvaluationInterrupted()
     sums = eval_step(params, source, host_batch, weights, knobs)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    if on_batch is not None:   # (`wait`: the progress is of batches computed, not queued)
+      on_batch(done, total, functools.partial(jax.block_until_ready, totals))
   totals = jax.tree.map(lambda x: np.asarray(x, np.float64), sharding.to_host(totals))
   count = totals['count']
   accuracy = totals['correct'] / count

@@ -51,7 +51,8 @@ def default_hooks(settings: RunSettings, run: hooks_lib.Run, checkpoints, reques
                                         0.0 if multi_process else settings.checkpoint_every_secs)
   evaluator = hooks_lib.Evaluator(settings.eval_every_steps, evaluations, validate=validate,
                                   before=checkpointer.save_before_evaluation,
-                                  should_stop=None if multi_process else (lambda: requests.raised))
+                                  should_stop=None if multi_process else (lambda: requests.raised),
+                                  every_seconds=settings.log_every_seconds)
   run.check = guard.check
   run.stop_requested_as = lambda: runtime.stop_reason(requests.signal_name)
   run.evaluations_left = lambda step: evaluator.remaining(step, run.num_steps)

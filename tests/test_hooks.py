@@ -452,3 +452,22 @@ def test_an_evaluation_with_non_finite_scores_says_so(tmp_path):
   hooks.Evaluator(5)(run, 5, metrics())
   assert lines[-1] == ('warning: step 5 test: 3 examples with NaN or infinite class scores (counted wrong): '
                        'the parameters or inputs hold non-finite values')
+
+
+def test_an_evaluation_says_its_progress_at_the_training_cadence(tmp_path):
+  """A long evaluation (a minute for an ensemble's first) once said nothing between its
+  announcement and its result: a line every `every_seconds`, batches done and an ETA."""
+  def eval_step(params, source, host_batch, weights, knobs):
+    return {'correct': jnp.sum(weights), 'digits_correct': jnp.sum(weights), 'loss': jnp.zeros(()),
+            'count': jnp.sum(weights)}
+
+  pipeline = SimpleNamespace(source=None, num_examples=20, eval_batches=lambda size: iter([((None,), np.ones(4))] * 5))
+  run, lines = fake_run(tmp_path, evaluate=lambda params, on_batch: steps.evaluate(eval_step, params, pipeline, 4,
+                                                                                       on_batch=on_batch))
+  hooks.Evaluator(5, every_seconds=1e-9)(run, 5, metrics())
+  progress = [line for line in lines if 'batch' in line]
+  assert [line.split(' ETA')[0] for line in progress] == [f'step 5: evaluating (test) batch {k}/5,' for k in (1, 2, 3, 4)]
+  assert lines[-1].startswith('step 5 test: accuracy 1.0000')
+  run, lines = fake_run(tmp_path, evaluate=lambda params: {'accuracy': 0.5, 'error': 0.5})
+  hooks.Evaluator(5)(run, 5, metrics())   # every_seconds 0: no progress lines, no callback passed
+  assert not [line for line in lines if 'batch' in line]

@@ -284,7 +284,7 @@ def test_seeds_with_validation_train_as_one_program_and_report_mean_std(mnist_di
   file = str(tmp_path / 'digit.png')
   Image.fromarray(images[0, ..., 0]).save(file)
   capsys.readouterr()
-  assert predict_main.main(['--workdir', workdir, '--member=all', '--json', file]) == 0
+  assert predict_main.main(['--workdir', workdir, '--json', file]) == 0   # a seed ensemble's default: all
   out, err = capsys.readouterr()
   assert json.loads(out)['class'] == together[0]['class'] and 'summed' in err
 

@@ -95,10 +95,13 @@ class Predictor:
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Union[int, str, None] = None) -> 'Predictor':
-    """The run in `workdir`: of an ensemble, member `member` (default: the last), or with
-    member='all' every member of a seed ensemble summed as the one classifier the run
-    reports (TrainedModel.summed_seeds)."""
-    from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+    """The run in `workdir`: of an ensemble, member `member`, or with member='all' every
+    member of a seed ensemble summed as the one classifier the run reports
+    (TrainedModel.summed_seeds). By default a seed ensemble's summed members (what the run
+    reports), another ensemble's last member."""
+    from capsjax.app.trained import TrainedModel, is_seed_ensemble  # pylint: disable=g-import-not-at-top
+    if member is None and is_seed_ensemble(workdir):
+      member = 'all'
     if isinstance(member, str):
       if member != 'all':   # (TrainedModel's refusal would not name 'all')
         raise CapsjaxError(f"member={member!r}: allowed an integer >= 0 (a member of the ensemble), 'all' (a seed "
@@ -396,8 +399,9 @@ def main(argv=None):
   parser.add_argument('--workdir', type=cli.existing_workdir, default=None,
                       help='a trained run (default: the model shipped with capsjax)')
   parser.add_argument('--member', type=member_or_all, default=None,
-                      help='ensemble member of an ensemble run (default: the last); all: the members of a seed '
-                           'ensemble summed, the classifier the run reports')
+                      help='ensemble member of an ensemble run; all: the members of a seed ensemble summed, '
+                           'the classifier the run reports (the default for a seed ensemble; for another '
+                           'ensemble, the last member)')
   parser.add_argument('--json', action='store_true', help='one JSON object per line')
   parser.add_argument('--reconstruct', metavar='DIR', default=None,
                       help='write DIR/NAME.png: input | reconstruction')

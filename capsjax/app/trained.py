@@ -172,6 +172,15 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
   return config, model, state['params']
 
 
+def is_seed_ensemble(workdir: str) -> bool:
+  """Whether `workdir` holds an ensemble run whose members differ by seed alone (its
+  reported classifier: the members summed, TrainedModel.summed_seeds); from its config."""
+  if is_export(workdir):
+    return False
+  config = read_config(workdir)
+  return bool(config.get('ensemble')) and steps.seeds_alone(assemble.members(config))
+
+
 def _progress(workdir: str, state, progress, configured_steps: Optional[int]) -> Tuple[int, Optional[int], bool]:
   """(the checkpoint's step, the run's length where known, whether training reached it)."""
   at = int(np.asarray(state['step']).reshape(-1)[0])
