@@ -2,6 +2,7 @@
 here, against hand counts; targets by their names; bad input as one line."""
 import importlib.util
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -155,6 +156,8 @@ def test_the_runs_own_step_compiles_for_a_tpu_slice_and_matches_hand_counts(tiny
   estimated = [i for i, line in enumerate(lines) if line.startswith('ESTIMATE (not a measurement)')]
   assert len(estimated) == 1 and lines[estimated[0] + 1].startswith(   # no TPU measured: a floor, said so
       '  (no TPU has run capsjax against this estimate: take it as a floor; on GPUs the measured steps took 2.6–6.3×')
+  assert re.search(rf"\); the run's {result.num_steps:,} steps take at least \S+, ≈ .* if the GPUs' factors held",
+                   lines[estimated[0] + 1]), lines[estimated[0] + 1]   # the run's length, as for a GPU
   assert any('--worker=all' in line for line in lines)
 
 
@@ -346,8 +349,9 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
   planned = max(batch, devices)
   assert (f'batch: {planned} global, {planned // devices} per device (evaluation: 500 global, {-(-500 // devices)} '
           'per device)' in result.stdout)
-  assert (f'config.batch_size=8 is smaller than the 256 devices of the slice: planned at 256 (one example per '
-          'device' in result.stdout) == (devices == 256)
+  assert (result.stdout + result.stderr).count(   # said once, as the plan starts (it was said twice)
+      'config.batch_size=8 is smaller than the 256 devices of the slice: planned at 256 (one example per device') == (
+          devices == 256)
   # Printed as it was known, before the report.
   assert any(line.startswith(f'the training step at {planned // devices} per device: ') and ', fits; ' in line
              for line in lines[:lines.index(launch)])

@@ -511,10 +511,11 @@ def _gb(value: float) -> str:
 
 
 def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', overrides: Sequence[str] = (),
-           with_largest: bool = True) -> List[str]:
+           with_largest: bool = True, with_batch_note: bool = True) -> List[str]:
   """The plan as lines for the console; the launch line carries `overrides` (the
   command line's --config.KEY=VALUE, but the batch size the plan sets). `with_largest`:
-  the largest-batch search's lines among them (largest_batch_lines)."""
+  the largest-batch search's lines among them (largest_batch_lines); `with_batch_note`:
+  why the plan's batch is not the config's (the command says it as the plan starts)."""
   target, chip = plan.target, plan.target.chip
   per_device = plan.global_batch // plan.devices
   platform = target.platform.upper()
@@ -528,7 +529,7 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
                    if plan.members > 1 else ''),
       f'formulations for the {platform}: ' + '; '.join(plan.formulations),
   ]
-  if plan.batch_note:
+  if plan.batch_note and with_batch_note:
     lines.append(plan.batch_note)
   if plan.model_choice:
     lines.append(plan.model_choice)
@@ -598,8 +599,12 @@ def measured_band(plan: Plan, step_s: float) -> str:
   platform = plan.target.platform
   if platform not in MEASURED_OVER_ESTIMATE:
     low, high, where = MEASURED_OVER_ESTIMATE['gpu']
+    floor = (f'; the run\'s {plan.num_steps:,} steps take at least {console.format_duration(step_s * plan.num_steps)}, '
+             f'≈ {console.format_duration(low * step_s * plan.num_steps)}–'
+             f'{console.format_duration(high * step_s * plan.num_steps)} if the GPUs\' factors held here'
+             if plan.num_steps else '')
     return (f'  (no {platform.upper()} has run capsjax against this estimate: take it as a floor; on GPUs the '
-            f'measured steps took {low}–{high}× theirs, {where})')
+            f'measured steps took {low}–{high}× theirs, {where}){floor}')
   low, high, where = MEASURED_OVER_ESTIMATE[platform]
   length = (f'; the run\'s {plan.num_steps:,} steps ≈ {console.format_duration(low * step_s * plan.num_steps)}–'
             f'{console.format_duration(high * step_s * plan.num_steps)}' if plan.num_steps else '')
@@ -914,7 +919,7 @@ def main(argv) -> int:
 
   def configured(result: Plan) -> None:   # before the search: a stop during it keeps the estimate and launch line
     for line in report(result, flag_values.experiment or 'NAME', f'/mnt/shared/{flag_values.experiment or "run"}',
-                       overrides, with_largest=False):
+                       overrides, with_largest=False, with_batch_note=False):   # (said as it was configured)
       print(line, flush=True)
     if flag_values.find_largest_batch:
       console.say('searching for the largest batch that fits (--nofind_largest_batch skips it)…')
