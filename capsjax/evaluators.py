@@ -10,18 +10,25 @@ evaluation's `test` row of metrics.jsonl (and TensorBoard), or with `images=True
 options with defaults are its config keys, their rules and help lines `Annotated` with
 capsjax.keys.About (one declaration each, as a routing's options are).
 
+`Evaluator`, the training loop's hook that evaluates (when, what: test, validation, the
+moving average and the due evaluators, and what a stop request in it does), closes the module.
+
 The built-in ones: `routing_probe` (appendix A's convergence: mean |Δb| and |Δc| per
 iteration), `routing_diagnostics` (coupling entropy and movement, consistency, capsule
 activity, accuracy for r = 1 … iterations), `reconstructions` (test inputs beside their
 reconstructions).
 """
+import contextlib
 import dataclasses
-from typing import Annotated, Any, Callable, Dict, List
+import time
+from typing import Annotated, Any, Callable, Dict, List, Optional
 
 import jax
 import numpy as np
 
-from capsjax import diagnostics, steps
+from capsjax import console, diagnostics, sharding, steps
+from capsjax.hooks import Hook, Run
+from capsjax.steps import EvaluationInterrupted
 from capsjax.data.images import side_by_side
 from capsjax.keys import About, Key, annotated_keys, boolean, int_at_least, int_in
 from capsjax.models import MODELS
@@ -175,3 +182,130 @@ def reconstructions(context: EvalContext, *,
     return np.stack([side_by_side(image, r) for image, r in zip(inputs, rebuilt)])
   return pairs
 
+
+# ----------------------------------------------------------------------------- when a run evaluates
+
+class Evaluator(Hook):
+  """Evaluates every `every_steps` steps (0: only at the end of the run) and at the last
+  step of the run, writing a `test` row; `evaluations` (capsjax.evaluators.Evaluation,
+  the config's `evals`) add their fields to the same row, or their images to TensorBoard,
+  at the evaluations their own cadence makes due. `validate` (params → metrics on the
+  held-out validation split) writes a `validation` row at the same steps."""
+
+  def __init__(self, every_steps: int, evaluations=(),
+               validate: Optional[Callable[[Any], Dict[str, Any]]] = None,
+               before: Optional[Callable[[Run, int], None]] = None,
+               should_stop: Optional[Callable[[], bool]] = None, every_seconds: float = 0.0):
+    self.every_steps = every_steps
+    self.every_seconds = every_seconds   # a progress line this often during an evaluation (0: none)
+    self.evaluations = list(evaluations)
+    self.validate = validate
+    self.before = before   # called before each evaluation: the checkpointer saves there
+    self.should_stop = should_stop   # a stop request ends an evaluation between its batches
+    self.compiled = False       # whether an evaluation ran (and compiled) in this process
+    self.last_seconds = 0.0     # how long the last evaluation took, compilation included
+
+  def due(self, step: int, num_steps: int) -> bool:
+    return bool(self.every_steps and step % self.every_steps == 0) or step == num_steps
+
+  def remaining(self, step: int, num_steps: int) -> int:
+    """Evaluations still to run from `step` to the end of the run, the one due at `step`
+    included: a step's progress line is written before its evaluation (the ETA of the
+    last line is that of the final evaluation)."""
+    if step > num_steps:
+      return 0
+    first = max(step, 1)
+    periodic = (num_steps // self.every_steps - (first - 1) // self.every_steps) if self.every_steps else 0
+    final = not (self.every_steps and num_steps % self.every_steps == 0)
+    return periodic + int(final)
+
+  def evaluate(self, run: Run, step: int) -> Dict[str, Any]:
+    """Test (and validation) metrics of the current parameters, announced on the console
+    (an evaluation can take minutes) and timed (`last_seconds`, for the ETA)."""
+    run.log(f'step {step}: evaluating' + (' (test and validation)' if self.validate is not None else '')
+            + (f', ≈ {run.last_eval_seconds:.0f} s' if run.last_eval_seconds else '')
+            + ('' if self.compiled else '; the first evaluation compiles its programs') + '…')
+    start = time.time()
+    # The first one compiles its programs: XLA's slow-compile banners stay out of the output.
+    with console.xla_alarms_dropped() if not self.compiled else contextlib.nullcontext():
+      metrics = self._metrics(run, step)
+    run.last_eval, run.last_eval_step = metrics, step
+    self.last_seconds = time.time() - start
+    if self.compiled:   # the first one's compilations would make every later estimate too long
+      run.last_eval_seconds = self.last_seconds
+    self.compiled = True
+    run.eval_seconds_total += self.last_seconds
+    return metrics
+
+  def _metrics(self, run: Run, step: int) -> Dict[str, Any]:
+    """The test row's metrics (the EMA's and the evaluators' beside them); the validation's
+    into `run.last_validation`."""
+    params, average = run.state['params'], run.state.get('ema_params')   # config.ema_decay: evaluated beside them
+    metrics = self._pass(run.evaluate, params, f'step {step}: evaluating test')
+    if average is not None:
+      metrics.update({f'ema_{k}': v for k, v in self._pass(run.evaluate, average, 'and its moving average').items()})
+    for evaluation in self.evaluations:
+      if not evaluation.images and evaluation.due(step, run.num_steps):
+        metrics.update(evaluation.evaluate(params))
+    if self.validate is not None:
+      run.last_validation = self._pass(self.validate, params, f'step {step}: evaluating validation')
+      if average is not None:
+        run.last_validation.update(
+            {f'ema_{k}': v for k, v in self._pass(self.validate, average, 'and its moving average').items()})
+    return metrics
+
+  def _pass(self, evaluate, params, what: str) -> Dict[str, Any]:
+    """`evaluate(params)` over its split, ended by a stop request between batches, and its
+    progress (console.progress: batches done and an ETA every `every_seconds` once it has
+    taken 2 s, as the training's lines; a long evaluation once said nothing for a minute)."""
+    stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
+    if not self.every_seconds:
+      return evaluate(params, **stop)
+    with console.progress(what=what, unit='batch', log_every_s=self.every_seconds,
+                          disable=not sharding.is_main_process()) as bar:
+      def on_batch(done: int, total: Optional[int], wait: Callable[[], Any]) -> None:
+        del done
+        wait()   # (dispatched is not computed: the bar counts what is done)
+        bar.total = total
+        bar.update(1)
+      return evaluate(params, on_batch=on_batch, **stop)
+
+  def __call__(self, run, step, metrics):
+    if not self.due(step, run.num_steps):
+      return
+    if self.before is not None:
+      self.before(run, step)
+    self.record(run, step)
+
+  def resumed(self, run, step):
+    run.log(f'step {step}: its evaluation was stopped before it ended; evaluating the restored checkpoint first')
+    self.record(run, step)
+
+  def record(self, run: Run, step: int) -> None:
+    """Evaluates and writes the `test` (and `validation`) rows of `step` to the metrics
+    log: at a due step, and when a finished run is evaluated again (its newer rows follow
+    the old ones of that step; readers take the newest)."""
+    try:
+      results = self.evaluate(run, step)
+    except EvaluationInterrupted:
+      run.log(f'stop requested during the evaluation at step {step}: ended it (the checkpoint of step {step} '
+              'is saved; run again to resume)')
+      run.request_stop(run.stop_requested_as(), step)
+      return
+    took = f' ({self.last_seconds:.1f} s)'
+    if self.validate is not None:
+      run.log(f'step {step} validation: {run.describe(run.last_validation)}')
+      run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
+    run.log(f'step {step} test: {run.describe(results)}{took}')
+    for split, values in (('validation', run.last_validation if self.validate is not None else None),
+                          ('test', results)):
+      counts = np.atleast_1d((values or {}).get('non_finite_examples', 0))
+      if np.any(counts):   # NaN scores read as length 0 once: "every class absent", and no word
+        run.log(f'warning: step {step} {split}: {int(np.max(counts))} examples with NaN or infinite class scores '
+                f'(counted wrong){" in a member" if counts.size > 1 else ""}: the parameters or inputs hold '
+                'non-finite values')
+    run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds,
+                      **results)
+    for evaluation in self.evaluations:
+      if evaluation.images and evaluation.due(step, run.num_steps):
+        run.metrics.images(step, f'test/{evaluation.name}', evaluation.evaluate(run.state['params']))

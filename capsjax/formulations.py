@@ -284,7 +284,7 @@ FASTEST = {
     'gpu': {
         # Strided convolutions as unit-stride ones on pixel blocks: PrimaryCaps alone trained
         # 1.55x and inferred 2.3x faster than patches at batch 128, faster at 384 and 512 too
-        # (docs/results.md, "The lease's speed call on an H200, 2026-11-26"); a unit-stride
+        # (docs/results.md, "The primary convolution alone on an H200, 2026-11-26"); a unit-stride
         # one (conv1) as patches, which trained faster than XLA's convolution in the H100
         # report (docs/results.md, "On an H100, 2026-11-25").
         'conv_impl': StrideRule(strided='space_to_depth', unit='patches'),
@@ -302,7 +302,7 @@ FASTEST = {
         # kept pace with single steps (docs/results.md, "One convolution per member"). Chosen
         # from that comparison and the compiled programs, not yet from a measurement of its own.
         'member_convs': 'per_member',
-        # The slices are what every lent GPU's report measured (conv1's patches); a gather
+        # The slices are what every GPU report measured (conv1's patches); a gather
         # there is not measured.
         'patch_extraction': 'slices',
     },

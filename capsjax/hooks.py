@@ -10,9 +10,9 @@ first, the checkpointer last (it saves at the step where anyone asked to stop).
 Hooks hold no references to each other: what one needs of another goes through the Run
 (`run.check()`: the divergence check before any output or save; `run.evaluations_left`,
 `run.last_eval_seconds`, `run.eval_seconds_total`: the evaluation schedule and its cost,
-for the ETA and the throughput window), wired by train.default_hooks.
+for the ETA and the throughput window), wired by train.default_hooks. The hook that
+evaluates, `Evaluator`, is capsjax.evaluators', beside the evaluations it runs.
 """
-import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -23,7 +23,6 @@ from capsjax import console, reports, sharding
 from capsjax.checkpoints import Checkpoints
 from capsjax.errors import NaNLossError
 from capsjax.runtime import SIGNAL_STOPS, StopRequests, stop_reason
-from capsjax.steps import EvaluationInterrupted
 
 
 @dataclasses.dataclass
@@ -185,133 +184,6 @@ class ProgressLogger(Hook):
     run.log(f'step {step}/{run.num_steps} epoch {run.epoch(step):.2f} | loss {loss} '
             f'| acc {np.mean(host["accuracy"]):.3f} | {speed}')
     self.restart_window(run)
-
-
-class Evaluator(Hook):
-  """Evaluates every `every_steps` steps (0: only at the end of the run) and at the last
-  step of the run, writing a `test` row; `evaluations` (capsjax.evaluators.Evaluation,
-  the config's `evals`) add their fields to the same row, or their images to TensorBoard,
-  at the evaluations their own cadence makes due. `validate` (params → metrics on the
-  held-out validation split) writes a `validation` row at the same steps."""
-
-  def __init__(self, every_steps: int, evaluations=(),
-               validate: Optional[Callable[[Any], Dict[str, Any]]] = None,
-               before: Optional[Callable[[Run, int], None]] = None,
-               should_stop: Optional[Callable[[], bool]] = None, every_seconds: float = 0.0):
-    self.every_steps = every_steps
-    self.every_seconds = every_seconds   # a progress line this often during an evaluation (0: none)
-    self.evaluations = list(evaluations)
-    self.validate = validate
-    self.before = before   # called before each evaluation: the checkpointer saves there
-    self.should_stop = should_stop   # a stop request ends an evaluation between its batches
-    self.compiled = False       # whether an evaluation ran (and compiled) in this process
-    self.last_seconds = 0.0     # how long the last evaluation took, compilation included
-
-  def due(self, step: int, num_steps: int) -> bool:
-    return bool(self.every_steps and step % self.every_steps == 0) or step == num_steps
-
-  def remaining(self, step: int, num_steps: int) -> int:
-    """Evaluations still to run from `step` to the end of the run, the one due at `step`
-    included: a step's progress line is written before its evaluation (the ETA of the
-    last line is that of the final evaluation)."""
-    if step > num_steps:
-      return 0
-    first = max(step, 1)
-    periodic = (num_steps // self.every_steps - (first - 1) // self.every_steps) if self.every_steps else 0
-    final = not (self.every_steps and num_steps % self.every_steps == 0)
-    return periodic + int(final)
-
-  def evaluate(self, run: Run, step: int) -> Dict[str, Any]:
-    """Test (and validation) metrics of the current parameters, announced on the console
-    (an evaluation can take minutes) and timed (`last_seconds`, for the ETA)."""
-    run.log(f'step {step}: evaluating' + (' (test and validation)' if self.validate is not None else '')
-            + (f', ≈ {run.last_eval_seconds:.0f} s' if run.last_eval_seconds else '')
-            + ('' if self.compiled else '; the first evaluation compiles its programs') + '…')
-    start = time.time()
-    # The first one compiles its programs: XLA's slow-compile banners stay out of the output.
-    with console.xla_alarms_dropped() if not self.compiled else contextlib.nullcontext():
-      metrics = self._metrics(run, step)
-    run.last_eval, run.last_eval_step = metrics, step
-    self.last_seconds = time.time() - start
-    if self.compiled:   # the first one's compilations would make every later estimate too long
-      run.last_eval_seconds = self.last_seconds
-    self.compiled = True
-    run.eval_seconds_total += self.last_seconds
-    return metrics
-
-  def _metrics(self, run: Run, step: int) -> Dict[str, Any]:
-    """The test row's metrics (the EMA's and the evaluators' beside them); the validation's
-    into `run.last_validation`."""
-    stop = {} if self.should_stop is None else {'should_stop': self.should_stop}
-    told = [time.time()]   # when the evaluation last said something
-    def arguments(split):
-      return dict(stop, on_batch=self._progress(run, step, split, told)) if self.every_seconds else stop
-    metrics = run.evaluate(run.state['params'], **arguments('test'))
-    average = run.state.get('ema_params')   # config.ema_decay: the average evaluated beside them
-    if average is not None:
-      metrics.update({f'ema_{name}': value for name, value in run.evaluate(average, **arguments('test, moving average')).items()})
-    for evaluation in self.evaluations:
-      if not evaluation.images and evaluation.due(step, run.num_steps):
-        metrics.update(evaluation.evaluate(run.state['params']))
-    if self.validate is not None:
-      run.last_validation = self.validate(run.state['params'], **arguments('validation'))
-      if average is not None:
-        run.last_validation.update({f'ema_{name}': value for name, value in
-                                    self.validate(average, **arguments('validation, moving average')).items()})
-    return metrics
-
-  def _progress(self, run: Run, step: int, split: str, told: List[float]):
-    """on_batch for one pass over `split`: a line every `every_seconds` (as training's
-    progress), with the batches done and the pass's ETA."""
-    started = time.time()
-    def on_batch(done: int, total: Optional[int], wait: Callable[[], Any]) -> None:
-      if time.time() - told[0] < self.every_seconds or (total is not None and done >= total):
-        return
-      wait()   # (dispatched is not computed: the line counts what is done)
-      now = told[0] = time.time()
-      left = f', ETA {console.format_duration((now - started) / done * (total - done))}' if total else ''
-      run.log(f'step {step}: evaluating ({split}) batch {done}' + (f'/{total}' if total else '') + left)
-    return on_batch
-
-  def __call__(self, run, step, metrics):
-    if not self.due(step, run.num_steps):
-      return
-    if self.before is not None:
-      self.before(run, step)
-    self.record(run, step)
-
-  def resumed(self, run, step):
-    run.log(f'step {step}: its evaluation was stopped before it ended; evaluating the restored checkpoint first')
-    self.record(run, step)
-
-  def record(self, run: Run, step: int) -> None:
-    """Evaluates and writes the `test` (and `validation`) rows of `step` to the metrics
-    log: at a due step, and when a finished run is evaluated again (its newer rows follow
-    the old ones of that step; readers take the newest)."""
-    try:
-      results = self.evaluate(run, step)
-    except EvaluationInterrupted:
-      run.log(f'stop requested during the evaluation at step {step}: ended it (the checkpoint of step {step} '
-              'is saved; run again to resume)')
-      run.request_stop(run.stop_requested_as(), step)
-      return
-    took = f' ({self.last_seconds:.1f} s)'
-    if self.validate is not None:
-      run.log(f'step {step} validation: {run.describe(run.last_validation)}')
-      run.metrics.write(split='validation', step=step, epoch=run.epoch(step), **run.last_validation)
-    run.log(f'step {step} test: {run.describe(results)}{took}')
-    for split, values in (('validation', run.last_validation if self.validate is not None else None),
-                          ('test', results)):
-      counts = np.atleast_1d((values or {}).get('non_finite_examples', 0))
-      if np.any(counts):   # NaN scores read as length 0 once: "every class absent", and no word
-        run.log(f'warning: step {step} {split}: {int(np.max(counts))} examples with NaN or infinite class scores '
-                f'(counted wrong){" in a member" if counts.size > 1 else ""}: the parameters or inputs hold '
-                'non-finite values')
-    run.metrics.write(split='test', step=step, epoch=run.epoch(step), eval_seconds=self.last_seconds,
-                      **results)
-    for evaluation in self.evaluations:
-      if evaluation.images and evaluation.due(step, run.num_steps):
-        run.metrics.images(step, f'test/{evaluation.name}', evaluation.evaluate(run.state['params']))
 
 
 class KeepBestCheckpoint(Hook):

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from capsjax import assemble, console, memory, reports, runtime, sharding, stored_config, validation
+from capsjax import assemble, console, evaluators, memory, reports, runtime, sharding, stored_config, validation
 from capsjax import checkpoints as ckpt
 from capsjax import experiment as experiment_lib
 from capsjax import hooks as hooks_lib
@@ -49,7 +49,7 @@ def default_hooks(settings: RunSettings, run: hooks_lib.Run, checkpoints, reques
   # Last in the order (it saves where anyone asked to stop), and first at evaluation steps.
   checkpointer = hooks_lib.Checkpointer(checkpoints, settings.checkpoint_every_steps,
                                         0.0 if multi_process else settings.checkpoint_every_secs)
-  evaluator = hooks_lib.Evaluator(settings.eval_every_steps, evaluations, validate=validate,
+  evaluator = evaluators.Evaluator(settings.eval_every_steps, evaluations, validate=validate,
                                   before=checkpointer.save_before_evaluation,
                                   should_stop=None if multi_process else (lambda: requests.raised),
                                   every_seconds=settings.log_every_seconds)

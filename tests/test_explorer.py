@@ -210,7 +210,8 @@ def test_an_image_file_is_converted_as_predict_converts_it(explorer, url, traine
   assert predict_command.main([str(tmp_path / 'photo.jpg'), str(tmp_path / 'paper.png'),
                                f'--workdir={trained_workdir}']) == 0
   laid_out = "84×70, laid out as MNIST's digits are (its ink fitted into 20×20 and centred by mass in 28×28)"
-  assert capsys.readouterr().err.splitlines()[1:] == [   # one line a file, after the model's
+  said = [line for line in capsys.readouterr().err.splitlines()[1:] if 'no class is confident' not in line]
+  assert said == [   # one line a file, after the model's (and whether a class is confident: this small run's are not)
       f'{tmp_path}/photo.jpg: {laid_out} before classifying',
       f"{tmp_path}/paper.png: dark on a light ground, where {trained_workdir}'s images are light strokes on black: "
       f'{laid_out} and inverted before classifying']

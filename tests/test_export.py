@@ -227,8 +227,8 @@ def test_a_changed_jax2onnx_plugin_system_leaves_the_plugins_to_jax2onnx(monkeyp
 
 
 def _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, digit, folder):
-  """Every python block of docs/serving.md, and README's serving snippet, runs as written in a
-  folder holding the files they name: ONNX Runtime's in a process that cannot import JAX."""
+  """Every python block of docs/serving.md runs as written in a folder holding the files they
+  name: ONNX Runtime's in a process that cannot import JAX."""
   import re  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
   os.makedirs(folder)
@@ -241,10 +241,9 @@ def _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, digit, fo
   shutil.copy(stablehlo_path, folder / 'mnist.stablehlo')
   shutil.copytree(savedmodel_path, folder / 'mnist_savedmodel')
   Image.fromarray(digit[..., 0]).save(folder / 'digit.png')
-  blocks = [found.group(1) for document in ('docs/serving.md', 'README.md')
-            for found in re.finditer(r'^```python\n(.*?)^```', open(os.path.join(ROOT, document)).read(), re.S | re.M)
-            if document != 'README.md' or 'onnxruntime' in found.group(1)]
-  assert len(blocks) == 4 and sum('onnxruntime' in block for block in blocks) == 2
+  blocks = [found.group(1) for found in re.finditer(r'^```python\n(.*?)^```', open(
+      os.path.join(ROOT, 'docs', 'serving.md')).read(), re.S | re.M)]
+  assert len(blocks) == 3 and sum('onnxruntime' in block for block in blocks) == 1
   for block in blocks:
     code = ("import sys; sys.modules['jax'] = None\n" if 'onnxruntime' in block else '') + block
     result = subprocess.run([sys.executable, '-c', code], cwd=folder, capture_output=True, text=True, timeout=300)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from capsjax import hooks, steps
+from capsjax import evaluators, hooks, steps
 from capsjax.errors import NaNLossError
 from capsjax.evaluators import Evaluation
 from capsjax.runtime import StopRequests
@@ -127,7 +127,7 @@ def test_evaluator_runs_periodically_and_at_the_end_with_its_evaluators(tmp_path
   calls, pictures = [], []
   run, lines = fake_run(tmp_path, evaluate=lambda p: calls.append(1) or {'accuracy': 0.75, 'error': 0.25})
   run.metrics.images = lambda step, tag, images: pictures.append((step, tag))
-  evaluator = hooks.Evaluator(4, [Evaluation('probe', 0, lambda params: {'probe': [1.0, 2.0]}, False),
+  evaluator = evaluators.Evaluator(4, [Evaluation('probe', 0, lambda params: {'probe': [1.0, 2.0]}, False),
                                   Evaluation('sparse', 8, lambda params: {'sparse': 1}, False),   # its own cadence
                                   Evaluation('pictures', 0, lambda params: 'images', True)])
   for step in range(1, 11):
@@ -142,7 +142,7 @@ def test_evaluator_runs_periodically_and_at_the_end_with_its_evaluators(tmp_path
   assert run.last_eval_step == 10 and len(calls) == 3
   assert re.fullmatch(r'step 10 test: accuracy 0\.7500 \(error 25\.00%\) \(\d+\.\d s\)', lines[-1])
   assert lines[-2].startswith('step 10: evaluating')   # every evaluation is announced
-  only_at_end = hooks.Evaluator(0)
+  only_at_end = evaluators.Evaluator(0)
   run2, _ = fake_run(tmp_path / 'b')
   (tmp_path / 'b').mkdir()
   for step in range(1, 11):
@@ -154,12 +154,12 @@ def test_eta_includes_the_evaluations_still_to_come(tmp_path):
   run, lines = fake_run(tmp_path, num_steps=20, last_step=20,
                         evaluate=lambda p: time.sleep(1.1) or {'accuracy': 0.5, 'error': 0.5})
   logger = hooks.ProgressLogger(2)
-  evaluator = hooks.Evaluator(8)
+  evaluator = evaluators.Evaluator(8)
   run.evaluations_left = lambda step: evaluator.remaining(step, run.num_steps)   # as train wires it
   # From a step on, that step's own evaluation included (its progress line comes first).
   assert [evaluator.remaining(s, 20) for s in (0, 7, 8, 9, 15, 16, 17, 19, 20, 21)] == [3, 3, 3, 2, 2, 2, 1, 1, 1, 0]
-  assert hooks.Evaluator(5).remaining(0, 20) == 4 and hooks.Evaluator(5).remaining(20, 20) == 1
-  assert hooks.Evaluator(0).remaining(3, 20) == 1 and hooks.Evaluator(0).remaining(20, 20) == 1
+  assert evaluators.Evaluator(5).remaining(0, 20) == 4 and evaluators.Evaluator(5).remaining(20, 20) == 1
+  assert evaluators.Evaluator(0).remaining(3, 20) == 1 and evaluators.Evaluator(0).remaining(20, 20) == 1
   for step in range(1, 21):
     logger(run, step, metrics())
     evaluator(run, step, metrics())
@@ -357,7 +357,7 @@ def test_an_evaluation_that_fails_never_loses_the_steps_before_it(tmp_path):
   run, lines = fake_run(tmp_path, evaluate=evaluate)
   checkpoints = FakeCheckpoints()
   saver = hooks.Checkpointer(checkpoints, every_steps=100)
-  evaluator = hooks.Evaluator(3, before=saver.save_before_evaluation)
+  evaluator = evaluators.Evaluator(3, before=saver.save_before_evaluation)
   for step in (1, 2):
     run.state = {'params': {}, 'step': jnp.asarray(step)}
     evaluator(run, step, metrics())
@@ -426,7 +426,7 @@ def test_a_stop_request_ends_an_evaluation_between_its_batches(tmp_path):
   run, lines = fake_run(tmp_path, evaluate=evaluate)
   checkpoints = FakeCheckpoints()
   saver = hooks.Checkpointer(checkpoints, every_steps=100)
-  evaluator = hooks.Evaluator(3, before=saver.save_before_evaluation, should_stop=lambda: True)
+  evaluator = evaluators.Evaluator(3, before=saver.save_before_evaluation, should_stop=lambda: True)
   run.state = {'params': {}, 'step': jnp.asarray(3)}
   evaluator(run, 3, metrics())
   assert (run.stop_reason, run.stopped_at, run.last_eval_step) == ('preempted', 3, None)
@@ -449,25 +449,27 @@ def test_checkpointer_never_saves_after_a_non_finite_step(tmp_path):
 
 def test_an_evaluation_with_non_finite_scores_says_so(tmp_path):
   run, lines = fake_run(tmp_path, evaluate=lambda params: {'accuracy': 0.5, 'error': 0.5, 'non_finite_examples': 3.0})
-  hooks.Evaluator(5)(run, 5, metrics())
+  evaluators.Evaluator(5)(run, 5, metrics())
   assert lines[-1] == ('warning: step 5 test: 3 examples with NaN or infinite class scores (counted wrong): '
                        'the parameters or inputs hold non-finite values')
 
 
-def test_an_evaluation_says_its_progress_at_the_training_cadence(tmp_path):
+def test_an_evaluation_says_its_progress_at_the_training_cadence(tmp_path, capfd, monkeypatch):
   """A long evaluation (a minute for an ensemble's first) once said nothing between its
-  announcement and its result: a line every `every_seconds`, batches done and an ETA."""
+  announcement and its result: console.progress's line, batches done and an ETA."""
+  from capsjax import console   # pylint: disable=g-import-not-at-top
   def eval_step(params, source, host_batch, weights, knobs):
     return {'correct': jnp.sum(weights), 'digits_correct': jnp.sum(weights), 'loss': jnp.zeros(()),
             'count': jnp.sum(weights)}
 
   pipeline = SimpleNamespace(source=None, num_examples=20, eval_batches=lambda size: iter([((None,), np.ones(4))] * 5))
+  monkeypatch.setattr(console, 'PROGRESS_DELAY_S', 0.0)   # (2 s: a quick evaluation stays quiet)
   run, lines = fake_run(tmp_path, evaluate=lambda params, on_batch: steps.evaluate(eval_step, params, pipeline, 4,
                                                                                        on_batch=on_batch))
-  hooks.Evaluator(5, every_seconds=1e-9)(run, 5, metrics())
-  progress = [line for line in lines if 'batch' in line]
-  assert [line.split(' ETA')[0] for line in progress] == [f'step 5: evaluating (test) batch {k}/5,' for k in (1, 2, 3, 4)]
+  evaluators.Evaluator(5, every_seconds=1e-9)(run, 5, metrics())
+  said = capfd.readouterr().err
+  assert 'step 5: evaluating test: ' in said and '5/5' in said, said
   assert lines[-1].startswith('step 5 test: accuracy 1.0000')
   run, lines = fake_run(tmp_path, evaluate=lambda params: {'accuracy': 0.5, 'error': 0.5})
-  hooks.Evaluator(5)(run, 5, metrics())   # every_seconds 0: no progress lines, no callback passed
-  assert not [line for line in lines if 'batch' in line]
+  evaluators.Evaluator(5)(run, 5, metrics())   # every_seconds 0: no progress, no callback passed
+  assert 'evaluating test:' not in capfd.readouterr().err

@@ -101,13 +101,13 @@ def test_an_evaluation_stopped_by_sigterm_or_ctrl_c_is_run_again_on_resume(mnist
   evaluates its restored checkpoint first, so the run selects and reports what an
   uninterrupted run of the same config does (it once skipped step 4 and selected step 8)."""
   import pytest   # pylint: disable=g-import-not-at-top
-  from capsjax import hooks   # pylint: disable=g-import-not-at-top
+  from capsjax import evaluators   # pylint: disable=g-import-not-at-top
   from capsjax.errors import RunStopped   # pylint: disable=g-import-not-at-top
   from helpers import tiny_config   # pylint: disable=g-import-not-at-top
   config = lambda: tiny_config(mnist_dir, num_steps=8, eval_every_steps=4, validation_examples=64,
                                checkpoint_every_steps=100)
   reference = train.train_and_evaluate(config(), str(tmp_path / 'uninterrupted'))
-  real_metrics = hooks.Evaluator._metrics
+  real_metrics = evaluators.Evaluator._metrics
   stops = {4: signal.SIGTERM, 8: signal.SIGINT}
 
   def metrics_with_a_signal(self, run, step):
@@ -115,7 +115,7 @@ def test_an_evaluation_stopped_by_sigterm_or_ctrl_c_is_run_again_on_resume(mnist
       os.kill(os.getpid(), stops.pop(step))
     return real_metrics(self, run, step)
 
-  monkeypatch.setattr(hooks.Evaluator, '_metrics', metrics_with_a_signal)
+  monkeypatch.setattr(evaluators.Evaluator, '_metrics', metrics_with_a_signal)
   workdir = str(tmp_path / 'stopped')
   for stopped_at, reason in ((4, 'preempted'), (8, 'interrupted')):
     with pytest.raises(RunStopped) as stopped:

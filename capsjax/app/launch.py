@@ -374,6 +374,10 @@ def entry_point(experiments_dir: Optional[str] = None):
   experiments/ folder). Without `experiments_dir`, the installed package's folder."""
   set_experiments_dir(experiments_dir)
   argv = list(sys.argv)
+  if argv[1:] == ['--version']:   # (before anything heavy is imported)
+    from capsjax import __version__  # pylint: disable=g-import-not-at-top
+    print(f'capsjax {__version__}')
+    sys.exit(0)
   cli.as_program()
   remaining = parse_flags(argv)
   app.run(main, argv=remaining)

@@ -82,7 +82,7 @@ CHIPS = {
 }
 # NVIDIA's published figures: the H100 and H200 SXM data sheets, the CUDA C++ Programming
 # Guide's limits for compute capability 9.0 and the Hopper tuning guide (written down
-# 2026-11-25 on a machine that cannot reach them: the device report of a lent GPU checks
+# 2026-11-25 on a machine that cannot reach them: the device report on a GPU checks
 # its SMs and compute capability). Both are Hopper GPUs of 132 SMs; their memory differs.
 _HOPPER_SXM = (('threads_per_block_limit', 1024), ('threads_per_warp', 32),
                ('shared_memory_per_block', 48 * 1024), ('shared_memory_per_core', 228 * 1024),
@@ -101,8 +101,8 @@ GPUS = {
                  platform='gpu', float32_passes=(2.0, 989 / 67), usable_fraction=0.75,
                  interhost_bytes_per_s=400e9 / 8, device_info=_HOPPER_SXM),
 }
-# Whole training steps measured on lent GPUs over this module's estimate of the same step
-# compiled here (docs/results.md, "The plan beside the lent GPUs"): one model and three
+# Whole training steps measured on an H100 and an H200 over this module's estimate of the same step
+# compiled here (docs/results.md, "The plan beside the measured GPUs"): one model and three
 # vmapped seeds on an H100 (2026-11-25), one model and twelve recipe members with their
 # data pipeline on an H200 (2026-11-28). The estimate counts traffic and FLOPs at the peak;
 # the ≈ 100–150 kernels' launches and tails, and a leg's pipeline, it does not.
@@ -593,7 +593,7 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
 
 
 def measured_band(plan: Plan, step_s: float) -> str:
-  """What the estimate has been worth: the whole steps measured on lent GPUs over it
+  """What the estimate has been worth: the whole steps measured on GPUs over it
   (MEASURED_OVER_ESTIMATE) applied to `step_s`, with the run's length at both ends; for a
   platform never measured, that its estimate is a floor."""
   platform = plan.target.platform

@@ -60,7 +60,7 @@ class Predictor:
     >>> test = capsjax.load_dataset('mnist', 'test', data_dir=mnist_dir)
     >>> results = predictor.predict(test.images[:4])   # uint8 [4, 28, 28, 1]
     >>> [r['class'] for r in results], sorted(results[0])
-    (['7', '2', '1', '0'], ['activations', 'blank', 'class', 'class_index', 'fitted', 'input', 'inverted', 'reconstruction'])
+    (['7', '2', '1', '0'], ['activations', 'blank', 'class', 'class_index', 'confident', 'fitted', 'input', 'inverted', 'reconstruction', 'unlike_training'])
     >>> [r['class'] for r in predictor.predict(255 - test.images[:2])], results[0]['inverted']   # ink on paper
     (['7', '2'], False)
     >>> results[0]['reconstruction'].shape

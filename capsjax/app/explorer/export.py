@@ -41,7 +41,7 @@ import numpy as np
 from capsjax import console
 from capsjax.app import cli
 
-# What the package ships, and what one file may be to come back from a lent device.
+# What the package ships: one file above this makes the wheel heavy.
 MAX_SHIPPED_FILE_BYTES = 16 << 20
 NUM_IMAGES = 1000   # the explorer's test sample
 
@@ -121,7 +121,7 @@ def _explorer_files(args) -> int:
   for name, size in summary['bytes'].items():
     if size > MAX_SHIPPED_FILE_BYTES:
       print(f'warning: {name} is {size / 2**20:.2f} MiB, above the {MAX_SHIPPED_FILE_BYTES >> 20} MiB a shipped '
-            'file (and one file back from a lent device) may be', file=sys.stderr)
+            'file may be', file=sys.stderr)
   if args.evaluate:
     from capsjax.app.predict import Predictor  # pylint: disable=g-import-not-at-top
     from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
