@@ -31,7 +31,7 @@ import importlib as _importlib
 
 from capsjax.console import quiet_libtpu_environment as _quiet_libtpu_environment
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
 
 # With the `tpu` extra (capsjax-plan) on a machine without TPUs, libtpu prints a start-up
 # error banner when JAX starts its backends; its environment, set before that happens

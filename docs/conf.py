@@ -46,12 +46,19 @@ nb_merge_streams = True
 
 # README.md and BUILD.md are pages of the site as they are in the repository, with their
 # links rewritten to the site's pages (written here at every build; git ignores them).
-SITE_PAGES = {'README.md': ('readme.md', 'Using capsjax (README)'), 'BUILD.md': ('design.md', 'The design (BUILD.md)')}
+SITE_PAGES = {'README.md': ('readme.md', 'capsjax (README)'), 'BUILD.md': ('design.md', 'The design (BUILD.md)'),
+              'CHANGELOG.md': ('changelog.md', 'Changelog')}
+
+
+REPOSITORY_FILES = 'https://github.com/capsjax/capsjax/tree/main/'
 
 
 def site_links(text: str) -> str:
-  """The repository's relative links as links between the site's pages."""
+  """The repository's relative links as links between the site's pages; a link to a file
+  outside the site (the raw results under benchmarks/) goes to the repository."""
   text = text.replace('](docs/', '](')
+  for folder in ('benchmarks/', 'experiments/', 'capsjax/', 'tests/'):
+    text = text.replace(f'](../{folder}', f']({REPOSITORY_FILES}{folder}').replace(f']({folder}', f']({REPOSITORY_FILES}{folder}')
   for source, (page, _) in SITE_PAGES.items():
     text = text.replace(f'](../{source}', f']({page}').replace(f']({source}', f']({page}')
   return text
