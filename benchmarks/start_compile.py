@@ -9,7 +9,7 @@ for the paper's DigitCaps W_ij, its PrimaryCaps kernel and a batch of elastic no
 compiled (`jax.jit(...).lower(seed).compile()`, the seed an argument so that nothing is
 constant-folded) `repeats` times in one process with JAX's caches cleared in between, the
 fastest kept. States: the initial state of the paper model and of the tests' tiny model
-(tests/helpers.py's sizes), compiled the same way. Results: docs/results.md, "A run's start".
+(tests/helpers.py's sizes), compiled the same way. Results: docs/results.md, "CPU speed".
 """
 import argparse
 import math

@@ -4,7 +4,7 @@ Written with TensorBoard's own record writer and protos into a plain local file
 (TensorBoard's EventFileWriter opens files through tf.io.gfile, which imports
 TensorFlow when it is installed, as it is here for TFDS: 16 s), so a training run
 imports neither TensorFlow nor PyTorch for its curves (measured against tensorboardX and
-tf.summary: docs/results.md, "Your own images: sources, tasks, predict, TensorBoard").
+tf.summary: docs/choices.md, "Your own images: sources, tasks, predict, TensorBoard").
 
 Every numeric field of a metrics row becomes a scalar `SPLIT/FIELD` (train/loss,
 train/learning_rate, test/error, validation/error, train/images_per_s, …); images are

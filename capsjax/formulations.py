@@ -260,12 +260,12 @@ _RULES = (ConvRule, StrideRule, PatchesRule)
 FASTEST = {
     'cpu': {
         # The rule from PrimaryCaps, Conv1 and a 5×5 layer timed in the three forms at batches
-        # 1–256 (docs/results.md, "Three convolutions"; XLA's convolution: "CPU speed"); the
+        # 1–256 (docs/results.md, "CPU speed"; XLA's convolution: "CPU speed"); the
         # Fourier form from batch 64 since its rows took Gauss's sums ("CPU speed", 2026-11-27).
         'conv_impl': ConvRule(fourier_share=0.5, fourier_min_batch=64, row_depth=1024, rows_min_batch=32),
         # One matmul where the whole batch's patch matrix is small (Conv1 alone inferred 1.3x
         # faster whole than in chunks at 16 MB, batch 128; level at 63 MB), chunks of 16 images
-        # where it is large (PrimaryCaps' 382 MB: docs/results.md, "GPU readiness": patches
+        # where it is large (PrimaryCaps' 382 MB: docs/results.md, "GPU speed": patches
         # inference; "CPU speed": the patches rule).
         'patches_inference': PatchesRule(whole_batch_bytes=32 * 2 ** 20),
         # With the Fourier PrimaryCaps, unrolled inferred faster and rolled trained faster
@@ -278,15 +278,15 @@ FASTEST = {
         # One gather compiled the paper model's forward and gradient 3-6x faster than 81 slices
         # (the tests, the explorer, predict: compile-bound); PrimaryCaps' forward ran faster,
         # its gradient 10-15 % slower, below the 32 images where a CPU leaves patches (Zen 3,
-        # 2026-11-29: docs/results.md, "Patches by one gather").
+        # 2026-11-29: docs/results.md, "CPU speed").
         'patch_extraction': 'gather',
     },
     'gpu': {
         # Strided convolutions as unit-stride ones on pixel blocks: PrimaryCaps alone trained
         # 1.55x and inferred 2.3x faster than patches at batch 128, faster at 384 and 512 too
-        # (docs/results.md, "The primary convolution alone on an H200, 2026-11-26"); a unit-stride
+        # (docs/results.md, "GPU speed"); a unit-stride
         # one (conv1) as patches, which trained faster than XLA's convolution in the H100
-        # report (docs/results.md, "On an H100, 2026-11-25").
+        # report (docs/results.md, "GPU speed").
         'conv_impl': StrideRule(strided='space_to_depth', unit='patches'),
         # From the H100 report: one whole-batch matmul infers faster than chunks run one
         # after another; the unrolled loop trains faster.
@@ -299,7 +299,7 @@ FASTEST = {
         # An ensemble's (for_platform(..., ensemble=True)); a single model keeps vmap's own.
         # The 12-member recipe program (space_to_depth, bfloat16, grouped cuDNN convolutions)
         # stepped at 1.76x twelve single-model steps, where vmapped patches (batched matmuls)
-        # kept pace with single steps (docs/results.md, "One convolution per member"). Chosen
+        # kept pace with single steps (docs/results.md, "GPU speed"). Chosen
         # from that comparison and the compiled programs, not yet from a measurement of its own.
         'member_convs': 'per_member',
         # The slices are what every GPU report measured (conv1's patches); a gather

@@ -24,7 +24,7 @@ def drawn_as_a_matrix(init: Initializer) -> Initializer:
   the last axis, last axis] and reshaping them: the same numbers bit for bit, since a
   draw's i-th number depends on the key and on i (row-major) alone and the matrix has the
   weight's fan-in. Why: XLA:CPU compiles a random draw of rank 4 several times slower than
-  the same draw as a matrix (docs/results.md, "A run's start"). For initializers whose
+  the same draw as a matrix (docs/results.md, "CPU speed"). For initializers whose
   distribution depends on the shape at most through the fan-in of the last-but-one axis
   (Flax's LeCun normal, normal, truncated normal)."""
   def matrix_init(key, shape, dtype=jnp.float32):

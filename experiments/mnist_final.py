@@ -12,7 +12,7 @@ The recipe: `RECIPE`, a row name of experiments/mnist_lease.py: `fast_elastic`, 
 with the lowest final validation error when the lease measured that table (H200,
 2026-11-28, 12 000 steps: 0.387 ± 0.049 % against fast's 0.390 ± 0.020, a tie that the
 seeds' summed validation error, 0.35 against 0.40 %, breaks the same way; docs/results.md,
-"The lease of 2026-11-28"). Another row: --config.ensemble.recipes="('NAME: …',)" with
+"GPU speed"). Another row: --config.ensemble.recipes="('NAME: …',)" with
 that row's string.
 
 Length: 48 000 steps of 128 (102 epochs of 60 000 images) per member. ESTIMATE, not a

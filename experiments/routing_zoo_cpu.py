@@ -8,7 +8,7 @@ validation only.
   python run.py --experiment=routing_zoo_cpu --workdir=W --config.dataset=fashion_mnist \\
       --config.data_dir=/usr/share/datasets/fashion-mnist
 
-Results, command, machine and date: docs/results.md, "Routing zoo at CPU size".
+Results, command, machine and date: docs/results.md, "Routing algorithms side by side".
 """
 from capsjax.experiments import routing_zoo_smoke
 

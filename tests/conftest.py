@@ -17,7 +17,7 @@ recompiles only the programs the edit changed (JAX keys an entry by the program,
 flags and its version). One folder per CPU model and instruction set: XLA refuses, with
 an error line, an executable compiled for another CPU's features. CAPSJAX_TEST_JAX_CACHE=fresh gives a run a
 cache of its own, empty at the start and removed at the end (a clean clone, as CI has
-it). What it saves: docs/results.md, "The test suite in CI". The same way the processes
+it). The same way the processes
 inherit glibc's huge-pages tunable (below).
 
 Bytecode likewise: the suite writes Python's bytecode caches (__pycache__, git-ignored) even
@@ -60,7 +60,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:   # set before JAX reads its f
 
 # Huge pages for the workers and subprocesses, as every capsjax command gives itself
 # (capsjax.app.cli.huge_pages_environment; glibc reads the tunable at process start, so this
-# process keeps 4 KiB pages; docs/results.md, "Huge pages").
+# process keeps 4 KiB pages; docs/results.md, "CPU speed").
 from capsjax.app import cli as _cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 os.environ.update(_cli.huge_pages_environment() or {})
 _cli.quiet_libtpu_environment()   # libtpu (the tpu extra, for capsjax.app.plan) silent on a machine without TPUs
@@ -108,7 +108,7 @@ def little_optimisation():
   """XLA's cheap compilation on a CPU (JAX's `jax_disable_most_optimizations`): the modules
   marked compile_bound compile many small programs and run each a few times, so their time
   is compilation, which this shortens; the compiled steps run slower, so modules that train
-  stay optimised (each module measured both ways: docs/results.md, session 32). It changes
+  stay optimised (each module measured both ways when it was marked). It changes
   how hard XLA's backend optimises the code it emits, not the program (JAX's in-memory jit
   cache does not key on it: a function compiled on either side is reused as it is, correct
   either way). A GPU's compiles are left alone."""
@@ -165,8 +165,8 @@ def mnist_dir():
       pytest.fail(str(e))
     pytest.skip(f'needs the MNIST IDX files: set CAPSJAX_MNIST_DIR to a folder of them ({e})')
 
-# The tests that take 20 s or more on a 2-core CPU (call or fixture set-up, `--durations`;
-# docs/results.md, "The test suite in CI"): they train, compile paper-size models or run
+# The tests that take 20 s or more on a 2-core CPU (call or fixture set-up, `--durations`):
+# they train, compile paper-size models or run
 # programs end to end. `python -m pytest -q -n 2 -m "not slow" tests` leaves them out (a quick loop
 # while editing; CI runs every test). A test that grows slow joins this list.
 SLOW = frozenset((
@@ -228,7 +228,7 @@ SLOW = frozenset((
     'tests/test_train.py::test_resumed_run_equals_uninterrupted_run',
     'tests/test_train.py::test_short_training_learns_real_mnist',
     'tests/test_workdir.py::test_full_disk_is_one_line_through_run_py',
-    # Out of the quick loop, for its 3-minute budget (docs/results.md, "The test suite in CI").
+    # Out of the quick loop, for its 3-minute budget.
     'tests/test_workdir.py::test_metrics_hold_each_step_once_and_wall_time_adds_up',
     'tests/test_workdir.py::test_config_is_written_after_the_first_step_and_a_changed_config_is_refused',
     'tests/test_memory.py::test_the_estimate_is_close_to_what_xla_allocates_for_a_capsnet',

@@ -39,7 +39,7 @@ def tiny_config(data_dir, **overrides):
   config.log_every_seconds = 0.0   # the rows at the steps the tests name, on a loaded machine too
   # The strided convolution as a unit-stride one on pixel blocks (space_to_depth): at 28 px
   # and these widths its program compiles and trains faster than XLA's own or the patches
-  # form (from 36 px on, XLA's own is faster: docs/results.md, "The test suite in CI"); a
+  # form (from 36 px on, XLA's own is faster, measured when the tests chose it); a
   # test of the CPU's 'auto' choice sets conv_impl itself, and the formulation tests cover
   # each form.
   config.model.formulation.conv_impl = SPEEDY_CONV

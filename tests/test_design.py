@@ -316,7 +316,7 @@ def test_the_config_from_the_training_entry_point_reaches_few_modules_in_one_pas
   train_and_evaluate through every capsjax function entered with it, reaches at most 9
   modules (its check, capsjax.validation, and its settings, capsjax.settings, among them)
   and comes back to one it had left at most 5 times (benchmarks/design_report.py
-  prints the path; docs/results.md, "The design")."""
+  prints the path)."""
   from capsjax import train  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location('design_report', os.path.join(ROOT, 'benchmarks', 'design_report.py'))
   report = importlib.util.module_from_spec(spec)

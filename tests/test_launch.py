@@ -230,7 +230,7 @@ def test_huge_pages_are_asked_for_only_where_they_change_something(environ, thp_
 
 def test_commands_keep_what_they_compile_in_the_user_s_cache_folder(tmp_path):
   # JAX's persistent compilation cache for predict, the explorer, figures, segmentation and
-  # export: their next start reuses what this one compiled (docs/results.md, "A command's start").
+  # export: their next start reuses what this one compiled (docs/results.md, "CPU speed").
   from capsjax.app import cli  # pylint: disable=g-import-not-at-top
   folder = str(tmp_path / 'xdg' / 'capsjax' / 'xla' / cli.cpu_folder_name())
   assert cli.compilation_cache_environment({'XDG_CACHE_HOME': str(tmp_path / 'xdg')}) == {

@@ -70,7 +70,7 @@ def huge_pages_environment(environ=None, thp_mode: Optional[str] = None, libc=No
 
   Why: XLA:CPU allocates a step's temporaries afresh each step (1 GB for the paper's
   CapsNet at batch 128) and the kernel faults them in 4 KiB pages; 2 MiB pages make the
-  step faster (measured: docs/results.md, "Huge pages"). Linux asks for it per mapping (THP mode `madvise`, the common
+  step faster (measured: docs/results.md, "CPU speed"). Linux asks for it per mapping (THP mode `madvise`, the common
   default), which glibc's malloc does with the tunable, read only at process start, hence
   the restart. Declined with CAPSJAX_HUGE_PAGES=0 (or false, no, off); not needed where the THP mode is
   `always` (every large mapping already gets them) or possible where it is `never`, nor
@@ -146,7 +146,7 @@ def cpu_folder_name() -> str:
 def compilation_cache_environment(environ=None) -> dict:
   """The environment that gives a command JAX's persistent compilation cache, so that its
   next start reuses what this one compiled (predict and the explorer compile the same
-  programs at every start: docs/results.md, "A command's start"): a folder per CPU kind
+  programs at every start: docs/results.md, "CPU speed"): a folder per CPU kind
   (`cpu_folder_name`) in $XDG_CACHE_HOME/capsjax/xla (~/.cache by default). {} where
   JAX_COMPILATION_CACHE_DIR already names one, CAPSJAX_COMPILATION_CACHE=0 (or false, no,
   off) declines it, or the folder cannot be made or written."""

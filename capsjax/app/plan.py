@@ -102,7 +102,7 @@ GPUS = {
                  interhost_bytes_per_s=400e9 / 8, device_info=_HOPPER_SXM),
 }
 # Whole training steps measured on an H100 and an H200 over this module's estimate of the same step
-# compiled here (docs/results.md, "The plan beside the measured GPUs"): one model and three
+# compiled here (docs/results.md, "GPU speed"): one model and three
 # vmapped seeds on an H100 (2026-11-25), one model and twelve recipe members with their
 # data pipeline on an H200 (2026-11-28). The estimate counts traffic and FLOPs at the peak;
 # the ≈ 100–150 kernels' launches and tails, and a leg's pipeline, it does not.

@@ -163,7 +163,7 @@ def _read_whole(source, image_keys, label_key: str) -> Dataset:
 # The decoded copy of a split: `DECODED_COPY_PREFIX` + split + a digest of what it was
 # decoded from (`decoded_copy_path`) + '.npz'. Decoding is per image in Python (TFDS's
 # example parser and PIL), at every start of every run; the copy loads at disk speed
-# (docs/results.md, "Reading a prepared TFDS split again").
+# (MNIST's training split: 21.3 s decoded, 0.044 s from the copy; AMD EPYC Zen 3, 2026-11-27).
 DECODED_COPY_PREFIX = 'capsjax-decoded-'
 # Changes when what a copy holds changes (its arrays' names, dtypes or layout).
 DECODED_COPY_FORMAT = 1
