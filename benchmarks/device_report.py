@@ -1,4 +1,4 @@
-"""Everything a lent accelerator should measure, in one command, on whatever backend JAX finds.
+"""Everything an accelerator should measure, in one command, on whatever backend JAX finds.
 
   python benchmarks/device_report.py --out DIR            # ≤ 8 minutes on one H100
   python benchmarks/device_report.py --smoke --out DIR    # the same code path, CPU, ≈ 70 s
@@ -72,7 +72,7 @@ ROW_AND_FOURIER_VARIANTS = [('kernel_rows', 'float32', 'rolled'), ('fourier', 'f
                             # the strided convolution as a unit-stride one (capsjax.ops), the GPU's loop
                             ('space_to_depth', 'float32', 'unrolled'), ('space_to_depth', 'bfloat16', 'unrolled')]
 # The smoke rehearses the code path: every value of each of the three choices once (2 of
-# the 8 variants; each one's compile is most of a cell's time on the CPU, and the lease
+# the 8 variants; each one's compile is most of a cell's time on the CPU, and a GPU run
 # runs all 8 through the same code).
 SMOKE_VARIANTS = [('patches', 'float32', 'rolled'), ('xla', 'bfloat16', 'unrolled')]
 PROFILE_OPS = 15

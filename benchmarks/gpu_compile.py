@@ -17,7 +17,7 @@ chunked inference and the rolled routing loop are loops). The measured time per 
               + float32 flops / float32_rate_fit + bfloat16 flops / bfloat16_rate_fit
 
 and every variant of `--predict` (inference at batch 128 by default, the GPU issue's gap)
-gets the fitted time: a prediction, printed as one, for the next lent GPU to check. Needs
+gets the fitted time: a prediction, printed as one, for the next GPU run to check. Needs
 the gpu-plan packages on the path (`pip install 'capsjax[gpu-plan]'` or `.gpu-plan/`).
 """
 import argparse

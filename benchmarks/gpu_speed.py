@@ -16,7 +16,7 @@ with its own XLA_FLAGS (flags act at the start of a process):
   no_triton_gemm     --xla_gpu_enable_triton_gemm=false (cuBLAS/cuBLASLt only): batch 128
   exhaustive_tiling  --xla_gpu_exhaustive_tiling_search=true (Triton's whole tiling space):
                      only when --variants names it (on an H200 its autotuning alone
-                     outlasted a lease's share, 2026-11-26)
+                     outlasted its share, 2026-11-26)
 
 Per row: the median time of the repeats, TFLOP/s in the direct form's FLOPs (2 × batch ×
 6·6 × 9·9·256·256 forward, 3× that for training: what every formulation computes, whatever
@@ -24,7 +24,7 @@ it performs) and the share of the matmul peak measured in the same process for t
 precision. On a GPU the autotuning results go to DIR/autotune/VARIANT.textproto
 (--xla_gpu_dump_autotune_results_to) and a committed file of the same device and variant
 (benchmarks/results/autotune/DEVICE-VARIANT.textproto, --autotune_dir) is loaded first, so
-that a later lease spends no minutes autotuning; the GEMM and convolution instructions of
+that a later run spends no minutes autotuning; the GEMM and convolution instructions of
 each compiled program go to DIR/hlo/VARIANT-CELL-MODE.txt (one folder deep: the device
 tool returns no deeper files).
 

@@ -1,9 +1,9 @@
-"""Predictions of the lease's speed call, made before the lease, from compilations alone.
+"""Predictions of the GPU speed step (docs/gpu.md), made before it runs, from compilations alone.
 
   PYTHONPATH=.gpu-plan python benchmarks/predict_speed.py \
       --fit benchmarks/results/h100-2026-11-25/gpu_compile.json --out benchmarks/results/predictions
 
-For each row that `bash benchmarks/lent_gpu.sh speed` measures, on a compile-only H100 and
+For each row that `bash benchmarks/gpu.sh speed` measures, on a compile-only H100 and
 H200 (capsjax-plan's descriptions): the primary capsules' convolution alone
 (benchmarks/gpu_speed.py's cells: formulation × batch × dtype, inference and training, XLA's
 default GEMM choice) and the paper model's whole steps in each formulation at batch 128

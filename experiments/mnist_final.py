@@ -1,4 +1,4 @@
-"""The final MNIST row (issue 72, item 3): one recipe of `mnist_lease`, chosen on that
+"""The final MNIST row (issue 72, item 3): one recipe of `mnist_four_recipes`, chosen on that
 table's validation column (never on its test column), trained on all 60 000 training
 images with its fixed schedule, seeds 0–2 as one vmapped program; the test error of the
 last step is the number reported: no evaluation is chosen at all, so it is honest by
@@ -6,10 +6,10 @@ construction (the protocol of the best honest single-network MNIST results), wit
 moving average of the parameters (EMA) and the shift-averaged scores beside it.
 
   python run.py --experiment=mnist_final --workdir=W
-  bash benchmarks/lent_gpu.sh leg final --experiment=mnist_final   # on a lent GPU (docs/gpu.md)
+  bash benchmarks/gpu.sh leg final --experiment=mnist_final   # on a GPU machine (docs/gpu.md)
 
-The recipe: `RECIPE`, a row name of experiments/mnist_lease.py: `fast_elastic`, the row
-with the lowest final validation error when the lease measured that table (H200,
+The recipe: `RECIPE`, a row name of experiments/mnist_four_recipes.py: `fast_elastic`, the row
+with the lowest final validation error when that table was measured (H200,
 2026-11-28, 12 000 steps: 0.387 ± 0.049 % against fast's 0.390 ± 0.020, a tie that the
 seeds' summed validation error, 0.35 against 0.40 %, breaks the same way; docs/results.md,
 "GPU speed"). Another row: --config.ensemble.recipes="('NAME: …',)" with
@@ -23,13 +23,13 @@ evaluation of 10 000 test images × 3 members × 10 views × 2 (raw and averaged
 """
 import ml_collections
 
-from capsjax.experiments import mnist_lease, mnist_seeds
+from capsjax.experiments import mnist_four_recipes, mnist_seeds
 
 RECIPE = 'fast_elastic'
 
 
 def _row(name: str) -> str:
-  (row,) = [recipe for recipe in mnist_lease.RECIPES if recipe.partition(':')[0] == name]
+  (row,) = [recipe for recipe in mnist_four_recipes.RECIPES if recipe.partition(':')[0] == name]
   return row
 
 

@@ -236,7 +236,7 @@ SLOW = frozenset((
     'tests/test_train.py::test_the_fresh_state_sits_where_the_step_puts_it',
     'tests/test_routing.py::test_traced_iteration_count_under_vmap_matches_separate_calls',
     'tests/test_plan.py::test_a_stopped_plan_says_so_in_one_line',
-    # Session 29: over 20 s (Zen 3: 42, 31 and 31 s with the compilation cache cold).
+    # Over 20 s (Zen 3: 42, 31 and 31 s with the compilation cache cold).
     'tests/test_export.py::test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes',
     'tests/test_export.py::test_an_own_images_model_exports_and_agrees',
     'tests/test_gpu_readiness.py::test_a_lease_s_training_leg_starts_is_waited_for_and_exported_on_the_cpu',

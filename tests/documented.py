@@ -4,7 +4,7 @@
 A command is a line of a ```bash block, a line of another block that starts with a
 program this project ships (docs/results.md's records, docs/gpu.md's device calls), or the
 list of a ```yaml block's `command:`. Continuation lines are joined, comments dropped, `&&`
-splits one line into two commands; the device tool's `run(command="…")`, `srun`, gcloud's
+splits one line into two commands; a `run(command="…")` call, `srun`, gcloud's
 `--command "…"` and a leading `VAR=value` hand on the command they carry.
 
 A test that runs a documented command takes its words from here (`command(pattern)`), with
@@ -69,7 +69,7 @@ def _unwrap(text: str) -> List[str]:
   """The commands one documented line carries."""
   text = text.strip()
   run_call = re.match(r'run\(command="(.*?)"', text)
-  if run_call:   # the device tool's call (docs/gpu.md)
+  if run_call:   # a remote machine's call
     text = run_call.group(1)
   gcloud = re.search(r'--command\s+"(.*)"$', text)
   commands = []

@@ -2,13 +2,13 @@
 finds them): a documented example that fails is a bug.
 
 How each is run:
-- training commands (`capsjax`, `python run.py`, a lease's `lent_gpu.sh leg NAME …`) and
+- training commands (`capsjax`, `python run.py`, docs/gpu.md's `gpu.sh leg NAME …`) and
   `capsjax-plan` through their own front ends in one process (tests/command_checks.py): the
   flags, the experiment, every override, validation and the model built, or the plan's
   target, devices and batch, in seconds; a real run of each program is its own test's;
 - the benchmarks' commands: each script's own parser takes the documented flags;
 - the commands of a trained run (figures, segmentation, predict, export, the explorer, the
-  lease's calls) in the tests that already train one: they take the documented words from
+  GPU steps) in the tests that already train one: they take the documented words from
   here (documented.command with a pattern, in their source), placeholders replaced, at a small size;
 - `pip install`: the extras and pins they name exist; the test, site and wheel commands are
   the ones .ci/run runs.
@@ -26,7 +26,7 @@ import documented
 
 ROOT = documented.ROOT
 
-TRAINING = re.compile(r'^(capsjax|python run\.py|python -m capsjax|bash benchmarks/lent_gpu\.sh leg \S+)( |$)')
+TRAINING = re.compile(r'^(capsjax|python run\.py|python -m capsjax|bash benchmarks/gpu\.sh leg \S+)( |$)')
 PLAN = re.compile(r'^capsjax-plan ')
 SCRIPT = re.compile(r'^python benchmarks/\w+\.py( |$)')
 PIP = re.compile(r'^pip install ')
@@ -35,10 +35,10 @@ ENVIRONMENT = re.compile(r'^export ([A-Z_]+)=')
 NOT_RUN = {
     r'^tensorboard ': "TensorBoard's own command: the event files it reads are test_images.py's "
                       '(test_events_hold_the_curves_and_reconstructions)',
-    r'lent_gpu\.sh carry$': 'downloads wheels for the device machine by hand before a lease; the wheels it '
-                            "lists are the ones lent_gpu.sh's environment() installs there",
-    r'lent_gpu\.sh suite$': 'runs this suite (on the device machine)',
-    r'lent_gpu\.sh report$': "device_report.py --out DIR, whose flags the benchmarks' check parses and whose "
+    r'gpu\.sh carry$': 'downloads wheels for a GPU machine without internet; the wheels it '
+                        "lists are the ones gpu.sh's environment() installs there",
+    r'gpu\.sh suite$': 'runs this suite (on the GPU machine)',
+    r'gpu\.sh report$': "device_report.py --out DIR, whose flags the benchmarks' check parses and whose "
                              'cells the speed rehearsal runs (test_gpu_readiness.py)',
 }
 # The documents' placeholders, as the checks replace them (a folder of images for DIR).
@@ -109,7 +109,7 @@ def _check_argv(command, placeholders):
   if SCRIPT.search(command.text):
     return ['script', [command.words[1], *command.args(placeholders)]]
   args = command.args(placeholders)
-  if command.words[0] == 'bash':   # lent_gpu.sh leg NAME RUN_FLAGS…: run.py RUN_FLAGS…
+  if command.words[0] == 'bash':   # gpu.sh leg NAME RUN_FLAGS…: run.py RUN_FLAGS…
     args = args[2:]
   return ['training', args]
 

@@ -1,4 +1,4 @@
-"""What a lent GPU needs ready: the routing loop's formulations and their per-backend table,
+"""What a GPU run needs ready: the routing loop's formulations and their per-backend table,
 the float32_matmuls marker, and the device report's whole code path (--smoke, on the CPU)."""
 import argparse
 import gzip
@@ -82,7 +82,7 @@ def test_auto_formulations_come_from_the_one_table():
     expected = rule.pick(paper_conv1) if hasattr(rule, 'pick') else rule
     assert formulations.resolve('patches_inference', 'auto', backend, paper_conv1) == expected
     assert formulations.resolve('dtype', 'auto', backend) == entry['dtype']
-  # FASTEST['gpu'], from the H200 lease of 2026-11-26: strided convolutions as space-to-depth,
+  # FASTEST['gpu'], from the H200 of 2026-11-26: strided convolutions as space-to-depth,
   # unit-stride ones as patches (the H100 report), bfloat16 compute.
   assert formulations.resolve('conv_impl', 'auto', 'gpu', paper_primary) == 'space_to_depth'
   assert formulations.resolve('conv_impl', 'auto', 'gpu', paper_conv1) == 'patches'
@@ -111,22 +111,22 @@ def test_unmarked_tests_keep_jaxs_default_precision():
   assert jax.config.jax_default_matmul_precision is None
 
 
-def test_the_lease_s_speed_call_runs_every_row_on_the_cpu(tmp_path):
-  # `lent_gpu.sh speed --smoke`, the lease's first call rehearsed on the CPU (on a GPU
+def test_the_gpu_speed_step_runs_every_row_on_the_cpu(tmp_path):
+  # `gpu.sh speed --smoke`, docs/gpu.md's speed step rehearsed on the CPU (on a GPU
   # machine too): the primary convolution alone (gpu_speed.py), then every cell of the
   # device report's smoke (fp32 peer rows, shared processes; a budget above the smoke's own
   # 165 s: beside the suite's other worker it runs slower).
-  speed = documented.command(r'lent_gpu.sh speed$').words   # docs/gpu.md's call, --smoke
+  speed = documented.command(r'gpu.sh speed$').words   # docs/gpu.md's step, --smoke
   done = subprocess.run([*speed, '--smoke'],
                         capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
                         env=dict(os.environ, JAX_PLATFORMS='cpu', OUT=str(tmp_path)))
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-  assert done.stdout.startswith('environment: '), done.stdout[:500]   # what a lease's first seconds print
+  assert done.stdout.startswith('environment: '), done.stdout[:500]   # what its first seconds print
   speed = json.loads((tmp_path / 'speed' / 'speed.json').read_text())
   cells = {(row['variant'], row['formulation'], row['dtype']) for row in speed['rows'] if 'error' not in row}
   assert cells == {('default', impl, dtype) for impl in ('patches', 'xla', 'space_to_depth')
                    for dtype in ('float32', 'bfloat16')} | {('no_triton_gemm', 'patches', 'float32')}, speed
-  with tarfile.open(tmp_path / 'speed' / 'extras.tar.gz') as extras:   # (the device tool's 8 files)
+  with tarfile.open(tmp_path / 'speed' / 'extras.tar.gz') as extras:   # (eight files in all)
     hlo_sizes = {member.name: member.size for member in extras.getmembers()}
   for row in speed['rows']:
     assert row['train']['tflops'] > 0 and 0 < row['infer']['share_of_peak']
@@ -178,7 +178,7 @@ def _device_report_module():
 
 def test_the_smoke_covers_every_value_of_each_choice_and_the_gpu_plan_every_variant(tmp_path):
   # (Each pair of formulation choices is compared in value by tests/test_models.py; the
-  # smoke rehearses the report's code path, the lease runs all 8.)
+  # smoke rehearses the report's code path, a GPU runs all 8.)
   report = _device_report_module()
   values = lambda variants: {(i, a) for v in variants for i, a in enumerate(v)}
   assert values(report.SMOKE_VARIANTS) == values(report.VARIANTS) and len(report.SMOKE_VARIANTS) == 2
@@ -208,14 +208,14 @@ def test_profile_summary_reads_a_gpu_trace_s_xla_ops_line(tmp_path):
       {'name': 'cublas-gemm.3', 'ms_per_step': 0.05, 'share': 100 / 600}]
 
 
-def test_a_lease_s_training_leg_starts_is_waited_for_and_exported_on_the_cpu(mnist_dir, tmp_path):
-  # docs/gpu.md's `leg`, `wait` and `export` calls, rehearsed with a small plain run (the legs'
+def test_a_gpu_training_leg_starts_is_waited_for_and_exported_on_the_cpu(mnist_dir, tmp_path):
+  # docs/gpu.md's `leg`, `wait` and `export` steps, rehearsed with a small plain run (the legs'
   # own configs are checked as written by tests/test_documented_commands.py): the leg outlives
   # the command that started it, `wait` brings back its files, `export` the validation-selected
   # model with its measured test error.
-  waits = documented.commands_like(r'lent_gpu\.sh wait \w+ \d+$')
-  exports = documented.commands_like(r'lent_gpu\.sh export \w+$')
-  script = waits[0].words[:2]   # bash benchmarks/lent_gpu.sh
+  waits = documented.commands_like(r'gpu\.sh wait \w+ \d+$')
+  exports = documented.commands_like(r'gpu\.sh export \w+$')
+  script = waits[0].words[:2]   # bash benchmarks/gpu.sh
   assert all(c.words[:3] == [*script, 'wait'] for c in waits) and all(c.words[:3] == [*script, 'export'] for c in exports)
   env = dict(os.environ, JAX_PLATFORMS='cpu', OUT=str(tmp_path / 'out'), CAPSJAX_LEGS=str(tmp_path / 'legs'),
              CAPSJAX_MNIST_DIR=mnist_dir, CAPSJAX_LEG_POLL_S='1')
@@ -237,9 +237,9 @@ def test_a_lease_s_training_leg_starts_is_waited_for_and_exported_on_the_cpu(mni
   assert 'test error of the float16 parameters as written: ' in exported.stdout
   assert {'params.npz', 'test_sample.npz', 'config.json'} <= set(os.listdir(tmp_path / 'out' / 'small' / 'shipped'))
   missing = run('wait', 'nothing')
-  assert missing.returncode == 2 and missing.stderr.strip() == 'error: no leg nothing on this machine (machines start bare)'
+  assert missing.returncode == 2 and missing.stderr.strip() == 'error: no leg nothing on this machine (a leg lives on the machine that started it)'
   # `segment` (a MultiMNIST leg's figure 5) on this MNIST leg: capsjax-segmentation's one line.
-  assert documented.commands_like(r'lent_gpu\.sh segment \w+$')[0].words[:3] == [*script, 'segment']
+  assert documented.commands_like(r'gpu\.sh segment \w+$')[0].words[:3] == [*script, 'segment']
   segmented = run('segment', 'small')
   assert segmented.returncode == 2 and segmented.stdout.strip().endswith(
       f'error: {tmp_path}/legs/small holds a mnist_smoke run, not a MultiMNIST one'), segmented.stdout[-2000:]

@@ -57,7 +57,7 @@ def test_image_folder_of_real_digits_trains_and_records_its_classes(trained):
   assert results['num_train_examples'] == TRAIN_DIGITS and results['num_test_examples'] == 1797 - TRAIN_DIGITS
   assert results['class_names'] == [str(d) for d in range(10)]
   assert results['config']['model']['input_shape'] == [28, 28, 1]   # 8×8 scans resized, grey from the files
-  assert results['test_accuracy'] > 0.8, results['test_accuracy']   # 92.6 % after 6 epochs (README)
+  assert results['test_accuracy'] > 0.8, results['test_accuracy']   # 92.6 % after 6 epochs (docs/results.md)
 
 
 def test_events_hold_the_curves_and_reconstructions(trained):

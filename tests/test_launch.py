@@ -335,4 +335,4 @@ def test_keys_ml_collections_would_misread_are_one_line(overrides, message):
 def test_an_unknown_key_that_another_experiment_has_names_those_experiments(monkeypatch):
   monkeypatch.setattr(launch, '_EXPERIMENTS_DIR', launch.installed_experiments_dir())
   line = launch.unknown_key_problem(KeyError("'recipes'"), ['run.py', "--config.ensemble.recipes=('a:',)"], 'mnist_seeds')
-  assert line == "unknown config key 'ensemble.recipes' in experiment 'mnist_seeds'; experiments with it: mnist_final, mnist_lease, multimnist_lease"
+  assert line == "unknown config key 'ensemble.recipes' in experiment 'mnist_seeds'; experiments with it: mnist_final, mnist_four_recipes, multimnist_two_recipes"

@@ -220,7 +220,7 @@ def test_short_training_beats_chance(mnist_dir, tmp_path, capsys, monkeypatch):
   with pytest.raises(SystemExit):   # (1 000 took 100 s to draw, too wide to read)
     segmentation.main([*readme, '--rows', '65'])
   assert capsys.readouterr().err.endswith('--rows: 65 is above the maximum 64\n')
-  with pytest.raises(SystemExit):   # a member of an ensemble run (multimnist_lease's)
+  with pytest.raises(SystemExit):   # a member of an ensemble run (multimnist_two_recipes's)
     segmentation.main([*readme, '--member=1'])
   assert capsys.readouterr().err.endswith(f'--member=1: {tmp_path} holds a single run, not an ensemble\n')
   # No pair right (a short run): no IoU where the pair is right (once NaN and NumPy's warning).

@@ -300,7 +300,7 @@ def test_the_runs_own_step_compiles_for_gpus_on_two_hosts_and_matches_hand_count
   report = '\n'.join(found['report'])
   assert 'target: h100:2x2 = h100:2x2: 4 GPUs of NVIDIA H100 80GB HBM3, 4 devices' in report
   assert 'ESTIMATE (not a measurement)' in report and '--config.num_processes=2' in report
-  # Under it, what the lent GPUs measured against such estimates, applied to this step and
+  # Under it, what the H100 and H200 measured against such estimates, applied to this step and
   # to the run's 936 steps (mnist_smoke's 6 epochs of 5 000 images at 32).
   step = estimate['step_s']
   assert (f'the estimate is a floor: measured steps took 2.6–6.3× it (an H100 on 2026-11-25 and an H200 on '
@@ -327,7 +327,7 @@ def test_the_default_experiment_plans_as_documented_and_its_launch_line_keeps_th
   # docs/planning.md's commands compiled at a small model's size (every documented plan is
   # checked up to its compilation by tests/test_documented_commands.py): mnist's evaluation
   # batch of 500 does not divide by 256 devices (padded, as the run pads it). GPU plans find
-  # the CUDA plugin in the folder $CAPSJAX_GPU_PLAN names (README's install, next to this
+  # the CUDA plugin in the folder $CAPSJAX_GPU_PLAN names (docs/hosts.md's install, next to this
   # environment). The TPU slice has more devices than the batch has examples (as the
   # headline v5e:16x16 has for mnist's 128; here a batch of 8): planned at one example
   # per device, and said so.

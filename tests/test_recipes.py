@@ -125,8 +125,8 @@ def test_official_experiment_turns_every_option_on():
 
 
 def test_the_lease_experiment_is_four_recipes_by_three_seeds_and_refuses_what_cannot_be_traced():
-  from capsjax.experiments import mnist_lease  # pylint: disable=g-import-not-at-top
-  config = mnist_lease.get_config()
+  from capsjax.experiments import mnist_four_recipes  # pylint: disable=g-import-not-at-top
+  config = mnist_four_recipes.get_config()
   assert problems_of(config) == []
   members = assemble.members(config)
   assert [(m['recipe'], m['seed']) for m in members][:4] == [('paper', 0), ('paper', 1), ('paper', 2), ('fast', 0)]
@@ -163,8 +163,8 @@ def test_the_lease_experiment_is_four_recipes_by_three_seeds_and_refuses_what_ca
                               "conv_impl now)"),
 ])
 def test_a_bad_recipe_or_sweep_value_is_one_line_naming_it(recipe, message):
-  from capsjax.experiments import mnist_lease, sweep_smoke  # pylint: disable=g-import-not-at-top
-  config = mnist_lease.get_config()
+  from capsjax.experiments import mnist_four_recipes, sweep_smoke  # pylint: disable=g-import-not-at-top
+  config = mnist_four_recipes.get_config()
   config.ensemble.recipes = ('paper:', f'a: {recipe}')
   (line,) = problems_of(config)
   assert line.startswith("config.ensemble.recipes 'a': ") and message in line, line
@@ -172,7 +172,7 @@ def test_a_bad_recipe_or_sweep_value_is_one_line_naming_it(recipe, message):
   config.sweep.variants = ('paper:', f'a: {recipe}')
   (line,) = problems_of(config)
   assert line.startswith("sweep variant 'a': ") and message.split(': ', 1)[1] in line, line
-  config = mnist_lease.get_config()
+  config = mnist_four_recipes.get_config()
   config.ensemble.recipes = ('paper:', 'a: learning_rate=2')   # an int for a float key: that float
   assert assemble.recipes(config)[1][1].learning_rate == 2.0 and not problems_of(config)
 
@@ -394,14 +394,14 @@ def _logged_learning_rates(workdir):
 
 def test_a_fast_recipe_runs_briefly_as_written_its_warm_up_capped_at_a_quarter_of_the_run():
   from capsjax import optimization  # pylint: disable=g-import-not-at-top
-  from capsjax.experiments import images_fast, mnist_fast, mnist_lease  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import images_fast, mnist_fast, mnist_four_recipes  # pylint: disable=g-import-not-at-top
   assert [optimization.warmup_length(100, 0.25, n) for n in (80, 400, 1000, 0)] == [20, 100, 100, 100]
   assert optimization.warmup_length(100, 1.0, 80) == 100
-  for experiment in (mnist_fast, images_fast, mnist_lease):
+  for experiment in (mnist_fast, images_fast, mnist_four_recipes):
     config = experiment.get_config()
     config.num_steps = 80
     assert problems_of(config) == [], experiment.__name__
-  config = mnist_lease.get_config()
+  config = mnist_four_recipes.get_config()
   config.num_steps = 80
   members = assemble.training(config, 50000).members   # each member's warm-up as this run allows
   assert {m['recipe']: m['warmup_steps'] for m in members} == {'paper': 0, 'fast': 20, 'fast_byerly': 20,

@@ -21,7 +21,7 @@ from helpers import tiny_config
 # Compiling many small programs is this module's time: XLA's cheap compilation (conftest.py).
 pytestmark = pytest.mark.compile_bound
 
-# A user's routing, as README's "Add a routing" gives it: one file, one decorator.
+# A user's routing, as docs/routing.md gives it: one file, one decorator.
 USER_ROUTING = '''
 import jax.numpy as jnp
 from capsjax.routing import register_routing, squash, vector_norm

@@ -663,7 +663,7 @@ def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):
   evaluators_off(config, keep=('routing_diagnostics',))   # the zoo's table reads the diagnostics
   assert set(config.routing_zoo.routings) == set(routing.ROUTINGS)   # the smoke has a row per algorithm
   # Two here (the program's mechanics; each algorithm trains in the smoke, docs/results.md):
-  # Procedure 1 and a user's own routing from a file of theirs, README's example, which
+  # Procedure 1 and a user's own routing from a file of theirs, docs/routing.md's example, which
   # has no couplings: its coupling diagnostics read "absent", its activity is measured.
   (tmp_path / 'my_routing.py').write_text(
       "from capsjax.routing import register_routing, squash, vector_norm\n\n"

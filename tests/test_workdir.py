@@ -374,8 +374,8 @@ def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path)
 
 def test_recipes_compare_as_what_they_set_and_a_start_ending_in_a_traceback_leaves_no_workdir(tmp_path, monkeypatch):
   from capsjax import assemble  # pylint: disable=g-import-not-at-top
-  from capsjax.experiments import mnist_lease  # pylint: disable=g-import-not-at-top
-  config = mnist_lease.get_config()
+  from capsjax.experiments import mnist_four_recipes  # pylint: disable=g-import-not-at-top
+  config = mnist_four_recipes.get_config()
   saved = json.loads(json.dumps(config.to_dict()))
   name, _, assignments = config.ensemble.recipes[2].partition(':')
   reordered = f'{name}:  ' + ', '.join(reversed([part.strip() for part in assignments.split(',')]))
@@ -386,7 +386,7 @@ def test_recipes_compare_as_what_they_set_and_a_start_ending_in_a_traceback_leav
   # Keys added since a run started count as their defaults, tuples among them (JSON's lists
   # once made `model.routing_inputs: () → []` a change that refused the resume).
   del saved['model']['routing_inputs'], saved['model']['decoder_hidden']
-  assert workdir_lib.config_differences(workdir_lib.upgraded(saved), mnist_lease.get_config()) == []
+  assert workdir_lib.config_differences(workdir_lib.upgraded(saved), mnist_four_recipes.get_config()) == []
   # A CNN baseline's too, from its family's defaults (recorded before its config had a formulation).
   from capsjax.experiments import ablation, affnist, multimnist_baseline  # pylint: disable=g-import-not-at-top
   for config, section in ((multimnist_baseline.get_config(), ()), (ablation.get_config(), ('baseline',)),
@@ -403,5 +403,5 @@ def test_recipes_compare_as_what_they_set_and_a_start_ending_in_a_traceback_leav
     raise OverflowError('Python integer 2147483648 out of bounds for int32')
   monkeypatch.setattr(assemble, 'resolve_data', bug)
   with pytest.raises(OverflowError):
-    train.train_and_evaluate(mnist_lease.get_config(), str(tmp_path / 'w'))
+    train.train_and_evaluate(mnist_four_recipes.get_config(), str(tmp_path / 'w'))
   assert not os.path.exists(tmp_path / 'w')

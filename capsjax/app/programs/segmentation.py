@@ -10,7 +10,7 @@ W/segmentation.json with the measured IoU of the pixel segmentation.
 Segmentation: the pixels where a digit's reconstruction (from its labelled capsule) exceeds
 `threshold` form that digit's mask; IoU is measured against the ink (> threshold) of the
 digit's own shifted image, the one that went into the overlay. For an ensemble run
-(`multimnist_lease`), --member picks the member (default: the last).
+(`multimnist_two_recipes`), --member picks the member (default: the last).
 """
 import json
 import os
@@ -64,7 +64,7 @@ def main(argv=None):
   parser = cli.ArgumentParser(prog='capsjax-segmentation', description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', required=True, type=cli.existing_workdir)
   parser.add_argument('--member', type=cli.member, default=None,
-                      help='ensemble member (multimnist_lease runs; default: the last)')
+                      help='ensemble member (multimnist_two_recipes runs; default: the last)')
   parser.add_argument('--num', type=cli.int_at_least(1), default=None,
                       help="test pairs for the IoU (default: the run's own, config.num_test_examples)")
   # (1 000 took 100 s to draw, a figure too wide to read)

@@ -1,8 +1,8 @@
 """The paper's MNIST CapsNet, four recipes × three seeds as one vmapped program sized for a
-lent GPU's leg (≤ 7 minutes of one H100 or H200; docs/gpu.md): everything ranked on the
+GPU leg (≤ 7 minutes of one H100 or H200; docs/gpu.md): everything ranked on the
 last 10 000 training images held out, the test split reported beside, never used to choose.
 
-  python run.py --experiment=mnist_lease --workdir=W
+  python run.py --experiment=mnist_four_recipes --workdir=W
 
 The recipes (config.ensemble.recipes; what one program can vary per member) and why:
   paper        the paper's recipe: Adam 1e-3, exponential decay ×0.96 every 2 000 steps,
@@ -35,7 +35,7 @@ in bfloat16 (2026-11-26: 3 × 21k) are ≈ 24 ms a step, ≈ 4.7 minutes for 12 
 ≈ 40 s of compilation and 2 evaluations of 20 000 images × 12 members × 10 views (the
 image and its 9 shifts) × 2 (raw and averaged parameters), ≈ 25 s each at the 200k images/s
 an H100 inferred at (2026-11-25): inside 7 minutes if an H100 is within 20 % of that H200.
-A second ESTIMATE: `capsjax-plan --experiment=mnist_lease --target=h100` (2026-11-26,
+A second ESTIMATE: `capsjax-plan --experiment=mnist_four_recipes --target=h100` (2026-11-26,
 compiled for a compile-only H100 with the GPU's auto formulations: bfloat16, space-to-depth)
 gives 6.74 ms a step, and the plan was 2.6–2.9× faster than the H100's measured steps on
 2026-11-25: ≈ 17.5–19.5 ms, 12 000 steps in ≈ 3.5–3.9 minutes.
@@ -55,7 +55,7 @@ RECIPES = (
 
 def get_config():
   config = mnist_seeds.get_config()
-  config.experiment = 'mnist_lease'
+  config.experiment = 'mnist_four_recipes'
   config.ensemble = ml_collections.ConfigDict(dict(seeds=(0, 1, 2), recipes=RECIPES))
   config.validation_examples = 10000
   config.num_steps = 12000

@@ -1,29 +1,28 @@
 #!/usr/bin/env bash
-# The lent-GPU recipe (docs/gpu.md), one subcommand per step. Run from the
-# repository root; on the device machine through the device tool, with `.carry` carried.
+# The GPU recipe (docs/gpu.md): what to run on a GPU machine, one subcommand per step, each
+# writing what it measured under $OUT. Run from the repository root.
 #
-#   bash benchmarks/lent_gpu.sh carry                 # HERE, once: fill .carry (git-ignored)
-#   bash benchmarks/lent_gpu.sh speed [--smoke]       # call 1 (≤ 6 min): the environment, then
-#                                                     # gpu_speed.py (the primary convolution) and
-#                                                     # the steps and peers (device_report.py --only)
-#   bash benchmarks/lent_gpu.sh report [FLAGS]        # benchmarks/device_report.py, every row
-#   bash benchmarks/lent_gpu.sh suite                 # the test suite (alone, never beside a leg)
-#   bash benchmarks/lent_gpu.sh leg NAME RUN_FLAGS…   # start a training leg (setsid: outlives the call)
-#   bash benchmarks/lent_gpu.sh wait NAME [SECONDS]   # wait up to SECONDS (default 0) for it to end,
-#                                                     # then its log, results and metrics → $OUT/NAME
-#   bash benchmarks/lent_gpu.sh export NAME [FLAGS…]  # a finished leg's validation-selected model,
-#                                                     # float16, and its measured test error → $OUT/NAME
-#   bash benchmarks/lent_gpu.sh segment NAME          # a finished MultiMNIST leg's figure 5 and IoU, from
-#                                                     # its member of lowest validation error → $OUT/NAME
+#   bash benchmarks/gpu.sh carry                 # on a machine with internet, once: fill .carry
+#                                                # (git-ignored) for a GPU machine without it
+#   bash benchmarks/gpu.sh speed [--smoke]       # ≤ 6 min: the environment, then gpu_speed.py
+#                                                # (the primary convolution) and the steps and
+#                                                # peers (device_report.py --only)
+#   bash benchmarks/gpu.sh report [FLAGS]        # benchmarks/device_report.py, every row
+#   bash benchmarks/gpu.sh suite                 # the test suite (alone, never beside a leg)
+#   bash benchmarks/gpu.sh leg NAME RUN_FLAGS…   # start a training leg (setsid: outlives the shell)
+#   bash benchmarks/gpu.sh wait NAME [SECONDS]   # wait up to SECONDS (default 0) for it to end,
+#                                                # then its log, results and metrics → $OUT/NAME
+#   bash benchmarks/gpu.sh export NAME [FLAGS…]  # a finished leg's validation-selected model,
+#                                                # float16, and its measured test error → $OUT/NAME
+#   bash benchmarks/gpu.sh segment NAME          # a finished MultiMNIST leg's figure 5 and IoU, from
+#                                                # its member of lowest validation error → $OUT/NAME
 #
-# What comes back is what lands in $OUT (the device tool's folder; /tmp/lent_gpu_out elsewhere).
-# The machine goes back 30 s after a call ends: a leg lives on only while `wait` calls follow
-# each other within those 30 s.
+# $OUT: where the results go (default /tmp/capsjax_gpu_out); legs train under $CAPSJAX_LEGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.carry
 LEGS=${CAPSJAX_LEGS:-/tmp/capsjax_legs}   # (another folder: the suite's rehearsal)
-OUT=${OUT:-/tmp/lent_gpu_out}
+OUT=${OUT:-/tmp/capsjax_gpu_out}
 mkdir -p "$OUT"
 # Wheels the GPU image lacks (ml-collections; TFDS and its dependencies for the suite's
 # data tests); its own jax, flax, optax, orbax, chex and torch are used as they are.
@@ -59,7 +58,7 @@ environment() {
   export CAPSJAX_MNIST_DIR=${CAPSJAX_MNIST_DIR:-$PWD/$CARRY/mnist}
 }
 
-# What a lease's first seconds print: a wrong environment shows before anything long starts.
+# What the first seconds print: a wrong environment shows before anything long starts.
 check_environment() {
   python3 - <<'PY'
 import importlib.metadata, jax
@@ -88,15 +87,15 @@ case "${1:-}" in
     fi
     python3 benchmarks/gpu_speed.py --out "$OUT/speed" "${conv[@]}" 2>&1 | tee "$OUT/speed.log"
     python3 benchmarks/device_report.py --out "$OUT/speed_steps" "${steps[@]}" 2>&1 | tee -a "$OUT/speed.log"
-    # The device tool brings back at most 8 files (its README's limits): the HLO texts and the
-    # autotuning results travel as one archive beside the five reports.
+    # The HLO texts and the autotuning results as one archive beside the five reports (a
+    # machine one copies results back from by file count: eight files in all).
     extras=(hlo)
     [ -d "$OUT/speed/autotune" ] && extras+=(autotune)
     tar -C "$OUT/speed" -czf "$OUT/speed/extras.tar.gz" "${extras[@]}" && (cd "$OUT/speed" && rm -rf "${extras[@]}")
     ;;
   carry)
     mkdir -p "$CARRY/mnist" "$CARRY/whl"
-    cp ../shared/data/mnist/*-ubyte* "$CARRY/mnist/"
+    cp "${CAPSJAX_MNIST_DIR:-../shared/data/mnist}"/*-ubyte* "$CARRY/mnist/"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$CARRY/whl" "${WHEELS[@]}"
@@ -116,7 +115,7 @@ case "${1:-}" in
     if python3 -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
     set -o pipefail
     # -v into the log: each outcome is written with its test's name as it happens, so a
-    # suite cut short by the lease still says which tests failed; the call prints only those.
+    # suite cut short by a time limit still says which tests failed; it prints only those.
     python3 -m pytest -v -rfE -p no:cacheprovider "${workers[@]}" --durations=15 \
       --ignore=tests/test_explorer_browser.py --ignore=tests/test_tfds.py tests > "$OUT/suite.log" 2>&1 \
       || status=$?
@@ -134,7 +133,7 @@ case "${1:-}" in
     ;;
   wait)
     name=${2:?a leg name}
-    [ -f "$LEGS/$name.log" ] || { echo "error: no leg $name on this machine (machines start bare)" >&2; exit 2; }
+    [ -f "$LEGS/$name.log" ] || { echo "error: no leg $name on this machine (a leg lives on the machine that started it)" >&2; exit 2; }
     deadline=$(( $(date +%s) + ${3:-0} ))
     running() { pgrep -f -- "--workdir=$LEGS/$name" >/dev/null; }
     while running && [ "$(date +%s)" -lt "$deadline" ]; do
@@ -153,7 +152,7 @@ case "${1:-}" in
   export)
     name=${2:?a leg name}
     shift 2
-    [ -d "$LEGS/$name" ] || { echo "error: no leg $name on this machine (machines start bare)" >&2; exit 2; }
+    [ -d "$LEGS/$name" ] || { echo "error: no leg $name on this machine (a leg lives on the machine that started it)" >&2; exit 2; }
     environment
     mkdir -p "$OUT/$name"
     # params.npz, test_sample.npz, config.json (each < 16 MiB: they come back) and the log.
@@ -162,7 +161,7 @@ case "${1:-}" in
     ;;
   segment)
     name=${2:?a leg name}
-    [ -d "$LEGS/$name" ] || { echo "error: no leg $name on this machine (machines start bare)" >&2; exit 2; }
+    [ -d "$LEGS/$name" ] || { echo "error: no leg $name on this machine (a leg lives on the machine that started it)" >&2; exit 2; }
     environment
     mkdir -p "$OUT/$name"
     # The member of lowest final validation error (results.json; none: the last member, or a single run).
@@ -177,7 +176,7 @@ print(min(range(len(errors)), key=errors.__getitem__) if isinstance(errors, list
     done
     ;;
   *)
-    sed -n '2,21p' "$0"
+    sed -n '2,20p' "$0"
     exit 2
     ;;
 esac
