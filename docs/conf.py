@@ -73,6 +73,58 @@ for _source, (_page, _title) in SITE_PAGES.items():
     with open(_path, 'w') as _f:
       _f.write(_text)
 
+
+
+# The reference pages generated from the code at every build (written only when changed;
+# git ignores them): every config key from its declaration, and every command's --help.
+HERE = os.path.dirname(os.path.abspath(__file__))
+COMMANDS = ('capsjax', 'capsjax-predict', 'capsjax-explorer', 'capsjax-export', 'capsjax-figures',
+            'capsjax-segmentation', 'capsjax-multimnist', 'capsjax-plan')
+
+
+def _write_if_changed(name: str, text: str) -> None:
+  path = os.path.join(HERE, name)
+  if not os.path.isfile(path) or open(path).read() != text:
+    with open(path, 'w') as f:
+      f.write(text)
+
+
+def _config_reference() -> str:
+  from capsjax.app.launch import config_lines, registered_programs  # pylint: disable=g-import-not-at-top
+  from capsjax.experiments import mnist  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import key_help  # pylint: disable=g-import-not-at-top
+  registered_programs()   # the programs' sections are declared with the run's keys
+  config = mnist.get_config()
+  cell = lambda text: text.replace('|', '\\|')
+  rows = [f'| `{key}` | `{cell(value)}` | {cell(key_help(key, config))} |'
+          for key, _, value in (line.partition(' = ') for line in config_lines(config))]
+  return '\n'.join([
+      '# Config keys', '',
+      "Every key of the `mnist` experiment's config (the paper's model and recipe), with its default, what",
+      'it does and the values it allows, generated from the declarations the command checks them by.',
+      'Override one as `--config.KEY=VALUE`, or from Python as `config.KEY = VALUE` before',
+      '`capsjax.train_and_evaluate`; `capsjax --experiment=NAME --help` lists the keys of another',
+      'experiment (the programs and the other model families have sections of their own).', '',
+      '| key | default | what it does [allowed values] |', '| --- | --- | --- |', *rows, ''])
+
+
+def _commands_reference() -> str:
+  import subprocess  # pylint: disable=g-import-not-at-top
+  parts = ['# Commands', '', "Every command capsjax installs, with what its `--help` prints (generated at every build).", '']
+  for command in COMMANDS:
+    module = {'capsjax': 'capsjax', 'capsjax-plan': 'capsjax.app.plan'}.get(command)
+    argv = ([sys.executable, '-m', module] if module else
+            [sys.executable, '-c', f'from capsjax.app import commands; commands.{command.split("-", 1)[1]}()'])
+    shown = subprocess.run([*argv, '--help'], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           env=dict(os.environ, COLUMNS='100')).stdout
+    shown = shown.replace(os.path.basename(sys.executable) + ' -c', command)
+    parts += [f'## `{command}`', '', '```text', shown.rstrip(), '```', '']
+  return '\n'.join(parts)
+
+
+_write_if_changed('config.md', _config_reference())
+_write_if_changed('commands.md', _commands_reference())
+
 autodoc_member_order = 'bysource'
 autodoc_typehints = 'none'   # the docstrings say the shapes; flax's dataclass signatures are noise
 autodoc_default_options = {'members': False}

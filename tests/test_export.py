@@ -268,7 +268,7 @@ def test_a_full_or_read_only_disk_and_a_mismatched_suffix_are_one_line(mnist_run
     _mounted_tmpfs(read_only, 'ro,size=256k')
     try:
       for folder, reason in ((full, 'No space left on device'), (read_only, 'Read-only file system')):
-        for format_name in ('savedmodel', 'onnx'):
+        for format_name in ('savedmodel',):   # (ONNX and StableHLO: one OSError path, test_export's bad input)
           out = folder / f'model{serving.SUFFIXES[format_name]}'
           with pytest.raises(SystemExit) as exited:
             export.main([f'--format={format_name}', f'--workdir={mnist_run}', f'--out={out}'])

@@ -97,18 +97,18 @@ def test_sigterm_outside_a_training_loop_is_one_line():
 
 
 def test_an_evaluation_stopped_by_sigterm_or_ctrl_c_is_run_again_on_resume(mnist_dir, tmp_path, monkeypatch):
-  """SIGTERM in the evaluation at step 4, Ctrl-C in the final one at step 8: each resume
+  """SIGTERM in the evaluation at step 2, Ctrl-C in the final one at step 4: each resume
   evaluates its restored checkpoint first, so the run selects and reports what an
-  uninterrupted run of the same config does (it once skipped step 4 and selected step 8)."""
+  uninterrupted run of the same config does (it once skipped the interrupted step's evaluation)."""
   import pytest   # pylint: disable=g-import-not-at-top
   from capsjax import evaluators   # pylint: disable=g-import-not-at-top
   from capsjax.errors import RunStopped   # pylint: disable=g-import-not-at-top
   from helpers import tiny_config   # pylint: disable=g-import-not-at-top
-  config = lambda: tiny_config(mnist_dir, num_steps=8, eval_every_steps=4, validation_examples=64,
+  config = lambda: tiny_config(mnist_dir, num_steps=4, eval_every_steps=2, validation_examples=64,
                                checkpoint_every_steps=100)
   reference = train.train_and_evaluate(config(), str(tmp_path / 'uninterrupted'))
   real_metrics = evaluators.Evaluator._metrics
-  stops = {4: signal.SIGTERM, 8: signal.SIGINT}
+  stops = {2: signal.SIGTERM, 4: signal.SIGINT}
 
   def metrics_with_a_signal(self, run, step):
     if step in stops:   # arrives as the evaluation starts: it ends between two batches
@@ -117,7 +117,7 @@ def test_an_evaluation_stopped_by_sigterm_or_ctrl_c_is_run_again_on_resume(mnist
 
   monkeypatch.setattr(evaluators.Evaluator, '_metrics', metrics_with_a_signal)
   workdir = str(tmp_path / 'stopped')
-  for stopped_at, reason in ((4, 'preempted'), (8, 'interrupted')):
+  for stopped_at, reason in ((2, 'preempted'), (4, 'interrupted')):
     with pytest.raises(RunStopped) as stopped:
       train.train_and_evaluate(config(), workdir)
     assert (stopped.value.steps, stopped.value.stop_reason) == (stopped_at, reason)
@@ -126,4 +126,4 @@ def test_an_evaluation_stopped_by_sigterm_or_ctrl_c_is_run_again_on_resume(mnist
   assert result.test_error == reference.test_error and result.final_train_loss == reference.final_train_loss
   evaluated = [(row['split'], row['step']) for row in map(json.loads, open(os.path.join(workdir, 'metrics.jsonl')))
                if row['split'] != 'train']
-  assert evaluated == [('validation', 4), ('test', 4), ('validation', 8), ('test', 8)]
+  assert evaluated == [('validation', 2), ('test', 2), ('validation', 4), ('test', 4)]

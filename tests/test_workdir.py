@@ -194,11 +194,11 @@ def test_a_reader_beside_a_training_that_checkpoints_every_step_never_stops_it(m
   reader = threading.Thread(target=read_in_a_loop, daemon=True)
   reader.start()
   try:
-    result = train.train_and_evaluate(tiny_config(mnist_dir, num_steps=24, checkpoint_every_steps=1), str(tmp_path))
+    result = train.train_and_evaluate(tiny_config(mnist_dir, num_steps=16, checkpoint_every_steps=1), str(tmp_path))
   finally:
     done.set()
     reader.join(timeout=60)
-  assert result.steps == 24
+  assert result.steps == 16
   assert len(read_steps) >= 3, errors[-3:]
   assert not [e for e in errors if 'no checkpoint' not in e and 'config.json' not in e], errors
 
