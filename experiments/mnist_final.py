@@ -1,4 +1,4 @@
-"""The final MNIST row (issue 72, item 3): one recipe of `mnist_four_recipes`, chosen on that
+"""The final MNIST row: one recipe of `mnist_four_recipes`, chosen on that
 table's validation column (never on its test column), trained on all 60 000 training
 images with its fixed schedule, seeds 0–2 as one vmapped program; the test error of the
 last step is the number reported: no evaluation is chosen at all, so it is honest by
