@@ -29,6 +29,7 @@ Names load on first use: `import capsjax` itself imports no JAX, so the commands
 """
 import importlib as _importlib
 
+from capsjax.console import guard_known_miscompiles as _guard_known_miscompiles
 from capsjax.console import quiet_libtpu_environment as _quiet_libtpu_environment
 
 __version__ = '0.2.0'
@@ -37,6 +38,9 @@ __version__ = '0.2.0'
 # error banner when JAX starts its backends; its environment, set before that happens
 # (JAX starts them lazily: `import jax; import capsjax` is early enough), keeps it quiet.
 _quiet_libtpu_environment()
+# A jaxlib with a known silent CPU miscompile (capsjax.console.KNOWN_MISCOMPILES): the XLA
+# flag that avoids it, set before JAX starts its backend; a run's header says so.
+_guard_known_miscompiles()
 
 # Exported name → the module that defines it (one definition; this file only points).
 _EXPORTS = {

@@ -42,6 +42,38 @@ def quiet_libtpu_environment(environ=None) -> None:
     environ.setdefault(key, value)
 
 
+# jaxlib releases that compute wrong answers silently on a CPU, and the XLA flag that keeps
+# capsjax off the broken path. jaxlib 0.10.2's YNNPACK reduce fusions sum a vmapped
+# matrix-vector product wrongly past 16 384 rows in float64 and 32 768 in float32 (JAX
+# issue 39103; 0.10.1 and 0.12 are right). The cost of the guard, capsjax's paper model at
+# batch 128 on an AMD EPYC Zen 5 (2026-12-02, four runs each way): training unchanged within
+# the runs' spread, inference about 10 % slower; every YNN fusion off cost 15-19 %.
+KNOWN_MISCOMPILES = {'0.10.2': '--xla_cpu_experimental_ynn_fusion_type=-reduce'}
+# The flag guard_known_miscompiles added to this process's XLA_FLAGS (None: none).
+miscompile_guard: Optional[str] = None
+
+
+def guard_known_miscompiles(environ=None) -> Optional[str]:
+  """Adds to XLA_FLAGS the flag that avoids the installed jaxlib's known silent CPU
+  miscompile (KNOWN_MISCOMPILES), before JAX starts its backend (`import capsjax` does it:
+  JAX starts backends lazily). A user's own value of that flag wins, and XLA_FLAGS naming a
+  file of flags is left alone. Returns the flag added, or None."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  global miscompile_guard
+  environ = os.environ if environ is None else environ
+  try:
+    flag = KNOWN_MISCOMPILES.get(importlib.metadata.version('jaxlib'))
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  current = environ.get('XLA_FLAGS', '').strip()
+  if flag is None or flag.split('=')[0] in current or (current and not current.startswith('--')):
+    return None
+  environ['XLA_FLAGS'] = f'{current} {flag}'.strip()
+  if environ is os.environ:
+    miscompile_guard = flag
+  return flag
+
+
 # XLA's banners for a compilation or constant folding that takes long (slow_operation_alarm.cc,
 # logged as errors: a user reads them as one); each ends with the advice to dump and attach.
 _ALARM = 'slow_operation_alarm.cc'

@@ -175,6 +175,9 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
     if _evaluation_missing(rows, first_step, evaluator.due(first_step, num_steps) and first_step > 0):
       for hook in hooks:
         hook.resumed(run, first_step)
+    if console.miscompile_guard and jax.default_backend() == 'cpu':
+      _log(f'jaxlib {jax.lib.__version__} on a CPU: its YNNPACK reduce fusions, which can sum wrongly (JAX issue '
+           f'39103), are off ({console.miscompile_guard} in XLA_FLAGS)')
     if first_step < run.last_step and not run.stop_reason:
       _log('compiling the training step…')
     train_metrics = None
