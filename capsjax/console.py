@@ -65,8 +65,10 @@ def guard_known_miscompiles(environ=None) -> Optional[str]:
     flag = KNOWN_MISCOMPILES.get(importlib.metadata.version('jaxlib'))
   except importlib.metadata.PackageNotFoundError:
     return None
-  current = environ.get('XLA_FLAGS', '').strip()
-  if flag is None or flag.split('=')[0] in current or (current and not current.startswith('--')):
+  raw = environ.get('XLA_FLAGS', '')
+  current = raw.strip()
+  if (flag is None or flag.split('=')[0] in current or (current and not current.startswith('--'))
+      or (raw and not current)):   # (white space alone: the command refuses it, as XLA would)
     return None
   environ['XLA_FLAGS'] = f'{current} {flag}'.strip()
   if environ is os.environ:

@@ -1,5 +1,6 @@
 """A trained CapsNet as one file that runs outside capsjax: ONNX (through jax2onnx; ONNX
-Runtime, and any ONNX runtime, reads it), StableHLO (`jax.export`, serialized; any JAX
+Runtime, and any ONNX runtime, reads it), StableHLO (`jax.export`, serialized; a JAX
+within JAX's compatibility window, 6 months after the writing JAX and 3 weeks before it,
 reloads it with `jax.export.deserialize`, on the platforms it was lowered for), or a
 TensorFlow SavedModel folder (jax2tf, with the TensorFlow that TFDS already brings:
 `tf.saved_model.load`, TF Serving; its signature `serving_default`).
