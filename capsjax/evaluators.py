@@ -185,6 +185,10 @@ def reconstructions(context: EvalContext, *,
 
 # ----------------------------------------------------------------------------- when a run evaluates
 
+# An evaluation's progress bar waits for its batches at most this often (seconds).
+PROGRESS_SYNC_S = 1.0
+
+
 class Evaluator(Hook):
   """Evaluates every `every_steps` steps (0: only at the end of the run) and at the last
   step of the run, writing a `test` row; `evaluations` (capsjax.evaluators.Evaluation,
@@ -263,11 +267,14 @@ class Evaluator(Hook):
       return evaluate(params, **stop)
     with console.progress(what=what, unit='batch', log_every_s=self.every_seconds,
                           disable=not sharding.is_main_process()) as bar:
+      shown_at = [time.time()]
       def on_batch(done: int, total: Optional[int], wait: Callable[[], Any]) -> None:
-        del done
-        wait()   # (dispatched is not computed: the bar counts what is done)
         bar.total = total
-        bar.update(1)
+        if time.time() - shown_at[0] < PROGRESS_SYNC_S and done != total:
+          return   # (no host sync per batch: the batches stay queued on the device)
+        wait()     # (dispatched is not computed: the bar counts what is done)
+        bar.update(done - bar.n)
+        shown_at[0] = time.time()
       return evaluate(params, on_batch=on_batch, **stop)
 
   def __call__(self, run, step, metrics):

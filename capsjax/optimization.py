@@ -98,11 +98,12 @@ def learning_rate_at(count, learning_rate, decay_steps, decay_rate, staircase, m
   `total_steps`. A linear rise from 0 over `warmup_steps` comes first, and the decay counts
   from its end (optax.join_schedules' convention; tests/test_recipes.py checks the values
   against optax's schedules)."""
+  number = as_python(kind)   # (a NumPy index as the int it holds; a traced one passes)
   if isinstance(kind, str):
     if kind not in SCHEDULES:
       raise ArgumentError(f'lr_schedule must be one of {SCHEDULES}, got {kind!r}')
     kind = SCHEDULES.index(kind)
-  elif isinstance(as_python(kind), (bool, int)) and not (is_int(as_python(kind)) and 0 <= kind < len(SCHEDULES)):
+  elif isinstance(number, (bool, int)) and not (is_int(number) and 0 <= number < len(SCHEDULES)):
     # (an index past the names once ran as the last one, 'linear'; a traced index cannot be read here)
     raise ArgumentError(f'lr_schedule must be one of {SCHEDULES} or its index 0 to {len(SCHEDULES) - 1}, got {kind!r}')
   count = jnp.asarray(count, jnp.float32)

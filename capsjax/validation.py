@@ -109,6 +109,12 @@ def _across_problems(config) -> List[str]:
   return problems
 
 
+def _sections_of(names) -> set:
+  """Every section that holds one of the dotted key `names`, at any depth ('model.formulation.dtype' →
+  'model', 'model.formulation')."""
+  return {'.'.join(parts[:depth]) for parts in (name.split('.') for name in names) for depth in range(1, len(parts))}
+
+
 def _undeclared_problems(config) -> List[str]:
   """A key no declaration has, one line each, as the command says it for an unknown
   override: from Python, `config.lerning_rate = 0.1` adds a key to the ConfigDict, which
@@ -118,9 +124,7 @@ def _undeclared_problems(config) -> List[str]:
   names = {name for name, _ in declared(config)}
   # Every section holding a declared key, at any depth. (A comparison model's own keys do
   # not make its section known: its program's keys do.)
-  sections = {'.'.join(parts[:depth]) for parts in (name.split('.') for name in names
-                                                    if not name.startswith(tuple(s + '.' for s in checked_apart)))
-              for depth in range(1, len(parts))}
+  sections = _sections_of({name for name in names if not name.startswith(tuple(s + '.' for s in checked_apart))})
   problems = []
 
   def walk(section, prefix: str) -> None:
@@ -146,8 +150,7 @@ def _none_section_problems(config) -> List[str]:
   """A section (a group of keys: model, loss, evals, augment, …) set to None, one line each:
   it once passed, and the run failed on it after the data was read."""
   names = {name for name, _ in declared(config)}
-  sections = {'.'.join(parts[:depth]) for parts in (name.split('.') for name in names)
-              for depth in range(1, len(parts))} - names   # (a key that may itself be None is declared)
+  sections = _sections_of(names) - names   # (a key that may itself be None is declared)
   sections |= {prefix + part for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS)
                for part in ('model', 'loss')}   # (declared() names their keys only when they are sections)
   problems = []
@@ -166,17 +169,17 @@ def problems_of(config) -> List[str]:
   problems = _undeclared_problems(config)
   check_values(config, defaults.run_keys(defaults.registered_sections()), problems)
   found, evals = lookup(config, 'evals')
-  if found and evals is not None:
+  if found:
     _check_evals(evals, problems)
   for prefix in ('',) + tuple(f'{name}.' for name in COMPARISON_MODELS):
     found, model = lookup(config, prefix + 'model')
-    if found and model is not None:
+    if found:
       if not prefix:   # a program training other routings checks their sections as its members'
         for module in defaults.registered_sections():
           model = getattr(module, 'model_as_checked', lambda config, model: model)(config, model)
       problems.extend(model_problems(model, prefix + 'model.'))
       found_loss, loss = lookup(config, prefix + 'loss')
-      if found_loss and loss is not None:
+      if found_loss:
         _check_loss(loss, model, prefix + 'loss.', problems)
   if problems:
     return problems

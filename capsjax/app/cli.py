@@ -208,12 +208,12 @@ def xla_flags_problem(environ=None) -> Optional[str]:
   XLA_FLAGS (about 0.7 s, only when XLA_FLAGS is set). A failure the probe cannot put
   into words is passed through: the run then meets it as XLA reports it."""
   environ = os.environ if environ is None else environ
+  raw = environ.get('XLA_FLAGS', '')
+  if raw and not raw.strip():   # XLA would read the blanks as the name of a file of flags
+    return f'XLA_FLAGS={raw!r}: only white space; unset it or give flags (--name=value …)'
   # (The flag capsjax adds itself against a known miscompile is XLA's own: no probe for it alone.)
-  value = ' '.join(token for token in environ.get('XLA_FLAGS', '').split()
-                   if token not in KNOWN_MISCOMPILES.values())
+  value = ' '.join(token for token in raw.split() if token not in KNOWN_MISCOMPILES.values())
   if not value:
-    if environ.get('XLA_FLAGS') and not environ.get('XLA_FLAGS', '').strip():   # XLA would read the blanks as the name of a file of flags
-      return f'XLA_FLAGS={environ["XLA_FLAGS"]!r}: only white space; unset it or give flags (--name=value …)'
     return None
   if not value.startswith('--'):   # XLA reads such a value as a file of flags
     path = value.split()[0]

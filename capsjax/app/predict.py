@@ -309,7 +309,6 @@ class Predictor:
                         'unlike_training': bool(unlike[len(results)])})
     return results
 
-
   def _non_finite(self, indices, names) -> str:
     """Why images `indices` got NaN or infinite class scores (a NaN capsule once read as
     length 0: "every class absent", exit 0): the parameters that hold non-finite values
