@@ -105,10 +105,13 @@ def without_xla_alarms(text: str) -> str:
 
 
 @contextlib.contextmanager
-def xla_alarms_dropped():
+def xla_alarms_dropped(all_if_failed: bool = False):
   """Native stderr written inside (XLA compiling: a run's first step, its first evaluation)
   is held and written out afterwards without XLA's slow-operation banners; Python's own
-  stderr writes go out at once, as before (an error line is never held)."""
+  stderr writes go out at once, as before (an error line is never held). `all_if_failed`:
+  when the block raises, nothing held is written (MLIR's diagnostics of a file it cannot
+  read, which the raised error's one line says)."""
+  failed = False
   try:
     sys.stderr.flush()
     saved = os.dup(2)
@@ -122,6 +125,9 @@ def xla_alarms_dropped():
                            errors='backslashreplace')
     os.dup2(held.fileno(), 2)
     yield
+  except BaseException:
+    failed = all_if_failed
+    raise
   finally:
     try:
       sys.stderr.flush()
@@ -131,7 +137,7 @@ def xla_alarms_dropped():
       os.dup2(saved, 2)
       os.close(saved)
       held.seek(0)
-      text = without_xla_alarms(held.read().decode('utf-8', errors='replace'))
+      text = '' if failed else without_xla_alarms(held.read().decode('utf-8', errors='replace'))
       held.close()
       if text:
         previous.write(text)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import jax
 
-from capsjax.keys import Across, boolean, key, host_port, int_at_least, int_in
+from capsjax.keys import Across, boolean, key, host_port, int_at_least, int_in, one_of
 
 
 def cpu_model() -> str:
@@ -46,16 +46,22 @@ KEYS = (
     key('process_id', -1, int_at_least(-1), "this process's index (-1: detected)"),
     key('distributed_timeout_s', 120, int_in(1, 3600), 'seconds to wait for the coordinator and the other '
         'processes before giving up with one error line'),
+    # JAX gives a process in a detected cluster (Slurm, Open MPI, Kubernetes) only the GPU of
+    # its local rank, unless told which: one process per GPU, or 'all' for one per host.
+    key('local_devices', 'detected', one_of(('detected', 'all')), "the host's GPUs a process of a multi-host run "
+        "uses: 'detected' (JAX's rule: under Slurm, Open MPI or Kubernetes the one of its local rank, so start one "
+        "process per GPU), 'all' (every GPU it sees: one process per host)"),
 )
 # How the command's processes start (read once, before anything runs): one value for
 # everything a command trains, never a sweep variant's own.
 PROCESS_KEYS = tuple(declared.name for declared in KEYS)
 
 
-def _distributed_problem(distributed, coordinator_address, num_processes, process_id):
+def _distributed_problem(distributed, coordinator_address, num_processes, process_id, local_devices):
   defaults = {declared.name: declared.default for declared in KEYS}
   given = [f'{name}={value!r}' for name, value in (('coordinator_address', coordinator_address),
-                                                   ('num_processes', num_processes), ('process_id', process_id))
+                                                   ('num_processes', num_processes), ('process_id', process_id),
+                                                   ('local_devices', local_devices))
            if value != defaults[name]]
   if given and not distributed:
     return f'config.{given[0]}: used only with --config.distributed=True (a multi-host run)'
@@ -66,7 +72,8 @@ def _distributed_problem(distributed, coordinator_address, num_processes, proces
 
 
 # The rule across these keys (capsjax.keys.Across), checked by validation.
-RULES = (Across(('distributed', 'coordinator_address', 'num_processes', 'process_id'), _distributed_problem),)
+RULES = (Across(('distributed', 'coordinator_address', 'num_processes', 'process_id', 'local_devices'),
+                _distributed_problem),)
 
 
 # Why a run stopped early because someone asked: Ctrl-C ('interrupted'), or SIGTERM / a

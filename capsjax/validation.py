@@ -16,6 +16,7 @@ checked once its module has registered it (capsjax.defaults.register_section: th
 """
 import difflib
 import os
+import re
 from typing import Iterator, List, Tuple
 
 import ml_collections
@@ -278,9 +279,19 @@ def check_training_call(config, workdir, stop_at_step) -> str:
   validate(config)
   if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir).strip():
     raise WorkdirError(f'a workdir is required to train: a folder path, got {workdir!r}')
+  check_local_workdir(os.fspath(workdir))
   if stop_at_step is not None and not int_at_least(0)(stop_at_step):
     raise ConfigError(f'stop_at_step={stop_at_step!r}: allowed {int_at_least(0)} (0 or None: the run\'s own end)')
   return os.fspath(workdir)
+
+
+def check_local_workdir(workdir: str) -> None:
+  """WorkdirError for a URL (gs://bucket/run, s3://…): a workdir is written with local file
+  operations and a file lock, which would make a folder named `gs:` on every host."""
+  if re.match(r'^[A-Za-z][A-Za-z0-9+.-]*://', workdir):
+    raise WorkdirError(f'workdir {workdir!r}: a bucket is not a workdir (runs write files and lock them); mount it '
+                       '(gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and give the mounted path. gcsfuse has no '
+                       'file locks: start one training per workdir')
 
 
 # ----------------------------------------------------------------------------- key help

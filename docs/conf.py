@@ -57,7 +57,7 @@ def site_links(text: str) -> str:
   """The repository's relative links as links between the site's pages; a link to a file
   outside the site (the raw results under benchmarks/) goes to the repository."""
   text = text.replace('](docs/', '](')
-  for folder in ('benchmarks/', 'experiments/', 'capsjax/', 'tests/'):
+  for folder in ('benchmarks/', 'experiments/', 'capsjax/', 'tests/', 'clusters/'):
     text = text.replace(f'](../{folder}', f']({REPOSITORY_FILES}{folder}').replace(f']({folder}', f']({REPOSITORY_FILES}{folder}')
   for source, (page, _) in SITE_PAGES.items():
     text = text.replace(f'](../{source}', f']({page}').replace(f']({source}', f']({page}')

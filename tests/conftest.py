@@ -28,6 +28,7 @@ collection on a Zen 3).
 """
 import atexit
 import contextlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -88,6 +89,8 @@ def pytest_configure(config):
   config.addinivalue_line('markers', f'{COMPILE_BOUND}: on a CPU, XLA compiles without most optimisations '
                           '(jax_disable_most_optimizations, in-process and in the commands the test starts), '
                           'for tests whose time is compiling small programs run a few times')
+  config.addinivalue_line('markers', 'peers: needs the PyTorch peer (the peers extra); skips where torch is not '
+                          'installed, fails under CI=true (the stack without PyTorch deselects it: .ci/run)')
   config.addinivalue_line('markers', 'slow: trains, compiles a paper-size model or runs a program end to end '
                           '(CI runs every test; `-m "not slow"` is the quick loop while editing)')
 
@@ -210,7 +213,6 @@ SLOW = frozenset((
     'tests/test_routing.py::test_shared_transforms_in_the_capsnet_route_without_votes_and_do_not_grow_with_the_image',
     'tests/test_routing.py::test_the_capsnet_routes_the_newer_algorithms_without_votes_too',
     'tests/test_sharding.py::test_sixteen_simulated_devices_train_and_evaluate_like_one',
-    'tests/test_sharding.py::test_two_processes_preempted_then_resumed_under_slurm_train_like_one_device',
     'tests/test_signals.py::test_ctrl_c_before_training_is_one_line',
     'tests/test_signals.py::test_ctrl_c_saves_and_the_run_resumes',
     'tests/test_sizing.py::test_deconv_decoder_gives_the_image_shape_in_unit_range',
@@ -239,7 +241,8 @@ SLOW = frozenset((
     # Over 20 s (Zen 3: 42, 31 and 31 s with the compilation cache cold).
     'tests/test_export.py::test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes',
     'tests/test_export.py::test_an_own_images_model_exports_and_agrees',
-    'tests/test_gpu_readiness.py::test_a_lease_s_training_leg_starts_is_waited_for_and_exported_on_the_cpu',
+    'tests/test_gpu_readiness.py::test_a_gpu_training_leg_starts_is_waited_for_and_exported_on_the_cpu',
+    'tests/test_slurm.py::test_srun_two_tasks_stopped_by_scancel_resume_and_train_like_one_process',
 ))
 
 
@@ -253,7 +256,11 @@ SLOW_FIXTURES = frozenset((
 
 def pytest_collection_modifyitems(config, items):
   del config
+  # Looked up once, not imported: PyTorch takes 5 s to import, which every worker would pay.
+  without_torch = importlib.util.find_spec('torch') is None and os.environ.get('CI', '').lower() != 'true'
   for item in items:
+    if without_torch and item.get_closest_marker('peers'):
+      item.add_marker(pytest.mark.skip(reason="needs the PyTorch peer: pip install -e '.[peers]'"))
     module = item.nodeid.split('::')[0]
     if (item.nodeid.split('[')[0] in SLOW
         or any(f'{module}::{name}' in SLOW_FIXTURES for name in getattr(item, 'fixturenames', ()))):

@@ -2,7 +2,6 @@
 
   python tests/multiprocess_worker.py --process_id=I --num_processes=N [--port=P]
       --workdir=W --data_dir=D [--num_steps=N] [--stop_at_step=S] [--out=PARAMS.npz]
-      [--launcher=slurm]   (as srun starts it: the SLURM_* environment says who is who)
 
 With --num_processes=1 it is a plain single-process run (on however many local devices
 XLA_FLAGS gives it).
@@ -34,15 +33,11 @@ def main():
   parser.add_argument('--stop_at_step', type=int, default=0)
   parser.add_argument('--num_steps', type=int, default=0)
   parser.add_argument('--out', default='')
-  parser.add_argument('--launcher', choices=('flags', 'slurm'), default='flags',
-                      help='slurm: only config.distributed=True; JAX reads the SLURM_* environment')
   args = parser.parse_args()
   config = tiny_sharded_config(args.data_dir)
   if args.num_steps:
     config.num_steps = args.num_steps
-  if args.launcher == 'slurm':
-    config.distributed = True
-  elif args.num_processes > 1:
+  if args.num_processes > 1:
     config.distributed = True
     config.coordinator_address = f'localhost:{args.port}'
     config.num_processes = args.num_processes

@@ -111,6 +111,7 @@ def test_unmarked_tests_keep_jaxs_default_precision():
   assert jax.config.jax_default_matmul_precision is None
 
 
+@pytest.mark.peers
 def test_the_gpu_speed_step_runs_every_row_on_the_cpu(tmp_path):
   # `gpu.sh speed --smoke`, docs/gpu.md's speed step rehearsed on the CPU (on a GPU
   # machine too): the primary convolution alone (gpu_speed.py), then every cell of the

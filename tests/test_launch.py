@@ -79,6 +79,10 @@ BAD_ARGUMENTS = [
      'error: config.loss.reconstruction_weight=1e+300: allowed a finite number >= 0'),
     (['--experiment=mnist', '--workdir=/tmp/x', '--config.lr_min=0.1'],
      'error: config.lr_min=0.1: allowed below learning_rate=0.001 (the exponential decay is floored at it'),
+    # A bucket (what TPU pods write to elsewhere): refused before any folder named gs: is made.
+    (['--experiment=mnist_smoke', '--workdir=gs://bucket/runs/mnist'],
+     "error: workdir 'gs://bucket/runs/mnist': a bucket is not a workdir (runs write files and lock them); mount it "
+     '(gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and give the mounted path'),
 ]
 
 
@@ -86,7 +90,9 @@ BAD_ARGUMENTS = [
 def front_end(tmp_path_factory):
   """This module's commands through capsjax's front end in one process: {argv: result}."""
   commands = [args for args, _ in BAD_ARGUMENTS] + [SUMMARY_WITHOUT_DECODER]
-  results = command_checks.run([['capsjax', args] for args in commands], cwd=tmp_path_factory.mktemp('front_end'))
+  folder = tmp_path_factory.mktemp('front_end')
+  results = command_checks.run([['capsjax', args] for args in commands], cwd=folder)
+  assert not os.listdir(folder)   # no workdir made, and no local folder named gs:
   return dict(zip(map(tuple, commands), results))
 
 

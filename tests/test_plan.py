@@ -31,6 +31,14 @@ needs_gpu_plan = pytest.mark.skipif(
            'jax-cuda12-plugin jax-cuda12-pjrt nvidia-cuda-nvcc-cu12')
 
 
+def test_the_flops_of_a_lowered_program_by_the_public_call_and_by_the_private_fallback():
+  # The private fallback (GPU targets, whose compile-only devices give no cost analysis)
+  # reads jax._src: on every CI stack it must still count, not fall back to None.
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  lowered = jax.jit(lambda a, b: a @ b).lower(jnp.ones((64, 32)), jnp.ones((32, 16)))
+  assert plan_lib._public_flops(lowered) == plan_lib._cpu_client_flops(lowered) == 2 * 64 * 32 * 16  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize('name, topology, chips', [
     ('v5e:4x4', 'v5e:4x4', 16), ('v5litepod-16', 'v5e:4x4', 16), ('v5litepod-256', 'v5e:16x16', 256),
     ('v4-32', 'v4:2x2x4', 16), ('v5p-128', 'v5p:4x4x4', 64), ('v6e-256', 'v6e:16x16', 256),

@@ -1,4 +1,5 @@
-"""Data parallelism: 8 simulated devices and 2 local processes train like 1 device.
+"""Data parallelism: 16 simulated devices train like 1 device (2 processes under a real
+Slurm: tests/test_slurm.py).
 
 Every run here is a subprocess: the device count is fixed when JAX starts, and
 jax.distributed needs one process per participant.
@@ -7,11 +8,9 @@ import gzip
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -38,33 +37,12 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _slurm_port():
-  """A free port in the range JAX derives from SLURM_JOB_ID (61440 + job id % 4096)."""
-  for port in range(61440 + os.getpid() % 3000, 65536):
-    with socket.socket() as s:
-      try:
-        s.bind(('localhost', port))
-      except OSError:
-        continue
-      return port
-  raise AssertionError('no free port in 61440-65535')
-
-
-def _slurm_env(process_id, num_processes, port):
-  """What `srun --ntasks=N` sets for task `process_id` on this one node (the variables
-  jax.distributed.initialize reads to find the coordinator, the count and the id)."""
-  return {'SLURM_JOB_ID': str(port - 61440), 'SLURM_STEP_NODELIST': 'localhost', 'SLURM_STEP_NUM_NODES': '1',
-          'SLURM_NTASKS': str(num_processes), 'SLURM_PROCID': str(process_id), 'SLURM_LOCALID': str(process_id)}
-
-
-def _start(workdir, data_dir, process_id=0, num_processes=1, port=0, devices=1, out='', log=None, slurm=False):
-  """A worker process; `slurm`: launched as srun would (config.distributed=True and nothing
-  else: JAX reads the job from the environment), else with the explicit flags."""
+def _start(workdir, data_dir, process_id=0, num_processes=1, port=0, devices=1, out='', log=None):
+  """A worker process (tests/multiprocess_worker.py), with the coordinator's flags."""
   command = [sys.executable, WORKER, f'--process_id={process_id}', f'--num_processes={num_processes}',
              f'--port={port}', f'--workdir={workdir}', f'--data_dir={data_dir}',
-             f'--num_steps={NUM_STEPS}', f'--out={out}'] + (['--launcher=slurm'] if slurm else [])
-  env = dict(_env(devices), **(_slurm_env(process_id, num_processes, port) if slurm else {}))
-  return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+             f'--num_steps={NUM_STEPS}', f'--out={out}']
+  return subprocess.Popen(command, env=_env(devices), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _finish(processes, logs, timeout=240):
@@ -129,11 +107,6 @@ def one_device_run(tmp_path_factory, mnist_files):
   return params, _test_metrics(folder / 'one')
 
 
-@pytest.fixture(scope='module')
-def one_device_params(one_device_run):
-  return one_device_run[0]
-
-
 def test_sixteen_simulated_devices_train_and_evaluate_like_one(one_device_run, mnist_files, tmp_path):
   # The default evaluation batch (500) does not divide by 16: padded to 512, the padding
   # weighs nothing, and the test metrics are one device's.
@@ -143,43 +116,6 @@ def test_sixteen_simulated_devices_train_and_evaluate_like_one(one_device_run, m
   accuracy, loss = _test_metrics(tmp_path / 'sixteen')
   assert accuracy == pytest.approx(one_device_run[1][0], abs=1e-9)   # the same examples right
   assert loss == pytest.approx(one_device_run[1][1], rel=1e-4)
-
-
-def test_two_processes_preempted_then_resumed_under_slurm_train_like_one_device(one_device_params, mnist_files,
-                                                                                 tmp_path):
-  # SIGTERM both processes mid-run: JAX's preemption service makes them agree on a step,
-  # the run checkpoints there and exits cleanly; the job then resumes it, launched the
-  # second time as Slurm launches (no coordinator flags).
-  port = _free_port()
-  workdir, out = str(tmp_path / 'two'), str(tmp_path / 'two.npz')
-  logs = [open(tmp_path / f'first_{i}.log', 'w') for i in range(2)]
-  processes = [_start(workdir, mnist_files, i, 2, port, 1, out, logs[i]) for i in range(2)]
-  deadline = time.time() + 180
-  while 'step 10/' not in open(logs[0].name).read():
-    assert time.time() < deadline and processes[0].poll() is None, open(logs[0].name).read()[-3000:]
-    time.sleep(0.2)
-  for process in processes:
-    process.send_signal(signal.SIGTERM)
-  first = _finish(processes, logs)
-  stopped = [line for line in first[0].splitlines() if line.startswith('stopped at step')]
-  assert stopped, first[0][-3000:]
-  step = int(stopped[0].split()[3])   # 'stopped at step N of M (reason); …'
-  assert 10 <= step < NUM_STEPS
-  assert all(f'steps {step} completed False' in text for text in first)
-  assert not os.path.exists(out)
-
-  # Resumed as a Slurm job step would start it (srun --ntasks=2 python run.py ...
-  # --config.distributed=True): coordinator, count and ids from the environment.
-  logs = [open(tmp_path / f'second_{i}.log', 'w') for i in range(2)]
-  port = _slurm_port()
-  processes = [_start(workdir, mnist_files, i, 2, port, 1, out, logs[i], slurm=True) for i in range(2)]
-  second = _finish(processes, logs)
-  assert all(f'process {i}/2 devices 2' in text for i, text in enumerate(second))
-  assert f'resumed from checkpoint at step {step}' in second[0]
-  assert all(f'steps {NUM_STEPS} completed True rows_on_demand True' in text for text in second)
-  # Only process 0 writes the metrics and results.
-  assert 'test accuracy' in second[0] and 'test accuracy' not in second[1]
-  _assert_same_params(np.load(out), one_device_params)
 
 
 def test_batch_that_does_not_divide_by_the_devices_is_one_clear_error(mnist_dir, tmp_path):

@@ -14,11 +14,9 @@ from capsjax import assemble
 from helpers import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Looked up at collection, imported by the test: PyTorch takes 5 s to import, which every
-# test worker would pay at collection.
-pytestmark = [pytest.mark.float32_matmuls,
-              pytest.mark.skipif(importlib.util.find_spec('torch') is None,
-                                 reason='the test extra installs torch (setup.cfg)')]
+# Imported by the test, not at collection: PyTorch takes 5 s to import, which every test
+# worker would pay.
+pytestmark = [pytest.mark.float32_matmuls, pytest.mark.peers]
 
 
 def _peer():

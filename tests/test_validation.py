@@ -300,7 +300,7 @@ def test_the_library_refuses_what_the_command_refuses_before_touching_the_workdi
   for arguments, error, line in [
       ((config.to_dict(), str(tmp_path / 'd')), capsjax.ConfigError, 'a config is an ml_collections.ConfigDict'),
       ((config.model, str(tmp_path / 'm')), capsjax.ConfigError,   # a KeyError inside, once
-       "a run's config lacks allow_config_change, augment, batch_size, check_memory and 50 more: this is "
+       "a run's config lacks allow_config_change, augment, batch_size, check_memory and 51 more: this is "
        'config.model, one section; give the whole config'),
       ((config, ''), capsjax.CapsjaxError, "a workdir is required to train: a folder path, got ''"),
       ((config, None), capsjax.CapsjaxError, 'a workdir is required to train: a folder path, got None'),

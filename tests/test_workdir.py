@@ -55,6 +55,15 @@ def test_tilde_is_expanded(tmp_path, monkeypatch):
   assert (tmp_path / 'runs' / 'a').is_dir() and not (tmp_path / '~').exists()
 
 
+def test_a_bucket_is_refused_as_a_workdir_from_python_too(tmp_path, monkeypatch):
+  from capsjax import train  # pylint: disable=g-import-not-at-top
+  from capsjax.errors import WorkdirError  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(WorkdirError, match=r"^workdir 's3://bucket/run': a bucket is not a workdir \(runs write files "):
+    train.train_and_evaluate(tiny_config(str(tmp_path)), 's3://bucket/run')
+  assert not os.listdir(tmp_path)
+
+
 def test_cli_workdir_errors_are_one_line(tmp_path):
   (tmp_path / 'file').write_text('x')
   for workdir, message in [(tmp_path / 'file', 'exists and is not a directory'),

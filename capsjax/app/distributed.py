@@ -17,12 +17,14 @@ from capsjax.errors import ConfigError
 
 
 def initialize_distributed(distributed: bool, coordinator_address: str = '', num_processes: int = 0,
-                           process_id: int = -1, timeout_s: int = 120) -> None:
+                           process_id: int = -1, timeout_s: int = 120, local_devices: str = 'detected') -> None:
   """`jax.distributed.initialize` when `distributed` (config.distributed) is set.
 
   On Cloud TPU and SLURM/MPI clusters every argument is detected automatically; elsewhere
   pass config.coordinator_address ('host:port'), config.num_processes and
-  config.process_id to every process (0 / -1: detected).
+  config.process_id to every process (0 / -1: detected). `local_devices` (config's):
+  'detected' leaves the GPUs to JAX (in a detected cluster, the one of the process's local
+  rank); 'all' hands it every GPU the process sees (`local_device_ids`).
   """
   if not distributed:
     return
@@ -37,6 +39,8 @@ def initialize_distributed(distributed: bool, coordinator_address: str = '', num
     kwargs['num_processes'] = num_processes
   if process_id >= 0:
     kwargs['process_id'] = process_id
+  if local_devices == 'all':
+    kwargs['local_device_ids'] = list(range(visible_gpus()))
   if coordinator_address and process_id > 0:
     # JAX waits for an absent coordinator in silence and then aborts the process: find out
     # first, within the timeout, with one line.
@@ -53,6 +57,21 @@ def initialize_distributed(distributed: bool, coordinator_address: str = '', num
     raise ConfigError(f'config.distributed=True: {first[:300].rstrip(".")}; outside Cloud TPU, SLURM and Open MPI give '
                       '--config.coordinator_address=HOST:PORT --config.num_processes=N '
                       '--config.process_id=I to every process') from None
+
+
+def visible_gpus() -> int:
+  """The NVIDIA GPUs this process may use, counted before JAX starts (jax.distributed must
+  come first): CUDA_VISIBLE_DEVICES where set (Slurm sets it for a job's GPUs), else the
+  driver's device files. ConfigError for none."""
+  import glob  # pylint: disable=g-import-not-at-top
+  visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+  count = (len([part for part in visible.split(',') if part.strip()]) if visible is not None
+           else len([path for path in glob.glob('/dev/nvidia*') if re.fullmatch(r'/dev/nvidia\d+', path)]))
+  if not count:
+    raise ConfigError("config.local_devices='all': this process sees no GPU (CUDA_VISIBLE_DEVICES="
+                      f"{visible!r})" if visible is not None else
+                      "config.local_devices='all': this machine has no NVIDIA GPU (no /dev/nvidiaN)")
+  return count
 
 
 class _Watchdog:

@@ -336,7 +336,7 @@ def main(argv):
     except BrokenPipeError:   # `run.py --show_config | head`
       os._exit(0)
     return 0
-  from capsjax.validation import split_name_lists, validate  # pylint: disable=g-import-not-at-top
+  from capsjax.validation import check_local_workdir, split_name_lists, validate  # pylint: disable=g-import-not-at-top
   registered_programs()   # the built-in programs' sections are checked with the run's keys
   split_name_lists(config)   # --config.routing_zoo.routings=dynamic,self_routing
   validate(config)   # before any data is read or anything compiled
@@ -346,10 +346,12 @@ def main(argv):
     return 0
   if not FLAGS.workdir:
     cli.fail('--workdir is required to train')
+  check_local_workdir(FLAGS.workdir)   # before abspath would make gs://b/x a folder named gs:
   program = registered_programs().get(config.program)   # a registered name (validation)
   from capsjax.app.distributed import check_backend, initialize_distributed  # pylint: disable=g-import-not-at-top
   initialize_distributed(config.distributed, config.coordinator_address,   # before any JAX computation
-                         config.num_processes, config.process_id, config.distributed_timeout_s)
+                         config.num_processes, config.process_id, config.distributed_timeout_s,
+                         config.local_devices)
   check_backend()
   program(config, os.path.abspath(os.path.expanduser(FLAGS.workdir)))   # RunStopped: exit 75
   return 0

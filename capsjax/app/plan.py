@@ -574,22 +574,31 @@ def report(plan: Plan, experiment: str, workdir_hint: str = '/mnt/shared/RUN', o
   kept = [shlex.quote(flag) for flag in overrides
           if not flag.startswith(('--config.batch_size=', '--config.distributed='))]
   batch = ''.join(f' {flag}' for flag in kept) + f' --config.batch_size={plan.global_batch}'
-  if platform == 'GPU' and plan.hosts == 1:
-    lines += ['launch (one process sees all the host\'s GPUs):',
-              f'  python run.py --experiment={experiment} --workdir={workdir_hint}{batch}']
-  elif platform == 'GPU':
-    lines += [f'launch (each of the {plan.hosts} hosts runs the same command, with its own process id):',
-              f'  python run.py --experiment={experiment} --workdir={workdir_hint} --config.distributed=True{batch} '
-              f'--config.coordinator_address=HOST0:1234 --config.num_processes={plan.hosts} '
-              '--config.process_id=I   # (SLURM: detected)']
-  else:
-    lines += ['launch (every host of the slice runs the same command):',
-              '  gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command \\',
-              f'    "cd capsjax && python run.py --experiment={experiment} --workdir={workdir_hint} '
-              f'--config.distributed=True{batch}"']
+  lines += launch_lines(platform, plan.hosts, plan.devices // plan.hosts, experiment, workdir_hint, batch)
   lines += [f'(compiled in {plan.compile_seconds:.0f} s on this machine; XLA\'s analyses are an aid whose exact '
              'values may change between versions)']
   return lines
+
+
+def launch_lines(platform: str, hosts: int, devices_per_host: int, experiment: str, workdir_hint: str,
+                 flags: str) -> List[str]:
+  """How to start the planned run: one process for one GPU host; under Slurm one task per
+  GPU (JAX gives each detected task the GPU of its local rank), elsewhere one process per
+  host with every GPU (--config.local_devices=all); on a TPU slice every host the same."""
+  command = f'python run.py --experiment={experiment} --workdir={workdir_hint}'
+  if platform == 'GPU' and hosts == 1:
+    return ['launch (one process sees all the host\'s GPUs):', f'  {command}{flags}']
+  command += f' --config.distributed=True{flags}'
+  if platform == 'GPU':
+    return [f'launch under Slurm (one task per GPU, {devices_per_host} on each of the {hosts} hosts; JAX reads the '
+            'job):',
+            f'  srun --nodes={hosts} --ntasks-per-node={devices_per_host} --gpus-per-node={devices_per_host} {command}',
+            'launch elsewhere (one process per host, every GPU of it, its own process id):',
+            f'  {command} --config.local_devices=all --config.coordinator_address=HOST0:1234 '
+            f'--config.num_processes={hosts} --config.process_id=I']
+  return ['launch (every host of the slice runs the same command):',
+          '  gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command \\',
+          f'    "cd capsjax && {command}"']
 
 
 def measured_band(plan: Plan, step_s: float) -> str:

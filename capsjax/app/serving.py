@@ -16,8 +16,14 @@ The file holds the inference function with the parameters as constants:
 Every file computes with one formulation, `EXPORT_FORMULATION` (formulations compute the
 same values; this one converts cleanly): XLA's convolution as its plain primitive, the
 routing loop as straight-line code, float32.
+
+Every file says who wrote it (`provenance`: the capsjax, jax and jaxlib versions, the UTC
+date, the model): ONNX in its metadata (`capsjax_provenance`), a SavedModel in
+`assets.extra/capsjax_provenance.json`, a StableHLO file beside it (`FILE.json`: JAX's
+serialization has no field for it), so that a file JAX no longer loads says which JAX wrote it.
 """
 import contextlib
+import datetime
 import errno
 import io
 import json
@@ -38,12 +44,51 @@ EXPORT_FORMULATION = {'conv_impl': 'xla', 'routing_loop': 'unrolled', 'dtype': '
 LOWERED_FOR = ('cpu', 'cuda', 'tpu')
 EXTRA = "pip install 'capsjax[export]'"
 OUTPUT_NAMES = ('activations', 'capsules', 'reconstructions')
+PROVENANCE = 'capsjax_provenance'   # the ONNX metadata key, the SavedModel's asset file name
+# JAX's promise for a serialized StableHLO file (jax.export's documentation).
+STABLEHLO_WINDOW = 'a JAX released up to 6 months after the one that wrote it, or up to 3 weeks before it'
 # The jax2onnx plugin trees a capsjax model converts with: JAX's primitives and Flax's.
 ONNX_PLUGIN_TREES = ('jax', 'flax')
 
 
 class ExportError(CapsjaxError):
   """A model that cannot be exported as asked (one line: what, and what to do instead)."""
+
+
+def provenance(trained) -> Dict[str, str]:
+  """Who wrote an exported file of `trained`: {'capsjax', 'jax', 'jaxlib': versions,
+  'exported': the UTC date (YYYY-MM-DD), 'source': the model (TrainedModel.describe())}."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  from capsjax import __version__  # pylint: disable=g-import-not-at-top
+  return {'capsjax': __version__, 'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
+          'exported': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d'),
+          'source': trained.describe()}
+
+
+def read_provenance(path: str, format_name: Optional[str] = None) -> Optional[Dict[str, str]]:
+  """The provenance written with the exported file at `path` (None: a file written before
+  capsjax 0.3, or a StableHLO file whose `.json` did not travel with it)."""
+  format_name = format_name or file_format(path)
+  try:
+    if format_name == 'onnx':
+      import onnx  # pylint: disable=g-import-not-at-top
+      entries = {entry.key: entry.value for entry in onnx.load(path, load_external_data=False).metadata_props}
+      return json.loads(entries[PROVENANCE]) if PROVENANCE in entries else None
+    beside = (os.path.join(path, 'assets.extra', f'{PROVENANCE}.json') if format_name == 'savedmodel'
+              else f'{path}.json')
+    with open(beside, encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError, ImportError):
+    return None
+
+
+def written_by(found: Optional[Dict[str, str]]) -> str:
+  """'capsjax 0.3.0 with jax 0.10.2 (jaxlib 0.10.2) on 2026-12-02', or that it is not known."""
+  if not found:
+    return 'an unknown JAX (no provenance with the file)'
+  return (f'capsjax {found.get("capsjax", "?")} with jax {found.get("jax", "?")} (jaxlib {found.get("jaxlib", "?")})'
+          f' on {found.get("exported", "?")}')
 
 
 def inference_function(trained, reconstructions: bool = False) -> Tuple[Callable[..., Any], Tuple[str, ...]]:
@@ -128,16 +173,20 @@ def _onnx_proto(trained, reconstructions: bool):
       proto = jax2onnx.to_onnx(infer, [input_spec(trained)], model_name='capsnet', input_names=['images'],
                                output_names=list(names))
   except NotImplementedError as error:
+    import importlib.metadata  # pylint: disable=g-import-not-at-top
+    import jax  # pylint: disable=g-import-not-at-top
     primitive = re.search(r"primitive '([^']+)'", str(error))
-    raise ExportError(f'ONNX: jax2onnx cannot convert the JAX primitive {primitive.group(1) if primitive else error!s}'
-                      f' (routing {trained.config.model.get("routing")!r}); --format=stablehlo exports every model'
-                      ) from None
+    raise ExportError(f'ONNX: jax2onnx {importlib.metadata.version("jax2onnx")} cannot convert the JAX primitive '
+                      f'{primitive.group(1) if primitive else error!s} (routing '
+                      f'{trained.config.model.get("routing")!r}, jax {jax.__version__}); --format=stablehlo exports '
+                      'every model') from None
   finally:
     for logger, level in zip(quiet, levels):
       logger.setLevel(level)
   metadata = {'capsjax_classes': json.dumps(list(trained.info.class_names)),
               'capsjax_images': f'uint8 [batch, {", ".join(map(str, trained.info.image_shape))}], 0-255',
-              'capsjax_formulation': json.dumps(EXPORT_FORMULATION), 'capsjax_source': trained.describe()}
+              'capsjax_formulation': json.dumps(EXPORT_FORMULATION), 'capsjax_source': trained.describe(),
+              PROVENANCE: json.dumps(provenance(trained))}
   for key, value in metadata.items():
     entry = proto.metadata_props.add()
     entry.key, entry.value = key, value
@@ -173,12 +222,18 @@ def _used_names(graph, names: set) -> set:
 
 
 def _drop_unused_initializers(graph) -> None:
-  """Removes the initializers no node reads (jax2onnx leaves a branch's constants in the
-  main graph too; ONNX Runtime then prints a warning for each one at every session start)."""
+  """Removes the initializers no node reads, in `graph` and in each branch's subgraph
+  (jax2onnx leaves a branch's constants in the main graph too; ONNX Runtime then prints a
+  warning for each one at every session start)."""
+  import onnx  # pylint: disable=g-import-not-at-top
   used = _used_names(graph, set())
   kept = [initializer for initializer in graph.initializer if initializer.name in used]
   del graph.initializer[:]
   graph.initializer.extend(kept)
+  for node in graph.node:
+    for attribute in node.attribute:
+      for subgraph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+        _drop_unused_initializers(subgraph)
 
 
 def _stablehlo_bytes(trained, reconstructions: bool) -> bytes:
@@ -204,6 +259,10 @@ def _write_savedmodel(trained, reconstructions: bool, folder: str) -> None:
                                                             name='images')])
   try:
     tf.saved_model.save(module, folder, signatures={'serving_default': module.serve})
+    _check_tensorflow_runs(folder, trained, tf)
+    os.makedirs(os.path.join(folder, 'assets.extra'), exist_ok=True)   # TF Serving's folder of extra files
+    with open(os.path.join(folder, 'assets.extra', f'{PROVENANCE}.json'), 'w', encoding='utf-8') as f:
+      json.dump(provenance(trained), f, indent=1)
   except tf.errors.OpError as error:   # a full or read-only disk: TensorFlow's own error types
     reason = next((os.strerror(code) for code in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT)
                    if os.strerror(code).lower() in str(error.message).lower()), None)
@@ -211,19 +270,42 @@ def _write_savedmodel(trained, reconstructions: bool, folder: str) -> None:
                   ) from None
 
 
+def _check_tensorflow_runs(folder: str, trained, tf) -> None:
+  """Runs the written SavedModel on one image: TensorFlow reads the StableHLO that jax2tf
+  embeds only up to its own StableHLO version (TensorFlow 2.21 cannot read what jax
+  0.12.0.1 writes: measured), and the file would fail only where it is served."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from capsjax.console import xla_alarms_dropped  # pylint: disable=g-import-not-at-top
+  serve = tf.saved_model.load(folder).signatures['serving_default']
+  try:
+    with xla_alarms_dropped(all_if_failed=True):   # TensorFlow's C++ log of the failure: the line below says it
+      serve(images=tf.zeros([1, *trained.info.image_shape], tf.uint8))
+  except tf.errors.OpError as error:
+    if 'deserialize' not in str(error.message):
+      raise
+    reason = next((line.split('error: ')[-1] for line in str(error.message).splitlines() if 'error: ' in line),
+                  'cannot deserialize the computation')
+    raise ExportError(f'--format=savedmodel: TensorFlow {tf.__version__} cannot run the StableHLO that jax '
+                      f'{jax.__version__} writes ({reason.strip()[:160]}); jax 0.10.2 writes SavedModels that '
+                      'TensorFlow 2.21 runs, and --format=onnx or stablehlo export with this JAX') from None
+
+
 def default_path(trained, format_name: str) -> str:
   return f'{trained.config.experiment.replace("/", "_")}{SUFFIXES[format_name]}'
 
 
-def check_output(path: str, force: bool) -> None:
-  """One line for an output path that cannot be written (before anything is converted)."""
+def check_output(path: str, force: bool, format_name: str) -> None:
+  """One line for an output path that cannot be written (before anything is converted); of
+  a StableHLO file, its provenance `PATH.json` too."""
   folder = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(folder):
     raise ExportError(f'--out={path}: the folder {folder} does not exist')
   if os.path.isdir(path) and not path.endswith(SUFFIXES['savedmodel']):
     raise ExportError(f'--out={path} is a folder: give the file to write')
-  if os.path.exists(path) and not force:
-    raise ExportError(f'--out={path} exists: give another path, or --force to replace it')
+  for written in (path, f'{path}.json') if format_name == 'stablehlo' else (path,):
+    if os.path.exists(written) and not force:
+      raise ExportError(f'--out={path}{"" if written == path else f": {written}"} exists: give another path, or '
+                        '--force to replace it')
 
 
 def write_file(trained, format_name: str, path: str, reconstructions: bool = False, force: bool = False) -> Dict[str, Any]:
@@ -231,14 +313,15 @@ def write_file(trained, format_name: str, path: str, reconstructions: bool = Fal
   is written beside and renamed when complete). Returns {'bytes', 'outputs', ...}."""
   if format_name not in SUFFIXES:
     raise ConfigError(f'--format={format_name!r}: allowed one of {", ".join(FORMATS)}')
-  check_output(path, force)
+  check_output(path, force, format_name)
   from capsjax.app.cli import removed_if_stopped  # pylint: disable=g-import-not-at-top
   # A hidden name of its own beside `path` (never a user's file), removed if the export fails
   # or a signal ends the command.
   folder, name = os.path.split(os.path.abspath(path))
   partial = os.path.join(folder, f'.{name}.{os.getpid()}.partial')
+  partial_provenance = os.path.join(folder, f'.{name}.json.{os.getpid()}.partial')   # a StableHLO file's
   try:
-    with removed_if_stopped(partial):
+    with removed_if_stopped(partial), removed_if_stopped(partial_provenance):
       if format_name == 'savedmodel':   # a folder, written beside and renamed
         _write_savedmodel(trained, reconstructions, partial)
         if os.path.exists(path):
@@ -250,18 +333,24 @@ def write_file(trained, format_name: str, path: str, reconstructions: bool = Fal
                    else _stablehlo_bytes(trained, reconstructions))
         with open(partial, 'wb') as f:
           f.write(content)
+        if format_name == 'stablehlo':   # its provenance beside it, in place before the file
+          with open(partial_provenance, 'w', encoding='utf-8') as f:
+            json.dump(provenance(trained), f, indent=1)
+          os.replace(partial_provenance, f'{path}.json')
         os.replace(partial, path)
         size = len(content)
   except OSError as error:
     raise ExportError(f'{path}: cannot write ({error.strerror or error})') from None
   finally:
-    if os.path.isdir(partial):
-      shutil.rmtree(partial)
-    elif os.path.exists(partial):
-      os.remove(partial)
+    for leftover in (partial, partial_provenance):
+      if os.path.isdir(leftover):
+        shutil.rmtree(leftover)
+      elif os.path.exists(leftover):
+        os.remove(leftover)
   names = OUTPUT_NAMES[:3 if reconstructions else 2]
   return {'bytes': size, 'outputs': names, 'formulation': dict(EXPORT_FORMULATION),
-          'platforms': LOWERED_FOR if format_name == 'stablehlo' else None}
+          'platforms': LOWERED_FOR if format_name == 'stablehlo' else None,
+          'provenance': read_provenance(path, format_name)}
 
 
 def file_format(path: str) -> str:
@@ -292,15 +381,57 @@ def run_file(path: str, images: np.ndarray, batch_size: int = 256, format_name: 
     session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
     call = lambda chunk: session.run(None, {'images': chunk})
   else:
-    import jax  # pylint: disable=g-import-not-at-top
-    with open(path, 'rb') as f:
-      exported = jax.export.deserialize(bytearray(f.read()))
+    exported = load_stablehlo(path)
     # (JAX's symbolic batch is at least 1: for no images, the outputs' shapes)
-    call = lambda chunk: ([np.asarray(value) for value in exported.call(chunk)] if len(chunk) else
+    call = lambda chunk: ([np.asarray(value) for value in _called(exported, path, chunk)] if len(chunk) else
                           [np.zeros((0,) + tuple(aval.shape[1:]), aval.dtype) for aval in exported.out_avals])
   parts = [call(np.ascontiguousarray(images[start:start + batch_size]))
            for start in range(0, max(len(images), 1), batch_size)]   # no images: one empty call
   return tuple(np.concatenate([part[index] for part in parts]) for index in range(len(parts[0])))
+
+
+def load_stablehlo(path: str):
+  """The `jax.export.Exported` of the StableHLO file at `path`; a file this JAX cannot load
+  (outside JAX's compatibility window, or not a StableHLO file) is an ExportError naming the
+  JAX that wrote it (its provenance) and what to do."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from capsjax.console import xla_alarms_dropped  # pylint: disable=g-import-not-at-top
+  with open(path, 'rb') as f:
+    content = bytearray(f.read())
+  try:
+    with xla_alarms_dropped(all_if_failed=True):
+      exported = jax.export.deserialize(content)
+  except Exception as error:  # pylint: disable=broad-except  (JAX's deserializer raises many types)
+    raise _unloadable(path, error) from None
+  lowest, highest = (jax.export.minimum_supported_calling_convention_version,
+                     jax.export.maximum_supported_calling_convention_version)
+  if not lowest <= exported.calling_convention_version <= highest:
+    raise _unloadable(path, f'calling convention {exported.calling_convention_version}, this JAX reads '
+                            f'{lowest}-{highest}')
+  return exported
+
+
+def _called(exported, path: str, images: np.ndarray):
+  """exported.call(images); a module this JAX cannot compile is an ExportError as in
+  load_stablehlo (images the file does not take are refused first, naming what it takes)."""
+  expected = exported.in_avals[0]
+  if images.shape[1:] != tuple(expected.shape[1:]) or images.dtype != expected.dtype:
+    raise ExportError(f'{path} takes {expected.dtype} [batch, {", ".join(map(str, expected.shape[1:]))}] images, '
+                      f'got {images.dtype} {list(images.shape)}')
+  from capsjax.console import xla_alarms_dropped  # pylint: disable=g-import-not-at-top
+  try:
+    with xla_alarms_dropped(all_if_failed=True):
+      return exported.call(images)
+  except Exception as error:  # pylint: disable=broad-except  (MLIR's and XLA's errors have no common type)
+    raise _unloadable(path, error) from None
+
+
+def _unloadable(path: str, error) -> ExportError:
+  import jax  # pylint: disable=g-import-not-at-top
+  reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+  return ExportError(f'{path}: jax {jax.__version__} cannot load it ({reason}); it was written by '
+                     f'{written_by(read_provenance(path, "stablehlo"))}, and a StableHLO file loads in '
+                     f'{STABLEHLO_WINDOW}: export it again with this JAX (capsjax-export --format=stablehlo)')
 
 
 def describe(summary: Dict[str, Any], path: str, trained) -> Sequence[str]:
@@ -310,5 +441,7 @@ def describe(summary: Dict[str, Any], path: str, trained) -> Sequence[str]:
            + ', '.join(summary['outputs']),
            'formulation: ' + ', '.join(f'{k}={v}' for k, v in summary['formulation'].items())
            + (f'; lowered for {", ".join(summary["platforms"])}' if summary['platforms'] else ''),
-           f'classes (the index of each activation): {", ".join(trained.info.class_names)}']
+           f'classes (the index of each activation): {", ".join(trained.info.class_names)}',
+           f'written by {written_by(summary["provenance"])}'
+           + (f' ({path}.json); loads in {STABLEHLO_WINDOW}' if summary['platforms'] else '')]
   return lines

@@ -53,8 +53,8 @@ def check_axis(what: str, name: str, array: Array, axis) -> None:
   the function nor the array)."""
   if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
     raise ArgumentError(f'{what}: axis takes an integer, got {axis!r}')
-  if not -jnp.ndim(array) <= axis < jnp.ndim(array):
-    raise ArgumentError(f'{what}: axis {axis} is out of bounds for {name} of shape {tuple(jnp.shape(array))}')
+  if not -np.ndim(array) <= axis < np.ndim(array):
+    raise ArgumentError(f'{what}: axis {axis} is out of bounds for {name} of shape {np.shape(array)}')
 
 
 def _safe_sqrt(squared_norm: Array) -> Array:

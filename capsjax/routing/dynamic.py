@@ -5,6 +5,7 @@ from typing import Optional, Union
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from capsjax.errors import ArgumentError
 from capsjax.routing.base import RoutingResult, register_routing
@@ -99,8 +100,8 @@ def dynamic_routing(
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
   for name, given, target, layout in (('log_priors', log_priors, (batch, in_caps, out_caps), 'in_caps, out_caps'),
                                       ('bias', bias, (batch, out_caps, out_dim), 'out_caps, out_dim')):
-    if given is not None and not _broadcasts(jnp.shape(given), target):   # (XLA's error names neither)
-      raise ArgumentError(f'dynamic_routing: {name} of shape {jnp.shape(given)} does not broadcast to the votes\' '
+    if given is not None and not _broadcasts(np.shape(given), target):   # (XLA's error names neither)
+      raise ArgumentError(f'dynamic_routing: {name} of shape {np.shape(given)} does not broadcast to the votes\' '
                           f'[batch, {layout}] {target}')
   length, static_count = loop_length(num_iterations, max_iterations)
   last_iteration = jnp.asarray(num_iterations if static_count is None else static_count) - 1
@@ -158,12 +159,12 @@ def routing_logit_changes(logits_per_iteration: Array, initial_logits: Optional[
 def _from_initial(logits_per_iteration: Array, initial_logits: Optional[Array], caller: str) -> Array:
   """b_0 (`initial_logits`, zeros by default, broadcast over the batch) then every
   iteration's logits: [iterations + 1, batch, in_caps, out_caps]; shapes that do not fit named."""
-  shape = jnp.shape(logits_per_iteration)
+  shape = np.shape(logits_per_iteration)
   if len(shape) != 4:
     raise ArgumentError(f'{caller} takes logits [iterations, batch, in_caps, out_caps] (dynamic_routing(…, '
                         f'return_logits=True).logits), got shape {shape}')
-  if initial_logits is not None and not _broadcasts(jnp.shape(initial_logits), shape[1:]):
-    raise ArgumentError(f'{caller}: initial_logits of shape {jnp.shape(initial_logits)} do not broadcast to the '
+  if initial_logits is not None and not _broadcasts(np.shape(initial_logits), shape[1:]):
+    raise ArgumentError(f'{caller}: initial_logits of shape {np.shape(initial_logits)} do not broadcast to the '
                         f"logits' [batch, in_caps, out_caps] {shape[1:]}")
   initial = jnp.zeros_like(logits_per_iteration[:1]) if initial_logits is None else (
       jnp.broadcast_to(initial_logits, shape[1:])[None])
@@ -172,7 +173,9 @@ def _from_initial(logits_per_iteration: Array, initial_logits: Optional[Array], 
 
 def _broadcasts(shape, target) -> bool:
   """Whether an array of `shape` broadcasts to `target` (numpy's rules). A symbolic size (an
-  export's batch: jax.export, jax2onnx) is not compared: it cannot be read while tracing."""
+  export's batch: jax.export, jax2onnx) is not compared: it cannot be read while tracing.
+  Shapes are read with NumPy's np.shape: jax2onnx traces jnp.shape as an array, whose
+  iteration is JAX 0.12's `unstack` primitive, which jax2onnx 0.12 cannot convert."""
   known = lambda size: isinstance(size, int)
   return len(shape) <= len(target) and all(not known(s) or not known(t) or s in (1, t)
                                            for s, t in zip(reversed(shape), reversed(target)))

@@ -142,7 +142,7 @@ def _one_file(args) -> int:
   if args.format == 'onnx' and importlib.util.find_spec('jax2onnx') is None:   # before any JAX loads
     cli.fail(f'--format=onnx needs the jax2onnx converter: {serving.EXTRA}')
   if args.out:
-    serving.check_output(args.out, args.force)   # before the model is read
+    serving.check_output(args.out, args.force, args.format)   # before the model is read
   exported = args.workdir and is_export(args.workdir)   # the explorer's files of a run: one model, as shipped
   config = read_config(args.workdir or SHIPPED)
   if args.evaluate:   # read before the model and the conversion: data that cannot be read is said at once
@@ -168,7 +168,7 @@ def _one_file(args) -> int:
     console.say('exporting the shipped model…')
     trained = TrainedModel.shipped()
   path = args.out or serving.default_path(trained, args.format)
-  serving.check_output(path, args.force)   # before the conversion's minute
+  serving.check_output(path, args.force, args.format)   # before the conversion's minute
   console.say(f'converting {trained.describe()} to {args.format}…')
   summary = serving.write_file(trained, args.format, path, args.reconstructions, args.force)
   for line in serving.describe(summary, path, trained):
