@@ -16,7 +16,8 @@ runnable example; tests/test_api.py runs every example):
   `train_and_evaluate` → `RunResult` (the experiments' configs
   are the package `capsjax.experiments`, e.g. `capsjax.experiments.mnist.get_config()`);
   `plan_run`: the run's steps compiled for a TPU slice that is not here (capsjax-plan);
-- trained models: `load_trained`, `TrainedModel`, `Predictor`;
+- trained models: `load_trained`, `TrainedModel`, `Predictor`, and `export` (one file that
+  runs outside capsjax: ONNX, StableHLO, a TensorFlow SavedModel);
 - data: `load_dataset`, `register_source` and the registry `SOURCES`;
 - checking a config: `validate(config)` (what every entry runs first) and what it raises,
   `ConfigError` (one line: the key, the value, what is allowed: the line the command prints);
@@ -54,7 +55,7 @@ _EXPORTS = {
     'make_objective': 'objectives', 'OBJECTIVES': 'objectives',
     'base_config': 'defaults', 'EVALUATORS': 'evaluators', 'register_evaluator': 'evaluators',
     'train_and_evaluate': 'train', 'RunResult': 'reports', 'plan_run': 'app.plan',
-    'load_trained': 'app.trained', 'TrainedModel': 'app.trained', 'Predictor': 'app.predict',
+    'load_trained': 'app.trained', 'TrainedModel': 'app.trained', 'Predictor': 'app.predict', 'export': 'app.serving',
     'load_dataset': 'data.sources', 'register_source': 'data.sources', 'SOURCES': 'data.sources',
     'validate': 'validation', 'ConfigError': 'errors', 'ArgumentError': 'errors', 'CapsjaxError': 'errors',
 }

@@ -23,6 +23,7 @@ from capsjax.keys import is_int
 from capsjax.layout import moved_key_hint
 from capsjax.models import MODELS, formulation_of, model_for_platform
 from capsjax.objectives import OBJECTIVES, Objective, bound_objective
+from capsjax.routing import ROUTINGS
 
 
 def objective(config) -> Objective:
@@ -79,6 +80,11 @@ def members(config) -> Optional[List[Dict[str, Any]]]:
       (config.model.routing_iterations,) if 'routing_iterations' in knobs else (0,))
   weights = tuple(spec.get('reconstruction_weights') or ()) or (
       (config.loss.reconstruction_weight,) if 'reconstruction_weight' in knobs else (0.0,))
+  routing = config.model.get('routing')
+  if spec.get('routing_iterations') and routing in ROUTINGS and not ROUTINGS[routing].iterative:
+    raise ConfigError(f'config.ensemble.routing_iterations={tuple(spec.routing_iterations)}: routing {routing!r} does '
+                      'not iterate, so every member would be the same model; vary seeds, or choose an iterative '
+                      f'routing ({", ".join(name for name in ROUTINGS if ROUTINGS[name].iterative)})')
   if 'routing_iterations' in knobs and max(iterations) > config.model.routing_iterations:
     raise ConfigError(f'ensemble routing_iterations {iterations} exceed the model bound '
                       f'model.routing_iterations={config.model.routing_iterations}')

@@ -178,29 +178,8 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
     if console.miscompile_guard and jax.default_backend() == 'cpu':
       _log(f'jaxlib {jax.lib.__version__} on a CPU: its YNNPACK reduce fusions, which can sum wrongly (JAX issue '
            f'39103), are off ({console.miscompile_guard} in XLA_FLAGS)')
-    if first_step < run.last_step and not run.stop_reason:
-      _log('compiling the training step…')
-    train_metrics = None
     record_config = (lambda: workdir_lib.record_config(workdir, built.recorded)) if is_writer else (lambda: None)
-    if first_step >= run.last_step:
-      record_config()   # nothing to train: the restore has shown that the config fits
-    in_flight = collections.deque()
-    for step in range(first_step, run.last_step if not run.stop_reason else first_step):
-      # The first call compiles: XLA's slow-compile banners stay out (the first progress line times it).
-      with console.xla_alarms_dropped() if step == first_step else contextlib.nullcontext():
-        run.state, train_metrics = program.train_step(run.state, step)
-      # The host runs at most RUN_AHEAD_STEPS steps ahead of the device: a stop request
-      # (Ctrl-C, SIGTERM) is acted on at the next step, not after a queue of them.
-      in_flight.append(jax.tree.leaves(train_metrics)[0])
-      if len(in_flight) > RUN_AHEAD_STEPS:
-        jax.block_until_ready(in_flight.popleft())
-      if step == first_step:   # data, model and checkpoint fit: now the config binds the workdir
-        record_config()
-        requests.arm()   # compiled: from here a Ctrl-C saves after the step
-      for hook in hooks:
-        hook(run, step + 1, train_metrics)
-      if run.stop_reason:
-        break
+    train_metrics = _steps(run, program.train_step, hooks, requests, record_config)
     for hook in hooks:
       hook.end(run)
     metrics_log.close()
@@ -226,6 +205,36 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
   _log(f'test {run.describe(run.last_eval)} after {run.num_steps} steps; '
        f'results in {os.path.join(workdir, "results.json")}')
   return RunResult.from_results(results)
+
+
+def _steps(run: hooks_lib.Run, train_step, hooks, requests: StopRequests, record_config) -> Any:
+  """The training steps from run.first_step to run.last_step (none once a stop is asked),
+  each followed by every hook; the last step's metrics (None: no step). The config is
+  recorded once the first step has run (data, model and checkpoint fit) or at once when
+  nothing is left to train."""
+  first_step, train_metrics = run.first_step, None
+  if first_step >= run.last_step:
+    record_config()   # nothing to train: the restore has shown that the config fits
+  elif not run.stop_reason:
+    _log('compiling the training step…')
+  in_flight = collections.deque()
+  for step in range(first_step, run.last_step if not run.stop_reason else first_step):
+    # The first call compiles: XLA's slow-compile banners stay out (the first progress line times it).
+    with console.xla_alarms_dropped() if step == first_step else contextlib.nullcontext():
+      run.state, train_metrics = train_step(run.state, step)
+    # The host runs at most RUN_AHEAD_STEPS steps ahead of the device: a stop request
+    # (Ctrl-C, SIGTERM) is acted on at the next step, not after a queue of them.
+    in_flight.append(jax.tree.leaves(train_metrics)[0])
+    if len(in_flight) > RUN_AHEAD_STEPS:
+      jax.block_until_ready(in_flight.popleft())
+    if step == first_step:   # data, model and checkpoint fit: now the config binds the workdir
+      record_config()
+      requests.arm()   # compiled: from here a Ctrl-C saves after the step
+    for hook in hooks:
+      hook(run, step + 1, train_metrics)
+    if run.stop_reason:
+      break
+  return train_metrics
 
 
 def _evaluation_missing(rows, step: int, due: bool) -> bool:

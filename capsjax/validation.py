@@ -188,6 +188,8 @@ def problems_of(config) -> List[str]:
   found, recipes = lookup(config, 'ensemble.recipes')
   if found and recipes:
     problems.extend(_recipe_problems(config))
+  elif config.get('ensemble'):
+    problems.extend(_member_problems(config))
   for module in defaults.registered_sections():   # what only a program can check (its members)
     problems.extend(getattr(module, 'config_problems', lambda config: [])(config))
   return problems
@@ -206,12 +208,17 @@ def _recipe_problems(config) -> List[str]:
   for name, recipe in listed:
     recipe.ensemble.recipes = ()
     problems += [f'config.ensemble.recipes {name!r}: ' + line.removeprefix('config.') for line in problems_of(recipe)]
-  if not problems:
-    try:
-      assemble.members(config)   # what only the program as a whole can break (the shared model's bounds)
-    except ConfigError as e:
-      return [str(e)]
-  return problems
+  return problems or _member_problems(config)
+
+
+def _member_problems(config) -> List[str]:
+  """What only the ensemble as a whole can break: its members' routing iterations above the
+  shared model's bound, or varied for a routing that does not iterate."""
+  try:
+    assemble.members(config)
+  except ConfigError as e:
+    return [str(e)]
+  return []
 
 
 def split_name_lists(config) -> None:

@@ -126,6 +126,15 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
   assert serving.read_provenance(stablehlo_path) == json.load(open(f'{stablehlo_path}.json'))
   assert serving.read_provenance(stablehlo_path)['jax'] == jax.__version__
   _agree(serving.run_file(stablehlo_path, images), predicted, images)
+  # From Python, load_trained's (config, model, params) exports as the command's workdir does.
+  in_memory = str(tmp_path / 'in_memory.stablehlo')
+  written = capsjax.export(capsjax.load_trained(mnist_run), in_memory, reconstructions=True)
+  assert written['provenance']['source'] == 'a model in memory (mnist)'
+  _agree(serving.run_file(in_memory, images), predicted, images)
+  os.remove(in_memory), os.remove(in_memory + '.json')
+  with pytest.raises(capsjax.ConfigError, match=r"^export: 'model.bin' has none of the suffixes \.onnx, "
+                                                r"\.stablehlo, _savedmodel: give format="):
+    capsjax.export(mnist_run, 'model.bin')
   reloaded = jax.export.deserialize(bytearray(open(stablehlo_path, 'rb').read()))
   assert reloaded.platforms == ('cpu', 'cuda', 'tpu') and str(reloaded.in_avals[0]) == 'uint8[batch,28,28,1]'
   _agree([np.asarray(v) for v in reloaded.call(images[:1])], predicted[:1], images[:1])

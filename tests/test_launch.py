@@ -79,6 +79,10 @@ BAD_ARGUMENTS = [
      'error: config.loss.reconstruction_weight=1e+300: allowed a finite number >= 0'),
     (['--experiment=mnist', '--workdir=/tmp/x', '--config.lr_min=0.1'],
      'error: config.lr_min=0.1: allowed below learning_rate=0.001 (the exponential decay is floored at it'),
+    # An ensemble over r with a routing that does not iterate: identical members, refused.
+    (['--experiment=ablation', '--workdir=/tmp/x', '--config.model.routing=uniform'],
+     "error: config.ensemble.routing_iterations=(1, 3): routing 'uniform' does not iterate, so every member would be "
+     'the same model; vary seeds, or choose an iterative routing (dynamic, '),
     # A bucket (what TPU pods write to elsewhere): refused before any folder named gs: is made.
     (['--experiment=mnist_smoke', '--workdir=gs://bucket/runs/mnist'],
      "error: workdir 'gs://bucket/runs/mnist': a bucket is not a workdir (runs write files and lock them); mount it "

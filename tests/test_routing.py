@@ -650,9 +650,11 @@ def test_explorer_and_predict_show_the_routings_activations():
                        (['digit.png'], r"image 0: a file name \('digit.png'\), not an image array; files: predict\(read_f")]:
     with pytest.raises(CapsjaxError, match='^' + line):
       predictor.predict(images)
-  with pytest.raises(CapsjaxError, match=r'^Predictor takes a TrainedModel \(TrainedModel.from_workdir\(workdir\)\), '
-                                         r'got tuple; Predictor.from_workdir\(workdir\) loads one$'):
-    Predictor((config, model, params))   # what load_trained returns
+  # What load_trained returns predicts as its TrainedModel does; what is no model, one line.
+  assert Predictor((config, model, params)).predict(pixels[:2])[1]['activations'] == predicted[1]['activations']
+  with pytest.raises(CapsjaxError, match=r"^a trained model is a TrainedModel, a run's workdir or load_trained's "
+                                         r'\(config, model, params\), got int$'):
+    Predictor(42)
 
 
 def test_routing_zoo_writes_a_row_per_algorithm(mnist_dir, tmp_path):

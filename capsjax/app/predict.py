@@ -70,9 +70,7 @@ class Predictor:
   def __init__(self, trained):
     import jax  # pylint: disable=g-import-not-at-top
     from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
-    if not isinstance(trained, TrainedModel):   # load_trained's (config, model, params), say
-      raise CapsjaxError(f'Predictor takes a TrainedModel (TrainedModel.from_workdir(workdir)), got '
-                         f'{type(trained).__name__}; Predictor.from_workdir(workdir) loads one')
+    trained = TrainedModel.of(trained)   # a workdir, or load_trained's (config, model, params), too
     if not trained.task.single_images:
       raise CapsjaxError(f'{trained.source} holds a {trained.config.task} run: predict classifies one '
                          'object per image')

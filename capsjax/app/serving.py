@@ -353,6 +353,34 @@ def write_file(trained, format_name: str, path: str, reconstructions: bool = Fal
           'provenance': read_provenance(path, format_name)}
 
 
+def export(model, path: str, format: Optional[str] = None, *, reconstructions: bool = False,  # pylint: disable=redefined-builtin
+           force: bool = False, member: Optional[int] = None, step: Optional[int] = None) -> Dict[str, Any]:
+  """Writes a trained model as one file that runs outside capsjax (what `capsjax-export`
+  writes): `format` 'onnx', 'stablehlo' or 'savedmodel' (default: by `path`'s suffix,
+  `.onnx`, `.stablehlo`, `_savedmodel`). `model`: a TrainedModel, a run's workdir
+  (`member` and `step` choose within it, as the command's flags do) or load_trained's
+  (config, model, params). Returns what was written: {'bytes', 'outputs', 'formulation',
+  'platforms', 'provenance'}. An existing `path` is replaced only with `force`.
+
+  Example:
+    `workdir` as in load_trained's example.
+
+    >>> written = capsjax.export(workdir, workdir + '.stablehlo')
+    >>> written['outputs'], written['platforms']
+    (('activations', 'capsules'), ('cpu', 'cuda', 'tpu'))
+    >>> written['provenance']['jax'] == jax.__version__
+    True
+  """
+  if format is None:
+    found = [name for name, suffix in SUFFIXES.items() if os.fspath(path).endswith(suffix)]
+    if not found:
+      raise ConfigError(f'export: {path!r} has none of the suffixes {", ".join(SUFFIXES.values())}: give '
+                        f'format= ({", ".join(SUFFIXES)})')
+    format = found[0]
+  from capsjax.app.trained import TrainedModel  # pylint: disable=g-import-not-at-top
+  return write_file(TrainedModel.of(model, member, step), format, os.fspath(path), reconstructions, force)
+
+
 def file_format(path: str) -> str:
   """The format of an exported file, by what it is ('savedmodel': a folder) or its suffix."""
   if os.path.isdir(path):

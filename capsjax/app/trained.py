@@ -54,6 +54,7 @@ class TrainedModel:
   member: Optional[int] = None      # of an ensemble run: which member, of how many
   members: Optional[int] = None
   summed: bool = False              # every member of a seed ensemble (summed_seeds): params [members, …]
+  in_memory: bool = False           # given from Python (load_trained's tuple): no workdir, no export
 
   @classmethod
   def from_workdir(cls, workdir: str, member: Optional[int] = None, data: Optional[Dict[str, str]] = None,
@@ -103,7 +104,7 @@ class TrainedModel:
     """Which model this is, for the console and the explorer's page: the checkpoint's step,
     of how many, whether the run finished, and of an ensemble run which member."""
     if self.step is None:
-      return f'{self.source} (exported from {self.config.experiment})'
+      return self.source if self.in_memory else f'{self.source} (exported from {self.config.experiment})'
     of = f' of {self.num_steps:,}' if self.num_steps else ''
     state = 'finished' if self.finished else 'training not finished: this is an intermediate checkpoint'
     if self.summed:
@@ -120,6 +121,24 @@ class TrainedModel:
     if self.summed:
       raise CheckpointError(f'{what} takes one model, not the {self.members} members of {self.source} summed '
                             '(--member=all): choose one with --member=K (from Python, member=K)')
+
+  @classmethod
+  def of(cls, value, member: Optional[int] = None, step: Optional[int] = None) -> 'TrainedModel':
+    """`value` as a TrainedModel: one already; a run's workdir (`from_workdir` with `member`
+    and `step`); or load_trained's (config, model, params) of one model, held in memory.
+    CapsjaxError for anything else, and for an ensemble's params (every member's at once)."""
+    if isinstance(value, cls):
+      return value
+    if isinstance(value, (str, os.PathLike)):
+      return cls.from_workdir(os.fspath(value), member, step=step)
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], ml_collections.ConfigDict):
+      config, model, params = value
+      if assemble.members(config):
+        raise CheckpointError(f'the params of {config.experiment!r} hold every member of its ensemble: load one '
+                              'with TrainedModel.from_workdir(workdir, member=K)')
+      return cls(config, model, params, f'a model in memory ({config.experiment})', in_memory=True)
+    raise CheckpointError(f'a trained model is a TrainedModel, a run\'s workdir or load_trained\'s (config, model, '
+                          f'params), got {type(value).__name__}')
 
   @classmethod
   def exported(cls, directory: str, source: Optional[str] = None) -> 'TrainedModel':

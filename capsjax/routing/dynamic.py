@@ -56,30 +56,24 @@ def dynamic_routing(
 
   Args:
     prediction_vectors: û, [batch, in_caps, out_caps, out_dim].
-    num_iterations: r ≥ 1. A Python (or NumPy) int runs exactly r iterations. A JAX
-      integer (traced, for `jax.vmap` over r or r as a jit argument) needs
-      `max_iterations`, a static bound: the loop then runs max_iterations times and
-      iterations ≥ r leave the state as it is, which keeps reverse-mode differentiation
-      available (a loop with traced bounds would be a while_loop, which cannot be
-      reverse-differentiated).
-    max_iterations: static upper bound on r; required when r is traced.
-    stop_gradient_predictions: gradients reach û only through the last iteration, as in
-      the authors' later code; the earlier iterations only choose the coupling.
-    leaky: add a "none-of-the-above" parent with a constant zero logit (see
-      `coupling_coefficients`).
-    log_priors: initial logits, broadcastable to [batch, in_caps, out_caps]; learned
-      log priors (the paper's section 2) are passed here. Default zeros.
+    num_iterations: r ≥ 1. A Python (or NumPy) int runs exactly r iterations. A traced
+      JAX integer (`jax.vmap` over r, r as a jit argument) needs `max_iterations`.
+    max_iterations: static bound on r, required when r is traced: the loop runs that many
+      times and iterations ≥ r keep the state (reverse-mode differentiable, which a
+      while_loop with traced bounds is not).
+    stop_gradient_predictions: gradients reach û through the last iteration only (the authors' later code).
+    leaky: add a "none-of-the-above" parent with a zero logit (`coupling_coefficients`).
+    log_priors: initial logits, broadcastable to [batch, in_caps, out_caps] (default 0):
+      the paper's learned log priors (section 2).
     bias: optional [out_caps, out_dim] added to s_j before squash.
-    return_logits: also return the logits after every iteration,
-      [max_iterations or r, batch, in_caps, out_caps] (rows past r repeat the final
-      logits), for routing-convergence analysis.
-    unroll: unroll the fori_loop (`fori_loop(..., unroll=True)`): the same iterations as
-      straight-line code, which lets XLA fuse across them; same values (model option
-      `routing_loop`, resolved per backend by capsjax.formulations).
+    return_logits: also return the logits after every iteration, [max_iterations or r,
+      batch, in_caps, out_caps] (rows past r repeat the last), for convergence analysis.
+    unroll: the iterations as straight-line code (`fori_loop(..., unroll=True)`), which XLA
+      fuses across; same values (the model's `routing_loop`: capsjax.formulations).
 
   Returns:
-    RoutingResult: parents v [batch, out_caps, out_dim], activations |v_j| [batch,
-    out_caps], and with `return_logits` the logits per iteration.
+    RoutingResult: parents v [batch, out_caps, out_dim], activations |v_j| [batch, out_caps],
+    with `return_logits` the logits per iteration.
 
   Example:
     >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
@@ -93,27 +87,15 @@ def dynamic_routing(
     >>> jax.vmap(route_r)(jnp.arange(1, 4)).shape                     # [r, batch, out, dim]
     (3, 2, 3, 4)
   """
-  check_prediction_vectors(prediction_vectors, 'dynamic_routing')
-  prediction_vectors = jnp.asarray(prediction_vectors)   # NumPy's float64 → JAX's float (no x64: float32)
-  check_flags('dynamic_routing', stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
-              return_logits=return_logits, unroll=unroll)
+  prediction_vectors = _checked_votes(prediction_vectors, log_priors, bias,
+                                      stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
+                                      return_logits=return_logits, unroll=unroll)
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
-  for name, given, target, layout in (('log_priors', log_priors, (batch, in_caps, out_caps), 'in_caps, out_caps'),
-                                      ('bias', bias, (batch, out_caps, out_dim), 'out_caps, out_dim')):
-    if given is not None and not _broadcasts(np.shape(given), target):   # (XLA's error names neither)
-      raise ArgumentError(f'dynamic_routing: {name} of shape {np.shape(given)} does not broadcast to the votes\' '
-                          f'[batch, {layout}] {target}')
   length, static_count = loop_length(num_iterations, max_iterations)
   last_iteration = jnp.asarray(num_iterations if static_count is None else static_count) - 1
-
   dtype = prediction_vectors.dtype
   predictions_by_parent = jnp.transpose(prediction_vectors, (0, 2, 1, 3))  # [batch, out, in, dim]
-  # b, parent-major. Behind an optimization barrier: XLA would otherwise fold the unrolled
-  # first iteration's softmax over this constant at compile time, element by element.
-  routing_logits = jax.lax.optimization_barrier(jnp.zeros((batch, out_caps, in_caps), dtype))
-  if log_priors is not None:
-    priors = jnp.broadcast_to(log_priors.astype(dtype), (batch, in_caps, out_caps))
-    routing_logits = routing_logits + jnp.transpose(priors, (0, 2, 1))
+  routing_logits = _initial_logits(log_priors, batch, in_caps, out_caps, dtype)   # b [batch, out, in]
   parents = jnp.zeros((batch, out_caps, out_dim), dtype)
   history = jnp.zeros((length, batch, in_caps, out_caps), dtype) if return_logits else None
   frozen_predictions = jax.lax.stop_gradient(predictions_by_parent)
@@ -135,6 +117,32 @@ def dynamic_routing(
 
   parents, _, history = fori_loop(0, length, body, (parents, routing_logits, history), unroll)
   return RoutingResult(parents, vector_norm(parents), logits=history)
+
+
+def _checked_votes(prediction_vectors, log_priors, bias, **flags) -> Array:
+  """û as a JAX array (NumPy's float64 → JAX's float), its flags and the shapes of
+  log_priors and bias checked (XLA's error would name neither)."""
+  check_prediction_vectors(prediction_vectors, 'dynamic_routing')
+  prediction_vectors = jnp.asarray(prediction_vectors)
+  check_flags('dynamic_routing', **flags)
+  batch, in_caps, out_caps, out_dim = prediction_vectors.shape
+  for name, given, target, layout in (('log_priors', log_priors, (batch, in_caps, out_caps), 'in_caps, out_caps'),
+                                      ('bias', bias, (batch, out_caps, out_dim), 'out_caps, out_dim')):
+    if given is not None and not _broadcasts(np.shape(given), target):
+      raise ArgumentError(f'dynamic_routing: {name} of shape {np.shape(given)} does not broadcast to the votes\' '
+                          f'[batch, {layout}] {target}')
+  return prediction_vectors
+
+
+def _initial_logits(log_priors: Optional[Array], batch: int, in_caps: int, out_caps: int, dtype) -> Array:
+  """b before the first iteration, parent-major [batch, out_caps, in_caps]: log_priors, or
+  zeros behind an optimization barrier (XLA would otherwise fold the unrolled first
+  iteration's softmax over this constant at compile time, element by element)."""
+  logits = jax.lax.optimization_barrier(jnp.zeros((batch, out_caps, in_caps), dtype))
+  if log_priors is None:
+    return logits
+  priors = jnp.broadcast_to(log_priors.astype(dtype), (batch, in_caps, out_caps))
+  return logits + jnp.transpose(priors, (0, 2, 1))
 
 
 def routing_logit_changes(logits_per_iteration: Array, initial_logits: Optional[Array] = None) -> Array:
