@@ -156,7 +156,7 @@ case "${1:-}" in
     environment
     mkdir -p "$OUT/$name"
     # params.npz, test_sample.npz, config.json (each < 16 MiB: they come back) and the log.
-    python3 -m capsjax.app.explorer.export --workdir="$LEGS/$name" --out="$OUT/$name/shipped" --evaluate "$@" \
+    python3 -m capsjax.app.export --workdir="$LEGS/$name" --out="$OUT/$name/shipped" --evaluate "$@" \
       2>&1 | tee "$OUT/$name/export.log"
     ;;
   segment)

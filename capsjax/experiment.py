@@ -1,4 +1,5 @@
-"""A run built once from a validated config: `build(config, mesh, platform)` → `Experiment`.
+"""A run built once from a validated config: `start(config, mesh)` → `Experiment` (the data
+resolved, the model chosen, then `build(config, mesh, platform)`).
 
 What the training loop and the planner take (neither reads the config again): the run's
 own settings, its splits, its model (the formulation chosen for the platform), its length
@@ -82,6 +83,22 @@ class Experiment:
   recorded: Dict[str, Any]                   # the config as config.json and results.json record it
   notes: Tuple[str, ...] = ()                # an explicit formulation measured slow on the platform
   labels_per_example: int = 1                # 2: MultiMNIST's pairs (accuracy: both among the top 2)
+  model_choice: Optional[str] = None         # what start chose for the model's 'auto' keys, and why
+
+
+def start(config, mesh, *, platform: str = '', loader=None, recorded: Optional[Dict[str, Any]] = None,
+          available: Optional[float] = None) -> Experiment:
+  """A run started from its validated config in the order every entry takes (capsjax-plan
+  and the routing zoo call this; train_and_evaluate takes the same steps and binds its
+  workdir between the choice and the build, so that a resumed run whose config changed is
+  refused before its data is read): what the data says fills what the config leaves open
+  (assemble.resolve_data: shape, classes); the model's 'auto' keys are chosen for the batch
+  within `available` bytes per device (assemble.choose_model; a resumed run's `recorded`
+  config keeps its choices); then `build`. The choice's line is the Experiment's
+  `model_choice`."""
+  config = assemble.resolve_data(config)
+  config, chosen = assemble.choose_model(config, recorded, available=available, platform=platform)
+  return dataclasses.replace(build(config, mesh, platform, loader), model_choice=chosen)
 
 
 def build(config, mesh, platform: str = '', loader=None) -> Experiment:

@@ -102,10 +102,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return _complete(workdir, previous)
   try:
     _log(f'{settings.experiment}: reading the data ({config.dataset}) and tracing the model…')
-    config = assemble.resolve_data(config)   # the data's shape and classes where the config leaves them open
     recorded = (stored_config.read_config(workdir).to_dict()
                 if os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)) else None)
-    config, chosen = assemble.choose_model(config, recorded)
+    # experiment.start's steps, with the workdir bound between the model's choice and the
+    # build: a resumed run whose config changed is refused before its data is read.
+    config, chosen = assemble.choose_model(assemble.resolve_data(config), recorded)
     if chosen:
       _log(chosen)
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():

@@ -33,7 +33,7 @@ LAYERS = [
     ('train', 'workdir', 'stored_config'),
     ('app', 'app.cli', 'app.distributed', 'app.trained', 'app.plots', 'app.multimnist', 'app.serving'),
     ('app.predict', 'app.explorer', 'app.programs'),
-    ('app.launch', 'app.plan'),
+    ('app.launch', 'app.plan', 'app.export'),
     ('app.commands',),
     # The package itself (capsjax/__init__.py: the public API, loaded lazily, which points
     # at library and application names alike) and `python -m capsjax`.

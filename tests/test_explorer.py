@@ -29,7 +29,7 @@ from capsjax.data.pipeline import preprocess
 from capsjax.app.explorer import __main__ as explorer_main
 from capsjax.app.explorer import server as server_module
 from capsjax.app.explorer.backend import Explorer, RequestError, mnist_preprocess, to_pixels
-from capsjax.app.explorer.export import MAX_SHIPPED_FILE_BYTES
+from capsjax.app.export import MAX_SHIPPED_FILE_BYTES
 from capsjax.app.explorer.server import make_server
 from capsjax.models import build_model
 from capsjax.app import predict as predict_command

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from capsjax.app import serving
-from capsjax.app.explorer import export
+from capsjax.app import export
 from capsjax.app.predict import Predictor
 from capsjax.app.trained import TrainedModel
 from capsjax.data.sources import load_dataset
@@ -126,12 +126,7 @@ def test_a_trained_model_exports_to_files_that_compute_what_capsjax_computes(mni
   assert serving.read_provenance(stablehlo_path) == json.load(open(f'{stablehlo_path}.json'))
   assert serving.read_provenance(stablehlo_path)['jax'] == jax.__version__
   _agree(serving.run_file(stablehlo_path, images), predicted, images)
-  # From Python, load_trained's (config, model, params) exports as the command's workdir does.
-  in_memory = str(tmp_path / 'in_memory.stablehlo')
-  written = capsjax.export(capsjax.load_trained(mnist_run), in_memory, reconstructions=True)
-  assert written['provenance']['source'] == 'a model in memory (mnist)'
-  _agree(serving.run_file(in_memory, images), predicted, images)
-  os.remove(in_memory), os.remove(in_memory + '.json')
+  # From Python (load_trained's tuple: capsjax.export's example), the format by the suffix.
   with pytest.raises(capsjax.ConfigError, match=r"^export: 'model.bin' has none of the suffixes \.onnx, "
                                                 r"\.stablehlo, _savedmodel: give format="):
     capsjax.export(mnist_run, 'model.bin')
@@ -274,7 +269,7 @@ def _documented_blocks_run(onnx_path, stablehlo_path, savedmodel_path, digit, fo
   os.makedirs(folder)
   # README's (and docs/serving.md's) export of the shipped model, as written, in that folder.
   readme = documented.command(r'^capsjax-export --format=onnx --out=mnist_official.onnx$').args()
-  exported = subprocess.run([sys.executable, '-m', 'capsjax.app.explorer.export', *readme], cwd=folder,
+  exported = subprocess.run([sys.executable, '-m', 'capsjax.app.export', *readme], cwd=folder,
                             capture_output=True, text=True, timeout=600)
   assert exported.returncode == 0 and os.path.getsize(folder / 'mnist_official.onnx') > 20e6, exported.stderr[-2000:]
   del onnx_path

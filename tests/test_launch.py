@@ -150,7 +150,7 @@ def test_malformed_xla_flags_end_the_command_before_jax_starts(command, case):
   assert result.stderr.startswith(message), result.stderr
 
 
-@pytest.mark.parametrize('module', ['capsjax.app.predict', 'capsjax.app.explorer', 'capsjax.app.explorer.export',
+@pytest.mark.parametrize('module', ['capsjax.app.predict', 'capsjax.app.explorer', 'capsjax.app.export',
                                     'capsjax.app.programs.figures', 'capsjax.app.programs.segmentation',
                                     'capsjax.app.multimnist'])
 def test_a_backend_jax_cannot_start_is_one_line_for_every_command(module, tmp_path):

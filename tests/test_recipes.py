@@ -16,7 +16,7 @@ from capsjax.data.sources import Dataset
 from capsjax.assemble import split_validation
 from capsjax.errors import CapsjaxError, CheckpointError, ConfigError, RunStopped
 from capsjax.app import predict as predict_main
-from capsjax.app.explorer import export as export_main
+from capsjax.app import export as export_main
 from capsjax.app.explorer.backend import Explorer
 from capsjax.app.predict import Predictor
 from capsjax.data import load_dataset

@@ -3,7 +3,7 @@
   capsjax               train and evaluate an experiment   (python -m capsjax, python run.py)
   capsjax-predict       classify image files               (python -m capsjax.app.predict)
   capsjax-explorer      serve the capsule explorer         (python -m capsjax.app.explorer)
-  capsjax-export        export a run for predict/explorer  (python -m capsjax.app.explorer.export)
+  capsjax-export        export a run for predict/explorer  (python -m capsjax.app.export)
   capsjax-figures       the paper's figures of a run       (python -m capsjax.app.programs.figures)
   capsjax-segmentation  MultiMNIST segmentation figures    (python -m capsjax.app.programs.segmentation)
   capsjax-multimnist    export MultiMNIST examples         (python -m capsjax.app.multimnist)
@@ -38,7 +38,7 @@ def plan() -> NoReturn:
 
 predict = _command('capsjax.app.predict')
 explorer = _command('capsjax.app.explorer.__main__')
-export = _command('capsjax.app.explorer.export')
+export = _command('capsjax.app.export')
 figures = _command('capsjax.app.programs.figures')
 segmentation = _command('capsjax.app.programs.segmentation')
 multimnist = _command('capsjax.app.multimnist')

@@ -770,7 +770,7 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
     (4, 8)
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from capsjax import assemble, formulations, models  # pylint: disable=g-import-not-at-top
+  from capsjax import experiment, formulations, models  # pylint: disable=g-import-not-at-top
   if not isinstance(find_largest_batch, bool):   # ('no' is true: it ran the minutes-long search)
     raise ConfigError(f'plan_run: find_largest_batch={find_largest_batch!r}: allowed True or False')
   for name, function in (('log', log), ('on_configured', on_configured)):
@@ -782,9 +782,9 @@ def plan_run(config: ml_collections.ConfigDict, target: str, find_largest_batch:
   hbm_per_device = parsed.chip.hbm_bytes * parsed.chip.usable_fraction / devices_per_chip
   config.host_images = 'rows'   # a source without split sizes is read lazily, never whole
   started = time.time()
-  config = assemble.resolve_data(config)
-  config, model_choice = assemble.choose_model(config, None, available=hbm_per_device, platform=parsed.platform)
-  built = _program(config, mesh, parsed.platform)
+  built = experiment.start(config, mesh, platform=parsed.platform, loader=_zeros_loader(config),
+                           available=hbm_per_device)
+  config, model_choice = ml_collections.ConfigDict(built.recorded), built.model_choice   # as resolved and chosen
   program, train_examples = built.steps, built.train.num_examples
   abstract_state = program.abstract_state
   log(f'compiling the training step and an evaluation batch for {parsed.topology_name} '

@@ -365,11 +365,11 @@ def export(model, path: str, format: Optional[str] = None, *, reconstructions: b
   Example:
     `workdir` as in load_trained's example.
 
-    >>> written = capsjax.export(workdir, workdir + '.stablehlo')
+    >>> written = capsjax.export(capsjax.load_trained(workdir), workdir + '.stablehlo')   # or the workdir
     >>> written['outputs'], written['platforms']
     (('activations', 'capsules'), ('cpu', 'cuda', 'tpu'))
-    >>> written['provenance']['jax'] == jax.__version__
-    True
+    >>> written['provenance']['source'], written['provenance']['jax'] == jax.__version__
+    ('a model in memory (mnist_smoke)', True)
   """
   if format is None:
     found = [name for name, suffix in SUFFIXES.items() if os.fspath(path).endswith(suffix)]

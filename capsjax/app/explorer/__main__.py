@@ -40,6 +40,10 @@ def main(argv=None):
   if args.workdir is not None:   # a workdir without a run: one line before anything else
     from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
     read_config(args.workdir)
+  elif args.member is not None:   # flags that need a workdir: said before the port is taken
+    cli.fail('capsjax-explorer: --member needs --workdir (the shipped model is a single run)')
+  elif cli.data_overrides(args):
+    cli.fail('capsjax-explorer: --data_dir / --tfds_data_dir need --workdir (the shipped model has its images)')
   try:   # bound before the model loads: a busy port or a bad --host is found at once
     server = make_server(None, args.host, args.port)
   except OSError as e:
@@ -49,10 +53,6 @@ def main(argv=None):
           'explorer', file=sys.stderr, flush=True)
   console.say(f'loading {"the model in " + args.workdir if args.workdir else "the shipped model"}…')
   if args.workdir is None:
-    if args.member is not None:
-      cli.fail('capsjax-explorer: --member needs --workdir (the shipped model is a single run)')
-    if cli.data_overrides(args):
-      cli.fail('capsjax-explorer: --data_dir / --tfds_data_dir need --workdir (the shipped model has its images)')
     explorer = Explorer.shipped(show_progress=True)
   else:
     explorer = Explorer.from_workdir(args.workdir, args.member, args.num_images, cli.data_overrides(args),

@@ -143,7 +143,7 @@ def training_timer(config, name: str, steps: int) -> Callable[[], float]:
   """A timed sample of routing `name`'s training program (its members vmapped, as trained;
   compiled here): `steps` steps from a fresh state → images/s over every member."""
   member = routing_config(config, name)
-  program = experiment.build(member, sharding.data_mesh()).steps
+  program = experiment.start(member, sharding.data_mesh()).steps   # as train_and_evaluate starts it
   carried = {'state': program.initial_state, 'step': 0}
 
   def run(count):
