@@ -70,8 +70,9 @@ def _srun(env, workdir, data_dir, log):
 
 def test_srun_two_tasks_stopped_by_scancel_resume_and_train_like_one_process(slurm, mnist_dir, tmp_path):
   # The one-process run to compare with, beside the job (most of each is starting Python and JAX).
+  one_log = tmp_path / 'one.log'   # a file, not a pipe: nothing reads it until the job is stopped
   one = subprocess.Popen([sys.executable, *TRAINING, f'--workdir={tmp_path / "one"}', f'--config.data_dir={mnist_dir}'],
-                         cwd=ROOT, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         cwd=ROOT, env=slurm, stdout=open(one_log, 'w'), stderr=subprocess.STDOUT)
 
   # The job stopped mid-run by Slurm: SIGTERM to both tasks, which agree on a step,
   # checkpoint there and exit 75.
@@ -88,8 +89,8 @@ def test_srun_two_tasks_stopped_by_scancel_resume_and_train_like_one_process(slu
     subprocess.run(['scancel', '--signal=TERM', job_id[0]], env=slurm, check=True, timeout=60)
     job.wait(timeout=300)
   first = log_path.read_text()
-  said = one.communicate(timeout=600)[0]
-  assert one.returncode == 0, said[-3000:]
+  one.wait(timeout=600)
+  assert one.returncode == 0, one_log.read_text()[-3000:]
   # srun says it per task or for both at once ('tasks 0-1: Exited with exit code 75').
   assert re.findall(r'Exited with exit code (\d+)', first) in (['75'], ['75', '75']), first[-3000:]
   assert 'over 2 processes' in first, first[-3000:]

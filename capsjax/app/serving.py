@@ -155,7 +155,7 @@ def import_onnx_plugins() -> bool:
   return True
 
 
-def _onnx_proto(trained, reconstructions: bool):
+def _onnx_proto(trained, reconstructions: bool, written: Dict[str, str]):
   try:
     import jax2onnx  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -186,7 +186,7 @@ def _onnx_proto(trained, reconstructions: bool):
   metadata = {'capsjax_classes': json.dumps(list(trained.info.class_names)),
               'capsjax_images': f'uint8 [batch, {", ".join(map(str, trained.info.image_shape))}], 0-255',
               'capsjax_formulation': json.dumps(EXPORT_FORMULATION), 'capsjax_source': trained.describe(),
-              PROVENANCE: json.dumps(provenance(trained))}
+              PROVENANCE: json.dumps(written)}
   for key, value in metadata.items():
     entry = proto.metadata_props.add()
     entry.key, entry.value = key, value
@@ -209,14 +209,19 @@ def _empty_batch_guarded(infer):
   return guarded
 
 
+def _subgraphs(node) -> list:
+  """The graphs an ONNX node holds as attributes (an If's branches, a Loop's body)."""
+  import onnx  # pylint: disable=g-import-not-at-top
+  return [graph for attribute in node.attribute
+          for graph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs)]
+
+
 def _used_names(graph, names: set) -> set:
   """The value names that `graph`'s nodes (and those of its subgraphs) read, and its outputs."""
-  import onnx  # pylint: disable=g-import-not-at-top
   for node in graph.node:
     names.update(node.input)
-    for attribute in node.attribute:
-      for subgraph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-        _used_names(subgraph, names)
+    for subgraph in _subgraphs(node):
+      _used_names(subgraph, names)
   names.update(output.name for output in graph.output)
   return names
 
@@ -225,15 +230,13 @@ def _drop_unused_initializers(graph) -> None:
   """Removes the initializers no node reads, in `graph` and in each branch's subgraph
   (jax2onnx leaves a branch's constants in the main graph too; ONNX Runtime then prints a
   warning for each one at every session start)."""
-  import onnx  # pylint: disable=g-import-not-at-top
   used = _used_names(graph, set())
   kept = [initializer for initializer in graph.initializer if initializer.name in used]
   del graph.initializer[:]
   graph.initializer.extend(kept)
   for node in graph.node:
-    for attribute in node.attribute:
-      for subgraph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-        _drop_unused_initializers(subgraph)
+    for subgraph in _subgraphs(node):
+      _drop_unused_initializers(subgraph)
 
 
 def _stablehlo_bytes(trained, reconstructions: bool) -> bytes:
@@ -243,7 +246,7 @@ def _stablehlo_bytes(trained, reconstructions: bool) -> bytes:
   return bytes(exported.serialize())
 
 
-def _write_savedmodel(trained, reconstructions: bool, folder: str) -> None:
+def _write_savedmodel(trained, reconstructions: bool, folder: str, written: Dict[str, str]) -> None:
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')   # TensorFlow's start-up lines
   try:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -262,7 +265,7 @@ def _write_savedmodel(trained, reconstructions: bool, folder: str) -> None:
     _check_tensorflow_runs(folder, trained, tf)
     os.makedirs(os.path.join(folder, 'assets.extra'), exist_ok=True)   # TF Serving's folder of extra files
     with open(os.path.join(folder, 'assets.extra', f'{PROVENANCE}.json'), 'w', encoding='utf-8') as f:
-      json.dump(provenance(trained), f, indent=1)
+      json.dump(written, f, indent=1)
   except tf.errors.OpError as error:   # a full or read-only disk: TensorFlow's own error types
     reason = next((os.strerror(code) for code in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT)
                    if os.strerror(code).lower() in str(error.message).lower()), None)
@@ -314,6 +317,7 @@ def write_file(trained, format_name: str, path: str, reconstructions: bool = Fal
   if format_name not in SUFFIXES:
     raise ConfigError(f'--format={format_name!r}: allowed one of {", ".join(FORMATS)}')
   check_output(path, force, format_name)
+  written = provenance(trained)   # one record for the file, its metadata and the summary
   from capsjax.app.cli import removed_if_stopped  # pylint: disable=g-import-not-at-top
   # A hidden name of its own beside `path` (never a user's file), removed if the export fails
   # or a signal ends the command.
@@ -323,19 +327,19 @@ def write_file(trained, format_name: str, path: str, reconstructions: bool = Fal
   try:
     with removed_if_stopped(partial), removed_if_stopped(partial_provenance):
       if format_name == 'savedmodel':   # a folder, written beside and renamed
-        _write_savedmodel(trained, reconstructions, partial)
+        _write_savedmodel(trained, reconstructions, partial, written)
         if os.path.exists(path):
           shutil.rmtree(path)
         os.replace(partial, path)
         size = sum(os.path.getsize(os.path.join(top, file)) for top, _, files in os.walk(path) for file in files)
       else:
-        content = (_onnx_proto(trained, reconstructions).SerializeToString() if format_name == 'onnx'
+        content = (_onnx_proto(trained, reconstructions, written).SerializeToString() if format_name == 'onnx'
                    else _stablehlo_bytes(trained, reconstructions))
         with open(partial, 'wb') as f:
           f.write(content)
         if format_name == 'stablehlo':   # its provenance beside it, in place before the file
           with open(partial_provenance, 'w', encoding='utf-8') as f:
-            json.dump(provenance(trained), f, indent=1)
+            json.dump(written, f, indent=1)
           os.replace(partial_provenance, f'{path}.json')
         os.replace(partial, path)
         size = len(content)
@@ -350,7 +354,7 @@ def write_file(trained, format_name: str, path: str, reconstructions: bool = Fal
   names = OUTPUT_NAMES[:3 if reconstructions else 2]
   return {'bytes': size, 'outputs': names, 'formulation': dict(EXPORT_FORMULATION),
           'platforms': LOWERED_FOR if format_name == 'stablehlo' else None,
-          'provenance': read_provenance(path, format_name)}
+          'provenance': written}
 
 
 def export(model, path: str, format: Optional[str] = None, *, reconstructions: bool = False,  # pylint: disable=redefined-builtin
