@@ -27,12 +27,10 @@ def peaks(name: str, grid: int, types: int, batch: int, classes: int, dim: int, 
   with_votes = jax.jit(jax.grad(lambda u, w: jnp.sum(routing.route(
       name, routing.shared_votes(u, w, offsets), None, 3, **options).parents), (0, 1)))
   materialised = memory.traced_peak_bytes(with_votes, *args)
-  form = routing.shared_form(name, options)
-  if form is None:
+  if routing.shared_form(name, options) is None:
     return None, materialised
-  loop, loop_options = routing.loop_arguments(name, 3)
   factored = jax.jit(jax.grad(lambda u, w: jnp.sum(
-      form(u, w, offsets, *loop, **loop_options, **options).parents), (0, 1)))
+      routing.call(name, (u, w, offsets), 3, shared=True, **options).parents), (0, 1)))
   return memory.traced_peak_bytes(factored, *args), materialised
 
 

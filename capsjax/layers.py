@@ -11,8 +11,8 @@ from capsjax.errors import ArgumentError, ConfigError
 from capsjax.formulations import Formulation
 from capsjax.keys import About, Rule, field_problems, int_at_least, int_in, ints_at_least, is_int, one_of, registered
 from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, UNROLLED_INFERENCE, coordinate_offsets,
-                             loop_arguments, route,
-                             own_routing_options, shared_form, shared_votes, squash, vector_norm)
+                             own_routing_options, route, shared_form, shared_votes, squash, vector_norm)
+from capsjax.routing import call as call_routing
 
 Array = jax.Array
 
@@ -284,10 +284,8 @@ class CapsuleLayer(nn.Module):
       options['return_couplings'] = True
     if shared is not None:
       # Without û where the routing has a shared form that takes every option given.
-      factored = shared_form(self.routing, options) if self.votes == 'factored' else None
-      if factored is not None:
-        loop, loop_options = loop_arguments(self.routing, iterations, max_iterations, unroll)
-        return factored(*shared, *loop, **loop_options, **options)
+      if self.votes == 'factored' and shared_form(self.routing, options) is not None:
+        return call_routing(self.routing, shared, iterations, max_iterations, unroll, shared=True, **options)
       prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
     # EM reads the primary capsules' lengths as input activations; the others ignore them.
     input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]

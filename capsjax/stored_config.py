@@ -2,23 +2,26 @@
 their defaults), compared with a run's config (`config_differences`: what would change,
 recipes and sweep variants compared as what they set), and migrated (`upgraded`: flat
 formulation, evaluator and routing-option keys into their sections, routing-input flags
-into `model.routing_inputs`). capsjax.workdir binds a run to it; capsjax.app.trained and
-the programs read it.
+into `model.routing_inputs`); a run bound to it (`bind_config`: a run with another config is
+refused with the differing keys unless it allows a change; `record_config` writes it, which
+the loop does once the first step has run, so a run that fails before it binds nothing;
+`answered_from_files`: a finished run answered without reading data). capsjax.app.trained
+and the programs read it.
 """
 import json
 import os
 import re
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import jax
 import ml_collections
 
-from capsjax import defaults, ensembles, evaluators, formulations
+from capsjax import defaults, ensembles, evaluators, formulations, optimization
 from capsjax.errors import ConfigError, WorkdirError
 from capsjax.layout import FLAT_EVALUATOR_KEYS, FORMULATION_KEYS, ROUTING_INPUT_FLAGS
 from capsjax.models import MODELS, model_config
 from capsjax.routing import ROUTINGS, configurable_routing_options, routing_option_defaults
-
-CONFIG_FILE = 'config.json'
+from capsjax.workdir import CONFIG_FILE, run_status, write_json
 
 # Keys that say how a run is carried out, not what it computes: they may change between
 # invocations of one run (e.g. another data folder, another checkpoint cadence).
@@ -232,3 +235,54 @@ def with_defaults(stored: Dict[str, Any], fallback: Dict[str, Any]) -> Dict[str,
         merged[key].get('name') == default.get('name'):
       merged[key] = with_defaults(merged[key], default)
   return merged
+
+
+def bind_config(workdir: str, config: ml_collections.ConfigDict, allow_change: bool = False) -> List[str]:
+  """Refuses a config other than the workdir's config.json unless `allow_change` (the run's
+  allow_config_change); returns the differences (writes nothing: `record_config`)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  differences = []
+  if os.path.isfile(path):
+    try:
+      with open(path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
+    check_stored(saved, path)
+    # Keys added to capsjax since the run started count as their defaults, not as changes.
+    differences = config_differences(upgraded(saved), config)
+    if differences and not allow_change:
+      shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
+      raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '
+                        '--workdir, or pass --config.allow_config_change=True to continue it with this one')
+  return differences
+
+
+def record_config(workdir: str, recorded: Dict[str, Any]) -> None:
+  """Writes config.json (`recorded`: the config as a dict) when it is missing or differs
+  (after `bind_config` allowed it)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.isfile(path) or bind_config(workdir, ml_collections.ConfigDict(recorded), allow_change=True):
+    write_json(path, recorded)
+
+
+def answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[str, Any],
+                        newest: Optional[int]) -> bool:
+  """Whether the run is finished for this same config (run_status, at the length this
+  config gives) as its files say, so that nothing need be read or compiled. Keys the data
+  fills in (an open model.input_shape / num_classes, class_names) are not compared."""
+  if not previous.get('completed') or jax.process_count() > 1 or newest != previous.get('steps'):
+    return False
+  saved = read_config(workdir).to_dict()
+  model = config.model   # any family: the data fills input_shape and num_classes where they are open
+  open_keys = {key for key, is_open in (('model.input_shape', 'input_shape' in model and not tuple(model.input_shape)),
+                                         ('model.num_classes', 'num_classes' in model and model.num_classes == 0),
+                                         ('class_names', not tuple(config.class_names)))
+               if is_open} | {f'model.{key}' for key, value in model.items() if value == 'auto'}   # chosen by the run
+  if any(line.split(':')[0] not in open_keys for line in config_differences(saved, config)):
+    return False
+  if not config.num_steps and 'num_train_examples' not in previous:
+    return False
+  length = optimization.total_steps(config.num_steps, config.num_epochs, config.batch_size,
+                             previous.get('num_train_examples', 0))
+  return run_status(workdir, reevaluate, previous, newest, length) == 'finished'

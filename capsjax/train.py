@@ -98,7 +98,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   workdir_lib.run_status(absolute, settings.reevaluate, previous, newest)   # refuses before the workdir is touched
   workdir = workdir_lib.prepare(workdir)
   is_writer = sharding.is_main_process()
-  if workdir_lib.answered_from_files(workdir, config, settings.reevaluate, previous, newest):   # no data read, nothing compiled
+  if stored_config.answered_from_files(workdir, config, settings.reevaluate, previous, newest):   # no data read, nothing compiled
     return _complete(workdir, previous)
   try:
     _log(f'{settings.experiment}: reading the data ({config.dataset}) and tracing the model…')
@@ -110,7 +110,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if chosen:
       _log(chosen)
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
-      changed = workdir_lib.bind_config(workdir, config, settings.allow_config_change)
+      changed = stored_config.bind_config(workdir, config, settings.allow_config_change)
       if changed:
         _log(f'continuing {workdir} with a changed config: {"; ".join(changed)}')
       built = experiment_lib.build(config, sharding.data_mesh())
@@ -179,7 +179,7 @@ def _train(built: experiment_lib.Experiment, workdir: str, stop_at_step: Optiona
     if console.miscompile_guard and jax.default_backend() == 'cpu':
       _log(f'jaxlib {jax.lib.__version__} on a CPU: its YNNPACK reduce fusions, which can sum wrongly (JAX issue '
            f'39103), are off ({console.miscompile_guard} in XLA_FLAGS)')
-    record_config = (lambda: workdir_lib.record_config(workdir, built.recorded)) if is_writer else (lambda: None)
+    record_config = (lambda: stored_config.record_config(workdir, built.recorded)) if is_writer else (lambda: None)
     train_metrics = _steps(run, program.train_step, hooks, requests, record_config)
     for hook in hooks:
       hook.end(run)

@@ -3,11 +3,9 @@
 - `prepare(path)`: `~` expanded, created, and proven writable with a probe file, so a
   read-only folder, a file or a full disk is one clear error before anything is computed.
 - `Lock`: a second run on the same workdir stops at once with the holder's pid.
-- `bind_config`: a run with a config other than the workdir's `config.json` (read and
-  compared by capsjax.stored_config) is refused with the differing keys, unless the run
-  allows a change; `record_config` writes
-  `config.json`, which the loop does once the first step has run (a run that fails
-  before it, on bad data or a shape error, binds nothing).
+- `run_status` / `end_status`: what the run in it is (fresh, resumed, finished) at the start
+  and at the end of an invocation. Its `config.json` is capsjax.stored_config's (bound,
+  recorded, compared).
 - `MetricsLog`: `metrics.jsonl`, cut back to the restored step on resume, so every step
   appears once.
 """
@@ -18,14 +16,10 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-import jax
-import ml_collections
-
-from capsjax import optimization
-from capsjax.errors import CheckpointError, ConfigError, WorkdirError
+from capsjax.errors import CheckpointError, WorkdirError
 from capsjax.runtime import SIGNAL_STOPS
-from capsjax.stored_config import CONFIG_FILE, check_stored, config_differences, read_config, upgraded
 
+CONFIG_FILE = 'config.json'
 LOCK_FILE = '.lock'
 METRICS_FILE = 'metrics.jsonl'
 # What a run keeps in its workdir: name → whether it is a folder.
@@ -150,35 +144,6 @@ def write_json(path: str, value) -> None:
   os.replace(temporary, path)   # never a half-written file
 
 
-def bind_config(workdir: str, config: ml_collections.ConfigDict, allow_change: bool = False) -> List[str]:
-  """Refuses a config other than the workdir's config.json unless `allow_change` (the run's
-  allow_config_change); returns the differences (writes nothing: `record_config`)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  differences = []
-  if os.path.isfile(path):
-    try:
-      with open(path) as f:
-        saved = json.load(f)
-    except (OSError, ValueError) as e:
-      raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
-    check_stored(saved, path)
-    # Keys added to capsjax since the run started count as their defaults, not as changes.
-    differences = config_differences(upgraded(saved), config)
-    if differences and not allow_change:
-      shown = '; '.join(differences[:6]) + (f'; and {len(differences) - 6} more' if len(differences) > 6 else '')
-      raise ConfigError(f'workdir {workdir} holds a run with another config ({shown}); use another '
-                        '--workdir, or pass --config.allow_config_change=True to continue it with this one')
-  return differences
-
-
-def record_config(workdir: str, recorded: Dict[str, Any]) -> None:
-  """Writes config.json (`recorded`: the config as a dict) when it is missing or differs
-  (after `bind_config` allowed it)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(path) or bind_config(workdir, ml_collections.ConfigDict(recorded), allow_change=True):
-    write_json(path, recorded)
-
-
 class MetricsLog:
   """workdir/metrics.jsonl, one JSON object per line; only the writer process writes.
   With `events` (capsjax.events.EventWriter) every row is also written for TensorBoard."""
@@ -273,25 +238,3 @@ def end_status(step: int, num_steps: int, stop_reason: Optional[str], evaluated_
   if step < num_steps or (stop_reason in SIGNAL_STOPS and evaluated_step != step):
     return 'stopped'
   return 'finished' if evaluated_step == step else 'unevaluated'
-
-
-def answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[str, Any],
-                        newest: Optional[int]) -> bool:
-  """Whether the run is finished for this same config (run_status, at the length this
-  config gives) as its files say, so that nothing need be read or compiled. Keys the data
-  fills in (an open model.input_shape / num_classes, class_names) are not compared."""
-  if not previous.get('completed') or jax.process_count() > 1 or newest != previous.get('steps'):
-    return False
-  saved = read_config(workdir).to_dict()
-  model = config.model   # any family: the data fills input_shape and num_classes where they are open
-  open_keys = {key for key, is_open in (('model.input_shape', 'input_shape' in model and not tuple(model.input_shape)),
-                                         ('model.num_classes', 'num_classes' in model and model.num_classes == 0),
-                                         ('class_names', not tuple(config.class_names)))
-               if is_open} | {f'model.{key}' for key, value in model.items() if value == 'auto'}   # chosen by the run
-  if any(line.split(':')[0] not in open_keys for line in config_differences(saved, config)):
-    return False
-  if not config.num_steps and 'num_train_examples' not in previous:
-    return False
-  length = optimization.total_steps(config.num_steps, config.num_epochs, config.batch_size,
-                             previous.get('num_train_examples', 0))
-  return run_status(workdir, reevaluate, previous, newest, length) == 'finished'

@@ -28,9 +28,9 @@ LAYERS = [
     ('models', 'sizing'),
     ('objectives',),
     ('data',),
-    ('ensembles', 'steps', 'diagnostics', 'evaluators', 'hooks', 'checkpoints', 'reports'),
+    ('ensembles', 'steps', 'diagnostics', 'evaluators', 'hooks', 'checkpoints', 'reports', 'workdir'),
     ('assemble', 'experiment', 'defaults', 'validation'),
-    ('train', 'workdir', 'stored_config'),
+    ('train', 'stored_config'),
     ('app', 'app.cli', 'app.distributed', 'app.trained', 'app.plots', 'app.multimnist', 'app.serving'),
     ('app.predict', 'app.explorer', 'app.programs'),
     ('app.launch', 'app.plan', 'app.export'),
@@ -42,7 +42,7 @@ LAYERS = [
 LIBRARY_LAYERS = 9   # layers 0-8
 # Modules (besides capsjax.app.programs.*) that may take a ConfigDict `config`: the boundary.
 CONFIG_READERS = ('app.launch', 'app.plan', 'validation', 'keys', 'settings', 'assemble', 'experiment', 'train',
-                  'workdir', 'stored_config')
+                  'stored_config')
 
 
 def _modules():

@@ -34,14 +34,6 @@ def uniform_mean(prediction_vectors, input_activations, *, scale=1.0):
   parents = squash(scale * jnp.mean(prediction_vectors, axis=1))   # [batch, out, dim]
   return parents, vector_norm(parents)
 
-
-# The earlier documented protocol: every routing took the loop's arguments.
-@register_routing('uniform_mean_old', iterative=False)
-def uniform_mean_old(prediction_vectors, input_activations, num_iterations, *, max_iterations=None,
-                     unroll=False, scale=1.0):
-  del input_activations, num_iterations, max_iterations, unroll
-  parents = squash(scale * jnp.mean(prediction_vectors, axis=1))
-  return parents, vector_norm(parents)
 '''
 
 # A user's model family and objective: a linear classifier.
@@ -111,7 +103,6 @@ def user_modules(tmp_path):
     _import_file(tmp_path / f'{name}.py', name)
   yield
   ROUTINGS.unregister('uniform_mean')
-  ROUTINGS.unregister('uniform_mean_old')
   MODELS.unregister('linear')
   OBJECTIVES.unregister('linear_xent')
   SOURCES.unregister('npz_pair')
@@ -142,13 +133,13 @@ def test_registering_a_built_in_routing_s_name_warns_and_reimporting_capsjax_s_o
       def mine(prediction_vectors, input_activations):   # pylint: disable=unused-variable
         del input_activations
         return prediction_vectors.mean(axis=1), prediction_vectors.mean(axis=(1, 3))
-      assert ROUTINGS['uniform'].value.__wrapped__ is mine   # replaced (for this process), and said so
+      assert ROUTINGS['uniform'].value is mine   # replaced (for this process), and said so
   finally:
     ROUTINGS.register('uniform', built_in.value, **built_in.capabilities)
   with warnings.catch_warnings():
     warnings.simplefilter('error')
     importlib.reload(uniform_module)   # the same function registered again: no warning (an error here)
-  assert ROUTINGS['uniform'].value.__wrapped__ is uniform_module.uniform
+  assert ROUTINGS['uniform'].value is uniform_module.uniform
 
 
 def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_dir, tmp_path):
@@ -194,15 +185,24 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
   halved = CapsuleLayer(num_capsules=3, dim=4, routing='uniform_mean', routing_options={'uniform_mean': {'scale': 1.0}})
   params = layer.init(jax.random.key(0), capsules)
   assert not np.allclose(layer.apply(params, capsules).parents, halved.apply(params, capsules).parents)   # read
-  # A routing written to the earlier protocol (declaring the loop's arguments although not
-  # iterative) is adapted at registration: it routes, and it trains, unchanged.
-  old = route('uniform_mean_old', predictions, scale=0.5)
-  np.testing.assert_allclose(np.asarray(old.parents), np.asarray(parents))
-  config.model.routing = 'uniform_mean_old'
-  config.model.routing_options = {'uniform_mean_old': {'scale': 2.0}}
-  assert problems_of(config) == []
+  # The registry keeps the function as written; it trains.
+  assert ROUTINGS['uniform_mean'].value is sys.modules['user_routing'].uniform_mean
   results = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert results['completed'] and results['steps'] == 4 and np.isfinite(results['test_loss'])
+  # A routing that does not loop but declares the loop's arguments (the earlier protocol) is
+  # refused in one line, as is a third returned value (couplings and logits go by name).
+  with pytest.raises(ConfigError, match="^routing 'old' is registered iterative=False but takes num_iterations, "
+                                        "max_iterations: a routing that does not loop"):
+    register_routing('old', iterative=False)(
+        lambda prediction_vectors, input_activations, num_iterations, *, max_iterations=None: None)
+  assert 'old' not in ROUTINGS.names()
+  register_routing('three_values', iterative=False)(
+      lambda prediction_vectors, input_activations: (parents, routed.activations, parents))
+  try:
+    with pytest.raises(ValueError, match="^routing 'three_values' returned 3 values: a routing returns a RoutingResult"):
+      route('three_values', predictions)
+  finally:
+    ROUTINGS.unregister('three_values')
   with pytest.raises(ConfigError, match="^routing 'looping' is registered iterative=True but takes no num_iterations: "):
     register_routing('looping')(lambda prediction_vectors, input_activations: None)
   assert 'looping' not in ROUTINGS.names()
@@ -254,7 +254,7 @@ def test_help_of_a_users_config_file_lists_the_users_routing(tmp_path):
                            '--help'], capture_output=True, text=True, timeout=120, env=env)
   assert result.returncode == 0, result.stderr[-2000:]
   routing_line = next(line for line in result.stdout.splitlines() if line.strip().startswith('model.routing ='))
-  assert "'uniform_mean'" in routing_line and 'uniform_mean, uniform_mean_old]' in routing_line
+  assert "'uniform_mean'" in routing_line and 'uniform_mean]' in routing_line
   assert 'model.routing_options.uniform_mean.scale = 1.0' in result.stdout
 
 

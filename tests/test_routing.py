@@ -821,9 +821,8 @@ def test_each_shared_form_equals_its_routing_on_the_materialised_votes(name):
       return loss(routing.route(name, votes, lengths, 3, **options))
 
     def factored(capsules, transforms, options):
-      form = routing.shared_form(name, options)
-      loop, loop_options = routing.loop_arguments(name, 3)
-      return loss(form(capsules, transforms, offsets, *loop, **loop_options, **options))
+      assert routing.shared_form(name, options) is not None
+      return loss(routing.call(name, (capsules, transforms, offsets), 3, shared=True, **options))
 
     # (Jitted: one compilation each, not one per operation.)
     value, grads = jax.jit(jax.value_and_grad(materialised, argnums=(0, 1, 2)))(capsules, transforms, options)

@@ -12,6 +12,7 @@ import pytest
 
 from capsjax import formulations, train
 from capsjax.app.trained import TrainedModel, load_trained
+from capsjax import stored_config
 from capsjax import workdir as workdir_lib
 from capsjax.errors import CheckpointError, ConfigError, DataError, RunStopped, WorkdirError
 from helpers import tiny_config
@@ -103,10 +104,10 @@ def test_config_is_written_after_the_first_step_and_a_changed_config_is_refused(
     train.train_and_evaluate(changed, str(tmp_path))
   # How a run is carried out may change: another log cadence, data folder, stop step.
   runtime_only = tiny_config(mnist_dir, num_steps=4, log_every_steps=1, checkpoint_every_steps=1)
-  assert workdir_lib.bind_config(str(tmp_path), runtime_only) == []
-  assert workdir_lib.bind_config(str(tmp_path), changed, allow_change=True) == ['learning_rate: 0.001 → 0.5',
+  assert stored_config.bind_config(str(tmp_path), runtime_only) == []
+  assert stored_config.bind_config(str(tmp_path), changed, allow_change=True) == ['learning_rate: 0.001 → 0.5',
                                                                                 'seed: 0 → 3']
-  workdir_lib.record_config(str(tmp_path), changed.to_dict())
+  stored_config.record_config(str(tmp_path), changed.to_dict())
   assert json.loads((tmp_path / 'config.json').read_text())['learning_rate'] == 0.5
 
   # Another model's shapes cannot continue the run, allowed or not; config.json stays.
@@ -275,8 +276,8 @@ def test_a_config_json_that_is_not_a_config_is_one_error_and_a_refused_start_lea
   from capsjax.experiments import mnist_smoke  # pylint: disable=g-import-not-at-top
   for text in ('[1, 2]', '{"model": 3}'):
     (tmp_path / 'config.json').write_text(text)
-    for read in (lambda: workdir_lib.read_config(str(tmp_path)),
-                 lambda: workdir_lib.bind_config(str(tmp_path), mnist_smoke.get_config())):
+    for read in (lambda: stored_config.read_config(str(tmp_path)),
+                 lambda: stored_config.bind_config(str(tmp_path), mnist_smoke.get_config())):
       with pytest.raises(WorkdirError, match='config.json is not a capsjax config'):
         read()
   # The run's lock in a folder it did not make: gone again when the start is refused
@@ -284,13 +285,13 @@ def test_a_config_json_that_is_not_a_config_is_one_error_and_a_refused_start_lea
   for refusal in (WorkdirError, ConfigError):
     with pytest.raises(refusal):
       with workdir_lib.Lock(str(tmp_path)):
-        workdir_lib.bind_config(str(tmp_path), mnist_smoke.get_config()) if refusal is WorkdirError else None
+        stored_config.bind_config(str(tmp_path), mnist_smoke.get_config()) if refusal is WorkdirError else None
         raise refusal('refused')
     assert sorted(os.listdir(tmp_path)) == ['config.json']
   (tmp_path / 'config.json').unlink()
   with pytest.raises(KeyboardInterrupt):
     with workdir_lib.Lock(str(tmp_path)):
-      workdir_lib.record_config(str(tmp_path), mnist_smoke.get_config().to_dict())
+      stored_config.record_config(str(tmp_path), mnist_smoke.get_config().to_dict())
       raise KeyboardInterrupt   # (a stop after the config was recorded)
   assert sorted(os.listdir(tmp_path)) == ['.lock', 'config.json']
 
@@ -312,7 +313,7 @@ def test_a_run_recorded_before_model_formulation_reads_with_it_and_resumes_where
   old['baseline'] = {'model': {'name': 'cnn', 'conv_impl': 'patches', 'patches_inference': 'chunked'}}
   old['sweep'] = {'variants': ['paper:', 'fast: model.conv_impl = patches, model.routing=em']}
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  read = workdir_lib.read_config(str(tmp_path))
+  read = stored_config.read_config(str(tmp_path))
   assert read.model.formulation.to_dict() == dict(config.model.formulation, dtype='float32', conv_impl='xla')
   assert 'conv_impl' not in read.model and 'conv_impl' not in read.baseline.model
   assert read.baseline.model.formulation.to_dict() == dict(model_config('cnn').formulation,
@@ -324,11 +325,11 @@ def test_a_run_recorded_before_model_formulation_reads_with_it_and_resumes_where
   del old['baseline'], old['sweep']
   old['model'].update(dtype=same, routing_loop='unrolled')   # and conv_impl 'xla': the same values as 'auto'
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  assert workdir_lib.bind_config(str(tmp_path), config) == []
+  assert stored_config.bind_config(str(tmp_path), config) == []
   old['model']['dtype'] = other
   (tmp_path / 'config.json').write_text(json.dumps(old))
   with pytest.raises(ConfigError, match=f"model.formulation.dtype: '{other}' → 'auto'"):
-    workdir_lib.bind_config(str(tmp_path), config)
+    stored_config.bind_config(str(tmp_path), config)
   assert launch.unknown_key_problem(KeyError('conv_impl'), ['run.py', '--config.baseline.model.conv_impl=xla']) == (
       "unknown config key 'baseline.model.conv_impl' (it is config.baseline.model.formulation.conv_impl now)")
 
@@ -346,11 +347,11 @@ def test_a_config_recorded_with_the_layer_input_flags_reads_as_routing_inputs(tm
   old['model'].update(digit_bias=True, learn_log_priors=False, leaky_routing=True, stop_gradient_predictions=False)
   old['sweep'] = {'variants': ['paper:', 'official: lr_min=1e-6, model.digit_bias=True, model.leaky_routing=False']}
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  read = workdir_lib.read_config(str(tmp_path))
+  read = stored_config.read_config(str(tmp_path))
   assert tuple(read.model.routing_inputs) == ('bias', 'leaky') and 'digit_bias' not in read.model
   assert list(read.sweep.variants) == ['paper:', "official: lr_min=1e-6, model.routing_inputs=('bias',)"]
   (tmp_path / 'config.json').write_text(json.dumps({k: v for k, v in old.items() if k != 'sweep'}))
-  assert workdir_lib.bind_config(str(tmp_path), config) == []
+  assert stored_config.bind_config(str(tmp_path), config) == []
 
 
 def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path):
@@ -370,14 +371,14 @@ def test_a_config_recorded_with_flat_routing_options_reads_as_sections(tmp_path)
   old.update(routing_probe_iterations=0, routing_probe_examples=100, routing_diagnostics=True,
              routing_diagnostics_examples=200, routing_diagnostics_iterations=5)
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  read = workdir_lib.read_config(str(tmp_path))
+  read = stored_config.read_config(str(tmp_path))
   sections = read.model.routing_options.to_dict()
   assert sections == {'em': {'inverse_temperature': 2.0, 'variance_epsilon': 1e-8},
                       'variational_bayes': {'inverse_temperature': 1.0, 'prior_extra_dof': 1.0}}
   assert read.evals.to_dict() == config.evals.to_dict() and 'routing_probe_iterations' not in read
-  assert workdir_lib.bind_config(str(tmp_path), config) == []
+  assert stored_config.bind_config(str(tmp_path), config) == []
   config.model.routing_options.em.inverse_temperature = 3.0
-  assert workdir_lib.bind_config(str(tmp_path), config, allow_change=True) == [
+  assert stored_config.bind_config(str(tmp_path), config, allow_change=True) == [
       'model.routing_options.em.inverse_temperature: 2.0 → 3.0']
 
 
@@ -389,13 +390,13 @@ def test_recipes_compare_as_what_they_set_and_a_start_ending_in_a_traceback_leav
   name, _, assignments = config.ensemble.recipes[2].partition(':')
   reordered = f'{name}:  ' + ', '.join(reversed([part.strip() for part in assignments.split(',')]))
   config.ensemble.recipes = config.ensemble.recipes[:2] + (reordered,) + config.ensemble.recipes[3:]
-  assert workdir_lib.config_differences(saved, config) == []   # spacing and order are the writer's
+  assert stored_config.config_differences(saved, config) == []   # spacing and order are the writer's
   config.ensemble.recipes = config.ensemble.recipes[:2] + (reordered.replace('3e-3', '2e-3'),) + config.ensemble.recipes[3:]
-  assert [line.split(':')[0] for line in workdir_lib.config_differences(saved, config)] == ['ensemble.recipes']
+  assert [line.split(':')[0] for line in stored_config.config_differences(saved, config)] == ['ensemble.recipes']
   # Keys added since a run started count as their defaults, tuples among them (JSON's lists
   # once made `model.routing_inputs: () → []` a change that refused the resume).
   del saved['model']['routing_inputs'], saved['model']['decoder_hidden']
-  assert workdir_lib.config_differences(workdir_lib.upgraded(saved), mnist_four_recipes.get_config()) == []
+  assert stored_config.config_differences(stored_config.upgraded(saved), mnist_four_recipes.get_config()) == []
   # A CNN baseline's too, from its family's defaults (recorded before its config had a formulation).
   from capsjax.experiments import ablation, affnist, multimnist_baseline  # pylint: disable=g-import-not-at-top
   for config, section in ((multimnist_baseline.get_config(), ()), (ablation.get_config(), ('baseline',)),
@@ -405,8 +406,8 @@ def test_recipes_compare_as_what_they_set_and_a_start_ending_in_a_traceback_leav
     for key in (*section, 'model'):
       model = model[key]
     del model['formulation']
-    assert workdir_lib.config_differences(saved, config) != []
-    assert workdir_lib.config_differences(workdir_lib.upgraded(saved), config) == []
+    assert stored_config.config_differences(saved, config) != []
+    assert stored_config.config_differences(stored_config.upgraded(saved), config) == []
 
   def bug(config):   # an error no check foresaw, after the workdir was made
     raise OverflowError('Python integer 2147483648 out of bounds for int32')

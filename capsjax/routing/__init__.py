@@ -6,7 +6,7 @@ Add a routing: a new file here with one `@register_routing` function, imported b
 """
 from capsjax.routing.core import (MAX_ROUTING_ITERATIONS, UNROLLED_INFERENCE, Array, coordinate_offsets, coupling_coefficients,
                                   iterate, loop_length, pooled_votes, shared_votes, squash, vector_norm, vote_dots)
-from capsjax.routing.base import (LAYER_INPUTS, ROUTINGS, RoutingResult, as_result, configurable_routing_options, loop_arguments,
+from capsjax.routing.base import (LAYER_INPUTS, ROUTINGS, RoutingResult, as_result, call, configurable_routing_options,
                                   own_section_problems, own_routing_options, register_routing, route, routing_option_defaults,
                                   routing_option_keys, shared_form)
 # Registration order is ROUTINGS.names()'s order.
@@ -23,7 +23,7 @@ from capsjax.routing.variational_bayes import variational_bayes
 __all__ = [
     'MAX_ROUTING_ITERATIONS', 'UNROLLED_INFERENCE', 'Array', 'coordinate_offsets', 'coupling_coefficients', 'iterate', 'loop_length', 'pooled_votes',
     'shared_votes', 'squash', 'vector_norm', 'vote_dots',
-    'LAYER_INPUTS', 'ROUTINGS', 'RoutingResult', 'as_result', 'configurable_routing_options', 'loop_arguments', 'own_section_problems', 'own_routing_options', 'register_routing', 'route',
+    'LAYER_INPUTS', 'ROUTINGS', 'RoutingResult', 'as_result', 'call', 'configurable_routing_options', 'own_section_problems', 'own_routing_options', 'register_routing', 'route',
     'routing_option_defaults', 'routing_option_keys', 'shared_form',
     'coupling_changes', 'dynamic', 'dynamic_routing', 'routing_logit_changes', 'shared_dynamic_routing',
     'em', 'efficient_squash', 'self_attention', 'inverted_dot_product', 'layer_norm', 'self_routing',

@@ -74,40 +74,26 @@ class RoutingResult:
                         '(`parents, activations = route(...)` was the earlier API)')
 
 
-def loop_arguments(name: str, num_iterations, max_iterations=None, unroll: bool = False) -> Tuple[tuple, dict]:
-  """(positional, keyword) loop arguments for routing `name`: (num_iterations,) and
-  max_iterations, unroll if it is iterative; nothing otherwise."""
-  check_flags(f'route({name!r})', unroll=unroll)
-  if not ROUTINGS[name].iterative:
-    return (), {}
-  return (num_iterations,), {'max_iterations': max_iterations, 'unroll': unroll}
-
-
-def as_result(output, options: Dict[str, Any], expected: Optional[Tuple[int, int, int]] = None,
-              what: str = 'a routing') -> RoutingResult:
-  """A routing's output as a RoutingResult: a routing of one's own may return the plain
-  (parents, activations) pair, and a third value, the logits or the couplings that
-  `options` asked for (the registry applies this to every routing it calls). Anything
-  else, or parents and activations not [batch, out, dim] and [batch, out] (`expected`:
-  (batch, out, dim)), is a ValueError naming the shapes, at trace time."""
-  if not isinstance(output, (RoutingResult, tuple, list)) or (
-      not isinstance(output, RoutingResult) and len(output) not in (2, 3)):
+def as_result(output, expected: Optional[Tuple[int, int, int]] = None, what: str = 'a routing') -> RoutingResult:
+  """A routing's output as a RoutingResult: the RoutingResult itself, or the plain
+  (parents, activations) pair a routing of one's own may return (`route` applies this to
+  every routing it calls). Anything else (one array, three values: couplings and logits go
+  into RoutingResult by name), or parents and activations not [batch, out, dim] and [batch,
+  out] (`expected`: (batch, out, dim)), is a ValueError naming the shapes, at trace time."""
+  is_pair = isinstance(output, (tuple, list)) and len(output) == 2
+  if not isinstance(output, RoutingResult) and not is_pair:
     shape = getattr(output, 'shape', None)
-    raise ArgumentError(f'{what} returned ' + (f'one array of shape {tuple(shape)}' if shape else type(output).__name__)
-                        + ': a routing returns a RoutingResult or the pair (parents [batch, out, dim], '
-                        'activations [batch, out])')
-  result = output if isinstance(output, RoutingResult) else None
-  parents, activations, *extra = (result.parents, result.activations) if result else output
-  if expected is not None and (tuple(parents.shape) != expected or tuple(activations.shape) != expected[:2]):
-    raise ArgumentError(f'{what} returned parents {tuple(parents.shape)} and activations {tuple(activations.shape)}; '
-                        f'expected {expected} [batch, out, dim] and {expected[:2]} [batch, out] for its votes')
-  if result is not None:
-    return result
-  if not extra:
-    return RoutingResult(parents, activations)
-  if options.get('return_logits'):
-    return RoutingResult(parents, activations, logits=extra[0])
-  return RoutingResult(parents, activations, couplings=tuple(extra[0]))
+    got = (f'one array of shape {tuple(shape)}' if shape else f'{len(output)} values'
+           if isinstance(output, (tuple, list)) else type(output).__name__)
+    raise ArgumentError(f'{what} returned {got}: a routing returns a RoutingResult (couplings and logits by name) '
+                        'or the pair (parents [batch, out, dim], activations [batch, out])')
+  result = output if isinstance(output, RoutingResult) else RoutingResult(*output)
+  if expected is not None and (tuple(result.parents.shape) != expected
+                               or tuple(result.activations.shape) != expected[:2]):
+    raise ArgumentError(f'{what} returned parents {tuple(result.parents.shape)} and activations '
+                        f'{tuple(result.activations.shape)}; expected {expected} [batch, out, dim] and {expected[:2]} '
+                        '[batch, out] for its votes')
+  return result
 
 
 ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, returns_couplings=False,
@@ -143,11 +129,11 @@ def register_routing(name: str, *, iterative: bool = True,
   keywords max_iterations and unroll (its loop: `capsjax.routing.iterate`). Options of its
   own, each with a default, its section of `config.model.routing_options` may set
   (`config.model.routing_options.NAME.OPTION`); `learned` ones become
-  parameters of the capsule layer. It returns a RoutingResult, or the plain pair
-  (parents [batch, out_caps, dim], activations [batch, out_caps]), which the registry
-  converts; a non-iterative one written to the earlier protocol (declaring num_iterations
-  and the loop's keywords) is handed one pass, and an iterative one without
-  num_iterations is refused here, in one line (ConfigError). `returns_logits`: it
+  parameters of the capsule layer. It returns a RoutingResult, or the plain pair (parents
+  [batch, out_caps, dim], activations [batch, out_caps]); the registry keeps the function
+  as written (ROUTINGS[name].value) and `route` hands it the loop's arguments only if it
+  is `iterative`. An iterative one without num_iterations, or one that does not loop but
+  declares the loop's arguments, is refused here, in one line (ConfigError). `returns_logits`: it
   accepts return_logits=True and then fills the logits per iteration; `returns_couplings`:
   it accepts return_couplings=True and then fills the (first, last) couplings [batch, in,
   out] (the routing diagnostics); `layer_inputs`: which of the capsule layer's inputs
@@ -178,12 +164,13 @@ def register_routing(name: str, *, iterative: bool = True,
                           f'dim) giving its shape, its initial value), got {declared!r}')
 
   def register(function):
-    adapted = _as_registered(name, function, iterative)   # refused here: nothing registered, nothing warned
-    adapted_shared = None if shared is None else _as_registered(name, shared, iterative, shared=True)
+    _check_loop_arguments(name, function, iterative)   # refused here: nothing registered, nothing warned
+    if shared is not None:
+      _check_loop_arguments(name, shared, iterative, "'s shared form")
     _warn_if_replacing_a_built_in(name, function)
-    ROUTINGS.register(name, adapted, iterative=iterative, learned=dict(learned or {}),
+    ROUTINGS.register(name, function, iterative=iterative, learned=dict(learned or {}),
                       returns_logits=returns_logits, returns_couplings=returns_couplings,
-                      layer_inputs=tuple(layer_inputs), shared=adapted_shared)
+                      layer_inputs=tuple(layer_inputs), shared=shared)
     return function
   return register
 
@@ -193,7 +180,7 @@ def _warn_if_replacing_a_built_in(name: str, function: Callable[..., Any]) -> No
   again): every model of the process, the paper's included, would route with it."""
   if name not in ROUTINGS:
     return
-  built_in = getattr(ROUTINGS[name].value, '__wrapped__', ROUTINGS[name].value)
+  built_in = ROUTINGS[name].value
   module = getattr(built_in, '__module__', '') or ''
   same = (module, getattr(built_in, '__qualname__', None)) == (function.__module__, function.__qualname__)
   if module.startswith('capsjax.') and not same:
@@ -203,37 +190,38 @@ def _warn_if_replacing_a_built_in(name: str, function: Callable[..., Any]) -> No
 
 
 _LOOP_ARGUMENTS = ('num_iterations', 'max_iterations', 'unroll')
-# What a non-iterative routing of the earlier protocol is handed: one pass.
-_ONE_PASS = {'num_iterations': 1, 'max_iterations': None, 'unroll': False}
 
 
-def _as_registered(name: str, function: Callable[..., Any], iterative: bool, shared: bool = False):
-  """`function` as the registry calls it, adapted once, here: it returns a RoutingResult
-  (a plain (parents, activations) pair and a third value are converted, `as_result`), and
-  it receives only the loop arguments it declares. A routing written to the earlier
-  protocol (every routing took num_iterations, and max_iterations and unroll, whether it
-  looped or not) and registered `iterative=False` is handed them as one pass
-  (num_iterations=1). An iterative one must take num_iterations: refused here otherwise,
-  in one line."""
+def _check_loop_arguments(name: str, function: Callable[..., Any], iterative: bool, form: str = '') -> None:
+  """An iterative routing takes the loop's arguments and a routing that does not loop takes
+  none (it is handed none): refused here, in one line, otherwise."""
   parameters = inspect.signature(function).parameters
-  what = f"routing {name!r}" + ("'s shared form" if shared else '')
+  what = f'routing {name!r}{form}'
   if iterative and 'num_iterations' not in parameters:
     raise ConfigError(f'{what} is registered iterative=True but takes no num_iterations: give it the '
                       'arguments (…, num_iterations, *, max_iterations=None, unroll=False) and loop with '
                       'capsjax.routing.iterate, or register it with iterative=False')
-  positional = 3 if shared else 2   # (capsules, transforms, offsets) or (votes, activations)
+  declared = [argument for argument in _LOOP_ARGUMENTS if argument in parameters]
+  if not iterative and declared:
+    raise ConfigError(f'{what} is registered iterative=False but takes {", ".join(declared)}: a routing that does '
+                      'not loop is handed no loop arguments (remove them), or register it with iterative=True')
 
-  @functools.wraps(function)
-  def registered(*arguments, **keywords):
-    inputs = arguments[:positional]
-    keywords.update({'num_iterations': arguments[positional]} if iterative else _ONE_PASS)
-    keywords = {key: value for key, value in keywords.items() if key not in _LOOP_ARGUMENTS or key in parameters}
-    if shared:   # capsules [batch, pos, types, in_dim], transforms [types, out, dim, in_dim]
-      expected = (inputs[0].shape[0],) + tuple(inputs[1].shape[1:3])
-    else:        # û [batch, in, out, dim]
-      expected = (inputs[0].shape[0],) + tuple(inputs[0].shape[2:])
-    return as_result(function(*inputs, **keywords), keywords, expected, what)
-  return registered
+
+def call(name: str, inputs: tuple, num_iterations, max_iterations=None, unroll: bool = False, *,
+         shared: bool = False, **options) -> RoutingResult:
+  """Routing `name`'s registered function (`shared`: its shared form, inputs (capsules,
+  transforms, offsets); else inputs (û, input activations)) called with the loop's arguments
+  if it iterates, and `options`; its output checked (`as_result`)."""
+  check_flags(f'route({name!r})', unroll=unroll)
+  entry = ROUTINGS[name]
+  function = entry.shared if shared else entry.value
+  loop = {'max_iterations': max_iterations, 'unroll': unroll} if entry.iterative else {}
+  output = function(*inputs, *((num_iterations,) if entry.iterative else ()), **loop, **options)
+  if shared:   # capsules [batch, pos, types, in_dim], transforms [types, out, dim, in_dim]
+    expected = (inputs[0].shape[0],) + tuple(inputs[1].shape[1:3])
+  else:        # û [batch, in, out, dim]
+    expected = (inputs[0].shape[0],) + tuple(inputs[0].shape[2:])
+  return as_result(output, expected, f'routing {name!r}' + ("'s shared form" if shared else ''))
 
 
 def shared_form(name: str, options: Dict[str, Any]) -> Optional[Callable[..., Any]]:
@@ -281,8 +269,7 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   for option, (shape, initial) in entry.learned.items():
     if option not in options or options[option] is None:
       options[option] = jnp.full(shape(in_caps, out_caps, dim), initial, prediction_vectors.dtype)
-  loop, loop_options = loop_arguments(name, num_iterations, max_iterations, unroll)
-  return entry.value(prediction_vectors, input_activations, *loop, **loop_options, **options)
+  return call(name, (prediction_vectors, input_activations), num_iterations, max_iterations, unroll, **options)
 
 
 @functools.lru_cache(maxsize=None)

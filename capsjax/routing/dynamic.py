@@ -9,7 +9,7 @@ import numpy as np
 
 from capsjax.errors import ArgumentError
 from capsjax.routing.base import RoutingResult, register_routing
-from capsjax.routing.core import (Array, check_flags, check_prediction_vectors, coupling_coefficients, fori_loop,
+from capsjax.routing.core import (Array, check_flags, check_prediction_vectors, coupling_coefficients,
                                   iterate, loop_length, pooled_votes, squash, vector_norm, vote_dots)
 
 
@@ -101,21 +101,23 @@ def dynamic_routing(
   frozen_predictions = jax.lax.stop_gradient(predictions_by_parent)
 
   def body(t, carry):
-    parents, routing_logits, history = carry
+    _, routing_logits, history = carry
     predictions = predictions_by_parent
     if stop_gradient_predictions:
       # Forward values are identical; only the gradient path differs.
       predictions = jnp.where(t == last_iteration, predictions_by_parent, frozen_predictions)
-    new_parents, new_logits = _routing_iteration(predictions, routing_logits, leaky, bias)
-    if static_count is None:
-      active = t <= last_iteration
-      new_parents = jnp.where(active, new_parents, parents)
-      new_logits = jnp.where(active, new_logits, routing_logits)
+    parents, routing_logits = _routing_iteration(predictions, routing_logits, leaky, bias)
     if history is not None:
-      history = history.at[t].set(jnp.transpose(new_logits, (0, 2, 1)))
-    return new_parents, new_logits, history
+      history = history.at[t].set(jnp.transpose(routing_logits, (0, 2, 1)))   # [batch, in, out]
+    return parents, routing_logits, history
 
-  parents, _, history = fori_loop(0, length, body, (parents, routing_logits, history), unroll)
+  # A traced r: iterations ≥ r keep the state (iterate), so their history rows stay empty;
+  # they repeat the last logits instead, as r iterations and then no change would.
+  parents, routing_logits, history = iterate(body, (parents, routing_logits, history), num_iterations,
+                                             max_iterations, unroll)
+  if history is not None and static_count is None:
+    ran = (jnp.arange(length) <= last_iteration)[:, None, None, None]   # [iterations, 1, 1, 1]
+    history = jnp.where(ran, history, jnp.transpose(routing_logits, (0, 2, 1))[None])
   return RoutingResult(parents, vector_norm(parents), logits=history)
 
 
