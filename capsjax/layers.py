@@ -11,7 +11,7 @@ from capsjax.errors import ArgumentError, ConfigError
 from capsjax.formulations import Formulation
 from capsjax.keys import About, Rule, field_problems, int_at_least, int_in, ints_at_least, is_int, one_of, registered
 from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, UNROLLED_INFERENCE, coordinate_offsets,
-                             own_routing_options, route, shared_form, shared_votes, squash, vector_norm)
+                             own_routing_options, shared_form, shared_votes, squash, vector_norm)
 from capsjax.routing import call as call_routing
 
 Array = jax.Array
@@ -289,8 +289,9 @@ class CapsuleLayer(nn.Module):
       prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
     # EM reads the primary capsules' lengths as input activations; the others ignore them.
     input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]
-    return route(self.routing, prediction_vectors.astype(jnp.float32), input_activations, iterations,
-                 max_iterations=max_iterations, unroll=unroll, **options)
+    # The options were checked above (own_routing_options), once: not again by `route`.
+    return call_routing(self.routing, (prediction_vectors.astype(jnp.float32), input_activations), iterations,
+                        max_iterations, unroll, **options)
 
 
 class Decoder(nn.Module):

@@ -1,27 +1,23 @@
-"""CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module, built from a config."""
-import dataclasses
-import math
+"""CapsNet (Sabour et al. 2017, figure 1 + figure 2) as a Flax module: its capsule helpers
+(lengths, masks), its initialisers, its config checks (geometry, routing inputs and
+options) and the primary capsules' grid."""
 from typing import Annotated, Any, Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
-from capsjax.layers import (CAPSULE_TRANSFORMS_NORMAL, LECUN_NORMAL, TRANSFORMS, VOTES, CapsuleLayer, Conv, DeconvDecoder, Decoder, PrimaryCaps,
-                            StridedStem, drawn_as_a_matrix, halved, is_image_shape, stem_stages)
+from capsjax.layers import (CAPSULE_TRANSFORMS_NORMAL, LECUN_NORMAL, TRANSFORMS, VOTES, CapsuleLayer, Conv,
+                            DeconvDecoder, Decoder, PrimaryCaps, StridedStem, drawn_as_a_matrix, halved, stem_stages)
 from capsjax import formulations
-from capsjax.keys import (About, Key, Rule, annotated_keys, boolean, int_at_least, int_in, ints_at_least, is_int,
-                          check_values, field_problems, lookup, nested, number_in, one_of, registered,
+from capsjax.keys import (About, Rule, boolean, int_at_least, int_in, ints_at_least, one_of, registered,
                           registered_tuple)
-from capsjax.errors import ArgumentError, ConfigError
-from capsjax.layout import moved_key_hint
+from capsjax.errors import ArgumentError
 from capsjax.losses import class_indices_hint
-from capsjax.registry import Registry
-from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options, own_section_problems,
-                             routing_option_defaults, routing_option_keys, vector_norm)
-
-Array = jax.Array
+from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, configurable_routing_options,
+                             own_section_problems, routing_option_defaults, vector_norm)
+from capsjax.routing.base import option_value_problems
+from capsjax.models.base import INPUT_SHAPE, NUM_CLASSES, Array, check_input_images, check_module, register_model
 
 
 def capsule_lengths(capsules: Array) -> Array:
@@ -48,50 +44,14 @@ def longest_capsule_mask(lengths: Array) -> Array:
 
 
 INITS = ('default', 'official')
+
+
 # CapsNet's stem and decoder; with TRANSFORMS, the paper's first and the one whose size does
 # not grow with the image second (capsjax.sizing picks the second where memory is short).
 STEMS = ('none', 'strided')
+
+
 DECODERS = ('dense', 'deconv')
-
-# Keys every family has, declared once for all of them.
-INPUT_SHAPE = About(Rule(lambda v: is_image_shape(v) or (isinstance(v, (tuple, list)) and len(v) == 0),
-                         '(height, width, channels), each >= 1, or () for the shape of the data'),
-                    'image height, width, channels the model reads; () = those of the data')
-NUM_CLASSES = About(Rule(lambda v: is_int(v) and (v == 0 or v >= 2),
-                         'an integer >= 2, or 0 for the classes of the data'),
-                    'classes (digit capsules, or output units); 0 = those of the data')
-
-def check_module(module) -> None:
-  """A family's module as built (directly, `CapsNet(num_classes=1)`, or by build_model from
-  a checked config): its fields by their keys' rules (capsjax.keys.field_problems), and the
-  numbers a config leaves to the data given. ConfigError, one line."""
-  problems = field_problems(module)
-  if problems:
-    raise ConfigError(problems[0])
-  left = left_to_the_data(getattr(module, 'num_classes', None), getattr(module, 'input_shape', None))
-  if left:
-    meaning, needed = left
-    raise ConfigError(f'{type(module).__name__}.{meaning} in a config; a module needs {needed}')
-
-
-def check_input_images(module, images: Array) -> None:
-  """ValueError unless `images` are [batch, *module.input_shape]: a model built for one
-  size silently becomes another model on another (its dense layers sized by the images)."""
-  expected = tuple(module.input_shape)
-  if tuple(images.shape[1:]) != expected:
-    raise ArgumentError(f'{type(module).__name__} expects images of shape [batch, {", ".join(map(str, expected))}], '
-                        f'got {list(images.shape)}')
-
-
-def left_to_the_data(num_classes, input_shape) -> Optional[Tuple[str, str]]:
-  """(what it means, what a module needs instead) where `num_classes` or `input_shape`
-  holds a config's "from the data" value (0 classes, no image size: filled in when a run
-  reads its data), else None; None for a value a family does not have."""
-  if num_classes == 0:
-    return 'num_classes=0 means the classes of the data', 'the number (num_classes=10)'
-  if input_shape is not None and not tuple(input_shape):
-    return 'input_shape=() means the image size of the data', 'the size (input_shape=(28, 28, 1))'
-  return None
 
 
 def initializers(name: str):
@@ -108,35 +68,6 @@ def initializers(name: str):
     return {'conv1': truncated(0.05), 'primary': truncated(0.1), 'digit': truncated(0.1), 'decoder': truncated(0.1),
             'bias': nn.initializers.constant(0.1)}
   raise ArgumentError(f'model init_scheme must be one of {INITS}, got {name!r}')
-
-
-# config.model.name → the Flax module class (its fields are the config's other keys) and
-# what callers ask of a family instead of comparing its name:
-#   objectives     the objectives (capsjax.objectives) it trains with
-#   capsules       it has `classify` (capsules, activations), `encode` and `decode`: the
-#                  explorer, the figures and segmentation read capsules
-#   has_decoder    model config → whether it reconstructs (reconstruction images, predict)
-#   routing_probe  its `encode` returns routing logits when its routing has them
-#   check          (model config, key prefix) → problems, one line each (validation)
-MODELS = Registry('model', objectives=(), capsules=False, has_decoder=lambda model: False,
-                  routing_probe=False, check=lambda model, prefix: [],
-                  doc="""The model families by name (`config.model.name`, `build_model(name, ...)`): each
-entry's value is the Flax module class; its capabilities say which objectives train it,
-whether it has capsules and a decoder (the comment above this registry lists them).
-
-Example:
-  >>> capsjax.MODELS.names()
-  ('capsnet', 'cnn')
-  >>> capsjax.MODELS['capsnet'].value is capsjax.CapsNet, capsjax.MODELS['capsnet'].objectives
-  (True, ('capsnet',))
-""")
-
-
-def register_model(name: str, **capabilities):
-  """Class decorator: `config.model.name = name` builds this module (see the capabilities
-  above). A model family is one file: its module and its objective
-  (`capsjax.objectives.register_objective`), imported by the config that names it."""
-  return MODELS.register(name, **capabilities)
 
 
 def _capsnet_problems(model, prefix: str) -> List[str]:
@@ -165,20 +96,14 @@ def routing_options_problems(name: str, sections, prefix: str = 'model.') -> Lis
     where = f'config.{prefix}routing_options.{section}'
     if section == name or not hasattr(options, 'items'):
       continue
-    if section in ROUTINGS:
+    if section in ROUTINGS:   # its options by their rules first, then: unread, so at their defaults
       defaults = routing_option_defaults(section)
-      problems.extend(f'{where}.{option}={value!r}: an option of routing {section!r}, but routing={name!r}'
-                      for option, value in options.items() if option not in defaults or value != defaults[option])
+      problems.extend(option_value_problems(section, options, f'{where}.')
+                      or [f'{where}.{option}={value!r}: an option of routing {section!r}, but routing={name!r}'
+                          for option, value in options.items() if option not in defaults or value != defaults[option]])
     elif options:
       problems.append(f'{where}: no routing {section!r} is registered (routing={name!r})')
   return problems
-
-
-def _cnn_problems(model, prefix: str) -> List[str]:
-  if len(model.conv_channels) != len(model.conv_kernels):
-    return [f'config.{prefix}conv_kernels={tuple(model.conv_kernels)!r}: allowed one kernel per '
-            f'entry of conv_channels={tuple(model.conv_channels)!r}']
-  return []
 
 
 @register_model('capsnet', objectives=('capsnet',), capsules=True, routing_probe=True,
@@ -346,57 +271,6 @@ class CapsNet(nn.Module):
     return outputs
 
 
-@register_model('cnn', objectives=('softmax_xent', 'sigmoid_xent'), check=_cnn_problems)
-class BaselineCNN(nn.Module):
-  """The paper's CNN baselines: conv (+ 2×2 max-pool) layers, fully connected layers, logits.
-
-  MNIST (section 5): convs 256, 256, 128 @5×5 (SAME, no pooling), FC 328 and 192, dropout
-  before the 10-way softmax layer: 35,445,522 parameters (the paper: 35.4M).
-
-  MultiMNIST (section 6.2): convs 512@9×9 and 256@5×5 (SAME), each pooled, FC 1024, 10
-  sigmoid outputs: 24,563,978 parameters on 36×36 inputs (the paper: 24.56M).
-  images [batch, *input_shape] → {'logits': [batch, num_classes]}.
-
-  Example:
-    >>> cnn = capsjax.BaselineCNN(conv_channels=(8, 16), conv_kernels=(5, 5), dense=(32,),
-    ...                           input_shape=(28, 28, 1))
-    >>> images = jnp.zeros((2, 28, 28, 1))
-    >>> params = jax.jit(cnn.init)(jax.random.key(0), images)
-    >>> jax.jit(cnn.apply)(params, images)['logits'].shape
-    (2, 10)
-  """
-  conv_channels: Annotated[Sequence[int], About(ints_at_least(1, allow_empty=False),
-                                                 "the CNN's convolution channels")] = (512, 256)
-  conv_kernels: Annotated[Sequence[int], About(ints_at_least(1, allow_empty=False), "the CNN's kernel sides")] = (
-      9, 5)
-  pool: Annotated[bool, About(boolean(), 'the CNN pools 2×2 after each convolution')] = True
-  dense: Annotated[Sequence[int], About(ints_at_least(1), "the CNN's fully connected widths")] = (1024,)
-  dropout_rate: Annotated[float, About(number_in(0, 1, high_open=True),
-                                       "dropout before the CNN's output layer")] = 0.0
-  num_classes: Annotated[int, NUM_CLASSES] = 10
-  input_shape: Annotated[Sequence[int], INPUT_SHAPE] = (36, 36, 1)
-  # The convolutions' formulation (the config's model.formulation, as CapsNet's); float32
-  # compute: bfloat16 is unmeasured for the baselines (routing_loop: no routing here).
-  formulation: formulations.Formulation = formulations.Formulation(dtype='float32')
-
-  @nn.compact
-  def __call__(self, images: Array, train: bool = False):
-    check_module(self)
-    check_input_images(self, images)
-    features = images
-    how = self.formulation.with_dtype()
-    for channels, kernel in zip(self.conv_channels, self.conv_kernels):
-      features = nn.relu(Conv(channels, kernel, padding='SAME', formulation=how)(features))
-      if self.pool:
-        features = nn.max_pool(features, (2, 2), strides=(2, 2))
-    features = features.reshape(features.shape[0], math.prod(features.shape[1:]))   # (-1 fails for 0 images)
-    for width in self.dense:
-      features = nn.relu(nn.Dense(width)(features))
-    if self.dropout_rate:  # "the last fully connected layer is connected with dropout" (section 5)
-      features = nn.Dropout(self.dropout_rate, deterministic=not train)(features)
-    return {'logits': nn.Dense(self.num_classes)(features)}
-
-
 def primary_grid(model, stem: Optional[str] = None) -> Tuple[int, int]:
   """(rows, columns) of the primary capsules of the CapsNet config `model` on its input
   (0 where a side is too small), with `stem` (default: the model's own)."""
@@ -423,153 +297,3 @@ def capsnet_geometry_problem(model) -> Optional[str]:
             f'{model.conv1_kernel} and {model.primary_kernel}×{model.primary_kernel} convolutions (at least '
             f'{least}×{least}): pass --config.image_size=N with N >= {least} to resize them')
   return None
-
-
-def model_keys(name: str) -> Dict[str, Key]:
-  """config.model's keys for the family `name`: `name` itself and its module's annotated
-  fields (each field's default, rule and help: capsjax.keys)."""
-  family = Key('name', name, registered(MODELS.names), 'the model family (registered in capsjax.models / '
-               'capsjax.families)')
-  return {'name': family, **annotated_keys(MODELS.get(name))}
-
-
-def model_config(name: str = 'capsnet') -> ml_collections.ConfigDict:
-  """config.model of family `name` at its defaults (the paper's CapsNet: 8,215,568 parameters,
-  6,804,224 without the decoder).
-
-  Example:
-    >>> capsjax.model_config('cnn').conv_channels
-    (512, 256)
-  """
-  return ml_collections.ConfigDict(nested(model_keys(name).values()))
-
-
-def model_problems(model, prefix: str = 'model.') -> List[str]:
-  """Every rule the model section `model` (config.model) breaks, one line each, keys named
-  `config.{prefix}KEY`: its family's keys, each routing's options, the family's own checks.
-  capsjax.validation and `build_model` run it."""
-  problems: List[str] = []
-  family = model.get('name')
-  if family not in MODELS:
-    return [f'config.{prefix}name={family!r}: allowed one of {", ".join(MODELS.names())}']
-  declared = model_keys(family)
-  names = dict.fromkeys(name.split('.')[0] for name in declared)   # its keys and sections
-  unknown = [key for key in model.keys() if key not in names]
-  if unknown:
-    problems.append(f'config.{prefix}{unknown[0]}: not a key of the {family!r} model (its keys: '
-                    f'{", ".join(names)})' + moved_key_hint(prefix + unknown[0]))
-  for section in (name for name in names if name not in declared):
-    found, value = lookup(model, section)
-    keys_of = [name[len(section) + 1:] for name in declared if name.startswith(section + '.')]
-    if found and not hasattr(value, 'keys'):
-      problems.append(f'config.{prefix}{section}={value!r}: allowed a section of {", ".join(keys_of)}')
-    elif found and any(key not in keys_of for key in value.keys()):
-      other = next(key for key in value.keys() if key not in keys_of)
-      problems.append(f'config.{prefix}{section}.{other}: not a key of model.{section} (its keys: '
-                      f'{", ".join(keys_of)})')
-  check_values(model, declared, problems, prefix)
-  if 'routing_options' in declared:
-    for routing in ROUTINGS.names():   # each routing's section by its own options' rules
-      check_values(model, {f'routing_options.{routing}.{option}': key
-                          for option, key in routing_option_keys(routing).items()}, problems, prefix)
-  if problems:
-    return problems   # the family's own cross-field checks need valid fields
-  (has_impl, impl), (has_inputs, inputs) = (lookup(model, f'formulation.{key}') for key in ('conv_impl', 'conv_inputs'))
-  inputs_problem = formulations.conv_inputs_problem(impl, inputs) if has_impl and has_inputs else None
-  if inputs_problem:
-    problems.append(f'config.{prefix}formulation.conv_inputs={inputs!r}: {inputs_problem}')
-  return problems + list(MODELS[family].check(model, prefix))
-
-
-def build_model(name, **fields) -> nn.Module:
-  """The model family `name` with `fields` (config.model's other keys: `build_model(**config.model)`,
-  or the section itself, `build_model(config.model)`) as its sizes (lists become tuples),
-  checked first as the config's model is (capsjax.ConfigError, the command's line).
-  `routing_options` has one shape everywhere: a section per routing ({'em': {...}}).
-
-  Example:
-    >>> model = capsjax.build_model('capsnet', conv1_channels=32, primary_types=8, routing='em')
-    >>> type(model).__name__, model.routing, model.primary_types
-    ('CapsNet', 'em', 8)
-    >>> config = capsjax.base_config()
-    >>> paper = capsjax.build_model(**config.model)             # the config's model
-    >>> paper.conv1_channels, paper.routing_iterations
-    (256, 3)
-    >>> capsjax.build_model(config.model).num_classes            # the same, given the section
-    10
-    >>> capsjax.build_model('capsnet', routing_iterations=0)
-    Traceback (most recent call last):
-    ...
-    capsjax.errors.ConfigError: config.model.routing_iterations=0: allowed an integer in [1, 100]
-  """
-  name, fields, sections = _checked(name, fields)
-  return _construct(MODELS.get(name), fields, sections)
-
-
-def _checked(name, fields: Dict[str, Any]):
-  """(family, fields, its sections' defaults) of build_model's arguments, checked as the
-  config's model section is: ConfigError, the command's line."""
-  if hasattr(name, 'keys') and 'model' in name.keys():
-    raise ConfigError('build_model takes the model section, build_model(config.model) or '
-                      'build_model(**config.model), not the whole config')
-  if hasattr(name, 'keys'):   # build_model(config.model): the section, its name inside
-    fields = {**dict(name.items()), **fields}
-    name = fields.pop('name', None)
-  if name not in MODELS:
-    raise ConfigError(f'config.model.name={name!r}: allowed one of {", ".join(MODELS.names())}')
-  sections = {field.name: field.default for field in dataclasses.fields(MODELS.get(name))
-              if dataclasses.is_dataclass(field.default) and not isinstance(field.default, type)}
-  fields = {key: tuple(value) if isinstance(value, list) else value.to_dict()
-            if isinstance(value, ml_collections.ConfigDict) else value for key, value in fields.items()}
-  model = _as_config(name, fields, sections)
-  problems = model_problems(model)
-  if problems:
-    raise ConfigError(problems[0])
-  # A module built from a config's "from the data" values would have no classes or no image size.
-  left = left_to_the_data(model.get('num_classes'), model.get('input_shape'))
-  if left:
-    meaning, needed = left
-    raise ConfigError(f'config.model.{meaning}, filled in when a run reads them; build_model needs {needed}')
-  return name, fields, sections
-
-
-def _construct(cls, fields: Dict[str, Any], sections: Dict[str, Any]) -> nn.Module:
-  """The module of family `cls` with `fields` (checked), a section's dict over its defaults."""
-  for key, value in fields.items():
-    if key in sections and isinstance(value, dict):   # a config's section: its keys over the family's
-      fields[key] = dataclasses.replace(sections[key], **value)
-  return cls(**fields)
-
-
-def _as_config(name: str, fields: Dict[str, Any], sections: Dict[str, Any]) -> ml_collections.ConfigDict:
-  """The model section `fields` make (the family's defaults for what they leave out, a
-  section given as its dataclass as its dict), as validation sees config.model."""
-  model = model_config(name).to_dict()
-  for key, value in fields.items():
-    if key in sections and dataclasses.is_dataclass(value):
-      value = {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
-    if isinstance(model.get(key), dict) and isinstance(value, dict) and key != 'routing_options':
-      value = {**model[key], **value}
-    model[key] = value
-  return ml_collections.ConfigDict(model)
-
-
-def model_for_platform(model, platform: str = '', ensemble: bool = False) -> nn.Module:
-  """The module of the model config `model` (config.model), its formulation's 'auto'
-  options chosen once for `platform` (capsjax.formulations.for_platform; '' : JAX's default
-  backend) and for an `ensemble`'s members or one model: what a run, the planner and the
-  memory estimate build."""
-  name, fields, sections = _checked(model, {})   # as given: 'auto' is a config value, a rule is not
-  if 'formulation' in model:   # a user's family may declare none
-    fields['formulation'] = formulations.for_platform(model.formulation, platform, ensemble)
-  return _construct(MODELS.get(name), fields, sections)
-
-
-def formulation_of(module: nn.Module) -> Optional[formulations.Formulation]:
-  """The formulation a built model computes with (what `model_for_platform` chose), or
-  None for a family without one."""
-  return getattr(module, 'formulation', None)
-
-
-def count_params(params) -> int:
-  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
