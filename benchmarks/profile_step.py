@@ -19,18 +19,29 @@ import glob
 import gzip
 import importlib
 import json
+import math
 import os
 import re
 import tempfile
 import time
+from typing import Optional
 
 import jax
+import jax.numpy as jnp
 
 from capsjax import assemble, formulations
 from capsjax.app import cli
 from capsjax.data.sources import Dataset
 from capsjax.steps import make_train_step
-from timing import random_inputs
+from timing import random_inputs, seconds_per_call
+
+
+def matmul_peak_gflops(size: int = 4096, steps: int = 5) -> float:
+  """This machine's float32 matmul rate now (4096³), the peak the parts are held against."""
+  a = jnp.ones((size, size), jnp.float32)
+  b = jnp.ones((size, size), jnp.float32)
+  seconds = seconds_per_call(jax.jit(jnp.matmul), (a, b), steps)
+  return 2 * size ** 3 / seconds / 1e9
 
 
 def instruction_op_names(hlo_text: str) -> dict:
@@ -39,6 +50,112 @@ def instruction_op_names(hlo_text: str) -> dict:
   for match in re.finditer(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]*)"', hlo_text, re.M):
     names[match.group(1)] = match.group(2)
   return names
+
+
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = (\([^)]*\)|\S+?)(?:\{[^}]*\})? ([\w\-]+)\((.*?)\)(.*)$')
+_COMPUTATION = re.compile(r'^(?:ENTRY )?%([\w.\-]+) \((.*)\) -> .* \{$')
+_PARAMETER = re.compile(r'([\w.\-]+): ([a-z0-9]+\[[0-9,]*\])')
+
+
+def _dims(shape: str):
+  """[1, 2, 3] of 'f32[1,2,3]' (None for a tuple or a token)."""
+  match = re.match(r'^[a-z0-9]+\[([0-9,]*)\]$', shape)
+  return None if match is None else [int(d) for d in match.group(1).split(',') if d]
+
+
+def _fft_flops(out: list, attrs: str) -> float:
+  """The conventional count of a fast Fourier transform: 5 N log2 N per complex transform of
+  N points, half that for a real one (RFFT, IRFFT); an estimate, not a measurement."""
+  length = [int(n) for n in re.search(r'fft_length=\{([0-9,]+)\}', attrs).group(1).split(',')]
+  points = math.prod(length)
+  transforms = math.prod(out[:len(out) - len(length)])
+  real = 'RFFT' in attrs   # RFFT and IRFFT
+  return (2.5 if real else 5.0) * points * math.log2(max(points, 2)) * transforms
+
+
+def _own_flops(opcode: str, out, operands: list, attrs: str, shapes: dict) -> float:
+  """The multiply-adds (× 2) of one dot or convolution, from its shapes; an FFT's estimate."""
+  if out is None:
+    return 0.0
+  if opcode == 'dot':
+    lhs = shapes.get(operands[0])
+    contracting = re.search(r'lhs_contracting_dims=\{([0-9,]*)\}', attrs)
+    size = math.prod(lhs[int(d)] for d in contracting.group(1).split(',') if d) if lhs and contracting else 1
+    return 2.0 * math.prod(out) * size
+  if opcode == 'convolution':
+    rhs = shapes.get(operands[1])
+    labels = re.search(r'dim_labels=\w+_(\w+)->', attrs)
+    if rhs is None or labels is None:
+      return 0.0
+    kernel = labels.group(1)   # e.g. 01io: spatial sizes, input and output features
+    per_output = math.prod(size for size, label in zip(rhs, kernel) if label != 'o')
+    return 2.0 * math.prod(out) * per_output
+  if opcode == 'fft':
+    return _fft_flops(out, attrs)
+  return 0.0
+
+
+def instruction_flops(hlo_text: str) -> dict:
+  """{instruction that runs as its own thunk: the matmul-class FLOPs it executes per call}:
+  dots and convolutions counted from their shapes (2 per multiply-add), FFTs by the usual
+  5 N log2 N estimate, each fusion charged with what it fuses, a while loop's body × its
+  known trip count. Elementwise work is not counted: these are the FLOPs the matmul peak
+  bounds."""
+  computations, order = {}, []
+  current = None
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header:
+      current = header.group(1)
+      computations[current] = {'entry': line.startswith('ENTRY'), 'instructions': [],
+                               'shapes': {name: _dims(shape) for name, shape in _PARAMETER.findall(header.group(2))}}
+      order.append(current)
+      continue
+    match = _INSTRUCTION.match(line) if current else None
+    if match:
+      name, shape, opcode, operands, attrs = match.groups()
+      computation = computations[current]
+      computation['shapes'][name] = _dims(shape)
+      computation['instructions'].append((name, opcode, _dims(shape),
+                                          [o.strip().lstrip('%') for o in operands.split(',') if o.strip()], attrs))
+
+  def called(attrs: str, key: str):
+    match = re.search(key + r'=%([\w.\-]+)', attrs)
+    return match.group(1) if match else None
+
+  def fused(computation_name: str) -> float:
+    computation = computations.get(computation_name)
+    if computation is None:
+      return 0.0
+    total = 0.0
+    for _, opcode, out, operands, attrs in computation['instructions']:
+      total += _own_flops(opcode, out, operands, attrs, computation['shapes'])
+      if opcode == 'fusion':
+        total += fused(called(attrs, 'calls'))
+    return total
+
+  flops = collections.defaultdict(float)
+
+  def walk(computation_name: str, times: float) -> None:
+    computation = computations.get(computation_name)
+    if computation is None:
+      return
+    for name, opcode, out, operands, attrs in computation['instructions']:
+      if opcode == 'while':
+        trips = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', attrs)
+        walk(called(attrs, 'body'), times * (int(trips.group(1)) if trips else 1))
+      elif opcode in ('call', 'conditional'):
+        for target in re.findall(r'(?:to_apply|branch_computations=\{|true_computation|false_computation)=?%([\w.\-]+)',
+                                 attrs):
+          walk(target, times)
+      else:
+        own = _own_flops(opcode, out, operands, attrs, computation['shapes'])
+        own += fused(called(attrs, 'calls')) if opcode == 'fusion' else 0.0
+        if own:
+          flops[name] += own * times
+
+  walk(next(name for name in order if computations[name]['entry']), 1.0)
+  return dict(flops)
 
 
 def part_of(op_name: str) -> str:
@@ -126,18 +243,45 @@ def profile(fn, args, calls: int, threaded: bool):
   return wall, {name: seconds / calls for name, seconds in busy_shares(events).items()}, args
 
 
-def report(title: str, wall: float, shares: dict, op_names: dict, top: int):
-  by_part = collections.defaultdict(float)
+def report(title: str, wall: float, shares: dict, op_names: dict, top: int, flops: Optional[dict] = None,
+           peak: Optional[float] = None):
+  """The parts' busy time (and, with `flops` from `instruction_flops`, each part's executed
+  matmul-class GFLOP, its rate while busy, and that rate's share of the matmul `peak`,
+  GFLOP/s measured in the same process), then the longest instructions."""
+  by_part, part_flops = collections.defaultdict(float), collections.defaultdict(float)
   for name, seconds in shares.items():
     by_part[part_of(op_names.get(name, ''))] += seconds
+  for name, count in (flops or {}).items():
+    part_flops[part_of(op_names.get(name, ''))] += count
   busy = sum(by_part.values())
-  print(f'\n{title}: {wall * 1e3:.0f} ms per call wall, {busy * 1e3:.0f} ms busy in XLA instructions')
-  print(f'{"part":62s} {"ms":>8s} {"share":>6s}')
+  print(f'\n{title}: {wall * 1e3:.0f} ms per call wall, {busy * 1e3:.0f} ms busy in XLA instructions'
+        + (f', {sum(part_flops.values()) / 1e9:.2f} GFLOP executed (matmul-class)' if flops else ''))
+  columns = f' {"GFLOP":>7s} {"GFLOP/s":>8s} {"of peak":>7s}' if flops else ''
+  print(f'{"part":62s} {"ms":>8s} {"share":>6s}' + columns)
   for part, seconds in sorted(by_part.items(), key=lambda kv: -kv[1]):
-    print(f'{part:62s} {seconds * 1e3:8.1f} {100 * seconds / busy:5.1f}%')
+    row = f'{part:62s} {seconds * 1e3:8.1f} {100 * seconds / busy:5.1f}%'
+    if flops:
+      rate = part_flops[part] / seconds / 1e9 if seconds else 0.0
+      row += (f' {part_flops[part] / 1e9:7.2f} {rate:8.1f} {100 * rate / peak:6.1f}%' if part_flops[part] and peak
+              else f' {part_flops[part] / 1e9:7.2f}' if part_flops[part] else '')
+    print(row)
   print(f'  the {top} longest instructions:')
   for name, seconds in sorted(shares.items(), key=lambda kv: -kv[1])[:top]:
     print(f'  {seconds * 1e3:8.1f} ms  {name:28s} {op_names.get(name, "")[-90:]}')
+
+
+def profile_parts(train_step, state, host_batch, infer, images, calls: int = 3,
+                  peak: Optional[float] = None, top: int = 8):
+  """The training step's and inference's per-part profile (`report`), each instruction's
+  FLOPs from the compiled module; `state` is donated to the step (the new one is returned)."""
+  compiled = train_step.lower(state, None, host_batch).compile().as_text()
+  wall, shares, (state, _, _) = profile(train_step, (state, None, host_batch), calls, threaded=True)
+  report('training step', wall, shares, instruction_op_names(compiled), top, instruction_flops(compiled), peak)
+  compiled = infer.lower(state['params'], images).compile().as_text()
+  wall, shares, _ = profile(infer, (state['params'], images), calls, threaded=False)
+  report('inference (capsules, lengths, reconstruction)', wall, shares, instruction_op_names(compiled), top,
+         instruction_flops(compiled), peak)
+  return state
 
 
 def main():
@@ -173,16 +317,10 @@ def main():
         f'experiment={args.experiment} batch={args.batch} conv_impl={args.conv_impl} dtype={args.dtype} '
         f'conv_inputs={args.conv_inputs} GLIBC_TUNABLES={os.environ.get("GLIBC_TUNABLES", "")!r}')
 
-  op_names = instruction_op_names(train_step.lower(state, None, host_batch).compile().as_text())
-  wall, shares, (state, _, _) = profile(train_step, (state, None, host_batch), args.calls, threaded=True)
-  report('training step', wall, shares, op_names, args.top)
-
   test = assemble.pipeline(config, dataset, training=False)
   infer = jax.jit(lambda params, x: model.apply(
       {'params': params}, test.device_batch(None, (x, labels, labels), None)['images']))
-  op_names = instruction_op_names(infer.lower(state['params'], images).compile().as_text())
-  wall, shares, _ = profile(infer, (state['params'], images), args.calls, threaded=False)
-  report('inference (capsules, lengths, reconstruction)', wall, shares, op_names, args.top)
+  profile_parts(train_step, state, host_batch, infer, images, args.calls, matmul_peak_gflops(), args.top)
 
 
 if __name__ == '__main__':

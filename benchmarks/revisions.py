@@ -31,7 +31,10 @@ def worker(experiment: str, batch: int, steps: int) -> None:
   sys.path.insert(0, os.path.join(os.getcwd(), 'benchmarks'))
   import throughput  # pylint: disable=g-import-not-at-top
   config = importlib.import_module(f'capsjax.experiments.{experiment}').get_config()
-  timers, _ = throughput.jax_timers(config, batch, steps)
+  if hasattr(throughput, 'jax_programs'):   # the programs apart from their timers
+    timers, _ = throughput.jax_timers(throughput.jax_programs(config, batch), batch, steps)
+  else:   # revisions before that (e.g. 29e4a0c)
+    timers, _ = throughput.jax_timers(config, batch, steps)
   for timer in timers.values():
     timer()   # compile and warm up
   print(json.dumps({'ready': True}), flush=True)

@@ -30,12 +30,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # pylint: disable=g-import-not-at-top
-import jax.numpy as jnp
 
 from capsjax import assemble, formulations, runtime  # pylint: disable=g-import-not-at-top
 from capsjax.app import cli  # pylint: disable=g-import-not-at-top
 from capsjax.models import MODELS  # pylint: disable=g-import-not-at-top
 from capsjax.steps import make_train_step  # pylint: disable=g-import-not-at-top
+from profile_step import matmul_peak_gflops, profile_parts
 from timing import (buffer_bytes, capsnet_flops, conv_layers, is_paper_architecture, random_inputs, seconds_per_call,
                     seconds_per_step)
 from capsjax.data.sources import Dataset
@@ -45,46 +45,43 @@ DEFAULT_TORCH_SCRIPT = os.path.join(ROOT, 'benchmarks', 'torch_capsnet.py')
 
 # ----------------------------------------------------------------------------- timing
 
-def matmul_peak_gflops(size: int = 4096, steps: int = 5) -> float:
-  a = jnp.ones((size, size), jnp.float32)
-  b = jnp.ones((size, size), jnp.float32)
-  seconds = seconds_per_call(jax.jit(jnp.matmul), (a, b), steps)
-  return 2 * size ** 3 / seconds / 1e9
-
-
-def jax_timers(config, batch: int, steps: int, input_shape: str = ''):
-  """({'train': seconds → images/s timer, 'infer': …}, XLA buffer bytes per mode): the
-  compiled training step and inference call of `config`'s model (at `input_shape`, when
-  given), ready to be timed."""
+def jax_programs(config, batch: int, input_shape: str = '') -> dict:
+  """The compiled training step of `config`'s model (at `input_shape`, when given) with its
+  state and a host batch, and inference as a user runs it, with its images."""
   config, images, labels = random_inputs(config, batch, input_shape)
   model = assemble.model(config)
   optimizer = assemble.optimizer(config)
   state = assemble.initial_state(config, model, optimizer)
   data = assemble.pipeline(config, Dataset(images, labels), training=True)
   train_step = make_train_step(assemble.objective(config), model, optimizer, data, config.seed)
-  host_batch = data.host_batch(0)
   # Inference as a user runs it: digit capsules, lengths and the reconstruction of the
   # longest capsule (what the PyTorch peer computes too).
   test = assemble.pipeline(config, Dataset(images, labels), training=False)
   infer = jax.jit(lambda params, x: model.apply({'params': params},
                                                 test.device_batch(None, (x, labels, labels), None)['images']))
-  memory = {'train': buffer_bytes(train_step, state, None, host_batch),
-            'infer': buffer_bytes(infer, state['params'], images)}
-  holder = {'state': state}
+  return {'train_step': train_step, 'state': state, 'host_batch': data.host_batch(0), 'infer': infer,
+          'images': images}
+
+
+def jax_timers(programs: dict, batch: int, steps: int):
+  """({'train': seconds → images/s timer, 'infer': …}, XLA buffer bytes per mode) of
+  `jax_programs`' (their state threaded through the timed training steps, which donate it)."""
+  train_step, host_batch, infer, images = (programs[key] for key in ('train_step', 'host_batch', 'infer', 'images'))
+  memory = {'train': buffer_bytes(train_step, programs['state'], None, host_batch),
+            'infer': buffer_bytes(infer, programs['state']['params'], images)}
 
   def time_train():
-    # The train step donates its state, so it is threaded through the timed calls.
-    seconds, holder['state'] = seconds_per_step(train_step, holder['state'], (None, host_batch), steps)
+    seconds, programs['state'] = seconds_per_step(train_step, programs['state'], (None, host_batch), steps)
     return batch / seconds
 
   def time_infer():
-    return batch / seconds_per_call(infer, (holder['state']['params'], images), steps)
+    return batch / seconds_per_call(infer, (programs['state']['params'], images), steps)
 
   return {'train': time_train, 'infer': time_infer}, memory
 
 
 def measure_jax(config, batch: int, steps: int, input_shape: str = '') -> dict:
-  timers, memory = jax_timers(config, batch, steps, input_shape)
+  timers, memory = jax_timers(jax_programs(config, batch, input_shape), batch, steps)
   return {'train_images_per_s': timers['train'](), 'infer_images_per_s': timers['infer'](),
           'train_buffer_bytes': memory['train'], 'infer_buffer_bytes': memory['infer']}
 
@@ -157,6 +154,10 @@ def main():
   parser.add_argument('--exported', default='',
                       help='an ONNX file of `capsjax-export --format=onnx --reconstructions` (what inference here '
                            'computes): ONNX Runtime runs it beside, the row capsjax.onnx')
+  parser.add_argument('--profile', action='store_true',
+                      help="after the timings, capsjax's step and inference per part (conv1, PrimaryCaps in its "
+                           'form, û, routing, decoder, the optimizer update): busy time, executed matmul-class '
+                           'FLOPs and their share of the matmul peak (benchmarks/profile_step.py)')
   parser.add_argument('--huge_pages', default='on', choices=['on', 'off'],
                       help="both sides' large buffers in transparent huge pages where Linux allows it "
                            "(on: what capsjax's commands do; capsjax.app.cli.huge_pages_environment)")
@@ -234,7 +235,8 @@ def main():
     if importlib.util.find_spec(module) is None or importlib.util.find_spec('torch') is None:
       print(f'peer {name}: not measured ({module} is not installed: pip install \'capsjax[peers]\')')
       peers.remove(name)
-  timers, memory = jax_timers(config, args.batch, args.steps, args.input_shape)
+  programs = jax_programs(config, args.batch, args.input_shape)
+  timers, memory = jax_timers(programs, args.batch, args.steps)
   if args.exported:   # capsjax's own model leaving JAX: a row beside the peers, not one of them
     timers['exported'] = exported_file_timer(args.exported, args.batch, args.steps)
   rates = {('jax', mode): [] for mode in ('train', 'infer')}
@@ -283,6 +285,9 @@ def main():
       best[mode] = (fastest, statistics.median(
           [ours / theirs for ours, theirs in zip(rates['jax', mode], rates[fastest, mode])]))
       print(f'{mode}: the fastest peer row is {fastest}; capsjax is {best[mode][1]:.2f}× it')
+  if args.profile:   # after the timed rounds: the traced calls never share the machine with a peer
+    programs['state'] = profile_parts(programs['train_step'], programs['state'], programs['host_batch'],
+                                      programs['infer'], programs['images'], peak=peak)
   print(f'max resident memory of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB')
   best_words = ' '.join(f'best_peer_{mode}={best[mode][0] if mode in best else "NA"} '
                         f'best_peer_{mode}_ratio={f"{best[mode][1]:.2f}" if mode in best else "NA"}'

@@ -191,15 +191,13 @@ def _recipe_fields(recipe_config) -> Dict[str, Any]:
   return fields
 
 
-def member_seeds(config) -> Optional[List[int]]:
-  listed = members(config)
-  return None if listed is None else [member['seed'] for member in listed]
-
-
-def state_maker(config, optimizer_transform) -> Callable[[Any], Any]:
-  """model → the fresh state (stacked over the members of an ensemble), the config read now."""
-  shape, seed, seeds = tuple(config.model.input_shape), config.seed, member_seeds(config)
-  ema = bool(config.ema_decay) or any(member.get('ema_decay') for member in members(config) or [])
+def state_maker(config, optimizer_transform, listed: Optional[List[Dict[str, Any]]] = None) -> Callable[[Any], Any]:
+  """model → the fresh state (stacked over the members of an ensemble: `listed`, as
+  `members` gives them; None: read from the config), the config read now."""
+  listed = members(config) if listed is None else listed
+  shape, seed = tuple(config.model.input_shape), config.seed
+  seeds = None if listed is None else [member['seed'] for member in listed]
+  ema = bool(config.ema_decay) or any(member.get('ema_decay') for member in listed or [])
   return lambda model_module: steps.initial_state(model_module, optimizer_transform, shape, seed, seeds, ema=ema)
 
 
@@ -228,21 +226,22 @@ class Training:
   evaluations: Callable[..., List[Any]]
 
 
-def training(config, num_train_examples: int) -> Training:
-  """The config's training, for a split of `num_train_examples` (the length in epochs)."""
+def training(config, num_train_examples: int, listed: Optional[List[Dict[str, Any]]] = None) -> Training:
+  """The config's training, for a split of `num_train_examples` (the length in epochs);
+  `listed`: its members as `members` gives them (None: read from the config)."""
+  listed = members(config) if listed is None else listed
   num_steps = total_steps(config, num_train_examples)
   if optimization.warmup_length(config.warmup_steps, config.warmup_max_fraction, num_steps) >= num_steps > 0:
     raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
                       f'({config.num_epochs} epochs of {num_train_examples} examples): the run would end inside '
                       'the warm-up, below the configured learning rate (config.warmup_max_fraction < 1 caps it)')
-  listed = members(config)
   if listed and 'recipe' in listed[0]:   # each member's warm-up as long as this run allows
     listed = [dict(member, warmup_steps=optimization.warmup_length(member['warmup_steps'], member['warmup_max_fraction'],
                                                             num_steps)) for member in listed]
   transform = optimizer(config, num_steps)
   per_member = (optimization.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
                 if listed and 'recipe' in listed[0] else None)
-  run_objective, make_state = objective(config), state_maker(config, transform)
+  run_objective, make_state = objective(config), state_maker(config, transform, listed)
   run_schedule = schedule(config, num_steps)
   if per_member:   # what each recipe member trains at, as metrics.jsonl records it
     by_recipe = {name: schedule(recipe, num_steps) for name, recipe in recipes(config)}
@@ -264,8 +263,9 @@ def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, T
   """The run's typed pieces from its config, read once: its splits (read by `load`, default
   the config's source), its model (the formulation chosen for `platform`), its training,
   and a note for each formulation the config asks for that is measured slow there."""
-  split = splits(config, load)
-  run_training = training(config, split[0].num_examples)
+  listed = members(config)   # once (an ensemble's): their rules run here, not in every piece that reads them
+  split = splits(config, load, listed)
+  run_training = training(config, split[0].num_examples, listed)
   module = model(config, platform)
   chosen = formulation_of(module)
   notes = tuple(formulations.slow_choices(chosen, platform)) if chosen is not None else ()
@@ -313,12 +313,14 @@ def pipeline(config, dataset: Dataset, training: bool) -> Pipeline:
                           preprocessing=described_preprocessing(config.dataset))
 
 
-def task(config) -> Task:
+def task(config, listed: Optional[List[Dict[str, Any]]] = None) -> Task:
+  """config.task's task with its options; `listed`: the run's members (`members`; None:
+  read from the config), whose recipes' augmentations it runs."""
   if config.task not in TASKS:
     raise ConfigError(f'config.task={config.task!r}: allowed one of {", ".join(TASKS)}')
   cls = TASKS.get(config.task)
   options = task_options(config, cls.keys)
-  listed = members(config) if config.ensemble else None
+  listed = members(config) if listed is None and config.ensemble else listed
   if listed and 'recipe' in listed[0] and options.get('augment') is not None:
     # The parts any recipe member runs; each member's strengths are its knobs.
     options['augment'] = ensembles.strongest_augmentation(listed, options['augment'])
@@ -343,11 +345,13 @@ def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]
           Dataset(train.images[-held_out:], train.labels[-held_out:]))
 
 
-def splits(config, load: Optional[Callable[[Any, str], Dataset]] = None) -> Splits:
+def splits(config, load: Optional[Callable[[Any, str], Dataset]] = None,
+           listed: Optional[List[Dict[str, Any]]] = None) -> Splits:
   """(train, test, validation or None) pipelines of config.task on config's source. With
   config.validation_examples, training never sees the held-out images. `load(info, split)`:
-  the split's Dataset in place of the source's (capsjax.app.plan: zeros of the split's shape)."""
-  run_task = task(config)
+  the split's Dataset in place of the source's (capsjax.app.plan: zeros of the split's shape);
+  `listed`: the run's members (`members`; None: read from the config)."""
+  run_task = task(config, listed)
   source = open_source(data_spec(config))
   info = source.describe()
   run_task.check_input(info, config.model.input_shape)
@@ -388,7 +392,7 @@ def resolve_data(config) -> ml_collections.ConfigDict:
   empty), model.num_classes (when 0) and, for 'classify', model.input_shape (when ()).
   Values the config gives must agree with the data. Reads the source's description only
   (headers, TFDS builder info), so a run fails here within seconds on the wrong data."""
-  run_task = task(config)
+  run_task = TASKS[config.task]
   info = open_source(data_spec(config)).describe()
   config = ml_collections.ConfigDict(config.to_dict())
   model = config.model
@@ -399,11 +403,11 @@ def resolve_data(config) -> ml_collections.ConfigDict:
                       f'{info.num_classes} classes')
   if model.get('num_classes') == 0:
     model.num_classes = info.num_classes
-  elif TASKS[run_task.name].input_shape_from_data and model.get('num_classes') not in (None, info.num_classes):
+  elif run_task.input_shape_from_data and model.get('num_classes') not in (None, info.num_classes):
     raise ConfigError(f'{info.name} has {info.num_classes} classes; the model has config.model.num_classes='
                       f'{model.num_classes} (--experiment=images takes the shape and classes from the data)')
   if 'input_shape' in model and not tuple(model.input_shape):
-    if not TASKS[run_task.name].input_shape_from_data:
+    if not run_task.input_shape_from_data:
       raise ConfigError(f'config.model.input_shape=(): the {run_task.name} task needs the canvas size '
                         '(height, width, channels)')
     model.input_shape = tuple(info.input_shape)

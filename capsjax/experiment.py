@@ -1,5 +1,5 @@
 """A run built once from a validated config: `start(config, mesh)` → `Experiment` (the data
-resolved, the model chosen, then `build(config, mesh, platform)`).
+resolved, the model chosen, then built: `build`), the one call that starts a run.
 
 What the training loop and the planner take (neither reads the config again): the run's
 own settings, its splits, its model (the formulation chosen for the platform), its length
@@ -87,32 +87,30 @@ class Experiment:
 
 
 def start(config, mesh, *, platform: str = '', loader=None, recorded: Optional[Dict[str, Any]] = None,
-          available: Optional[float] = None) -> Experiment:
-  """A run started from its validated config in the order every entry takes (capsjax-plan
-  and the routing zoo call this; train_and_evaluate takes the same steps and binds its
-  workdir between the choice and the build, so that a resumed run whose config changed is
-  refused before its data is read): what the data says fills what the config leaves open
+          available: Optional[float] = None, settings: Optional[RunSettings] = None) -> Experiment:
+  """A run started from its validated config, the one call every entry makes (training,
+  capsjax-plan, the routing zoo): what the data says fills what the config leaves open
   (assemble.resolve_data: shape, classes); the model's 'auto' keys are chosen for the batch
   within `available` bytes per device (assemble.choose_model; a resumed run's `recorded`
-  config keeps its choices); then `build`. The choice's line is the Experiment's
-  `model_choice`."""
+  config keeps its choices); then the run is built on `mesh`, whose devices are
+  `platform`'s ('' : JAX's default backend): splits (read by `loader`, default the
+  config's source), the model (its formulation chosen for the platform), the training and
+  its steps. The choice's line is the Experiment's `model_choice`; `settings`: the run's
+  own settings where the caller has read them already."""
   config = assemble.resolve_data(config)
   config, chosen = assemble.choose_model(config, recorded, available=available, platform=platform)
-  return dataclasses.replace(build(config, mesh, platform, loader), model_choice=chosen)
+  return dataclasses.replace(build(config, mesh, platform, loader, settings), model_choice=chosen)
 
 
-def build(config, mesh, platform: str = '', loader=None) -> Experiment:
-  """`config` (validated, its data resolved: assemble.resolve_data) built on `mesh`, whose
-  devices are `platform`'s ('' : JAX's default backend): splits (read by `loader`, default
-  the config's source), the model (its formulation chosen for the platform), the training
-  and its steps. The config is read here and in capsjax.assemble, once; it is checked
-  before (capsjax.validate: train_and_evaluate and plan_run run it first)."""
+def build(config, mesh, platform: str = '', loader=None, settings: Optional[RunSettings] = None) -> Experiment:
+  """`start`'s last part: a config whose data is resolved and whose model is chosen
+  (capsjax-plan's search for the largest batch builds one again per batch), built on `mesh`."""
   sharding.check_batch_size(config.batch_size, mesh)
-  settings = RunSettings.of(config)
   (train, test, validation), model, training, notes = assemble.run(config, platform, loader)
-  return Experiment(settings, model, train, test, validation, training.num_steps, training.batch_size,
-                    training.schedule, build_program(training, model, train, test, mesh, validation),
-                    config.to_dict(), notes, TASKS[config.task].labels_per_example)
+  return Experiment(settings or RunSettings.of(config), model, train, test, validation, training.num_steps,
+                    training.batch_size, training.schedule,
+                    build_program(training, model, train, test, mesh, validation), config.to_dict(), notes,
+                    TASKS[config.task].labels_per_example)
 
 
 def build_program(training, model, train: Pipeline, test: Pipeline, mesh,

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from capsjax import assemble, console, evaluators, memory, reports, runtime, sharding, stored_config, validation
+from capsjax import console, evaluators, memory, reports, runtime, sharding, stored_config, validation
 from capsjax import checkpoints as ckpt
 from capsjax import experiment as experiment_lib
 from capsjax import hooks as hooks_lib
@@ -104,17 +104,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     _log(f'{settings.experiment}: reading the data ({config.dataset}) and tracing the model…')
     recorded = (stored_config.read_config(workdir).to_dict()
                 if os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)) else None)
-    # experiment.start's steps, with the workdir bound between the model's choice and the
-    # build: a resumed run whose config changed is refused before its data is read.
-    config, chosen = assemble.choose_model(assemble.resolve_data(config), recorded)
-    if chosen:
-      _log(chosen)
     with workdir_lib.Lock(workdir) if is_writer else contextlib.nullcontext():
+      # Bound before the data is read: a resumed run whose config changed is refused at once.
       changed = stored_config.bind_config(workdir, config, settings.allow_config_change)
       if changed:
         _log(f'continuing {workdir} with a changed config: {"; ".join(changed)}')
-      built = experiment_lib.build(config, sharding.data_mesh())
-      for line in built.notes:   # an explicit formulation measured slow here
+      built = experiment_lib.start(config, sharding.data_mesh(), recorded=recorded, settings=settings)
+      for line in filter(None, (built.model_choice,) + built.notes):   # what 'auto' chose; a slow formulation
         _log(line)
       return _train(built, workdir, stop_at_step or settings.stop_at_step or None, is_writer)
   except BaseException:   # a refusal, a bug's traceback, Ctrl-C before the first step

@@ -25,13 +25,13 @@ METRICS_FILE = 'metrics.jsonl'
 # What a run keeps in its workdir: name → whether it is a folder.
 RUN_ENTRIES = {CONFIG_FILE: False, 'results.json': False, METRICS_FILE: False, LOCK_FILE: False,
                'table.md': False, 'checkpoints': True}
-# What an exported model is (capsjax-export's explorer files): a config.json too, never a run.
-EXPORTED_FILES = ('params.npz', 'test_sample.npz', CONFIG_FILE)
+# The explorer's model (what capsjax-export writes for the explorer): a config.json too, never a run.
+EXPLORER_FILES = ('params.npz', 'test_sample.npz', CONFIG_FILE)
 
-def is_export(directory: str) -> bool:
+def is_explorer_model(directory: str) -> bool:
   """Whether `directory` holds what capsjax-export writes (and no run's checkpoints)."""
   checkpoints = os.path.join(directory, 'checkpoints')
-  return (all(os.path.isfile(os.path.join(directory, name)) for name in EXPORTED_FILES)
+  return (all(os.path.isfile(os.path.join(directory, name)) for name in EXPLORER_FILES)
           and not (os.path.isdir(checkpoints) and os.listdir(checkpoints)))
 
 
@@ -50,8 +50,8 @@ def prepare(path: str) -> str:
       what, expected = ('a file', 'folder') if is_folder else ('a folder', 'file')
       raise WorkdirError(f'workdir {path}: {name} is {what} where a run keeps its {expected} '
                          f'({"checkpoints" if is_folder else "its record"}); move it away or use another --workdir')
-  if is_export(path):   # (once: "holds a run with another config")
-    raise WorkdirError(f'workdir {path} holds an exported model ({", ".join(EXPORTED_FILES)}: capsjax-export\'s '
+  if is_explorer_model(path):   # (once: "holds a run with another config")
+    raise WorkdirError(f'workdir {path} holds an exported model ({", ".join(EXPLORER_FILES)}: capsjax-export\'s '
                        'files), not a run; use another --workdir')
   try:
     os.makedirs(path, exist_ok=True)

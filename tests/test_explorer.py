@@ -349,13 +349,13 @@ def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):
       (str(tmp_path / 'a_file'), f'--out={tmp_path}/a_file is a file, not a folder'),
       (str(tmp_path), f'--out={tmp_path} holds a_file \\(entries an export does not write\\)'), ('', '--out is empty')]:
     with pytest.raises(CapsjaxError, match=f'^{refusal}'):
-      trained.export(trained_workdir, directory, images, np.arange(3))
+      trained.write_explorer_model(trained_workdir, directory, images, np.arange(3))
   assert open(os.path.join(trained_workdir, 'config.json')).read() == recorded
   os.remove(tmp_path / 'a_file')
-  trained.export(trained_workdir, str(tmp_path), images, np.arange(3))
-  trained.export(trained_workdir, str(tmp_path), images[:2], np.arange(2))   # over an earlier export
+  trained.write_explorer_model(trained_workdir, str(tmp_path), images, np.arange(3))
+  trained.write_explorer_model(trained_workdir, str(tmp_path), images[:2], np.arange(2))   # over an earlier export
   assert sorted(os.listdir(tmp_path)) == ['config.json', 'params.npz', 'test_sample.npz']
-  config, params = trained.read_exported(str(tmp_path))
+  config, params = trained.read_explorer_model(str(tmp_path))
   # The export is a --workdir of its own (predict, the explorer, figures): one model, no
   # checkpoints (once: "no checkpoint in W/checkpoints").
   as_workdir = trained.TrainedModel.from_workdir(str(tmp_path), data={'data_dir': '/data'})
@@ -376,7 +376,7 @@ def test_export_round_trips_the_parameters(trained_workdir, explorer, tmp_path):
   old = json.loads((tmp_path / 'config.json').read_text())
   old['model'].update(old['model'].pop('formulation'))
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  assert trained.read_exported(str(tmp_path))[0].model.to_dict() == config.model.to_dict()
+  assert trained.read_explorer_model(str(tmp_path))[0].model.to_dict() == config.model.to_dict()
 
 
 # ------------------------------------------------------------------------- start-up errors

@@ -20,7 +20,7 @@ from capsjax.app import export as export_main
 from capsjax.app.explorer.backend import Explorer
 from capsjax.app.predict import Predictor
 from capsjax.data import load_dataset
-from capsjax.app.trained import read_exported
+from capsjax.app.trained import read_explorer_model
 from capsjax.layers import PrimaryCaps
 from capsjax.models import build_model
 from capsjax.app.programs import sweep
@@ -296,7 +296,7 @@ def test_seeds_with_validation_train_as_one_program_and_report_mean_std(mnist_di
   assert f'member {member} at its best validation step {selected["step"][member]}' in printed
   assert 'test error of the float16 parameters as written' in printed and 'of 100 test images' in printed
   _, _, params = load_trained(workdir, step=selected['step'][member])
-  _, exported = read_exported(str(out))
+  _, exported = read_explorer_model(str(out))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, np.float16(b[member]), rtol=1e-3), exported, params)
 
 

@@ -187,6 +187,6 @@ def test_predict_explorer_and_export_work_on_the_chosen_model(photo_run, tmp_pat
   np.testing.assert_allclose(opened['activations'], list(rows[0]['activations'].values()), atol=1e-5)
   assert len(opened['image']) == PHOTO_SIZE * PHOTO_SIZE * 3
   images = np.stack([np.asarray(Image.open(path)) for path in files[:3]])
-  trained.export(str(workdir), str(tmp_path / 'exported'), images, np.arange(3))
+  trained.write_explorer_model(str(workdir), str(tmp_path / 'exported'), images, np.arange(3))
   exported = Predictor(trained.TrainedModel.exported(str(tmp_path / 'exported')))
   assert [row['class'] for row in exported.predict(images)] == [row['class'] for row in rows[:3]]

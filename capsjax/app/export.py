@@ -32,7 +32,6 @@ for an ONNX, StableHLO or SavedModel file. docs/results.md has the command that 
 """
 import argparse
 import importlib.util
-import os
 import sys
 from typing import Optional
 
@@ -100,20 +99,20 @@ def _test_split(run, args, num_test_examples: Optional[int] = None):
 
 
 def _explorer_files(args) -> int:
-  from capsjax.app.trained import SHIPPED, check_export_folder, choose_checkpoint, export  # pylint: disable=g-import-not-at-top
-  from capsjax.workdir import is_export  # pylint: disable=g-import-not-at-top
+  from capsjax.app.trained import SHIPPED, check_explorer_folder, choose_checkpoint, write_explorer_model  # pylint: disable=g-import-not-at-top
+  from capsjax.workdir import is_explorer_model  # pylint: disable=g-import-not-at-top
   from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
-  if is_export(args.workdir):
+  if is_explorer_model(args.workdir):
     cli.fail(f'{args.workdir} holds an exported model already (the explorer\'s files); copy the folder, or give '
              '--format=onnx, stablehlo or savedmodel')
-  out = check_export_folder(args.out or SHIPPED)   # before the data is read
+  out = check_explorer_folder(args.out or SHIPPED)   # before the data is read
   config = read_config(args.workdir)
   step, member, why = choose_checkpoint(args.workdir, args.step, args.member)
   console.say(f'exporting {args.workdir}: {why}; reading the test images…')
   test = _test_split(config, args)
   num_images = args.num_images or NUM_IMAGES
   sample = test.take(min(num_images, len(test)))
-  summary = export(args.workdir, out, np.asarray(sample.images), np.asarray(sample.labels), member, step)
+  summary = write_explorer_model(args.workdir, out, np.asarray(sample.images), np.asarray(sample.labels), member, step)
   total = sum(summary['bytes'].values())
   asked = f' (all of them: --num_images={num_images} asked for more)' if num_images > len(sample) else ''
   print(f'{why}: {summary["num_params"]:,} parameters and {len(sample)} test images{asked}, '
@@ -137,13 +136,13 @@ def _explorer_files(args) -> int:
 def _one_file(args) -> int:
   from capsjax.app import serving  # pylint: disable=g-import-not-at-top
   from capsjax.app.trained import SHIPPED, TrainedModel, choose_checkpoint  # pylint: disable=g-import-not-at-top
-  from capsjax.workdir import is_export  # pylint: disable=g-import-not-at-top
+  from capsjax.workdir import is_explorer_model  # pylint: disable=g-import-not-at-top
   from capsjax.stored_config import read_config  # pylint: disable=g-import-not-at-top
   if args.format == 'onnx' and importlib.util.find_spec('jax2onnx') is None:   # before any JAX loads
     cli.fail(f'--format=onnx needs the jax2onnx converter: {serving.EXTRA}')
   if args.out:
     serving.check_output(args.out, args.force, args.format)   # before the model is read
-  exported = args.workdir and is_export(args.workdir)   # the explorer's files of a run: one model, as shipped
+  exported = args.workdir and is_explorer_model(args.workdir)   # the explorer's files of a run: one model, as shipped
   config = read_config(args.workdir or SHIPPED)
   if args.evaluate:   # read before the model and the conversion: data that cannot be read is said at once
     test = _test_split(config, args, config.get('num_test_examples'))

@@ -121,7 +121,6 @@ class Predictor:
     outside that range are refused: clipping them (floats of 0–255) once turned a grey image
     into black and white without a word."""
     from PIL import Image  # pylint: disable=g-import-not-at-top
-    from capsjax.data.images import to_array  # pylint: disable=g-import-not-at-top
     if isinstance(image, (str, bytes, os.PathLike)):
       raise CapsjaxError(f'{name}: a file name ({image!r}), not an image array; files: predict(read_files([path, …]))')
     array = np.asarray(image)

@@ -21,7 +21,7 @@ from capsjax.keys import is_int
 from capsjax.models import MODELS
 from capsjax.objectives import OBJECTIVES
 from capsjax.stored_config import read_config, upgraded
-from capsjax.workdir import EXPORTED_FILES, RUN_ENTRIES, MetricsLog, is_export, read_results
+from capsjax.workdir import EXPLORER_FILES, RUN_ENTRIES, MetricsLog, is_explorer_model, read_results
 
 # The paper's MNIST CapsNet that ships with the package (mnist_official, docs/results.md
 # "The capsule explorer"), exported with its sample of test images: what predict and the explorer serve without --workdir.
@@ -64,7 +64,7 @@ class TrainedModel:
     exported model: one model, float16 parameters) is read as `exported` reads it."""
     if member is not None:
       check_member_type(member)   # before the checkpoint is read
-    if is_export(workdir):
+    if is_explorer_model(workdir):
       if member is not None or step is not None:
         raise CheckpointError(f'{workdir} holds an exported model (one model, no checkpoints): --member and --step '
                               "choose within a run's workdir")
@@ -84,7 +84,7 @@ class TrainedModel:
     model (`from_workdir`'s member). The members of an ablation's grid or of several
     recipes differ by more than their seed: their sum is no classifier the run reports, and
     is refused."""
-    if is_export(workdir):
+    if is_explorer_model(workdir):
       raise CheckpointError(f'--member=all: {workdir} holds an exported model (one model); all sums the members '
                             "of an ensemble run's workdir")
     config, model, state, progress = _restore(workdir, data, step)
@@ -143,7 +143,7 @@ class TrainedModel:
   @classmethod
   def exported(cls, directory: str, source: Optional[str] = None) -> 'TrainedModel':
     """A model written by `export` (float16 parameters, read back as float32)."""
-    config, params = read_exported(directory)
+    config, params = read_explorer_model(directory)
     return cls(config, assemble.model(config), params, source or directory)
 
   @classmethod
@@ -194,7 +194,7 @@ def load_trained(workdir: str, data: Optional[Dict[str, str]] = None, step: Opti
 def is_seed_ensemble(workdir: str) -> bool:
   """Whether `workdir` holds an ensemble run whose members differ by seed alone (its
   reported classifier: the members summed, TrainedModel.summed_seeds); from its config."""
-  if is_export(workdir):
+  if is_explorer_model(workdir):
     return False
   config = read_config(workdir)
   return bool(config.get('ensemble')) and steps.seeds_alone(assemble.members(config))
@@ -224,7 +224,7 @@ def _restore(workdir: str, data: Optional[Dict[str, str]], step: Optional[int]):
   if step is not None and (not is_int(step) or step < 0):
     # ('2' once read "no checkpoint of step 2 … (there are: 2)")
     raise ConfigError(f'step={step!r}: allowed an integer >= 0 (a checkpoint\'s step) or None (the latest)')
-  if is_export(workdir):   # (once: "no checkpoint in W/checkpoints")
+  if is_explorer_model(workdir):   # (once: "no checkpoint in W/checkpoints")
     raise CheckpointError(f"{workdir} holds an exported model (capsjax-export's files: float16 parameters, no "
                           'checkpoint), not a run; TrainedModel.from_workdir reads it, as the commands\' --workdir does')
   config = read_config(workdir)
@@ -308,21 +308,21 @@ def choose_checkpoint(workdir: str, step: str, member: Optional[int]) -> Tuple[O
       f'{100 * selected["test_error"][member]:.2f} %)')
 
 
-def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: np.ndarray,
+def write_explorer_model(workdir: str, directory: str, test_images: np.ndarray, test_labels: np.ndarray,
            member: Optional[int] = None, step: Optional[int] = None) -> Dict[str, Any]:
   """Writes a trained run's config and float16 parameters (no optimiser state) of its
   latest checkpoint or that of `step`, with a sample of test images, into `directory`:
   the files `Explorer.shipped` reads. `directory` is new, empty, or an earlier export's
-  (check_export_folder); the three files replace the earlier ones together, once all are
+  (check_explorer_folder); the three files replace the earlier ones together, once all are
   written, so a stop midway leaves the earlier export whole."""
-  directory = check_export_folder(directory)
+  directory = check_explorer_folder(directory)
   config, _, params, _, _, _ = _restore_one(workdir, None, step, member)   # one model: a member's own config
   flat = {name: np.asarray(leaf, np.float16)
           for name, leaf in traverse_util.flatten_dict(jax.device_get(params), sep='/').items()}
   shipped_config = config.to_dict()
   shipped_config.update(data_dir='', tfds_data_dir='')   # this machine's paths mean nothing elsewhere
   os.makedirs(directory, exist_ok=True)
-  partial = {name: os.path.join(directory, f'.{name}.partial') for name in EXPORTED_FILES}
+  partial = {name: os.path.join(directory, f'.{name}.partial') for name in EXPLORER_FILES}
   try:
     with open(partial['params.npz'], 'wb') as f:
       np.savez_compressed(f, **flat)
@@ -337,10 +337,10 @@ def export(workdir: str, directory: str, test_images: np.ndarray, test_labels: n
       if os.path.exists(path):
         os.remove(path)
   return {'num_params': int(sum(v.size for v in flat.values())),
-          'bytes': {name: os.path.getsize(os.path.join(directory, name)) for name in EXPORTED_FILES}}
+          'bytes': {name: os.path.getsize(os.path.join(directory, name)) for name in EXPLORER_FILES}}
 
 
-def check_export_folder(directory: str) -> str:
+def check_explorer_folder(directory: str) -> str:
   """The absolute folder `export` may write into: new, empty, or holding an earlier
   export's files only. Anything else is refused in one line (the words of
   capsjax-export's --out): a file, or a folder with other entries, a run's workdir above
@@ -351,7 +351,7 @@ def check_export_folder(directory: str) -> str:
   if os.path.lexists(path) and not os.path.isdir(path):
     raise WorkdirError(f'--out={directory} is a file, not a folder')
   others = sorted(name for name in (os.listdir(path) if os.path.isdir(path) else ())
-                  if name not in EXPORTED_FILES and not name.startswith('.'))
+                  if name not in EXPLORER_FILES and not name.startswith('.'))
   if others:
     shown = ', '.join(others[:3]) + (', …' if len(others) > 3 else '')
     what = ("a run's workdir: its config.json would be replaced" if set(others) & set(RUN_ENTRIES)
@@ -361,7 +361,7 @@ def check_export_folder(directory: str) -> str:
   return path
 
 
-def read_exported(directory: str):
+def read_explorer_model(directory: str):
   """(config, float32 params) written by `export`."""
   try:
     with open(os.path.join(directory, 'config.json')) as f:

@@ -20,7 +20,7 @@ from capsjax.data import augment, images as image_files
 from capsjax import assemble, console
 from capsjax.errors import CapsjaxError, DataError
 from capsjax.models import capsule_lengths
-from capsjax.workdir import is_export
+from capsjax.workdir import is_explorer_model
 from capsjax.app.plots import draw_perturbations
 
 SLIDER_RANGE = 0.25        # figure 4 of the paper: each dimension tweaked within ±0.25
@@ -109,7 +109,7 @@ class Explorer:
     say each stage on the console, with a bar for the encoding. A folder capsjax-export
     wrote is read as the shipped model is, with its own sample of test images."""
     trained = TrainedModel.from_workdir(workdir, member, data)
-    if is_export(workdir):   # one model and its own sample of test images, as the shipped one
+    if is_explorer_model(workdir):   # one model and its own sample of test images, as the shipped one
       return cls._with_sample(trained, workdir, show_progress, num_images)
     if show_progress:
       console.say(f'model: {trained.describe()}; reading up to {num_images} test inputs…')
