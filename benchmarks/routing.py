@@ -17,10 +17,10 @@ from timing import seconds_per_call
 from capsjax.routing import dynamic_routing, squash  # pylint: disable=g-import-not-at-top
 
 
-def unrolled_routing(prediction_vectors, num_iterations: int):
+def unrolled_routing(prediction_vectors, routing_iterations: int):
   """Procedure 1 as a Python loop in the public [batch, in, out, dim] layout."""
   logits = jnp.zeros(prediction_vectors.shape[:3], prediction_vectors.dtype)
-  for _ in range(num_iterations):
+  for _ in range(routing_iterations):
     coupling = jax.nn.softmax(logits, axis=-1)                               # [batch, in, out]
     parents = squash(jnp.einsum('bij,bijd->bjd', coupling, prediction_vectors))  # [batch, out, dim]
     logits = logits + jnp.einsum('bijd,bjd->bij', prediction_vectors, parents)   # [batch, in, out]

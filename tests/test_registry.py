@@ -191,11 +191,13 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
   assert results['completed'] and results['steps'] == 4 and np.isfinite(results['test_loss'])
   # A routing that does not loop but declares the loop's arguments (the earlier protocol) is
   # refused in one line, as is a third returned value (couplings and logits go by name).
-  with pytest.raises(ConfigError, match="^routing 'old' is registered iterative=False but takes num_iterations, "
+  with pytest.raises(ConfigError, match="^routing 'old' is registered iterative=False but takes routing_iterations, "
                                         "max_iterations: a routing that does not loop"):
     register_routing('old', iterative=False)(
-        lambda prediction_vectors, input_activations, num_iterations, *, max_iterations=None: None)
+        lambda prediction_vectors, input_activations, routing_iterations, *, max_iterations=None: None)
   assert 'old' not in ROUTINGS.names()
+  with pytest.raises(ConfigError, match="^routing 'old' takes num_iterations: r is called routing_iterations "):
+    register_routing('old')(lambda prediction_vectors, input_activations, num_iterations: None)
   register_routing('three_values', iterative=False)(
       lambda prediction_vectors, input_activations: (parents, routed.activations, parents))
   try:
@@ -203,7 +205,7 @@ def test_a_routing_from_its_own_file_trains_and_is_listed(user_modules, mnist_di
       route('three_values', predictions)
   finally:
     ROUTINGS.unregister('three_values')
-  with pytest.raises(ConfigError, match="^routing 'looping' is registered iterative=True but takes no num_iterations: "):
+  with pytest.raises(ConfigError, match="^routing 'looping' is registered iterative=True but takes no routing_iterations: "):
     register_routing('looping')(lambda prediction_vectors, input_activations: None)
   assert 'looping' not in ROUTINGS.names()
   with pytest.raises(ConfigError, match=r"layer_inputs \['digit_bias'\] are not inputs of the capsule layer"):

@@ -181,8 +181,8 @@ def test_bad_iteration_counts_are_rejected():
     dynamic_routing(u_hat, 0).parents
   # A count that is no integer is named, not read as traced (2.5 once asked for max_iterations).
   for count, got in ((2.5, 'got 2.5'), (True, 'got True'), (jnp.float32(2), 'got dtype float32')):
-    with pytest.raises(ValueError, match=f'num_iterations must be an integer, {got}'):
-      routing.route('em', u_hat, num_iterations=count)
+    with pytest.raises(ValueError, match=f'routing_iterations must be an integer, {got}'):
+      routing.route('em', u_hat, routing_iterations=count)
   with pytest.raises(ValueError, match='must be an integer, got dtype float32'):
     jax.vmap(lambda r: dynamic_routing(u_hat, r, max_iterations=3).parents)(jnp.arange(1.0, 3.0))
   # A NumPy integer is a host constant like a Python int: exactly r iterations, no bound needed.
@@ -199,7 +199,7 @@ def test_votes_that_are_not_floating_batch_in_out_dim_are_named():
                                                    f'[batch, in_caps, out_caps, dim], {got}')):
       dynamic_routing(votes, 3)
     with pytest.raises(ValueError, match=re.escape(f"route('em'): prediction_vectors must be a floating array")):
-      routing.route('em', votes, num_iterations=2)
+      routing.route('em', votes, routing_iterations=2)
   # Every refusal is a CapsjaxError too (a ValueError and TypeError as well): one except
   # catches what the library refuses. An axis that is no axis named the function nowhere.
   for call, line in [(lambda: dynamic_routing(u_hat[0], 3), 'dynamic_routing: prediction_vectors must be'),

@@ -425,7 +425,7 @@ def test_modules_and_helpers_used_directly_refuse_what_build_model_refuses(tmp_p
   assert capsjax.routing_logit_changes(logits, jnp.zeros((12, 10))).shape == (3,)   # log priors [in, out] broadcast
   with pytest.raises(ValueError, match=r"^a routing name must be a config key \(letters, digits and _, not a digit first "
                                        r"nor a Python keyword\), got 'my.routing'$"):
-    capsjax.register_routing('my.routing')(lambda prediction_vectors, input_activations, num_iterations: None)
+    capsjax.register_routing('my.routing')(lambda prediction_vectors, input_activations, routing_iterations: None)
   with pytest.raises(TypeError, match=r"^register_routing\('mine'\): learned\['scale'\] is \(a function of \(in_caps, "):
     capsjax.register_routing('mine', learned={'scale': 1.0})   # once registered, then failed in the layer
   assert 'my.routing' not in capsjax.ROUTINGS and 'mine' not in capsjax.ROUTINGS

@@ -19,10 +19,10 @@ from capsjax.routing.core import Array, check_flags, check_prediction_vectors
 # ============================================================================= the registry
 # Every routing algorithm has one signature:
 #   function(prediction_vectors [batch, in, out, dim], input_activations [batch, in],
-#            [num_iterations, *, max_iterations=None, unroll=False,]   (iterative ones only)
+#            [routing_iterations, *, max_iterations=None, unroll=False,]   (iterative ones only)
 #            **options) → RoutingResult
 # and is registered with `@register_routing(name, ...)`, whose capabilities are:
-#   iterative        whether it loops: only then does it take num_iterations, max_iterations
+#   iterative        whether it loops: only then does it take routing_iterations, max_iterations
 #                    and unroll (route and the capsule layer pass them to no other)
 #   learned          option → (shape from (in_caps, out_caps, dim), initial value): what a
 #                    model learns; `route` fills each one it is not given with its initial value
@@ -58,7 +58,7 @@ class RoutingResult:
 
   Example:
     >>> votes = jnp.ones((1, 4, 2, 3))                              # û [batch, in, out, dim]
-    >>> result = capsjax.route('dynamic', votes, num_iterations=2, return_couplings=True)
+    >>> result = capsjax.route('dynamic', votes, routing_iterations=2, return_couplings=True)
     >>> result.parents.shape, result.activations.shape              # [batch, out, dim], [batch, out]
     ((1, 2, 3), (1, 2))
     >>> result.couplings[0].shape, result.logits is None            # (first, last) [batch, in, out]
@@ -114,7 +114,7 @@ Example:
 # this name when the model's `routing_inputs` names it (capsjax.layers.CapsuleLayer).
 LAYER_INPUTS = ('bias', 'log_priors', 'leaky', 'stop_gradient_predictions')
 # The routing's own arguments: neither options nor learned.
-_OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'num_iterations', 'max_iterations', 'unroll',
+_OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'routing_iterations', 'max_iterations', 'unroll',
                   'return_logits', 'return_couplings')
 
 
@@ -125,14 +125,14 @@ def register_routing(name: str, *, iterative: bool = True,
   """Function decorator: `config.model.routing = name` routes with this function.
 
   The function takes prediction_vectors û [batch, in_caps, out_caps, dim] and
-  input_activations [batch, in_caps]; an `iterative` one also num_iterations and the
+  input_activations [batch, in_caps]; an `iterative` one also routing_iterations and the
   keywords max_iterations and unroll (its loop: `capsjax.routing.iterate`). Options of its
   own, each with a default, its section of `config.model.routing_options` may set
   (`config.model.routing_options.NAME.OPTION`); `learned` ones become
   parameters of the capsule layer. It returns a RoutingResult, or the plain pair (parents
   [batch, out_caps, dim], activations [batch, out_caps]); the registry keeps the function
   as written (ROUTINGS[name].value) and `route` hands it the loop's arguments only if it
-  is `iterative`. An iterative one without num_iterations, or one that does not loop but
+  is `iterative`. An iterative one without routing_iterations, or one that does not loop but
   declares the loop's arguments, is refused here, in one line (ConfigError). `returns_logits`: it
   accepts return_logits=True and then fills the logits per iteration; `returns_couplings`:
   it accepts return_couplings=True and then fills the (first, last) couplings [batch, in,
@@ -189,7 +189,7 @@ def _warn_if_replacing_a_built_in(name: str, function: Callable[..., Any]) -> No
                   'register it under a name of its own to keep both', stacklevel=3)
 
 
-_LOOP_ARGUMENTS = ('num_iterations', 'max_iterations', 'unroll')
+_LOOP_ARGUMENTS = ('routing_iterations', 'max_iterations', 'unroll')
 
 
 def _check_loop_arguments(name: str, function: Callable[..., Any], iterative: bool, form: str = '') -> None:
@@ -197,9 +197,12 @@ def _check_loop_arguments(name: str, function: Callable[..., Any], iterative: bo
   none (it is handed none): refused here, in one line, otherwise."""
   parameters = inspect.signature(function).parameters
   what = f'routing {name!r}{form}'
-  if iterative and 'num_iterations' not in parameters:
-    raise ConfigError(f'{what} is registered iterative=True but takes no num_iterations: give it the '
-                      'arguments (…, num_iterations, *, max_iterations=None, unroll=False) and loop with '
+  if 'num_iterations' in parameters:   # r's name before 0.4
+    raise ConfigError(f'{what} takes num_iterations: r is called routing_iterations everywhere in capsjax (the '
+                      'config key, the layer, route); rename the argument')
+  if iterative and 'routing_iterations' not in parameters:
+    raise ConfigError(f'{what} is registered iterative=True but takes no routing_iterations: give it the '
+                      'arguments (…, routing_iterations, *, max_iterations=None, unroll=False) and loop with '
                       'capsjax.routing.iterate, or register it with iterative=False')
   declared = [argument for argument in _LOOP_ARGUMENTS if argument in parameters]
   if not iterative and declared:
@@ -207,7 +210,7 @@ def _check_loop_arguments(name: str, function: Callable[..., Any], iterative: bo
                       'not loop is handed no loop arguments (remove them), or register it with iterative=True')
 
 
-def call(name: str, inputs: tuple, num_iterations, max_iterations=None, unroll: bool = False, *,
+def call(name: str, inputs: tuple, routing_iterations, max_iterations=None, unroll: bool = False, *,
          shared: bool = False, **options) -> RoutingResult:
   """Routing `name`'s registered function (`shared`: its shared form, inputs (capsules,
   transforms, offsets); else inputs (û, input activations)) called with the loop's arguments
@@ -216,7 +219,7 @@ def call(name: str, inputs: tuple, num_iterations, max_iterations=None, unroll: 
   entry = ROUTINGS[name]
   function = entry.shared if shared else entry.value
   loop = {'max_iterations': max_iterations, 'unroll': unroll} if entry.iterative else {}
-  output = function(*inputs, *((num_iterations,) if entry.iterative else ()), **loop, **options)
+  output = function(*inputs, *((routing_iterations,) if entry.iterative else ()), **loop, **options)
   if shared:   # capsules [batch, pos, types, in_dim], transforms [types, out, dim, in_dim]
     expected = (inputs[0].shape[0],) + tuple(inputs[1].shape[1:3])
   else:        # û [batch, in, out, dim]
@@ -237,19 +240,19 @@ def shared_form(name: str, options: Dict[str, Any]) -> Optional[Callable[..., An
 
 
 def route(name: str, prediction_vectors: Array, input_activations: Optional[Array] = None,
-          num_iterations: Union[int, Array] = 3, *, max_iterations: Optional[int] = None,
+          routing_iterations: Union[int, Array] = 3, *, max_iterations: Optional[int] = None,
           unroll: bool = False, **options) -> RoutingResult:
   """RoutingResult (parents [batch, out, dim], activations [batch, out], …) of routing `name`.
 
   prediction_vectors û [batch, in, out, dim]; input_activations [batch, in] (default ones;
-  Procedure 1 ignores them); num_iterations a Python int or, with `max_iterations=`, a
+  Procedure 1 ignores them); routing_iterations a Python int or, with `max_iterations=`, a
   traced integer (vmap over r, with gradients); the loop arguments reach iterative
   routings only. Learned options not given take their initial values.
 
   Example:
     >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
     >>> for name in ('dynamic', 'em'):
-    ...   routed = capsjax.route(name, votes, num_iterations=2)
+    ...   routed = capsjax.route(name, votes, routing_iterations=2)
     ...   print(name, routed.parents.shape, routed.activations.shape)
     dynamic (2, 3, 4) (2, 3)
     em (2, 3, 4) (2, 3)
@@ -269,7 +272,7 @@ def route(name: str, prediction_vectors: Array, input_activations: Optional[Arra
   for option, (shape, initial) in entry.learned.items():
     if option not in options or options[option] is None:
       options[option] = jnp.full(shape(in_caps, out_caps, dim), initial, prediction_vectors.dtype)
-  return call(name, (prediction_vectors, input_activations), num_iterations, max_iterations, unroll, **options)
+  return call(name, (prediction_vectors, input_activations), routing_iterations, max_iterations, unroll, **options)
 
 
 @functools.lru_cache(maxsize=None)

@@ -125,33 +125,33 @@ def check_prediction_vectors(prediction_vectors, what: str) -> None:
                         f'got {got}')
 
 
-def static_iterations(num_iterations) -> Optional[int]:
-  """num_iterations as a Python int where it is a host constant (an int or a NumPy
+def static_iterations(routing_iterations) -> Optional[int]:
+  """routing_iterations as a Python int where it is a host constant (an int or a NumPy
   integer), None where it is a JAX integer (traced under vmap or jit, or concrete: its
   loop runs max_iterations times either way); a ValueError for anything else (2.5, True)."""
-  dtype = getattr(num_iterations, 'dtype', None)
-  if isinstance(num_iterations, bool) or (dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
-    got = f'dtype {dtype}' if dtype is not None else repr(num_iterations)
-    raise ArgumentError(f'num_iterations must be an integer, got {got}')
-  if isinstance(num_iterations, jax.Array):
+  dtype = getattr(routing_iterations, 'dtype', None)
+  if isinstance(routing_iterations, bool) or (dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
+    got = f'dtype {dtype}' if dtype is not None else repr(routing_iterations)
+    raise ArgumentError(f'routing_iterations must be an integer, got {got}')
+  if isinstance(routing_iterations, jax.Array):
     return None
   try:
-    return operator.index(num_iterations)
+    return operator.index(routing_iterations)
   except TypeError:
-    raise ArgumentError(f'num_iterations must be an integer, got {num_iterations!r}') from None
+    raise ArgumentError(f'routing_iterations must be an integer, got {routing_iterations!r}') from None
 
 
-def loop_length(num_iterations, max_iterations) -> Tuple[int, Optional[int]]:
+def loop_length(routing_iterations, max_iterations) -> Tuple[int, Optional[int]]:
   """(how many times the loop runs, the static count or None where it is traced)."""
-  static = static_iterations(num_iterations)
+  static = static_iterations(routing_iterations)
   if static is not None:
     if static < 1:
-      raise ArgumentError(f'num_iterations must be >= 1, got {static}')
+      raise ArgumentError(f'routing_iterations must be >= 1, got {static}')
     if max_iterations is not None and static > max_iterations:
-      raise ArgumentError(f'num_iterations={static} exceeds max_iterations={max_iterations}')
+      raise ArgumentError(f'routing_iterations={static} exceeds max_iterations={max_iterations}')
     return static, static
   if max_iterations is None:
-    raise ArgumentError('num_iterations as a JAX array (traced under vmap or jit) needs a static max_iterations '
+    raise ArgumentError('routing_iterations as a JAX array (traced under vmap or jit) needs a static max_iterations '
                         'bound; a Python int runs exactly that many iterations')
   return max_iterations, None
 
@@ -196,9 +196,9 @@ def _rolled_derivatives(lower, upper, body, primals, tangents):
   return jax.jvp(rolled, primals, tangents)
 
 
-def iterate(body, state, num_iterations, max_iterations, unroll):
+def iterate(body, state, routing_iterations, max_iterations, unroll):
   """state after body(t, state) for t = 0 … r−1 (a fori_loop): the loop of an iterative
-  routing of your own (registered with `iterative=True`, it receives `num_iterations,
+  routing of your own (registered with `iterative=True`, it receives `routing_iterations,
   max_iterations, unroll` and hands them on here). A traced r runs max_iterations times
   and iterations ≥ r keep the state (as dynamic_routing does), so `jax.vmap` over r and
   reverse-mode gradients stay available. `state`: any pytree, e.g. the routing logits
@@ -214,13 +214,13 @@ def iterate(body, state, num_iterations, max_iterations, unroll):
     >>> jax.vmap(lambda r: iterate(step, logits, r, 3, False)[0, 0, 0])(counts)
     Array([1., 2.], dtype=float32)
   """
-  length, static = loop_length(num_iterations, max_iterations)
+  length, static = loop_length(routing_iterations, max_iterations)
 
   def step(t, carry):
     new = body(t, carry)
     if static is not None:
       return new
-    active = t < num_iterations
+    active = t < routing_iterations
     return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, carry)
   return fori_loop(0, length, step, state, unroll)
 

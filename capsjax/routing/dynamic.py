@@ -39,7 +39,7 @@ def _routing_iteration(predictions_by_parent, logits_by_parent, leaky, bias):
 
 def dynamic_routing(
     prediction_vectors: Array,
-    num_iterations: Union[int, Array],
+    routing_iterations: Union[int, Array],
     *,
     max_iterations: Optional[int] = None,
     stop_gradient_predictions: bool = False,
@@ -56,7 +56,7 @@ def dynamic_routing(
 
   Args:
     prediction_vectors: û, [batch, in_caps, out_caps, out_dim].
-    num_iterations: r ≥ 1. A Python (or NumPy) int runs exactly r iterations. A traced
+    routing_iterations: r ≥ 1. A Python (or NumPy) int runs exactly r iterations. A traced
       JAX integer (`jax.vmap` over r, r as a jit argument) needs `max_iterations`.
     max_iterations: static bound on r, required when r is traced: the loop runs that many
       times and iterations ≥ r keep the state (reverse-mode differentiable, which a
@@ -77,7 +77,7 @@ def dynamic_routing(
 
   Example:
     >>> votes = jax.random.normal(jax.random.key(0), (2, 6, 3, 4))   # û [batch, in, out, dim]
-    >>> parents = capsjax.dynamic_routing(votes, num_iterations=3).parents
+    >>> parents = capsjax.dynamic_routing(votes, routing_iterations=3).parents
     >>> parents.shape                                                 # v [batch, out, dim]
     (2, 3, 4)
     >>> bool(jnp.all(capsjax.vector_norm(parents) < 1))               # squashed
@@ -91,12 +91,11 @@ def dynamic_routing(
                                       stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
                                       return_logits=return_logits, unroll=unroll)
   batch, in_caps, out_caps, out_dim = prediction_vectors.shape
-  length, static_count = loop_length(num_iterations, max_iterations)
-  last_iteration = jnp.asarray(num_iterations if static_count is None else static_count) - 1
+  length, static_count = loop_length(routing_iterations, max_iterations)
+  last_iteration = jnp.asarray(routing_iterations if static_count is None else static_count) - 1
   dtype = prediction_vectors.dtype
   predictions_by_parent = jnp.transpose(prediction_vectors, (0, 2, 1, 3))  # [batch, out, in, dim]
   routing_logits = _initial_logits(log_priors, batch, in_caps, out_caps, dtype)   # b [batch, out, in]
-  parents = jnp.zeros((batch, out_caps, out_dim), dtype)
   history = jnp.zeros((length, batch, in_caps, out_caps), dtype) if return_logits else None
   frozen_predictions = jax.lax.stop_gradient(predictions_by_parent)
 
@@ -111,10 +110,9 @@ def dynamic_routing(
       history = history.at[t].set(jnp.transpose(routing_logits, (0, 2, 1)))   # [batch, in, out]
     return parents, routing_logits, history
 
-  # A traced r: iterations ≥ r keep the state (iterate), so their history rows stay empty;
-  # they repeat the last logits instead, as r iterations and then no change would.
-  parents, routing_logits, history = iterate(body, (parents, routing_logits, history), num_iterations,
-                                             max_iterations, unroll)
+  # A traced r: iterations ≥ r keep the state (iterate), their history rows repeat the last logits.
+  parents, routing_logits, history = iterate(body, (jnp.zeros((batch, out_caps, out_dim), dtype), routing_logits,
+                                                    history), routing_iterations, max_iterations, unroll)
   if history is not None and static_count is None:
     ran = (jnp.arange(length) <= last_iteration)[:, None, None, None]   # [iterations, 1, 1, 1]
     history = jnp.where(ran, history, jnp.transpose(routing_logits, (0, 2, 1))[None])
@@ -205,7 +203,7 @@ def coupling_changes(logits_per_iteration: Array, initial_logits: Optional[Array
 
 
 
-def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, num_iterations, *,
+def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, routing_iterations, *,
                            max_iterations=None, unroll: bool = False, bias: Optional[Array] = None) -> Array:
   """Procedure 1 on shared-transform votes without materialising û: the same values as
   `dynamic_routing(shared_votes(capsules, transforms, offsets), …)`.
@@ -232,28 +230,28 @@ def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, n
         bias)
 
   state = (jnp.zeros((batch, out_caps, out_dim), dtype), jnp.zeros((batch, positions, types, out_caps), dtype))
-  parents, _ = iterate(body, state, num_iterations, max_iterations, unroll)
+  parents, _ = iterate(body, state, routing_iterations, max_iterations, unroll)
   return parents
 
 
 
-def _dynamic_shared(capsules, transforms, offsets, num_iterations, *, max_iterations=None, unroll=False,
+def _dynamic_shared(capsules, transforms, offsets, routing_iterations, *, max_iterations=None, unroll=False,
                     bias=None):
   """`dynamic` on shared-transform votes without û (the layer features other than the bias
   need û or per-capsule logits: with them the layer materialises û, see shared_form)."""
-  parents = shared_dynamic_routing(capsules, transforms, offsets, num_iterations, max_iterations=max_iterations,
+  parents = shared_dynamic_routing(capsules, transforms, offsets, routing_iterations, max_iterations=max_iterations,
                                    unroll=unroll, bias=bias)
   return RoutingResult(parents, vector_norm(parents))
 
 
-def _couplings_used(logits, num_iterations, leaky, log_priors):
+def _couplings_used(logits, routing_iterations, leaky, log_priors):
   """(first, last): the couplings softmax(b) before the first and before the last
   iteration [batch, in, out], from the logits after every iteration."""
   initial = jnp.zeros(logits.shape[1:], logits.dtype)                       # b before iteration 1
   if log_priors is not None:
     initial = initial + jnp.broadcast_to(log_priors.astype(logits.dtype), initial.shape)
   before = jnp.concatenate([initial[None], logits], axis=0)                 # b before iteration t + 1
-  last = jnp.asarray(num_iterations) - 1                                    # traced r too
+  last = jnp.asarray(routing_iterations) - 1                                    # traced r too
   couplings = lambda b: coupling_coefficients(b, leaky)                     # [batch, in, out]
   # The first couplings from b's smallest shape, then broadcast: the same values, but XLA
   # would fold a softmax over a [batch, in, out] constant at compile time, slowly.
@@ -266,7 +264,7 @@ def _couplings_used(logits, num_iterations, leaky, log_priors):
 
 @register_routing('dynamic', returns_logits=True, returns_couplings=True,
                   layer_inputs=('bias', 'log_priors', 'leaky', 'stop_gradient_predictions'), shared=_dynamic_shared)
-def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterations=None, unroll=False,
+def dynamic(prediction_vectors, input_activations, routing_iterations, *, max_iterations=None, unroll=False,
             return_logits=False, return_couplings=False, stop_gradient_predictions=False, leaky=False,
             log_priors=None, bias=None):
   """Procedure 1 (`dynamic_routing`); input activations are ignored; activations |v_j|.
@@ -274,10 +272,10 @@ def dynamic(prediction_vectors, input_activations, num_iterations, *, max_iterat
   leaky parent's share)."""
   del input_activations
   with_logits = return_logits or return_couplings
-  result = dynamic_routing(prediction_vectors, num_iterations, max_iterations=max_iterations,
+  result = dynamic_routing(prediction_vectors, routing_iterations, max_iterations=max_iterations,
                            stop_gradient_predictions=stop_gradient_predictions, leaky=leaky,
                            log_priors=log_priors, bias=bias, unroll=unroll, return_logits=with_logits)
   return RoutingResult(
       result.parents, result.activations,
-      couplings=_couplings_used(result.logits, num_iterations, leaky, log_priors) if return_couplings else None,
+      couplings=_couplings_used(result.logits, routing_iterations, leaky, log_priors) if return_couplings else None,
       logits=result.logits if return_logits else None)

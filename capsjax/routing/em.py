@@ -12,7 +12,7 @@ from capsjax.routing.core import iterate
 
 @register_routing('em', learned={'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)},
                   returns_couplings=True)
-def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a, max_iterations=None,
+def em(prediction_vectors, input_activations, routing_iterations, *, beta_u, beta_a, max_iterations=None,
        unroll=False, return_couplings=False,
        inverse_temperature: Annotated[float, About(number_in(0, math.inf, low_open=True), (
            'the final inverse temperature λ (λ rises linearly to it over the iterations)'))] = 1.0,
@@ -35,7 +35,7 @@ def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a,
   """
   batch, in_caps, out_caps, dim = prediction_vectors.shape
   votes = prediction_vectors                                             # [batch, in, out, dim]
-  count = jnp.asarray(num_iterations, votes.dtype)
+  count = jnp.asarray(routing_iterations, votes.dtype)
 
   def m_step(t, responsibilities):
     weighted = responsibilities * input_activations[:, :, None]          # [batch, in, out]
@@ -71,5 +71,5 @@ def em(prediction_vectors, input_activations, num_iterations, *, beta_u, beta_a,
   initial = (uniform_couplings, jnp.zeros((batch, out_caps, dim), votes.dtype),
              jnp.zeros((batch, out_caps), votes.dtype), uniform_couplings)
   # The last iteration's E-step does not reach the outputs (μ, a come from its M-step).
-  _, means, activations, last_used = iterate(body, initial, num_iterations, max_iterations, unroll)
+  _, means, activations, last_used = iterate(body, initial, routing_iterations, max_iterations, unroll)
   return RoutingResult(means, activations, couplings=(uniform_couplings, last_used) if return_couplings else None)

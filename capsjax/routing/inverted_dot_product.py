@@ -13,7 +13,7 @@ def layer_norm(vectors: Array, scale: Array, offset: Array, epsilon: float = 1e-
   return (vectors - mean) * jax.lax.rsqrt(variance + epsilon) * scale + offset
 
 
-def _inverted_dot_product_shared(capsules, transforms, offsets, num_iterations, *, layer_norm_scale,
+def _inverted_dot_product_shared(capsules, transforms, offsets, routing_iterations, *, layer_norm_scale,
                                  layer_norm_offset, max_iterations=None, unroll=False):
   """`inverted_dot_product` on shared-transform votes without û: the agreement p_j·û_{j|i}
   and s_j = Σ_i r_ij û_{j|i} contract in the input pose space; the layer norm acts on s_j."""
@@ -29,14 +29,14 @@ def _inverted_dot_product_shared(capsules, transforms, offsets, num_iterations, 
     return layer_norm(total, layer_norm_scale, layer_norm_offset), total
 
   zeros = jnp.zeros((batch, out_caps, dim), capsules.dtype)
-  poses, total = iterate(body, (zeros, zeros), num_iterations, max_iterations, unroll)
+  poses, total = iterate(body, (zeros, zeros), routing_iterations, max_iterations, unroll)
   return RoutingResult(poses, vector_norm(squash(total)))
 
 
 @register_routing('inverted_dot_product', learned={'layer_norm_scale': (lambda i, j, d: (d,), 1.0),
                                                    'layer_norm_offset': (lambda i, j, d: (d,), 0.0)},
                   returns_couplings=True, shared=_inverted_dot_product_shared)
-def inverted_dot_product(prediction_vectors, input_activations, num_iterations, *, layer_norm_scale,
+def inverted_dot_product(prediction_vectors, input_activations, routing_iterations, *, layer_norm_scale,
                          layer_norm_offset, max_iterations=None, unroll=False, return_couplings=False):
   """Inverted dot-product attention routing (Tsai, Srivastava, Goh, Salakhutdinov, ICLR 2020).
 
@@ -59,7 +59,7 @@ def inverted_dot_product(prediction_vectors, input_activations, num_iterations, 
 
   zeros = jnp.zeros((batch, out_caps, dim), prediction_vectors.dtype)
   uniform_couplings = jnp.full((batch, in_caps, out_caps), 1.0 / out_caps, prediction_vectors.dtype)
-  poses, total, last_used = iterate(body, (zeros, zeros, uniform_couplings), num_iterations, max_iterations,
+  poses, total, last_used = iterate(body, (zeros, zeros, uniform_couplings), routing_iterations, max_iterations,
                                      unroll)
   return RoutingResult(poses, vector_norm(squash(total)),
                        couplings=(uniform_couplings, last_used) if return_couplings else None)

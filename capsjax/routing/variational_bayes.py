@@ -15,7 +15,7 @@ from capsjax.routing.core import iterate
                            'prior_log_kappa': (lambda i, j, d: (j,), 0.0),
                            'prior_log_inverse_scale': (lambda i, j, d: (j, d), 0.0),
                            'beta_u': (lambda i, j, d: (j,), 0.0), 'beta_a': (lambda i, j, d: (j,), 0.0)})
-def variational_bayes(prediction_vectors, input_activations, num_iterations, *, prior_log_alpha, prior_log_kappa,
+def variational_bayes(prediction_vectors, input_activations, routing_iterations, *, prior_log_alpha, prior_log_kappa,
                       prior_log_inverse_scale, beta_u, beta_a, max_iterations=None, unroll=False,
                       return_couplings=False,
                       prior_extra_dof: Annotated[float, About(number_in(0, math.inf, low_open=True), (
@@ -79,7 +79,7 @@ def variational_bayes(prediction_vectors, input_activations, num_iterations, *, 
   uniform_couplings = jnp.full((batch, in_caps, out_caps), 1.0 / out_caps, votes.dtype)
   initial = (uniform_couplings, posteriors(uniform_couplings), uniform_couplings)
   # The last iteration's assignment update does not reach the outputs (as in `em`).
-  _, posterior, last_used = iterate(body, initial, num_iterations, max_iterations, unroll)
+  _, posterior, last_used = iterate(body, initial, routing_iterations, max_iterations, unroll)
   means, _, _, _, expected_log_precision, expected_log_mix = posterior
   entropy = 0.5 * dim * jnp.log(2 * jnp.pi * jnp.e) - 0.5 * expected_log_precision   # H[q_j] [batch, out]
   score = beta_a - (jnp.exp(expected_log_mix) * entropy + beta_u)                     # [batch, out]
