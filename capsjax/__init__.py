@@ -33,7 +33,7 @@ import importlib as _importlib
 from capsjax.console import guard_known_miscompiles as _guard_known_miscompiles
 from capsjax.console import quiet_libtpu_environment as _quiet_libtpu_environment
 
-__version__ = '0.3.0'
+__version__ = '0.4.0'
 
 # With the `tpu` extra (capsjax-plan) on a machine without TPUs, libtpu prints a start-up
 # error banner when JAX starts its backends; its environment, set before that happens

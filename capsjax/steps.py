@@ -252,7 +252,7 @@ def make_routing_probe(model, pipeline, iterations: int, examples: int, batch_si
   @jax.jit
   def changes(params, source, host_batch):
     images = pipeline.device_batch(source, host_batch, None)['images'][:examples]
-    _, logits = model.apply({'params': params}, images, iterations, None, True, method='encode')
+    logits = model.apply({'params': params}, images, iterations, None, True, method='routed').logits
     return {'routing_logit_changes': routing_logit_changes(logits),        # [iterations]
             'coupling_changes': coupling_changes(logits)}                   # [iterations]
 

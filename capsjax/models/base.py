@@ -63,7 +63,7 @@ def left_to_the_data(num_classes, input_shape) -> Optional[Tuple[str, str]]:
 #   capsules       it has `classify` (capsules, activations), `encode` and `decode`: the
 #                  explorer, the figures and segmentation read capsules
 #   has_decoder    model config → whether it reconstructs (reconstruction images, predict)
-#   routing_probe  its `encode` returns routing logits when its routing has them
+#   routing_probe  its `routed` returns routing logits when its routing has them
 #   check          (model config, key prefix) → problems, one line each (validation)
 MODELS = Registry('model', objectives=(), capsules=False, has_decoder=lambda model: False,
                   routing_probe=False, check=lambda model, prefix: [],

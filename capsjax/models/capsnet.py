@@ -121,7 +121,7 @@ class CapsNet(nn.Module):
   The defaults are the paper's MNIST model (8.2M parameters with the decoder).
 
   Example:
-    A small CapsNet; `classify`, `encode` and `decode` are its other methods.
+    A small CapsNet; `classify`, `encode`, `routed` and `decode` are its other methods.
 
     >>> model = capsjax.CapsNet(conv1_channels=32, primary_types=8)
     >>> images = jnp.zeros((2, 28, 28, 1))                      # [batch, h, w, c]
@@ -222,11 +222,15 @@ class CapsNet(nn.Module):
     routed = self._route(images, routing_iterations, max_iterations, False)
     return routed.parents, routed.activations
 
-  def encode(self, images: Array, routing_iterations=None, max_iterations=None,
-             return_logits: bool = False):
-    """Images [batch, h, w, c] → digit capsules [batch, classes, dim] (and logits)."""
-    routed = self._route(images, routing_iterations, max_iterations, return_logits)
-    return (routed.parents, routed.logits) if return_logits else routed.parents
+  def encode(self, images: Array, routing_iterations=None, max_iterations=None) -> Array:
+    """Images [batch, h, w, c] → digit capsules [batch, classes, dim]."""
+    return self._route(images, routing_iterations, max_iterations, False).parents
+
+  def routed(self, images: Array, routing_iterations=None, max_iterations=None, return_logits: bool = False):
+    """Images [batch, h, w, c] → the class capsules' RoutingResult (parents [batch, classes,
+    dim], activations; with `return_logits`, routings whose ROUTINGS entry returns_logits, the
+    logits after every iteration [iterations, batch, in, classes]: the convergence probe)."""
+    return self._route(images, routing_iterations, max_iterations, return_logits)
 
   def routing_details(self, images: Array, routing_iterations=None, max_iterations=None) -> Dict[str, Any]:
     """What the routing diagnostics read (capsjax.diagnostics): images [batch, h, w, c] →

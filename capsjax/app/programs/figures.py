@@ -80,7 +80,7 @@ def draw_reconstructions(model, params, images, labels, capsules, predictions, p
 
 def final_routing_changes(model, params, images, iterations=10):
   """{'routing_logit_changes', 'coupling_changes'}: [iterations] lists on `images`."""
-  _, logits = jax.jit(lambda p, x: model.apply({'params': p}, x, iterations, None, True, method='encode'))(
+  logits = jax.jit(lambda p, x: model.apply({'params': p}, x, iterations, None, True, method='routed').logits)(
       params, jnp.asarray(images))
   return {'routing_logit_changes': np.asarray(routing_logit_changes(logits)).tolist(),
           'coupling_changes': np.asarray(coupling_changes(logits)).tolist()}
