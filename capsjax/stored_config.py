@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import jax
 import ml_collections
 
-from capsjax import defaults, ensembles, evaluators, formulations, optimization
+from capsjax import defaults, ensembles, evaluators, formulations, optimization, sizing
 from capsjax.errors import ConfigError, WorkdirError
 from capsjax.layout import FLAT_EVALUATOR_KEYS, FORMULATION_KEYS, ROUTING_INPUT_FLAGS
 from capsjax.models import MODELS, model_config
@@ -240,7 +240,7 @@ def with_defaults(stored: Dict[str, Any], fallback: Dict[str, Any]) -> Dict[str,
 def bind_config(workdir: str, config: ml_collections.ConfigDict, allow_change: bool = False) -> List[str]:
   """Refuses a config other than the workdir's config.json unless `allow_change` (the run's
   allow_config_change); returns the differences (writes nothing: `record_config`). Keys
-  the config leaves to the run (`open_keys`: what the data and the model's choice fill in)
+  the config leaves to the run (`left_to_the_run`: what the data and the model's choice fill in)
   are not compared: the run fills them as its first invocation did (config.json keeps its
   choices), so a run is bound before its data is read."""
   path = os.path.join(workdir, CONFIG_FILE)
@@ -253,7 +253,7 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict, allow_change: b
       raise WorkdirError(f'cannot read {path} ({e}); move it away to start afresh') from None
     check_stored(saved, path)
     # Keys added to capsjax since the run started count as their defaults, not as changes.
-    left_open = open_keys(config)
+    left_open = left_to_the_run(config)
     differences = [line for line in config_differences(upgraded(saved), config)
                    if line.split(':')[0] not in left_open]
     if differences and not allow_change:
@@ -263,16 +263,16 @@ def bind_config(workdir: str, config: ml_collections.ConfigDict, allow_change: b
   return differences
 
 
-def open_keys(config) -> set:
+def left_to_the_run(config) -> set:
   """The keys `config` leaves to the run, dotted: what the data fills in (an open
-  model.input_shape or num_classes, class_names) and the model's 'auto' keys (chosen for
-  the image size and memory, capsjax.sizing)."""
+  model.input_shape or num_classes, class_names) and the model's 'auto' keys, which
+  capsjax.sizing chooses for the image size and memory."""
   model = config.model   # any family: the data fills input_shape and num_classes where they are open
   left = {key for key, is_open in (('model.input_shape', 'input_shape' in model and not tuple(model.input_shape)),
                                    ('model.num_classes', 'num_classes' in model and model.num_classes == 0),
                                    ('class_names', not tuple(config.class_names)))
           if is_open}
-  return left | {f'model.{key}' for key, value in model.items() if value == 'auto'}
+  return left | {f'model.{key}' for key in sizing.open_keys(model)}
 
 
 def record_config(workdir: str, recorded: Dict[str, Any]) -> None:
@@ -290,7 +290,7 @@ def answered_from_files(workdir: str, config, reevaluate: bool, previous: Dict[s
   fills in (an open model.input_shape / num_classes, class_names) are not compared."""
   if not previous.get('completed') or jax.process_count() > 1 or newest != previous.get('steps'):
     return False
-  left_open = open_keys(config)
+  left_open = left_to_the_run(config)
   if any(line.split(':')[0] not in left_open for line in config_differences(read_config(workdir).to_dict(), config)):
     return False
   if not config.num_steps and 'num_train_examples' not in previous:
