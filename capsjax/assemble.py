@@ -33,19 +33,23 @@ def objective(config) -> Objective:
   return bound_objective(name, int(config.model.num_classes), options)   # (validation checked config.loss)
 
 
+def optimization_of(config) -> optimization.Optimization:
+  """The config's run length, optimizer and schedule keys as one typed piece (read once)."""
+  return optimization.Optimization(
+      int(config.num_steps), float(config.num_epochs), int(config.batch_size), float(config.learning_rate),
+      int(config.lr_decay_steps), float(config.lr_decay_rate), bool(config.lr_staircase), float(config.lr_min),
+      str(config.lr_schedule), int(config.warmup_steps), float(config.warmup_max_fraction), str(config.optimizer),
+      float(config.weight_decay), float(config.grad_clip_norm))
+
+
 def schedule(config, num_steps: int = 0) -> optax.Schedule:
   """The run's learning rate per step; `num_steps`: the run's length (what 'cosine' and
   'linear' decay over; config.num_steps when not given)."""
-  return optimization.learning_rate_schedule(config.learning_rate, config.lr_decay_steps, config.lr_decay_rate,
-                                      config.lr_staircase, config.lr_min, kind=config.lr_schedule,
-                                      warmup_steps=optimization.warmup_length(config.warmup_steps, config.warmup_max_fraction,
-                                                                       num_steps or config.num_steps),
-                                      total_steps=num_steps or config.num_steps)
+  return optimization_of(config).schedule(num_steps)
 
 
 def optimizer(config, num_steps: int = 0) -> optax.GradientTransformation:
-  return optimization.make_optimizer(schedule(config, num_steps), config.optimizer,
-                              config.weight_decay, config.grad_clip_norm)
+  return optimization_of(config).transform(num_steps)
 
 
 def model(config, platform: str = ''):
@@ -56,7 +60,7 @@ def model(config, platform: str = ''):
 
 
 def total_steps(config, num_train_examples: int) -> int:
-  return optimization.total_steps(config.num_steps, config.num_epochs, config.batch_size, num_train_examples)
+  return optimization_of(config).length(num_train_examples)
 
 
 def members(config) -> Optional[List[Dict[str, Any]]]:
@@ -230,21 +234,22 @@ def training(config, num_train_examples: int, listed: Optional[List[Dict[str, An
   """The config's training, for a split of `num_train_examples` (the length in epochs);
   `listed`: its members as `members` gives them (None: read from the config)."""
   listed = members(config) if listed is None else listed
-  num_steps = total_steps(config, num_train_examples)
-  if optimization.warmup_length(config.warmup_steps, config.warmup_max_fraction, num_steps) >= num_steps > 0:
-    raise ConfigError(f'config.warmup_steps={config.warmup_steps}: allowed below the run\'s {num_steps} steps '
-                      f'({config.num_epochs} epochs of {num_train_examples} examples): the run would end inside '
+  settings = optimization_of(config)
+  num_steps = settings.length(num_train_examples)
+  if settings.warmup(num_steps) >= num_steps > 0:
+    raise ConfigError(f'config.warmup_steps={settings.warmup_steps}: allowed below the run\'s {num_steps} steps '
+                      f'({settings.num_epochs} epochs of {num_train_examples} examples): the run would end inside '
                       'the warm-up, below the configured learning rate (config.warmup_max_fraction < 1 caps it)')
-  if listed and 'recipe' in listed[0]:   # each member's warm-up as long as this run allows
+  recipe_members = bool(listed) and 'recipe' in listed[0]
+  if recipe_members:   # each member's warm-up as long as this run allows
     listed = [dict(member, warmup_steps=optimization.warmup_length(member['warmup_steps'], member['warmup_max_fraction'],
-                                                            num_steps)) for member in listed]
-  transform = optimizer(config, num_steps)
-  per_member = (optimization.member_optimizer(config.optimizer, config.grad_clip_norm, num_steps)
-                if listed and 'recipe' in listed[0] else None)
+                                                                   num_steps)) for member in listed]
+  transform = settings.transform(num_steps)
+  per_member = settings.member_transform(num_steps) if recipe_members else None
   run_objective, make_state = objective(config), state_maker(config, transform, listed)
-  run_schedule = schedule(config, num_steps)
+  run_schedule = settings.schedule(num_steps)
   if per_member:   # what each recipe member trains at, as metrics.jsonl records it
-    by_recipe = {name: schedule(recipe, num_steps) for name, recipe in recipes(config)}
+    by_recipe = {name: optimization_of(recipe).schedule(num_steps) for name, recipe in recipes(config)}
     run_schedule = lambda step: [by_recipe[member['recipe']](step) for member in listed]
   family, evals = config.model.name, config.evals.to_dict()
   ensemble, eval_batch_size = bool(config.ensemble), config.eval_batch_size

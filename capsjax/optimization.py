@@ -2,6 +2,7 @@
 paper's Adam with exponential decay, and the recipes beyond it) and one definition of each
 schedule (`learning_rate_at`), which a run and a recipe member's traced knobs both use.
 """
+import dataclasses
 import functools
 import math
 
@@ -162,3 +163,47 @@ def make_optimizer(schedule: optax.Schedule, kind: str = 'adam', weight_decay: f
     raise ArgumentError(f'optimizer must be one of {OPTIMIZERS}, got {kind!r}')
   # Without clipping the optimizer's state is Adam's own, as every earlier checkpoint holds.
   return optax.chain(optax.clip_by_global_norm(clip_norm), optimizer) if clip_norm else optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimization:
+  """The run's length, optimizer and learning-rate keys (KEYS), typed once from a checked
+  config (capsjax.assemble.optimization): what the steps train with is built from this, not
+  from the config. The fields are those keys, by the same names."""
+  num_steps: int
+  num_epochs: float
+  batch_size: int
+  learning_rate: float
+  lr_decay_steps: int
+  lr_decay_rate: float
+  lr_staircase: bool
+  lr_min: float
+  lr_schedule: str
+  warmup_steps: int
+  warmup_max_fraction: float
+  optimizer: str
+  weight_decay: float
+  grad_clip_norm: float
+
+  def length(self, num_train_examples: int) -> int:
+    """The run's steps on a split of `num_train_examples` (`total_steps`)."""
+    return total_steps(self.num_steps, self.num_epochs, self.batch_size, num_train_examples)
+
+  def warmup(self, num_steps: int = 0) -> int:
+    """The warm-up's steps in a run of `num_steps` (0: num_steps) (`warmup_length`)."""
+    return warmup_length(self.warmup_steps, self.warmup_max_fraction, num_steps or self.num_steps)
+
+  def schedule(self, num_steps: int = 0) -> optax.Schedule:
+    """The learning rate per step of a run of `num_steps` (0: num_steps), what 'cosine' and
+    'linear' decay over."""
+    return learning_rate_schedule(self.learning_rate, self.lr_decay_steps, self.lr_decay_rate, self.lr_staircase,
+                                  self.lr_min, kind=self.lr_schedule, warmup_steps=self.warmup(num_steps),
+                                  total_steps=num_steps or self.num_steps)
+
+  def transform(self, num_steps: int = 0) -> optax.GradientTransformation:
+    """The optimizer on `schedule(num_steps)`."""
+    return make_optimizer(self.schedule(num_steps), self.optimizer, self.weight_decay, self.grad_clip_norm)
+
+  def member_transform(self, num_steps: int):
+    """knobs → a recipe member's optimizer in a run of `num_steps` (`member_optimizer`)."""
+    return member_optimizer(self.optimizer, self.grad_clip_norm, num_steps)
