@@ -130,7 +130,7 @@ class Conv(nn.Module):
       outputs = outputs * self.output_scale
     if self.use_bias:
       bias = self.param('bias', self.bias_init, (self.features,))
-      outputs = outputs + bias.astype(dtype)
+      outputs = ops.add_bias(outputs, bias.astype(dtype))
     return outputs
 
 

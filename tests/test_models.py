@@ -282,6 +282,29 @@ def test_chunked_patch_convolution_covers_the_whole_batch():
                                reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.float32_matmuls
+def test_add_bias_has_the_values_and_gradients_of_the_plain_sum():
+  # Its bias gradient is a matrix-vector product (not XLA's strided tree of sums): the same
+  # numbers, for mixed dtypes (each cotangent in its own dtype), under vmap, and for no rows.
+  outputs = jax.random.normal(jax.random.key(8), (3, 4, 5, 6))
+  bias = jax.random.normal(jax.random.key(9), (6,))
+  weights = jax.random.normal(jax.random.key(10), outputs.shape)
+  loss = lambda add: lambda o, b: jnp.sum(weights[:o.shape[0]] * jnp.tanh(add(o, b)))
+  plain = lambda o, b: o + b
+  for o, b in ((outputs, bias), (outputs, bias.astype(jnp.bfloat16)), (outputs.astype(jnp.bfloat16), bias),
+               (outputs[:0], bias)):
+    np.testing.assert_array_equal(ops.add_bias(o, b), plain(o, b))
+    got, expected = (jax.jit(jax.grad(loss(add), argnums=(0, 1)))(o, b) for add in (ops.add_bias, plain))
+    for g, e, primal in zip(got, expected, (o, b)):
+      assert g.dtype == primal.dtype and g.shape == primal.shape
+      np.testing.assert_allclose(np.float32(g), np.float32(e), rtol=1e-2 if e.dtype == jnp.bfloat16 else 1e-5,
+                                 atol=1e-5)
+  members = jnp.stack([bias, 2 * bias])                                      # [members, features]
+  got = jax.grad(lambda m: jnp.sum(jax.vmap(lambda b: jnp.tanh(ops.add_bias(outputs, b)))(m) ** 2))(members)
+  expected = jax.grad(lambda m: jnp.sum(jax.vmap(lambda b: jnp.tanh(outputs + b))(m) ** 2))(members)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('kernel', [5, 4])
 def test_same_padding_conv_equals_flax_conv(kernel):
   # The CNN baselines use capsjax's Conv with SAME padding so that the fast CPU
