@@ -34,12 +34,10 @@ def objective(config) -> Objective:
 
 
 def optimization_of(config) -> optimization.Optimization:
-  """The config's run length, optimizer and schedule keys as one typed piece (read once)."""
-  return optimization.Optimization(
-      int(config.num_steps), float(config.num_epochs), int(config.batch_size), float(config.learning_rate),
-      int(config.lr_decay_steps), float(config.lr_decay_rate), bool(config.lr_staircase), float(config.lr_min),
-      str(config.lr_schedule), int(config.warmup_steps), float(config.warmup_max_fraction), str(config.optimizer),
-      float(config.weight_decay), float(config.grad_clip_norm))
+  """The config's run length, optimizer and schedule keys as one typed piece (read once):
+  each field from the key of its name, as its declared type."""
+  return optimization.Optimization(**{field.name: field.type(config[field.name])
+                                      for field in dataclasses.fields(optimization.Optimization)})
 
 
 def schedule(config, num_steps: int = 0) -> optax.Schedule:

@@ -168,7 +168,7 @@ def make_optimizer(schedule: optax.Schedule, kind: str = 'adam', weight_decay: f
 @dataclasses.dataclass(frozen=True)
 class Optimization:
   """The run's length, optimizer and learning-rate keys (KEYS), typed once from a checked
-  config (capsjax.assemble.optimization): what the steps train with is built from this, not
+  config (capsjax.assemble.optimization_of): what the steps train with is built from this, not
   from the config. The fields are those keys, by the same names."""
   num_steps: int
   num_epochs: float
