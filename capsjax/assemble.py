@@ -12,12 +12,12 @@ import jax
 import ml_collections
 import optax
 
-from capsjax import ensembles, evaluators, formulations, losses, memory, optimization, sizing, steps
+from capsjax import ensembles, formulations, losses, memory, optimization, sizing, steps
 from capsjax.data import affine
 from capsjax.data.datasets import DATASETS
 from capsjax.data.pipeline import Pipeline, dataset_pipeline, described_preprocessing, images_on_demand
 from capsjax.data.sources import Dataset, DataSpec, SourceInfo, open_source, with_image_size
-from capsjax.data.tasks import TASKS, Splits, Task, at_most
+from capsjax.data.tasks import TASKS, Splits, Task, at_most, hold_out
 from capsjax.errors import ConfigError
 from capsjax.keys import is_int
 from capsjax.layout import moved_key_hint
@@ -26,11 +26,15 @@ from capsjax.objectives import OBJECTIVES, Objective, bound_objective
 from capsjax.routing import ROUTINGS
 
 
+def _objective_arguments(config) -> Tuple[str, int, Dict[str, Any]]:
+  """(objective name, the model's class count, its options) of config.loss."""
+  options = dict(config.loss)
+  return options.pop('name'), int(config.model.num_classes), options   # (validation checked config.loss)
+
+
 def objective(config) -> Objective:
   """config.loss's objective with its options bound (and the model's class count)."""
-  options = dict(config.loss)
-  name = options.pop('name')
-  return bound_objective(name, int(config.model.num_classes), options)   # (validation checked config.loss)
+  return bound_objective(*_objective_arguments(config))
 
 
 def optimization_of(config) -> optimization.Optimization:
@@ -193,19 +197,18 @@ def _recipe_fields(recipe_config) -> Dict[str, Any]:
   return fields
 
 
-def state_maker(config, optimizer_transform, listed: Optional[List[Dict[str, Any]]] = None) -> Callable[[Any], Any]:
-  """model → the fresh state (stacked over the members of an ensemble: `listed`, as
-  `members` gives them; None: read from the config), the config read now."""
-  listed = members(config) if listed is None else listed
-  shape, seed = tuple(config.model.input_shape), config.seed
+def _state_arguments(config, listed: Optional[List[Dict[str, Any]]]) -> Tuple[Tuple[int, ...], int, Any, bool]:
+  """(input shape, seed, the members' seeds or None, whether the state keeps an average of
+  the parameters): what the fresh state is made from (steps.initial_state)."""
   seeds = None if listed is None else [member['seed'] for member in listed]
   ema = bool(config.ema_decay) or any(member.get('ema_decay') for member in listed or [])
-  return lambda model_module: steps.initial_state(model_module, optimizer_transform, shape, seed, seeds, ema=ema)
+  return tuple(config.model.input_shape), config.seed, seeds, ema
 
 
 def initial_state(config, model_module, optimizer_transform):
   """The fresh state (stacked over the members of an ensemble)."""
-  return state_maker(config, optimizer_transform)(model_module)
+  shape, seed, seeds, ema = _state_arguments(config, members(config))
+  return steps.initial_state(model_module, optimizer_transform, shape, seed, seeds, ema=ema)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,9 +226,15 @@ class Training:
   batch_size: int
   eval_batch_size: int
   shift_averaging: int
-  make_state: Callable[[Any], Any]                 # model → the fresh state
-  # (model, test pipeline, its source on the mesh, mesh, member knobs) → config.evals built
-  evaluations: Callable[..., List[Any]]
+  # The fresh state (steps.initial_state): input shape, members' seeds (None: a single
+  # run), and whether it keeps an average of the parameters.
+  input_shape: Tuple[int, ...]
+  member_seeds: Optional[List[int]]
+  averaged: bool
+  # config.evals, read (capsjax.evaluators.build), and what its evaluators are built for.
+  evals: Dict[str, Any]
+  family: str
+  has_decoder: bool
 
 
 def training(config, num_train_examples: int, listed: Optional[List[Dict[str, Any]]] = None) -> Training:
@@ -233,33 +242,32 @@ def training(config, num_train_examples: int, listed: Optional[List[Dict[str, An
   `listed`: its members as `members` gives them (None: read from the config)."""
   listed = members(config) if listed is None else listed
   settings = optimization_of(config)
+  recipe_members = bool(listed) and 'recipe' in listed[0]
+  by_recipe = {name: optimization_of(recipe) for name, recipe in recipes(config)} if recipe_members else {}
+  objective_arguments, (shape, seed, seeds, averaged) = _objective_arguments(config), _state_arguments(config, listed)
+  family, evals = config.model.name, config.evals.to_dict()
+  decoder = MODELS[family].has_decoder(config.model)
+  read = dict(seed=seed, ema_decay=config.ema_decay, batch_size=config.batch_size,
+              eval_batch_size=config.eval_batch_size, shift_averaging=config.eval_shift_averaging)
+  # The config is read: from here on, its pieces are built.
+  run_objective = bound_objective(*objective_arguments)
   num_steps = settings.length(num_train_examples)
   if settings.warmup(num_steps) >= num_steps > 0:
     raise ConfigError(f'config.warmup_steps={settings.warmup_steps}: allowed below the run\'s {num_steps} steps '
                       f'({settings.num_epochs} epochs of {num_train_examples} examples): the run would end inside '
                       'the warm-up, below the configured learning rate (config.warmup_max_fraction < 1 caps it)')
-  recipe_members = bool(listed) and 'recipe' in listed[0]
   if recipe_members:   # each member's warm-up as long as this run allows
     listed = [dict(member, warmup_steps=optimization.warmup_length(member['warmup_steps'], member['warmup_max_fraction'],
                                                                    num_steps)) for member in listed]
   transform = settings.transform(num_steps)
   per_member = settings.member_transform(num_steps) if recipe_members else None
-  run_objective, make_state = objective(config), state_maker(config, transform, listed)
   run_schedule = settings.schedule(num_steps)
   if per_member:   # what each recipe member trains at, as metrics.jsonl records it
-    by_recipe = {name: optimization_of(recipe).schedule(num_steps) for name, recipe in recipes(config)}
-    run_schedule = lambda step: [by_recipe[member['recipe']](step) for member in listed]
-  family, evals = config.model.name, config.evals.to_dict()
-  ensemble, eval_batch_size = bool(config.ensemble), config.eval_batch_size
-  decoder = MODELS[family].has_decoder(config.model)
-
-  def evaluations_of(model_module, pipeline_, source, mesh, knobs):
-    return evaluators.build(evals, evaluators.EvalContext(model_module, family, decoder, pipeline_, source, mesh,
-                                                          knobs, ensemble, eval_batch_size))
-
-  return Training(num_steps, run_objective, run_schedule, transform, per_member, listed, config.seed,
-                  config.ema_decay, config.batch_size, eval_batch_size, config.eval_shift_averaging, make_state,
-                  evaluations_of)
+    by_step = {name: recipe.schedule(num_steps) for name, recipe in by_recipe.items()}
+    run_schedule = lambda step: [by_step[member['recipe']](step) for member in listed]
+  return Training(num_steps=num_steps, objective=run_objective, schedule=run_schedule, optimizer=transform,
+                  member_optimizer=per_member, members=listed, input_shape=shape, member_seeds=seeds,
+                  averaged=averaged, evals=evals, family=family, has_decoder=decoder, **read)
 
 
 def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, Tuple[str, ...]]:
@@ -267,9 +275,9 @@ def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, T
   the config's source), its model (the formulation chosen for `platform`), its training,
   and a note for each formulation the config asks for that is measured slow there."""
   listed = members(config)   # once (an ensemble's): their rules run here, not in every piece that reads them
+  module = model(config, platform)
   split = splits(config, load, listed)
   run_training = training(config, split[0].num_examples, listed)
-  module = model(config, platform)
   chosen = formulation_of(module)
   notes = tuple(formulations.slow_choices(chosen, platform)) if chosen is not None else ()
   return split, module, run_training, notes
@@ -325,27 +333,17 @@ def task(config, listed: Optional[List[Dict[str, Any]]] = None) -> Task:
   options = task_options(config, cls.keys)
   listed = members(config) if listed is None and config.ensemble else listed
   if listed and 'recipe' in listed[0] and options.get('augment') is not None:
-    # The parts any recipe member runs; each member's strengths are its knobs.
-    options['augment'] = ensembles.strongest_augmentation(listed, options['augment'])
+    # The parts any recipe member runs, each at the largest strength a member uses; each
+    # member's own strengths are its knobs.
+    strongest = {name: max(member['augment'][name] for member in listed) for name in listed[0]['augment']}
+    options['augment'] = dict(options['augment'], **strongest)
   return cls(**options)
 
 
 def split_validation(config, train: Dataset) -> Tuple[Dataset, Optional[Dataset]]:
-  """(training examples, held-out validation examples or None): the last
-  config.validation_examples images of the training split are held out, as the authors'
-  `--validate` holds out the last 10 000 (50k/10k)."""
-  held_out = config.validation_examples
-  if not held_out:
-    return train, None
-  if not TASKS[config.task].has_validation:
-    allowed = ', '.join(f"'{entry.name}'" for entry in TASKS.entries() if entry.has_validation)
-    raise ConfigError(f'config.validation_examples: a held-out validation split exists for the {allowed} '
-                      'tasks only')
-  if held_out >= len(train):
-    raise ConfigError(f'config.validation_examples={held_out}: allowed fewer than the {len(train)} '
-                      'training examples')
-  return (Dataset(train.images[:-held_out], train.labels[:-held_out]),
-          Dataset(train.images[-held_out:], train.labels[-held_out:]))
+  """(training examples, held-out validation examples or None): config.validation_examples
+  of the training split held out (capsjax.data.tasks.hold_out)."""
+  return hold_out(config.task, train, config.validation_examples)
 
 
 def splits(config, load: Optional[Callable[[Any, str], Dataset]] = None,
@@ -354,18 +352,19 @@ def splits(config, load: Optional[Callable[[Any, str], Dataset]] = None,
   config.validation_examples, training never sees the held-out images. `load(info, split)`:
   the split's Dataset in place of the source's (capsjax.app.plan: zeros of the split's shape);
   `listed`: the run's members (`members`; None: read from the config)."""
+  spec, input_shape, host_images = data_spec(config), config.model.input_shape, config.host_images
+  task_name, validation_examples, num_train_examples = config.task, config.validation_examples, config.num_train_examples
   run_task = task(config, listed)
-  source = open_source(data_spec(config))
+  source = open_source(spec)
   info = source.describe()
-  run_task.check_input(info, config.model.input_shape)
-  on_demand = images_on_demand(config.host_images)
+  run_task.check_input(info, input_shape)
+  on_demand = images_on_demand(host_images)
   load = load or (lambda _, split: source.load(split, on_demand))
   train, test = load(info, 'train'), load(info, 'test')
-  train, held_out = split_validation(config, train)
-  if config.num_train_examples:
+  train, held_out = hold_out(task_name, train, validation_examples)
+  if num_train_examples:
     after = f' (after holding out {len(held_out)} for validation)' if held_out else ''
-    train = train.take(at_most('num_train_examples', config.num_train_examples, len(train),
-                               'training examples' + after))
+    train = train.take(at_most('num_train_examples', num_train_examples, len(train), 'training examples' + after))
   return run_task.pipelines(info, train, test, held_out)
 
 

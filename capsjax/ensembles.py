@@ -100,12 +100,3 @@ def parse_variant(spec: str, what: str = 'sweep variant') -> Tuple[str, Dict[str
       quoted = f" (a string is quoted: {key}='{value}')" if value.replace('_', '').replace('/', '').isalnum() else ''
       raise ConfigError(f'{what} {name!r}: {value!r} is not a Python literal{quoted}') from None
   return name, overrides
-
-
-def strongest_augmentation(members, base: Dict[str, Any]) -> Dict[str, Any]:
-  """config.augment for a pipeline shared by recipe members: each strength the largest any
-  member uses (what parts the step runs; each member's own strengths are its knobs)."""
-  out = dict(base)
-  for name in members[0]['augment']:
-    out[name] = max(member['augment'][name] for member in members)
-  return out

@@ -1,5 +1,5 @@
 """A run built once from a validated config: `start(config, mesh)` → `Experiment` (the data
-resolved, the model chosen, then built: `build`), the one call that starts a run.
+resolved, the model chosen, then built), the one call that starts a run.
 
 What the training loop and the planner take (neither reads the config again): the run's
 own settings, its splits, its model (the formulation chosen for the platform), its length
@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 import numpy as np
 
-from capsjax import assemble, memory, sharding, steps
+from capsjax import assemble, evaluators, memory, sharding, steps
 from capsjax.data.pipeline import Pipeline
 from capsjax.data.tasks import TASKS
 from capsjax.settings import RunSettings
@@ -87,7 +87,8 @@ class Experiment:
 
 
 def start(config, mesh, *, platform: str = '', loader=None, recorded: Optional[Dict[str, Any]] = None,
-          available: Optional[float] = None, settings: Optional[RunSettings] = None) -> Experiment:
+          available: Optional[float] = None, settings: Optional[RunSettings] = None,
+          resolved: bool = False) -> Experiment:
   """A run started from its validated config, the one call every entry makes (training,
   capsjax-plan, the routing zoo): what the data says fills what the config leaves open
   (assemble.resolve_data: shape, classes); the model's 'auto' keys are chosen for the batch
@@ -96,21 +97,19 @@ def start(config, mesh, *, platform: str = '', loader=None, recorded: Optional[D
   `platform`'s ('' : JAX's default backend): splits (read by `loader`, default the
   config's source), the model (its formulation chosen for the platform), the training and
   its steps. The choice's line is the Experiment's `model_choice`; `settings`: the run's
-  own settings where the caller has read them already."""
-  config = assemble.resolve_data(config)
-  config, chosen = assemble.choose_model(config, recorded, available=available, platform=platform)
-  return dataclasses.replace(build(config, mesh, platform, loader, settings), model_choice=chosen)
-
-
-def build(config, mesh, platform: str = '', loader=None, settings: Optional[RunSettings] = None) -> Experiment:
-  """`start`'s last part: a config whose data is resolved and whose model is chosen
-  (capsjax-plan's search for the largest batch builds one again per batch), built on `mesh`."""
+  own settings where the caller has read them already. `resolved`: the config's data is
+  resolved and its model chosen already (capsjax-plan's search for the largest batch
+  builds one run per batch from one resolved config)."""
+  chosen = None
+  if not resolved:
+    config = assemble.resolve_data(config)
+    config, chosen = assemble.choose_model(config, recorded, available=available, platform=platform)
   sharding.check_batch_size(config.batch_size, mesh)
   (train, test, validation), model, training, notes = assemble.run(config, platform, loader)
   return Experiment(settings or RunSettings.of(config), model, train, test, validation, training.num_steps,
                     training.batch_size, training.schedule,
                     build_program(training, model, train, test, mesh, validation), config.to_dict(), notes,
-                    TASKS[config.task].labels_per_example)
+                    TASKS[config.task].labels_per_example, chosen)
 
 
 def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
@@ -120,15 +119,19 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
   config."""
   objective, members = training.objective, training.members
   ensemble = members is not None
+  batch_size, eval_batch_size = training.batch_size, training.eval_batch_size
+  test_source = sharding.replicate(test.source, mesh)
   knobs = sharding.replicate(steps.member_knobs(members), mesh) if ensemble else None
+  evaluations = evaluators.build(training.evals, evaluators.EvalContext(
+      model, training.family, training.has_decoder, test, test_source, mesh, knobs, ensemble, eval_batch_size))
   train_step = steps.make_train_step(objective, model, training.optimizer, train, training.seed, ensemble, mesh,
                                training.ema_decay, training.member_optimizer)
+  make_state = lambda: steps.initial_state(model, training.optimizer, training.input_shape, training.seed,
+                                           training.member_seeds, ema=training.averaged)
   shifts, groups = training.shift_averaging, steps.recipe_groups(members)
   summed = ensemble and steps.seeds_alone(members)
   eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts, groups, summed)
   train_source = sharding.replicate(train.source, mesh)
-  test_source = sharding.replicate(test.source, mesh)
-  batch_size, eval_batch_size = training.batch_size, training.eval_batch_size
   rows = sharding.process_rows(batch_size)   # this process reads only these rows
   seeds = [member['seed'] for member in members] if ensemble else [None]
 
@@ -152,8 +155,6 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
     validate = lambda params, should_stop=None, on_batch=None: steps.evaluate(
         validation_step, params, validation, eval_batch_size, knobs, mesh, validation_source, should_stop, on_batch)
 
-  evaluations = training.evaluations(model, test, test_source, mesh, knobs)
-
   def memory_estimates(abstract_state):
     """Peak bytes per device of a training step and of an evaluation batch, from their
     traces: the batch-dependent part is split over the mesh's devices."""
@@ -176,4 +177,4 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
             'evaluation': eval_step.lower(state['params'], test_source, host_batch, weights, knobs)}
 
   return RunSteps(train_step, step_arguments, evaluate_test, validate, evaluations,
-                  lambda: training.make_state(model), members, memory_estimates, mesh, lower)
+                  make_state, members, memory_estimates, mesh, lower)

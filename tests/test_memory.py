@@ -49,7 +49,7 @@ def test_the_estimate_is_close_to_what_xla_allocates_for_a_capsnet(mnist_dir):
   buffer assignment (the estimate knows nothing of XLA)."""
   config = tiny_config(mnist_dir, eval_batch_size=100)
   mesh = sharding.data_mesh()
-  built = experiment.build(config, mesh)
+  built = experiment.start(config, mesh, resolved=True)
   program, model, test_split = built.steps, built.model, built.test
   estimates = program.memory_estimates(program.abstract_state)
   training, evaluation = (estimates[key][0] for key in sorted(estimates, key=lambda k: not k.startswith('train')))

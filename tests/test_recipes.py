@@ -482,7 +482,7 @@ def test_a_run_with_the_recipe_options_resumes_bit_identical(mnist_dir, tmp_path
 def test_the_moving_average_is_the_hand_update_of_the_parameters(mnist_dir):
   from capsjax import experiment, sharding, steps  # pylint: disable=g-import-not-at-top
   config = tiny_config(mnist_dir, ema_decay=0.75)
-  program = experiment.build(config, sharding.data_mesh()).steps
+  program = experiment.start(config, sharding.data_mesh(), resolved=True).steps
   before = jax.tree.map(np.asarray, program.initial_state)
   np.testing.assert_array_equal(*(np.concatenate([x.ravel() for x in jax.tree.leaves(before[k])])
                                   for k in ('params', 'ema_params')))   # it starts at the parameters

@@ -64,7 +64,7 @@ def test_the_fresh_state_sits_where_the_step_puts_it(mnist_dir):
   # the zoo time from the second call on).
   from capsjax import experiment, sharding  # pylint: disable=g-import-not-at-top
   config = tiny_config(mnist_dir)
-  program = experiment.build(config, sharding.data_mesh()).steps
+  program = experiment.start(config, sharding.data_mesh(), resolved=True).steps
   fresh = program.initial_state
   placed = jax.tree.map(lambda x: x.sharding, fresh)
   stepped, _ = program.train_step(fresh, 0)

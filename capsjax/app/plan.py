@@ -664,7 +664,7 @@ def _zeros_loader(config):
 def _program(config, mesh, platform: str):
   """The run built on `mesh`, whose devices are `platform`'s (capsjax.experiment.Experiment)."""
   from capsjax import experiment  # pylint: disable=g-import-not-at-top
-  return experiment.build(config, mesh, platform, _zeros_loader(config))
+  return experiment.start(config, mesh, platform=platform, loader=_zeros_loader(config), resolved=True)
 
 
 def _silent(line: str) -> None:

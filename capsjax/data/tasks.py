@@ -163,6 +163,23 @@ RULES = (Across(('num_train_examples', 'batch_size', 'task'), _examples_problem)
          Across(('augment', 'task'), _augmentation_problem))
 
 
+def hold_out(task: str, train: Dataset, count: int) -> Tuple[Dataset, Optional[Dataset]]:
+  """(training examples, held-out validation examples or None): the last `count`
+  (config.validation_examples) images of `task`'s training split are held out, as the
+  authors' `--validate` holds out the last 10 000 (50k/10k)."""
+  if not count:
+    return train, None
+  if not TASKS[task].has_validation:
+    allowed = ', '.join(f"'{entry.name}'" for entry in TASKS.entries() if entry.has_validation)
+    raise ConfigError(f'config.validation_examples: a held-out validation split exists for the {allowed} '
+                      'tasks only')
+  if count >= len(train):
+    raise ConfigError(f'config.validation_examples={count}: allowed fewer than the {len(train)} '
+                      'training examples')
+  return (Dataset(train.images[:-count], train.labels[:-count]),
+          Dataset(train.images[-count:], train.labels[-count:]))
+
+
 def at_most(key: str, value: int, available: int, what: str) -> int:
   """config.KEY = value, refused when the data has fewer (never silently clamped)."""
   if value > available:
