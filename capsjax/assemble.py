@@ -226,10 +226,9 @@ class Training:
   batch_size: int
   eval_batch_size: int
   shift_averaging: int
-  # The fresh state (steps.initial_state): input shape, members' seeds (None: a single
-  # run), and whether it keeps an average of the parameters.
+  # The fresh state (steps.initial_state, each member's from its seed): the input shape, and
+  # whether the state keeps an average of the parameters.
   input_shape: Tuple[int, ...]
-  member_seeds: Optional[List[int]]
   averaged: bool
   # config.evals, read (capsjax.evaluators.build), and what its evaluators are built for.
   evals: Dict[str, Any]
@@ -244,7 +243,7 @@ def training(config, num_train_examples: int, listed: Optional[List[Dict[str, An
   settings = optimization_of(config)
   recipe_members = bool(listed) and 'recipe' in listed[0]
   by_recipe = {name: optimization_of(recipe) for name, recipe in recipes(config)} if recipe_members else {}
-  objective_arguments, (shape, seed, seeds, averaged) = _objective_arguments(config), _state_arguments(config, listed)
+  objective_arguments, (shape, seed, _, averaged) = _objective_arguments(config), _state_arguments(config, listed)
   family, evals = config.model.name, config.evals.to_dict()
   decoder = MODELS[family].has_decoder(config.model)
   read = dict(seed=seed, ema_decay=config.ema_decay, batch_size=config.batch_size,
@@ -266,8 +265,8 @@ def training(config, num_train_examples: int, listed: Optional[List[Dict[str, An
     by_step = {name: recipe.schedule(num_steps) for name, recipe in by_recipe.items()}
     run_schedule = lambda step: [by_step[member['recipe']](step) for member in listed]
   return Training(num_steps=num_steps, objective=run_objective, schedule=run_schedule, optimizer=transform,
-                  member_optimizer=per_member, members=listed, input_shape=shape, member_seeds=seeds,
-                  averaged=averaged, evals=evals, family=family, has_decoder=decoder, **read)
+                  member_optimizer=per_member, members=listed, input_shape=shape, averaged=averaged,
+                  evals=evals, family=family, has_decoder=decoder, **read)
 
 
 def run(config, platform: str = '', load=None) -> Tuple[Splits, Any, Training, Tuple[str, ...]]:

@@ -126,14 +126,14 @@ def build_program(training, model, train: Pipeline, test: Pipeline, mesh,
       model, training.family, training.has_decoder, test, test_source, mesh, knobs, ensemble, eval_batch_size))
   train_step = steps.make_train_step(objective, model, training.optimizer, train, training.seed, ensemble, mesh,
                                training.ema_decay, training.member_optimizer)
+  seeds = [member['seed'] for member in members] if ensemble else [None]
   make_state = lambda: steps.initial_state(model, training.optimizer, training.input_shape, training.seed,
-                                           training.member_seeds, ema=training.averaged)
+                                           seeds if ensemble else None, ema=training.averaged)
   shifts, groups = training.shift_averaging, steps.recipe_groups(members)
   summed = ensemble and steps.seeds_alone(members)
   eval_step = steps.make_eval_step(objective, model, test, ensemble, shifts, groups, summed)
   train_source = sharding.replicate(train.source, mesh)
   rows = sharding.process_rows(batch_size)   # this process reads only these rows
-  seeds = [member['seed'] for member in members] if ensemble else [None]
 
   def host_batch(step):
     parts = [train.host_batch(step, seed, rows) for seed in seeds]
