@@ -2,7 +2,7 @@
 
 A formulation option (the config's model.formulation section: `Formulation`'s fields) set
 to 'auto' (`conv_impl`, `patches_inference`, `routing_loop`, `dtype`, `member_convs`,
-`patch_extraction`) is chosen here once, for the platform the run compiles for, when the
+`patch_extraction`, `prediction_vectors`) is chosen here once, for the platform the run compiles for, when the
 run builds its model (`for_platform`, called by capsjax.assemble.model): a name, or a rule each convolution
 applies to its own shape where it is traced. A model built without that ('auto' left in
 it, as a library user may) resolves for JAX's default backend where it is traced. Every
@@ -45,9 +45,14 @@ MEMBER_CONVS = ('auto', 'grouped', 'per_member')
 # slice per kernel offset, concatenated, or one gather. The same patches; the backward's
 # scatter sums overlaps in another order (float32 rounding).
 PATCH_EXTRACTION = ('auto', 'slices', 'gather')
+# How the class capsules' prediction vectors û_{j|i} = W_ij u_i are computed
+# (capsjax.ops.prediction_vectors): one einsum, or in_dim multiply-adds in one elementwise
+# pass that XLA fuses with the routing's transpose of û (derivatives the einsum's either way).
+PREDICTION_VECTORS = ('auto', 'einsum', 'multiply_adds')
 # The options whose every choice computes the same values (up to float32 rounding); dtype
 # and conv_inputs are accuracy choices.
-SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop', 'member_convs', 'patch_extraction')
+SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop', 'member_convs', 'patch_extraction',
+               'prediction_vectors')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +60,7 @@ class Formulation:
   """How a model computes the same math, handed to its layers as one object; its fields
   are the config's `model.formulation` section, the same for every model family (each
   family's default is its field's: capsjax.models). `conv_impl`, `patches_inference`,
-  `routing_loop`, `member_convs`, `patch_extraction`: a value, or what `for_platform` chose for
+  `routing_loop`, `member_convs`, `patch_extraction`, `prediction_vectors`: a value, or what `for_platform` chose for
   'auto' (a convolution's may be a rule: `ConvRule`, `StrideRule`, applied to each layer's shape in
   `resolve` where it is traced: capsjax.ops, CapsuleLayer). `conv_inputs`: the convolutions' matmul inputs
   (CONV_INPUTS). `dtype`: the compute dtype of convolutions and capsule predictions (None:
@@ -90,6 +95,9 @@ class Formulation:
   patch_extraction: Annotated[str, About(one_of(PATCH_EXTRACTION), (
       "the im2col forms' patch matrix as one strided slice per kernel offset or as one gather (same values; "
       'auto: gather on a CPU, where it compiles several times faster)'))] = 'auto'
+  prediction_vectors: Annotated[str, About(one_of(PREDICTION_VECTORS), (
+      'the class capsules\' prediction vectors as one einsum or as multiply-adds in one elementwise pass '
+      '(same values; auto: multiply-adds on a CPU, where the step trains faster)'))] = 'auto'
 
   def __post_init__(self):
     # A name is checked when the Formulation is built, as config.model.formulation is
@@ -280,6 +288,9 @@ FASTEST = {
         # its gradient 10-15 % slower, below the 32 images where a CPU leaves patches (Zen 3,
         # 2026-11-29: docs/results.md, "CPU speed").
         'patch_extraction': 'gather',
+        # In one pass with the routing's transpose of û: the paper model's training step 1.11x
+        # (rounds 1.04-1.21), inference 1.03x (Intel Xeon, 2026-12-03: docs/results.md, "CPU speed").
+        'prediction_vectors': 'multiply_adds',
     },
     'gpu': {
         # Strided convolutions as unit-stride ones on pixel blocks: PrimaryCaps alone trained
@@ -305,6 +316,8 @@ FASTEST = {
         # The slices are what every GPU report measured (conv1's patches); a gather
         # there is not measured.
         'patch_extraction': 'slices',
+        # What every GPU report measured; the multiply-adds are not measured there.
+        'prediction_vectors': 'einsum',
     },
     'tpu': {
         # Not measured on a TPU: XLA's own convolution (the TPU's native op).
@@ -319,12 +332,15 @@ FASTEST = {
         'member_convs': 'grouped',
         # Not measured on a TPU (read only where an im2col form is asked for); TPUs gather slowly.
         'patch_extraction': 'slices',
+        # Not measured on a TPU.
+        'prediction_vectors': 'einsum',
     },
 }
 
 
 _ALLOWED = {'conv_impl': CONV_IMPLS, 'patches_inference': PATCHES_INFERENCE, 'routing_loop': ROUTING_LOOPS,
-            'dtype': DTYPES, 'member_convs': MEMBER_CONVS, 'patch_extraction': PATCH_EXTRACTION}
+            'dtype': DTYPES, 'member_convs': MEMBER_CONVS, 'patch_extraction': PATCH_EXTRACTION,
+            'prediction_vectors': PREDICTION_VECTORS}
 
 
 def _platform(platform: str) -> str:

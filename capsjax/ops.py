@@ -51,6 +51,40 @@ def _add_bias_bwd(dtypes, sum_grad):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
+def prediction_vectors(weights: Array, capsules: Array, form: str = 'einsum') -> Array:
+  """û_{j|i} = W_ij u_i: weights [in_caps, out_caps, out_dim, in_dim], capsules [batch,
+  in_caps, in_dim] → [batch, in_caps, out_caps, out_dim], as `form`
+  (formulations.PREDICTION_VECTORS) says: one einsum, or in_dim multiply-adds in one
+  elementwise pass (`multiply_adds`), the same values to float32 rounding."""
+  if form == 'multiply_adds':
+    return _multiply_adds(weights, capsules)
+  return _votes(weights, capsules)
+
+
+def _votes(weights: Array, capsules: Array) -> Array:
+  return jnp.einsum('ijdk,bik->bijd', weights, capsules)   # [batch, in_caps, out_caps, out_dim]
+
+
+@jax.custom_jvp
+def _multiply_adds(weights: Array, capsules: Array) -> Array:
+  """û as Σ_k u_ik W_ij[:, k], in float32 (an einsum's accumulation), in the inputs' dtype.
+
+  Why: XLA fuses this pass with the routing's parent-major transpose of û, where the
+  einsum's output (its matmul's layout) is transposed by a pass of its own over 94 MB at
+  batch 128. Its derivatives are the einsum's (two matmuls the gradient transposes well;
+  the elementwise form's would be in_dim reductions over û)."""
+  dtype = jnp.result_type(weights, capsules)
+  weights, capsules = weights.astype(jnp.float32), capsules.astype(jnp.float32)
+  total = sum(capsules[:, :, None, None, k] * weights[None, :, :, :, k] for k in range(weights.shape[-1]))
+  return total.astype(dtype)                                # [batch, in_caps, out_caps, out_dim]
+
+
+@_multiply_adds.defjvp
+def _multiply_adds_jvp(primals, tangents):
+  (weights, capsules), (weights_dot, capsules_dot) = primals, tangents
+  return _multiply_adds(weights, capsules), _votes(weights_dot, capsules) + _votes(weights, capsules_dot)
+
+
 def resolve_conv_impl(impl, layer: Optional[formulations.ConvLayer] = None) -> str:
   """The form `impl` names for `layer` (its shape): a name as it is, a rule of
   capsjax.formulations (what a run chose for 'auto') applied to the layer, 'auto' as JAX's

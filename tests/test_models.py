@@ -85,6 +85,28 @@ def test_conv_formulations_agree_in_value_and_gradient(stride, height, width, ke
   np.testing.assert_array_equal(outputs['patches', 'slices'], outputs['patches', 'gather'])
 
 
+@pytest.mark.float32_matmuls
+def test_prediction_vector_forms_agree_with_the_plain_product_in_value_and_derivatives():
+  weights = jax.random.normal(jax.random.key(0), (6, 3, 4, 5))    # [in_caps, out_caps, out_dim, in_dim]
+  capsules = jax.random.normal(jax.random.key(1), (2, 6, 5))      # [batch, in_caps, in_dim]
+  plain = np.einsum('ijdk,bik->bijd', np.float64(weights), np.float64(capsules))   # û_{j|i} = W_ij u_i
+  votes = jax.jit(ops.prediction_vectors, static_argnums=2)
+  loss = lambda w, u, form: jnp.sum(jnp.sin(ops.prediction_vectors(w, u, form)))
+  gradient = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+  tangents = (jnp.cos(weights), jnp.sin(capsules))
+  forward = lambda form: jax.jvp(lambda w, u: ops.prediction_vectors(w, u, form), (weights, capsules), tangents)
+  for form in ('einsum', 'multiply_adds'):
+    np.testing.assert_allclose(votes(weights, capsules, form), plain, rtol=1e-5, atol=1e-5, err_msg=form)
+    for ours, theirs in zip(gradient(weights, capsules, form), gradient(weights, capsules, 'einsum')):
+      np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5, err_msg=form)
+    for ours, theirs in zip(forward(form), forward('einsum')):
+      np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5, err_msg=form)
+  # bfloat16 inputs: accumulated in float32, as the einsum does, and returned in bfloat16.
+  halves = votes(weights.astype(jnp.bfloat16), capsules.astype(jnp.bfloat16), 'multiply_adds')
+  assert halves.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.float32(halves), votes(_bf16(weights), _bf16(capsules), 'einsum'), rtol=1e-2)
+
+
 def test_auto_picks_the_convolution_per_layer_by_the_rule():
   from capsjax import formulations  # pylint: disable=g-import-not-at-top
   layer = formulations.ConvLayer
@@ -125,6 +147,9 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   # The im2col patch matrix: one gather on a CPU (compiles faster), the slices the GPUs measured.
   assert [formulations.resolve('patch_extraction', 'auto', platform) for platform in ('cpu', 'gpu', 'tpu')] == [
       'gather', 'slices', 'slices']
+  # û: multiply-adds on a CPU (one pass with the routing's transpose), the einsum the GPUs measured.
+  assert [formulations.resolve('prediction_vectors', 'auto', platform) for platform in ('cpu', 'gpu', 'tpu')] == [
+      'multiply_adds', 'einsum', 'einsum']
   with pytest.raises(ValueError, match="'fourier' computes in float32"):
     ops.conv2d(jnp.ones((1, 9, 9, 2)), jnp.ones((3, 3, 2, 2)), 2, 'fourier', dot_inputs='bfloat16')
 
