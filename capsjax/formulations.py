@@ -288,8 +288,8 @@ FASTEST = {
         # its gradient 10-15 % slower, below the 32 images where a CPU leaves patches (Zen 3,
         # 2026-11-29: docs/results.md, "CPU speed").
         'patch_extraction': 'gather',
-        # In one pass with the routing's transpose of û: the paper model's training step 1.11x
-        # (rounds 1.04-1.21), inference 1.03x (Intel Xeon, 2026-12-03: docs/results.md, "CPU speed").
+        # In one pass with the routing's transpose of û: the paper model's training step 1.10x
+        # (rounds 1.03-1.16), inference 1.04x (Intel Xeon, 2026-12-03: docs/results.md, "CPU speed").
         'prediction_vectors': 'multiply_adds',
     },
     'gpu': {

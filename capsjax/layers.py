@@ -255,9 +255,8 @@ class CapsuleLayer(nn.Module):
       weights = self.param('weights', self.weights_init,
                            (in_caps, self.num_capsules, self.dim, in_dim))
       # û_{j|i} = W_ij u_i                                 # [batch, in_caps, out_caps, out_dim]
-      prediction_vectors = ops.prediction_vectors(
-          weights.astype(dtype), capsules.astype(dtype),
-          formulations.resolve('prediction_vectors', self.formulation.prediction_vectors))
+      prediction_vectors = ops.prediction_vectors(weights.astype(dtype), capsules.astype(dtype),
+                                                  self.formulation.prediction_vectors)
     # The bias joins s_j in every routing iteration (see dynamic_routing), as in the authors' code.
     unknown = set(self.routing_inputs) - set(LAYER_INPUTS)
     if unknown:
