@@ -3,8 +3,11 @@
 The estimate walks the jaxpr of a jitted step in program order: its arguments stay live
 throughout, every equation's outputs are allocated where they are produced and freed after
 their last use (an output of the shape and dtype of an input read for the last time takes
-that input's buffer, as XLA's buffer assignment does), and an equation that holds a sub-program (a loop body, a nested jit, a
-custom gradient) adds that sub-program's own peak above its inputs. XLA fuses element-wise
+that input's buffer, as XLA's buffer assignment does), and an equation that holds a
+sub-program (a loop body, a nested jit, a custom gradient) adds that sub-program's own peak
+above its inputs. A sub-program of element-wise operations only adds its outputs (XLA fuses
+it into one loop, and into the loop of its only reader where that is element-wise or a
+transpose); stop_gradient's output is its input's buffer. XLA fuses other element-wise
 chains and reuses buffers, so the true peak is usually lower; the walk never misses a
 large tensor (û of the whole evaluation batch, a 10 000-class weight), which is what a run
 that cannot fit is made of. Tracing costs what the first step's trace costs anyway (about
@@ -41,6 +44,31 @@ def _sub_jaxprs(params: Dict[str, Any]) -> Iterable[Any]:
         yield item
 
 
+# Primitives XLA fuses into one loop with their neighbours: a sub-program made only of these
+# (ops.prediction_vectors' multiply-adds) writes its outputs and nothing else.
+_ELEMENTWISE = frozenset({'add', 'sub', 'mul', 'div', 'neg', 'max', 'min', 'select_n', 'convert_element_type',
+                          'broadcast_in_dim', 'reshape', 'squeeze', 'slice', 'expand_dims'})
+
+
+def _fused(sub) -> bool:
+  return all(eqn.primitive.name in _ELEMENTWISE for eqn in sub.eqns)
+
+
+def _written_by_reader(eqns, outvars) -> set:
+  """Outputs of an element-wise sub-program read once, by an element-wise operation or a
+  transpose: XLA computes them inside their reader's loop (û's multiply-adds inside the
+  routing's transpose), so they take no buffer of their own."""
+  readers = {}
+  for eqn in eqns:
+    for atom in set(a for a in eqn.invars if _is_var(a)):
+      readers.setdefault(atom, []).append(eqn)
+  fused_readers = _ELEMENTWISE | {'transpose'}
+  return {var for eqn in eqns
+          if any(True for _ in _sub_jaxprs(eqn.params)) and all(_fused(sub) for sub in _sub_jaxprs(eqn.params))
+          for var in eqn.outvars
+          if var not in outvars and len(readers.get(var, ())) == 1 and readers[var][0].primitive.name in fused_readers}
+
+
 def _is_var(atom) -> bool:
   return isinstance(atom, jex_core.Var) and not isinstance(atom, jex_core.Literal)
 
@@ -53,26 +81,36 @@ def jaxpr_peak_bytes(jaxpr) -> int:
   """The largest sum of live buffers while `jaxpr` (a ClosedJaxpr or a Jaxpr: their public
   eqns, invars, outvars and constvars) runs in program order (its inputs and constants
   included)."""
+  # stop_gradient's output is its input's buffer (XLA emits nothing for it).
+  views = {}
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'stop_gradient' and _is_var(eqn.invars[0]):
+      views[eqn.outvars[0]] = views.get(eqn.invars[0], eqn.invars[0])
+  buffer = lambda atom: views.get(atom, atom)
   last_use = {}
   for index, eqn in enumerate(jaxpr.eqns):
     for atom in eqn.invars:
       if _is_var(atom):
-        last_use[atom] = index
+        last_use[buffer(atom)] = index
   for atom in jaxpr.outvars:
     if _is_var(atom):
-      last_use[atom] = len(jaxpr.eqns)    # outputs stay live to the end
+      last_use[buffer(atom)] = len(jaxpr.eqns)    # outputs stay live to the end
   arguments = list(jaxpr.invars) + list(jaxpr.constvars)
   live = sum(array_bytes(var.aval) for var in arguments)
   for var in arguments:                   # arguments are the caller's: never freed here
     last_use[var] = len(jaxpr.eqns)
   peak = live
+  virtual = _written_by_reader(jaxpr.eqns, set(a for a in jaxpr.outvars if _is_var(a)))
   for index, eqn in enumerate(jaxpr.eqns):
     inner = 0
     for sub in _sub_jaxprs(eqn.params):   # its own peak above the inputs it shares with us
-      inner = max(inner, jaxpr_peak_bytes(sub) - sum(array_bytes(var.aval) for var in sub.invars))
-    dying = [atom for atom in set(a for a in eqn.invars if _is_var(a)) if last_use.get(atom) == index]
+      if not _fused(sub):
+        inner = max(inner, jaxpr_peak_bytes(sub) - sum(array_bytes(var.aval) for var in sub.invars))
+    dying = [atom for atom in set(buffer(a) for a in eqn.invars if _is_var(a))
+             if last_use.get(atom) == index and atom not in virtual]
+    made = [var for var in eqn.outvars if var not in virtual and var not in views]
     produced = 0
-    for var in eqn.outvars:   # an output the size of an input read for the last time reuses it
+    for var in made:   # an output the size of an input read for the last time reuses it
       reused = next((atom for atom in dying if _same_buffer(atom.aval, var.aval)), None)
       if reused is not None:
         dying.remove(reused)
@@ -82,7 +120,7 @@ def jaxpr_peak_bytes(jaxpr) -> int:
     live += produced
     for atom in dying:
       live -= array_bytes(atom.aval)
-    for var in eqn.outvars:               # outputs nobody reads
+    for var in made:                      # outputs nobody reads
       if var not in last_use:
         live -= array_bytes(var.aval)
   return peak

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from capsjax import assemble, experiment, memory, sharding, steps, train
+from capsjax import assemble, experiment, memory, ops, sharding, steps, train
 from capsjax.errors import ConfigError
 from tests.helpers import tiny_config
 
@@ -23,6 +23,17 @@ def test_the_walk_frees_buffers_after_their_last_use_and_keeps_arguments():
 
   peak = memory.traced_peak_bytes(jax.jit(f), jax.ShapeDtypeStruct((n,), jnp.float32))
   assert peak == 3 * n * F32
+
+  # stop_gradient's output is its input's buffer; û's multiply-adds (an element-wise
+  # sub-program) are written by the transpose that reads them: x, w, sin x, û transposed and
+  # its scalar sum live together.
+  def votes(x, w):
+    frozen = jax.lax.stop_gradient(jnp.sin(x))                          # [n], x's size
+    moved = jnp.transpose(ops.prediction_vectors(w, x.reshape(1, n, 1), 'multiply_adds'), (0, 2, 1, 3))
+    return jnp.sum(moved) + frozen
+
+  arguments = jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n, 4, 2, 1), jnp.float32)
+  assert memory.traced_peak_bytes(jax.jit(votes), *arguments) == (n + 8 * n + n + 8 * n + 1) * F32
 
 
 def test_a_sub_program_adds_its_own_temporary():
