@@ -63,10 +63,13 @@ def _written_by_reader(eqns, outvars) -> set:
     for atom in set(a for a in eqn.invars if _is_var(a)):
       readers.setdefault(atom, []).append(eqn)
   fused_readers = _ELEMENTWISE | {'transpose'}
-  return {var for eqn in eqns
-          if any(True for _ in _sub_jaxprs(eqn.params)) and all(_fused(sub) for sub in _sub_jaxprs(eqn.params))
-          for var in eqn.outvars
-          if var not in outvars and len(readers.get(var, ())) == 1 and readers[var][0].primitive.name in fused_readers}
+  written = set()
+  for eqn in eqns:
+    subs = list(_sub_jaxprs(eqn.params))
+    if subs and all(_fused(sub) for sub in subs):
+      written.update(var for var in eqn.outvars if var not in outvars and len(readers.get(var, ())) == 1
+                     and readers[var][0].primitive.name in fused_readers)
+  return written
 
 
 def _is_var(atom) -> bool:

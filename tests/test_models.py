@@ -101,9 +101,9 @@ def test_prediction_vector_forms_agree_with_the_plain_product_in_value_and_deriv
       np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5, err_msg=form)
     for ours, theirs in zip(forward(form), forward('einsum')):
       np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5, err_msg=form)
-  # bfloat16 inputs: accumulated in float32, as the einsum does, and returned in bfloat16.
   with pytest.raises(ValueError, match="prediction_vectors must be one of .* got 'nope'"):
     ops.prediction_vectors(weights, capsules, 'nope')
+  # bfloat16 inputs: accumulated in float32, as the einsum does, and returned in bfloat16.
   halves = votes(weights.astype(jnp.bfloat16), capsules.astype(jnp.bfloat16), 'multiply_adds')
   assert halves.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.float32(halves), votes(_bf16(weights), _bf16(capsules), 'einsum'), rtol=1e-2)
