@@ -193,18 +193,20 @@ class ConvLayer(NamedTuple):
     return self.batch * out_h * out_w * self.kernel_size ** 2 * self.channels * itemsize
 
   def fourier_multiply_adds(self) -> float:
-    """Per image, as capsjax.ops.fourier_conv2d computes it: the image's transform, the
-    complex product per frequency (three real matmuls), the inverse at the valid outputs,
-    and the kernel's transform shared by the call's `batch` images (a single image pays
-    all of it: 1 025 M for PrimaryCaps against 191 M direct; 63 M at batch 128)."""
+    """Per image, as capsjax.ops.fourier_conv2d computes it: the image's transform (two rows
+    per slot: a complex bin, or a pair of real ones), the slot's product of [2, s²c] by
+    [s²c, 2·features] (four real products), the inverse at the valid outputs, and the
+    kernel's transform shared by the call's `batch` images (a single image pays all of it:
+    720 M for PrimaryCaps against 191 M direct; 70 M at batch 128)."""
     grid_h, grid_w = -(-self.height // self.stride), -(-self.width // self.stride)
     taps = -(-self.kernel_size // self.stride)
     complex_bins, real_bins = (len(bins) for bins in spectrum_bins(grid_h, grid_w))
-    rows = 3 * complex_bins + real_bins   # a row per real matmul of the products (Gauss's three per complex bin)
+    slots = complex_bins + -(-real_bins // 2)
     phase_channels = self.stride ** 2 * self.channels
     out_h, out_w = self.output_size()
-    return (rows * grid_h * grid_w * phase_channels + rows * phase_channels * self.features
-            + rows * out_h * out_w * self.features + rows * taps ** 2 * phase_channels * self.features / self.batch)
+    return (2 * slots * grid_h * grid_w * phase_channels + 4 * slots * phase_channels * self.features
+            + 4 * slots * out_h * out_w * self.features
+            + 2 * slots * taps ** 2 * phase_channels * self.features / self.batch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -319,49 +319,52 @@ kernel_rows_conv2d.defvjp(_kernel_rows_fwd, _kernel_rows_bwd)
 
 
 class _SpectralMatrices(NamedTuple):
-  """The Fourier form as three matrices on stacked rows (`_fourier_matrices`)."""
-  images: np.ndarray    # [rows, grid positions]
-  kernel: np.ndarray    # [rows, taps]
-  inverse: np.ndarray   # [valid outputs, rows]
+  """The Fourier form as three matrices on slots of two rows (`_fourier_matrices`)."""
+  images: np.ndarray    # [slots·2, grid positions]
+  kernel: np.ndarray    # [slots·2, taps]
+  inverse: np.ndarray   # [valid outputs, slots·4], columns (slot, image row, kernel row)
 
 
 @functools.lru_cache(maxsize=None)
 def _fourier_matrices(grid_h: int, grid_w: int, taps_h: int, taps_w: int, out_h: int, out_w: int):
   """The real DFT of a grid_h × grid_w grid on its independent bins
-  (formulations.spectrum_bins), with each complex product's three real matmuls folded in.
+  (formulations.spectrum_bins), two rows per slot, and the inverse at the valid outputs.
 
-  Per complex bin, X = a_re + i·a_im (the images' cos and −sin rows) times conj(K) =
-  b_re + i·b_im (the kernel's cos and sin rows at its taps) is Gauss's k1 = (a_re + a_im)·
-  b_re, k2 = a_re·(b_im − b_re), k3 = a_im·(b_re + b_im), re = k1 − k3, im = k1 + k2. The
-  sums are linear in the inputs, so they are rows of the transforms: the images' rows are
-  [cos − sin | cos | −sin | real bins' cos], the kernel's [cos | sin − cos | cos + sin |
-  real bins' cos], and one product per row gives [k1 | k2 | k3 | real products]. The
-  inverse at the valid outputs, y = Σ w_f (cos·re − sin·im) + real bins' w_f cos·Y (w_f:
-  2/N for a complex bin, standing for its conjugate twin too; 1/N for a real one), then
-  reads the stacked products directly: [w(cos − sin) | −w sin | −w cos | w cos]. So the
-  form is three matmuls and a batched product, with no pass of its own over any large
-  array (each would be memory traffic)."""
+  A complex bin is a slot: X = A_c − i·A_s (the images' cos and sin rows) and conj(K) =
+  B_c + i·B_s (the kernel's cos and sin rows at its taps). The slot's product of its two
+  image rows by its two kernel rows holds all four real products, and the correlation Y =
+  X·conj(K) is A_c·B_c + A_s·B_s + i(A_c·B_s − A_s·B_c): linear in them, so the inverse
+  reads them directly, y = w_f (cos·Re Y − sin·Im Y) at each valid output (w_f = 2/N: the
+  bin stands for its conjugate twin too). Two real bins share a slot (a zero row pads an
+  odd count): their two cross products get weight 0, the others w_f = 1/N times cos.
+  Stacking a slot's rows doubles each matmul's rows and columns against three matmuls of
+  one row each (Gauss's form, a quarter fewer multiply-adds): the products run nearer the
+  matmul peak, and the transforms write two rows per bin instead of three."""
   rows, columns = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing='ij')
   complex_bins, real_bins = formulations.spectrum_bins(grid_h, grid_w)
   taps = (rows[:taps_h, :taps_w] * grid_w + columns[:taps_h, :taps_w]).reshape(-1)
   outputs = (rows[:out_h, :out_w] * grid_w + columns[:out_h, :out_w]).reshape(-1)
-
-  def angle(bins, points):   # [bins, points]
-    freq = np.asarray(bins, np.float64).reshape(-1, 2)
-    return 2 * np.pi * (freq[:, :1] * rows.reshape(1, -1)[:, points] / grid_h
-                        + freq[:, 1:] * columns.reshape(1, -1)[:, points] / grid_w)
-
-  every = np.arange(grid_h * grid_w)
-  cos, sin, real = np.cos(angle(complex_bins, every)), np.sin(angle(complex_bins, every)), np.cos(angle(real_bins, every))
-  images = np.concatenate([cos - sin, cos, -sin, real]).reshape(-1, grid_h * grid_w)
-  cos, sin, real = np.cos(angle(complex_bins, taps)), np.sin(angle(complex_bins, taps)), np.cos(angle(real_bins, taps))
-  kernel = np.concatenate([cos, sin - cos, cos + sin, real]).reshape(-1, len(taps))
   size = grid_h * grid_w
-  cos, sin, real = (2 / size * np.cos(angle(complex_bins, outputs)), 2 / size * np.sin(angle(complex_bins, outputs)),
-                    1 / size * np.cos(angle(real_bins, outputs)))
-  inverse = np.concatenate([cos - sin, -sin, -cos, real]).reshape(-1, len(outputs)).T
+
+  def angle(frequency, points):   # [points]
+    return 2 * np.pi * (frequency[0] * rows.reshape(-1)[points] / grid_h
+                        + frequency[1] * columns.reshape(-1)[points] / grid_w)
+
+  every, images, kernel, inverse = np.arange(size), [], [], []
+  for bin_ in complex_bins:
+    cos, sin = 2 / size * np.cos(angle(bin_, outputs)), 2 / size * np.sin(angle(bin_, outputs))
+    images += [np.cos(angle(bin_, every)), np.sin(angle(bin_, every))]
+    kernel += [np.cos(angle(bin_, taps)), np.sin(angle(bin_, taps))]
+    inverse += [cos, -sin, sin, cos]   # A_c·B_c, A_c·B_s, A_s·B_c, A_s·B_s
+  cosines = lambda bin_, points: np.cos(angle(bin_, points)) if bin_ else np.zeros(len(points))
+  real_bins = list(real_bins) + [None] * (len(real_bins) % 2)
+  for first, second in zip(real_bins[::2], real_bins[1::2]):
+    images += [cosines(first, every), cosines(second, every)]
+    kernel += [cosines(first, taps), cosines(second, taps)]
+    zero = np.zeros(len(outputs))
+    inverse += [1 / size * cosines(first, outputs), zero, zero, 1 / size * cosines(second, outputs)]
   as32 = lambda matrix: np.ascontiguousarray(matrix, np.float32)
-  return _SpectralMatrices(as32(images), as32(kernel), as32(inverse))
+  return _SpectralMatrices(as32(np.stack(images)), as32(np.stack(kernel)), as32(np.stack(inverse).T))
 
 
 # The transforms at HIGHEST precision: a TF32 DFT would lose digits on a GPU.
@@ -370,26 +373,29 @@ _EXACT = jax.lax.Precision.HIGHEST
 
 def _spectral_forward(phased, phased_kernel, grid):
   matrices = _fourier_matrices(*grid)
+  slots, batch, features = matrices.images.shape[0] // 2, phased.shape[1], phased_kernel.shape[1]
   with jax.named_scope('transforms'):
-    # [a_re + a_im | a_re | a_im | real bins] of X = Σ_p x e^{-iθ}            # [rows, batch, s²c]
-    images_rows = jnp.einsum('fp,pbc->fbc', matrices.images, phased, precision=_EXACT)
-    # [b_re | b_im − b_re | b_re + b_im | real bins] of conj(K) = Σ_t k e^{+iθ}  # [rows, s²c, out]
-    kernel_rows = jnp.einsum('ft,tco->fco', matrices.kernel, phased_kernel, precision=_EXACT)
+    # A slot's [A_c; A_s] of X = Σ_p x e^{-iθ}, its rows (image row, batch)      # [slots, 2·batch, s²c]
+    images_rows = jnp.einsum('fp,pbc->fbc', matrices.images, phased, precision=_EXACT).reshape(slots, 2 * batch, -1)
+    # and [B_c; B_s] of conj(K) = Σ_t k e^{+iθ}, its rows (kernel row, out)     # [slots, 2·out, s²c]
+    kernel_rows = jnp.einsum('ft,toc->foc', matrices.kernel, phased_kernel,
+                             precision=_EXACT).reshape(slots, 2 * features, -1)
   with jax.named_scope('products'):
-    # Correlation: Y = X conj(K) per bin, as [k1 | k2 | k3 | real products]  # [rows, batch, out]
-    products = jnp.einsum('fbc,fco->fbo', images_rows, kernel_rows)
+    # Every image row times every kernel row of the slot                        # [slots, 2·batch, 2·out]
+    products = jnp.einsum('fbc,fnc->fbn', images_rows, kernel_rows)
   with jax.named_scope('transforms'):
-    # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs                          # [outputs, batch, out]
-    outputs = jnp.einsum('qf,fbo->qbo', matrices.inverse, products, precision=_EXACT)
+    # y = Re Σ_f w_f Y_f e^{iθ} at the valid outputs                            # [outputs, batch, out]
+    by_slot = products.reshape(slots, 2, batch, 2, features).transpose(0, 1, 3, 2, 4).reshape(4 * slots, batch, features)
+    outputs = jnp.einsum('qf,fbo->qbo', matrices.inverse, by_slot, precision=_EXACT)
   return outputs, (images_rows, kernel_rows)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _spectral_correlation(phased: Array, phased_kernel: Array, grid: tuple) -> Array:
   """The Fourier form's transforms and products: phased images [positions, batch, s²c],
-  phased kernel [taps, s²c, out] → valid outputs [outputs, batch, out]. Written with its
+  phased kernel [taps, out, s²c] → valid outputs [outputs, batch, out]. Written with its
   own gradient so that every matmul of the backward pass is a plain (or right-transposed)
-  one on position- or row-major arrays: the automatic one contracted the batch axis of
+  one on position- or slot-major arrays: the automatic one contracted the batch axis of
   [rows, batch, s²c] arrays (a transposed-left matmul XLA:CPU leaves to a slower
   kernel) and moved the row axes innermost (docs/results.md, "CPU speed")."""
   return _spectral_forward(phased, phased_kernel, grid)[0]
@@ -398,16 +404,20 @@ def _spectral_correlation(phased: Array, phased_kernel: Array, grid: tuple) -> A
 def _spectral_correlation_bwd(grid, residuals, outputs_grad):
   images_rows, kernel_rows = residuals
   matrices = _fourier_matrices(*grid)
+  slots, (_, batch, features) = images_rows.shape[0], outputs_grad.shape
   with jax.named_scope('transforms'):
-    products_grad = jnp.einsum('fq,qbo->fbo', matrices.inverse.T, outputs_grad, precision=_EXACT)   # [rows, batch, out]
+    by_slot = jnp.einsum('fq,qbo->fbo', matrices.inverse.T, outputs_grad, precision=_EXACT)   # [slots·4, batch, out]
+    products_grad = by_slot.reshape(slots, 2, 2, batch, features).transpose(0, 1, 3, 2, 4).reshape(
+        slots, 2 * batch, 2 * features)                                                         # [slots, 2·batch, 2·out]
   with jax.named_scope('products'):
-    images_rows_grad = jnp.einsum('fbo,fco->fbc', products_grad, kernel_rows)          # [rows, batch, s²c]
-    # The batch contracted as the right factor's rows                            # [rows, out, s²c]
-    kernel_rows_grad = jnp.einsum('fob,fbc->foc', jnp.swapaxes(products_grad, 1, 2), images_rows)
+    images_rows_grad = jnp.einsum('fbn,fnc->fbc', products_grad, kernel_rows)          # [slots, 2·batch, s²c]
+    kernel_rows_grad = jnp.einsum('fbn,fbc->fnc', products_grad, images_rows)          # [slots, 2·out, s²c]
   with jax.named_scope('transforms'):
-    phased_grad = jnp.einsum('pf,fbc->pbc', matrices.images.T, images_rows_grad, precision=_EXACT)  # [positions, batch, s²c]
-    kernel_grad = jnp.einsum('tf,foc->toc', matrices.kernel.T, kernel_rows_grad, precision=_EXACT)  # [taps, out, s²c]
-  return phased_grad, jnp.swapaxes(kernel_grad, 1, 2)
+    phased_grad = jnp.einsum('pf,fbc->pbc', matrices.images.T, images_rows_grad.reshape(2 * slots, batch, -1),
+                             precision=_EXACT)                                                  # [positions, batch, s²c]
+    kernel_grad = jnp.einsum('tf,foc->toc', matrices.kernel.T, kernel_rows_grad.reshape(2 * slots, features, -1),
+                             precision=_EXACT)                                                  # [taps, out, s²c]
+  return phased_grad, kernel_grad
 
 
 _spectral_correlation.defvjp(_spectral_forward, _spectral_correlation_bwd)
@@ -419,12 +429,13 @@ def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:
   Stride s is removed first: the s×s phases of the image (rows s·y + p) become channels
   and the kernel is split alike, leaving a stride-1 correlation of s²·c channels on a
   ⌈h/s⌉ × ⌈w/s⌉ grid. Its discrete Fourier transform turns the correlation into one
-  complex [batch, s²c] × [s²c, out] product per frequency (Y = X · conj(K)), three real
-  matmuls each (Gauss's, folded into the transforms' rows: `_fourier_matrices`), one for
-  the self-conjugate bins, whose values are real; circular wrap-around never reaches the
-  valid outputs, and only those are transformed back. For PrimaryCaps (9×9, stride 2, 256
-  → 256 on 20×20: 48 complex and 4 real bins) that is 63 M multiply-adds per image at batch
-  128 instead of im2col's 191 M, which is why 'auto' picks it where the count says so
+  complex [batch, s²c] × [s²c, out] product per frequency (Y = X · conj(K)): one real
+  matmul of [2·batch, s²c] × [s²c, 2·out] per complex bin (its cos and sin rows on each
+  side, `_fourier_matrices`), and one per pair of the self-conjugate bins, whose values are
+  real; circular wrap-around never reaches the valid outputs, and only those are
+  transformed back. For PrimaryCaps (9×9, stride 2, 256 → 256 on 20×20: 48 complex and 4
+  real bins, 50 slots) that is 70 M multiply-adds per image at batch 128 instead of
+  im2col's 191 M, which is why 'auto' picks it where the count says so
   (capsjax.formulations). The transforms run at
   HIGHEST precision (a TF32 DFT would lose digits on a GPU); values equal the direct
   convolution's to float32 rounding.
@@ -439,11 +450,12 @@ def fourier_conv2d(images: Array, kernel: Array, stride: int) -> Array:
   phased = jnp.pad(images, ((0, 0), (0, grid_h * stride - height), (0, grid_w * stride - width), (0, 0)))
   phased = phased.reshape(batch, grid_h, stride, grid_w, stride, channels).transpose(1, 3, 0, 2, 4, 5)
   phased = phased.reshape(grid_h * grid_w, batch, phase_channels)
-  # The kernel alike: [taps*taps, (p_y, p_x, c), out], zero taps where s does not divide k.
+  # The kernel alike, out before in: [taps*taps, out, (p_y, p_x, c)], zero taps where s
+  # does not divide k.
   pad = taps * stride - kernel_size
   phased_kernel = jnp.pad(kernel, ((0, pad), (0, pad), (0, 0), (0, 0)))
-  phased_kernel = phased_kernel.reshape(taps, stride, taps, stride, channels, features).transpose(0, 2, 1, 3, 4, 5)
-  phased_kernel = phased_kernel.reshape(taps * taps, phase_channels, features)
+  phased_kernel = phased_kernel.reshape(taps, stride, taps, stride, channels, features).transpose(0, 2, 5, 1, 3, 4)
+  phased_kernel = phased_kernel.reshape(taps * taps, features, phase_channels)
   outputs = _spectral_correlation(phased, phased_kernel, (grid_h, grid_w, taps, taps, out_h, out_w))
   return outputs.transpose(1, 0, 2).reshape(batch, out_h, out_w, features)   # [batch, out_h, out_w, out]
 

@@ -114,13 +114,13 @@ def test_auto_picks_the_convolution_per_layer_by_the_rule():
   layer = formulations.ConvLayer
   primary, conv1 = layer(20, 20, 256, 256, 9, 2), layer(28, 28, 1, 256, 9, 1)
   # Hand counts for PrimaryCaps: 6·6·81·256·256 direct; fourier on the 10×10 grid of 4 phases
-  # (1024 channels), 48 complex bins and 4 real ones ((0|5, 0|5)), three matmuls per complex
-  # product (Gauss's, each a row of every transform), one per real one: 148 rows,
-  # 148·100·1024 + 148·1024·256 + 148·36·256 + 148·25·1024·256/128.
+  # (1024 channels), 48 complex bins and 4 real ones ((0|5, 0|5)) in 50 slots of two rows
+  # (cos and sin; two real bins): 100 transform rows, four products per slot,
+  # 100·100·1024 + 200·1024·256 + 200·36·256 + 100·25·1024·256/128.
   assert primary.direct_multiply_adds() == 6 * 6 * 81 * 256 * 256
   assert formulations.spectrum_bins(10, 10)[1] == ((0, 0), (5, 0), (0, 5), (5, 5))
   assert len(formulations.spectrum_bins(10, 10)[0]) == 48
-  assert primary.fourier_multiply_adds() == 148 * 100 * 1024 + 148 * 1024 * 256 + 148 * 36 * 256 + 148 * 25 * 1024 * 2
+  assert primary.fourier_multiply_adds() == 100 * 100 * 1024 + 200 * 1024 * 256 + 200 * 36 * 256 + 100 * 25 * 1024 * 2
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary) == 'fourier'
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=64)) == 'fourier'
   assert formulations.resolve('conv_impl', 'auto', 'cpu', primary._replace(batch=32)) == 'kernel_rows'
