@@ -76,8 +76,9 @@ def _multiply_adds(weights: Array, capsules: Array) -> Array:
   the elementwise form's would be in_dim reductions over û)."""
   dtype = jnp.result_type(weights, capsules)
   weights, capsules = weights.astype(jnp.float32), capsules.astype(jnp.float32)
-  total = sum(capsules[:, :, None, None, k] * weights[None, :, :, :, k] for k in range(weights.shape[-1]))
-  return total.astype(dtype)                                # [batch, in_caps, out_caps, out_dim]
+  by_parent = jnp.transpose(weights, (1, 0, 2, 3))          # [out_caps, in_caps, out_dim, in_dim]
+  total = sum(capsules[:, None, :, None, k] * by_parent[None, :, :, :, k] for k in range(weights.shape[-1]))
+  return jnp.swapaxes(total, 1, 2).astype(dtype)            # [batch, in_caps, out_caps, out_dim]
 
 
 @_multiply_adds.defjvp
