@@ -47,8 +47,11 @@ MEMBER_CONVS = ('auto', 'grouped', 'per_member')
 PATCH_EXTRACTION = ('auto', 'slices', 'gather')
 # How the class capsules' prediction vectors û_{j|i} = W_ij u_i are computed
 # (capsjax.ops.prediction_vectors): one einsum, or in_dim multiply-adds in one elementwise
-# pass that XLA fuses with the routing's transpose of û (derivatives the einsum's either way).
-PREDICTION_VECTORS = ('auto', 'einsum', 'multiply_adds')
+# pass that XLA fuses with the routing's transpose of û (derivatives the einsum's either way);
+# 'factored_inference': dynamic routing without û where nothing differentiates it
+# (capsjax.routing.per_capsule_dynamic_routing: evaluation, predict), the multiply-adds and
+# û's routing in training (other routings and options: the multiply-adds).
+PREDICTION_VECTORS = ('auto', 'einsum', 'multiply_adds', 'factored_inference')
 # The options whose every choice computes the same values (up to float32 rounding); dtype
 # and conv_inputs are accuracy choices.
 SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop', 'member_convs', 'patch_extraction',
@@ -96,8 +99,10 @@ class Formulation:
       "the im2col forms' patch matrix as one strided slice per kernel offset or as one gather (same values; "
       'auto: gather on a CPU, where it compiles several times faster)'))] = 'auto'
   prediction_vectors: Annotated[str, About(one_of(PREDICTION_VECTORS), (
-      'the class capsules\' prediction vectors as one einsum or as multiply-adds in one elementwise pass '
-      '(same values; auto: multiply-adds on a CPU, where the step trains faster)'))] = 'auto'
+      'the class capsules\' prediction vectors as one einsum, as multiply-adds in one elementwise pass, or '
+      'those in training and none where nothing differentiates dynamic routing (factored_inference: its sums '
+      'contract W and u) (same values; auto: factored_inference on a CPU, where the step trains and infers '
+      'faster)'))] = 'auto'
 
   def __post_init__(self):
     # A name is checked when the Formulation is built, as config.model.formulation is
@@ -291,8 +296,10 @@ FASTEST = {
         # 2026-11-29: docs/results.md, "CPU speed").
         'patch_extraction': 'gather',
         # In one pass with the routing's transpose of û: the paper model's training step 1.10x
-        # (rounds 1.03-1.16), inference 1.04x (Intel Xeon, 2026-12-03: docs/results.md, "CPU speed").
-        'prediction_vectors': 'multiply_adds',
+        # (rounds 1.03-1.16), inference 1.04x (Intel Xeon, 2026-12-03: docs/results.md, "CPU speed");
+        # and inference without û: the paper model inferred 1.06x (rounds 1.04-1.08), trained
+        # the same (Intel Xeon, 2026-12-03: docs/results.md, "CPU speed").
+        'prediction_vectors': 'factored_inference',
     },
     'gpu': {
         # Strided convolutions as unit-stride ones on pixel blocks: PrimaryCaps alone trained

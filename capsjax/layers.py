@@ -1,4 +1,5 @@
 """Flax (linen) capsule layers: they hold parameters and call the pure functions."""
+import functools
 import math
 from typing import Annotated, Any, Callable, Dict, Optional, Sequence
 
@@ -10,8 +11,8 @@ from capsjax import formulations, ops
 from capsjax.errors import ArgumentError, ConfigError
 from capsjax.formulations import Formulation
 from capsjax.keys import About, Rule, field_problems, int_at_least, int_in, ints_at_least, is_int, one_of, registered
-from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, UNROLLED_INFERENCE, coordinate_offsets,
-                             own_routing_options, shared_form, shared_votes, squash, vector_norm)
+from capsjax.routing import (LAYER_INPUTS, MAX_ROUTING_ITERATIONS, ROUTINGS, UNROLLED_INFERENCE, RoutingResult,
+                             coordinate_offsets, own_routing_options, shared_form, shared_votes, squash, vector_norm)
 from capsjax.routing import call as call_routing
 
 Array = jax.Array
@@ -254,9 +255,6 @@ class CapsuleLayer(nn.Module):
     else:
       weights = self.param('weights', self.weights_init,
                            (in_caps, self.num_capsules, self.dim, in_dim))
-      # û_{j|i} = W_ij u_i                                 # [batch, in_caps, out_caps, out_dim]
-      prediction_vectors = ops.prediction_vectors(weights.astype(dtype), capsules.astype(dtype),
-                                                  self.formulation.prediction_vectors)
     # The bias joins s_j in every routing iteration (see dynamic_routing), as in the authors' code.
     unknown = set(self.routing_inputs) - set(LAYER_INPUTS)
     if unknown:
@@ -288,11 +286,44 @@ class CapsuleLayer(nn.Module):
       if self.votes == 'factored' and shared_form(self.routing, options) is not None:
         return call_routing(self.routing, shared, iterations, max_iterations, unroll, shared=True, **options)
       prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
+    elif self._routes_without_votes(options, iterations, max_iterations, dtype):
+      parents = _routed_without_votes(self.routing, weights, capsules.astype(jnp.float32), options, iterations, unroll)
+      return RoutingResult(parents, vector_norm(parents))
+    else:   # û_{j|i} = W_ij u_i                           # [batch, in_caps, out_caps, out_dim]
+      prediction_vectors = ops.prediction_vectors(weights.astype(dtype), capsules.astype(dtype),
+                                                  self.formulation.prediction_vectors)
     # EM reads the primary capsules' lengths as input activations; the others ignore them.
     input_activations = vector_norm(capsules.astype(jnp.float32))             # [batch, in_caps]
     # The options were checked above (own_routing_options), once: not again by `route`.
     return call_routing(self.routing, (prediction_vectors.astype(jnp.float32), input_activations), iterations,
                         max_iterations, unroll, **options)
+
+
+  def _routes_without_votes(self, options, iterations, max_iterations, dtype) -> bool:
+    """Whether the paper's layer routes without û where nothing differentiates it
+    (prediction_vectors 'factored_inference'): a routing with a per-capsule form that takes
+    the options given (Procedure 1 with at most a bias), r a Python int, float32."""
+    return (self.transforms == 'per_capsule' and shared_form(self.routing, options, 'per_capsule') is not None
+            and formulations.resolve('prediction_vectors', self.formulation.prediction_vectors) == 'factored_inference'
+            and jnp.dtype(dtype) == jnp.float32 and is_int(iterations) and max_iterations is None)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 4, 5))
+def _routed_without_votes(routing: str, weights: Array, capsules: Array, options: Dict[str, Any], iterations: int,
+                          unroll) -> Array:
+  """Routing `routing`'s parents [batch, out, dim] from W and u: without û where nothing
+  differentiates them (its registered per-capsule form), and where something does, the
+  derivatives of û's multiply-adds and the routing on û (`unroll` as the layer's): a
+  training step differentiates what it trains with under 'multiply_adds'."""
+  return ROUTINGS[routing].per_capsule(weights, capsules, iterations, **options)
+
+
+@_routed_without_votes.defjvp
+def _routed_with_votes(routing, iterations, unroll, primals, tangents):
+  def with_votes(weights, capsules, options):
+    votes = ops.prediction_vectors(weights, capsules, 'multiply_adds')      # [batch, in, out, dim]
+    return call_routing(routing, (votes, vector_norm(capsules)), iterations, None, unroll, **options).parents
+  return jax.jvp(with_votes, primals, tangents)
 
 
 class Decoder(nn.Module):

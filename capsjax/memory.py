@@ -44,10 +44,11 @@ def _sub_jaxprs(params: Dict[str, Any]) -> Iterable[Any]:
         yield item
 
 
-# Primitives XLA fuses into one loop with their neighbours: a sub-program made only of these
-# (ops.prediction_vectors' multiply-adds) writes its outputs and nothing else.
+# Primitives XLA fuses into one loop with their neighbours (a transpose as the loop's
+# indexing): a sub-program made only of these (ops.prediction_vectors' multiply-adds)
+# writes its outputs and nothing else.
 _ELEMENTWISE = frozenset({'add', 'sub', 'mul', 'div', 'neg', 'max', 'min', 'select_n', 'convert_element_type',
-                          'broadcast_in_dim', 'reshape', 'squeeze', 'slice', 'expand_dims'})
+                          'broadcast_in_dim', 'reshape', 'squeeze', 'slice', 'expand_dims', 'transpose'})
 
 
 def _fused(sub) -> bool:
@@ -62,13 +63,12 @@ def _written_by_reader(eqns, outvars) -> set:
   for eqn in eqns:
     for atom in set(a for a in eqn.invars if _is_var(a)):
       readers.setdefault(atom, []).append(eqn)
-  fused_readers = _ELEMENTWISE | {'transpose'}
   written = set()
   for eqn in eqns:
     subs = list(_sub_jaxprs(eqn.params))
     if subs and all(_fused(sub) for sub in subs):
       written.update(var for var in eqn.outvars if var not in outvars and len(readers.get(var, ())) == 1
-                     and readers[var][0].primitive.name in fused_readers)
+                     and readers[var][0].primitive.name in _ELEMENTWISE)
   return written
 
 

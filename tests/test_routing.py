@@ -28,8 +28,9 @@ def reference_squash(s):
   return (norm ** 2 / (1 + norm ** 2)) * s / np.maximum(norm, 1e-30)
 
 
-def reference_routing(u_hat, r, log_priors=None, leaky=False):
-  """Procedure 1, literally, in float64 numpy loops over i and j."""
+def reference_routing(u_hat, r, log_priors=None, leaky=False, bias=None):
+  """Procedure 1, literally, in float64 numpy loops over i and j (`bias` [out, dim] added
+  to s_j, as the authors' code does)."""
   u_hat = np.asarray(u_hat, np.float64)
   batch, in_caps, out_caps, dim = u_hat.shape
   b = np.zeros((batch, in_caps, out_caps))
@@ -44,7 +45,7 @@ def reference_routing(u_hat, r, log_priors=None, leaky=False):
     for n in range(batch):
       for j in range(out_caps):
         s = sum(c[n, i, j] * u_hat[n, i, j] for i in range(in_caps))
-        v[n, j] = reference_squash(s)
+        v[n, j] = reference_squash(s if bias is None else s + np.float64(bias[j]))
     for n in range(batch):
       for i in range(in_caps):
         for j in range(out_caps):
@@ -62,6 +63,13 @@ def test_matches_procedure_1(r):
   u_hat = random_predictions(r)
   expected, _ = reference_routing(u_hat, r)
   np.testing.assert_allclose(dynamic_routing(u_hat, r).parents, expected, rtol=2e-5, atol=1e-6)
+  # Without û: the paper's votes W_ij u_i routed from W and u, with a bias added to s_j.
+  weights, capsules = random_predictions(r + 10, (12, 4, 5, 3)), random_predictions(r + 20, (2, 12, 3), 1.0)
+  bias = random_predictions(r + 30, (4, 5), 0.1)
+  votes = np.einsum('ijdk,bik->bijd', np.float64(weights), np.float64(capsules))
+  expected, _ = reference_routing(votes, r, bias=bias)
+  np.testing.assert_allclose(routing.per_capsule_dynamic_routing(weights, capsules, r, bias=bias), expected,
+                             rtol=2e-5, atol=1e-6)
 
 
 def test_jit_and_static_bound_agree_with_reference():

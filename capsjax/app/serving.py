@@ -15,7 +15,8 @@ The file holds the inference function with the parameters as constants:
            [0, 1]: the decoder's image of the predicted class.
 Every file computes with one formulation, `EXPORT_FORMULATION` (formulations compute the
 same values; this one converts cleanly): XLA's convolution as its plain primitive, the
-routing loop as straight-line code, float32.
+routing loop as straight-line code on û (routed without û, a broadcast product failed in
+ONNX Runtime's buffer reuse), float32.
 
 Every file says who wrote it (`provenance`: the capsjax, jax and jaxlib versions, the UTC
 date, the model): ONNX in its metadata (`capsjax_provenance`), a SavedModel in
@@ -39,7 +40,8 @@ from capsjax.errors import CapsjaxError, ConfigError
 
 FORMATS = ('explorer', 'onnx', 'stablehlo', 'savedmodel')
 SUFFIXES = {'onnx': '.onnx', 'stablehlo': '.stablehlo', 'savedmodel': '_savedmodel'}
-EXPORT_FORMULATION = {'conv_impl': 'xla', 'routing_loop': 'unrolled', 'dtype': 'float32', 'member_convs': 'grouped'}
+EXPORT_FORMULATION = {'conv_impl': 'xla', 'routing_loop': 'unrolled', 'dtype': 'float32', 'member_convs': 'grouped',
+                      'prediction_vectors': 'multiply_adds'}
 # The platforms a StableHLO file is lowered for (a JAX on any of them can call it).
 LOWERED_FOR = ('cpu', 'cuda', 'tpu')
 EXTRA = "pip install 'capsjax[export]'"

@@ -10,7 +10,7 @@ from capsjax.routing.base import (LAYER_INPUTS, ROUTINGS, RoutingResult, as_resu
                                   own_section_problems, own_routing_options, register_routing, route, routing_option_defaults,
                                   routing_option_keys, shared_form)
 # Registration order is ROUTINGS.names()'s order.
-from capsjax.routing.dynamic import (coupling_changes, dynamic, dynamic_routing, routing_logit_changes,
+from capsjax.routing.dynamic import (coupling_changes, dynamic, dynamic_routing, per_capsule_dynamic_routing, routing_logit_changes,
                                      shared_dynamic_routing)
 from capsjax.routing.em import em
 from capsjax.routing.self_attention import efficient_squash, self_attention
@@ -25,7 +25,7 @@ __all__ = [
     'shared_votes', 'squash', 'vector_norm', 'vote_dots',
     'LAYER_INPUTS', 'ROUTINGS', 'RoutingResult', 'as_result', 'call', 'configurable_routing_options', 'own_section_problems', 'own_routing_options', 'register_routing', 'route',
     'routing_option_defaults', 'routing_option_keys', 'shared_form',
-    'coupling_changes', 'dynamic', 'dynamic_routing', 'routing_logit_changes', 'shared_dynamic_routing',
+    'coupling_changes', 'dynamic', 'dynamic_routing', 'per_capsule_dynamic_routing', 'routing_logit_changes', 'shared_dynamic_routing',
     'em', 'efficient_squash', 'self_attention', 'inverted_dot_product', 'layer_norm', 'self_routing',
     'uniform', 'max_routing', 'variational_bayes',
 ]

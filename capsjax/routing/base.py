@@ -43,6 +43,12 @@ from capsjax.routing.core import Array, check_flags, check_prediction_vectors
 #                    types, in_dim], transforms [types, out, dim, in_dim], offsets
 #                    [positions, dim], [loop arguments as above,] **options)`
 #                    → as the routing; None: the layer materialises û (see shared_votes)
+#   per_capsule      for the paper's per-capsule transforms (û_{j|i} = W_ij u_i): the same
+#                    routing written without û, `per_capsule(weights [in, out, dim, in_dim],
+#                    capsules [batch, in, in_dim], routing_iterations (an int), **options)`
+#                    → parents [batch, out, dim]; the layer calls it where nothing
+#                    differentiates it (model.formulation.prediction_vectors
+#                    'factored_inference'), and differentiates the routing on û
 # Every other keyword argument with a default is an option a config may set, in the
 # routing's own section (config.model.routing_options.NAME.OPTION). Activations are what
 # the margin loss, the explorer and predict read.
@@ -97,11 +103,11 @@ def as_result(output, expected: Optional[Tuple[int, int, int]] = None, what: str
 
 
 ROUTINGS = Registry('routing', iterative=True, learned={}, returns_logits=False, returns_couplings=False,
-                    layer_inputs=(), shared=None,
+                    layer_inputs=(), shared=None, per_capsule=None,
                     doc="""The routing algorithms by name (`config.model.routing`, `CapsuleLayer.routing`,
 `route(name, ...)`): each entry's value is the routing function, û [batch, in, out, dim] →
 RoutingResult (parents [batch, out, dim], activations [batch, out], …), and its capabilities say what it
-does (`iterative`, `learned`, `returns_logits`, `layer_inputs`, `shared`). Add one with
+does (`iterative`, `learned`, `returns_logits`, `layer_inputs`, `shared`, `per_capsule`). Add one with
 `register_routing`.
 
 Example:
@@ -121,7 +127,8 @@ _OWN_ARGUMENTS = ('prediction_vectors', 'input_activations', 'routing_iterations
 def register_routing(name: str, *, iterative: bool = True,
                      learned: Optional[Dict[str, Tuple[Callable[[int, int, int], tuple], float]]] = None,
                      returns_logits: bool = False, returns_couplings: bool = False,
-                     layer_inputs: Tuple[str, ...] = (), shared: Optional[Callable[..., Any]] = None):
+                     layer_inputs: Tuple[str, ...] = (), shared: Optional[Callable[..., Any]] = None,
+                     per_capsule: Optional[Callable[..., Any]] = None):
   """Function decorator: `config.model.routing = name` routes with this function.
 
   The function takes prediction_vectors û [batch, in_caps, out_caps, dim] and
@@ -137,8 +144,9 @@ def register_routing(name: str, *, iterative: bool = True,
   accepts return_logits=True and then fills the logits per iteration; `returns_couplings`:
   it accepts return_couplings=True and then fills the (first, last) couplings [batch, in,
   out] (the routing diagnostics); `layer_inputs`: which of the capsule layer's inputs
-  (LAYER_INPUTS: bias, log_priors, leaky, stop_gradient_predictions) it reads; `shared`: a form
-  that routes shared-transform votes without û (see the module's comment above ROUTINGS).
+  (LAYER_INPUTS: bias, log_priors, leaky, stop_gradient_predictions) it reads; `shared` and
+  `per_capsule`: forms that route shared-transform or per-capsule votes without û (see the
+  module's comment above ROUTINGS).
 
   Example:
     Uniform coupling: every child sends its vote to every parent equally.
@@ -165,12 +173,13 @@ def register_routing(name: str, *, iterative: bool = True,
 
   def register(function):
     _check_loop_arguments(name, function, iterative)   # refused here: nothing registered, nothing warned
-    if shared is not None:
-      _check_loop_arguments(name, shared, iterative, "'s shared form")
+    for form, what in ((shared, "'s shared form"), (per_capsule, "'s per-capsule form")):
+      if form is not None:
+        _check_loop_arguments(name, form, iterative, what)
     _warn_if_replacing_a_built_in(name, function)
     ROUTINGS.register(name, function, iterative=iterative, learned=dict(learned or {}),
                       returns_logits=returns_logits, returns_couplings=returns_couplings,
-                      layer_inputs=tuple(layer_inputs), shared=shared)
+                      layer_inputs=tuple(layer_inputs), shared=shared, per_capsule=per_capsule)
     return function
   return register
 
@@ -227,16 +236,17 @@ def call(name: str, inputs: tuple, routing_iterations, max_iterations=None, unro
   return as_result(output, expected, f'routing {name!r}' + ("'s shared form" if shared else ''))
 
 
-def shared_form(name: str, options: Dict[str, Any]) -> Optional[Callable[..., Any]]:
-  """Routing `name` written without û for shared transforms (its registered `shared`), if
-  it has one that takes every option in `options`; else None (the layer then materialises
-  û). Procedure 1's takes the bias but not the per-capsule features (log priors per input
-  capsule, leaky routing, stopped-gradient votes), nor return_logits."""
-  shared = ROUTINGS[name].shared
-  if shared is None:
+def shared_form(name: str, options: Dict[str, Any], votes: str = 'shared') -> Optional[Callable[..., Any]]:
+  """Routing `name` written without û for shared transforms (its registered `shared`; with
+  votes='per_capsule' its `per_capsule` form), if it has one that takes every option in
+  `options`; else None (the layer then materialises û). Procedure 1's take the bias but not
+  the per-capsule features (log priors per input capsule, leaky routing, stopped-gradient
+  votes), nor return_logits."""
+  form = getattr(ROUTINGS[name], votes)
+  if form is None:
     return None
-  accepted = inspect.signature(shared).parameters
-  return shared if all(option in accepted for option in options) else None
+  accepted = inspect.signature(form).parameters
+  return form if all(option in accepted for option in options) else None
 
 
 def route(name: str, prediction_vectors: Array, input_activations: Optional[Array] = None,

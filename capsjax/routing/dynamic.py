@@ -235,6 +235,41 @@ def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, r
 
 
 
+
+def per_capsule_dynamic_routing(weights: Array, capsules: Array, routing_iterations: int, *,
+                                bias: Optional[Array] = None) -> Array:
+  """Procedure 1 on the paper's votes û_{j|i} = W_ij u_i without materialising û: the same
+  values as `dynamic_routing(û, r, bias=bias).parents`.
+
+  Both sums contract in the input pose space:
+    s_j = Σ_i c_ij W_ij u_i = W_j · (c_j ⊙ u)      (W_j [in·in_dim, out_dim])
+    û_{j|i}·v_j = u_i·(W_ijᵀ v_j)
+  so the largest tensors are [out, batch, in, in_dim] (half û's for 8-D inputs and 16-D
+  outputs), and the first iteration, c = 1/out, is one matmul of u [batch, in·in_dim] by
+  W [in·in_dim, out·out_dim]. The iterations are straight-line code (r a Python int) and
+  the last one's agreement is never computed. weights [in, out, out_dim, in_dim],
+  capsules [batch, in, in_dim] → parents v [batch, out, out_dim].
+  """
+  in_caps, out_caps, out_dim, in_dim = weights.shape
+  batch = capsules.shape[0]
+  bias = 0.0 if bias is None else jnp.swapaxes(jnp.broadcast_to(bias, (batch, out_caps, out_dim)), 0, 1)
+  by_input = jnp.transpose(weights, (0, 3, 1, 2)).reshape(in_caps * in_dim, out_caps * out_dim)  # [in·in_dim, out·out_dim]
+  by_parent = jnp.transpose(weights, (1, 0, 3, 2)).reshape(out_caps, in_caps * in_dim, out_dim)  # [out, in·in_dim, out_dim]
+  # s_j = Σ_i û_{j|i} / out                                                     # [out, batch, out_dim]
+  total_input = jnp.einsum('bn,nm->bm', capsules.reshape(batch, in_caps * in_dim), by_input) / out_caps
+  parents = squash(jnp.swapaxes(total_input.reshape(batch, out_caps, out_dim), 0, 1) + bias)
+  logits = 0.0
+  for _ in range(1, routing_iterations):
+    # b_ij += u_i·(W_ijᵀ v_j)                                                   # [out, batch, in]
+    pulled_back = jnp.einsum('jbd,jnd->jbn', parents, by_parent).reshape(out_caps, batch, in_caps, in_dim)
+    logits = logits + jnp.einsum('jbik,bik->jbi', pulled_back, capsules)
+    coupled = jax.nn.softmax(logits, axis=0)[..., None] * capsules              # c_ij u_i [out, batch, in, in_dim]
+    # s_j = Σ_i c_ij W_ij u_i                                                   # [out, batch, out_dim]
+    total_input = jnp.einsum('jbn,jnd->jbd', coupled.reshape(out_caps, batch, in_caps * in_dim), by_parent)
+    parents = squash(total_input + bias)
+  return jnp.swapaxes(parents, 0, 1)
+
+
 def _dynamic_shared(capsules, transforms, offsets, routing_iterations, *, max_iterations=None, unroll=False,
                     bias=None):
   """`dynamic` on shared-transform votes without û (the layer features other than the bias
@@ -263,7 +298,8 @@ def _couplings_used(logits, routing_iterations, leaky, log_priors):
 
 
 @register_routing('dynamic', returns_logits=True, returns_couplings=True,
-                  layer_inputs=('bias', 'log_priors', 'leaky', 'stop_gradient_predictions'), shared=_dynamic_shared)
+                  layer_inputs=('bias', 'log_priors', 'leaky', 'stop_gradient_predictions'), shared=_dynamic_shared,
+                  per_capsule=per_capsule_dynamic_routing)
 def dynamic(prediction_vectors, input_activations, routing_iterations, *, max_iterations=None, unroll=False,
             return_logits=False, return_couplings=False, stop_gradient_predictions=False, leaky=False,
             log_priors=None, bias=None):
