@@ -48,10 +48,9 @@ PATCH_EXTRACTION = ('auto', 'slices', 'gather')
 # How the class capsules' prediction vectors û_{j|i} = W_ij u_i are computed
 # (capsjax.ops.prediction_vectors): one einsum, or in_dim multiply-adds in one elementwise
 # pass that XLA fuses with the routing's transpose of û (derivatives the einsum's either way);
-# 'factored_inference': dynamic routing without û where nothing differentiates it
-# (capsjax.routing.per_capsule_dynamic_routing: evaluation, predict), the multiply-adds and
-# û's routing in training (other routings and options: the multiply-adds).
-PREDICTION_VECTORS = ('auto', 'einsum', 'multiply_adds', 'factored_inference')
+# 'factored': none, where the routing has a form whose sums contract W_ij and u_i directly
+# (dynamic routing: capsjax.routing.per_capsule_dynamic_routing), else the multiply-adds.
+PREDICTION_VECTORS = ('auto', 'einsum', 'multiply_adds', 'factored')
 # The options whose every choice computes the same values (up to float32 rounding); dtype
 # and conv_inputs are accuracy choices.
 SAME_VALUES = ('conv_impl', 'patches_inference', 'routing_loop', 'member_convs', 'patch_extraction',
@@ -100,9 +99,8 @@ class Formulation:
       'auto: gather on a CPU, where it compiles several times faster)'))] = 'auto'
   prediction_vectors: Annotated[str, About(one_of(PREDICTION_VECTORS), (
       'the class capsules\' prediction vectors as one einsum, as multiply-adds in one elementwise pass, or '
-      'those in training and none where nothing differentiates dynamic routing (factored_inference: its sums '
-      'contract W and u) (same values; auto: factored_inference on a CPU, where the step trains and infers '
-      'faster)'))] = 'auto'
+      'none where the routing contracts W and u directly (factored: dynamic routing) (same values; auto: '
+      'factored on a CPU, where the step trains and infers faster)'))] = 'auto'
 
   def __post_init__(self):
     # A name is checked when the Formulation is built, as config.model.formulation is
@@ -295,11 +293,10 @@ FASTEST = {
         # its gradient 10-15 % slower, below the 32 images where a CPU leaves patches (Zen 3,
         # 2026-11-29: docs/results.md, "CPU speed").
         'patch_extraction': 'gather',
-        # In one pass with the routing's transpose of û: the paper model's training step 1.10x
-        # (rounds 1.03-1.16), inference 1.04x (Intel Xeon, 2026-12-03: docs/results.md, "CPU speed");
-        # and inference without û: the paper model inferred 1.06x (rounds 1.04-1.08), trained
-        # the same (Intel Xeon, 2026-12-03: docs/results.md, "CPU speed").
-        'prediction_vectors': 'factored_inference',
+        # Without û: the paper model's training step 1.09x (rounds 1.07-1.16) and inference
+        # 1.06x (1.04-1.08) the multiply-adds' (which had been 1.10x and 1.04x the einsum's;
+        # Intel Xeon, 2026-12-03: docs/results.md, "CPU speed").
+        'prediction_vectors': 'factored',
     },
     'gpu': {
         # Strided convolutions as unit-stride ones on pixel blocks: PrimaryCaps alone trained

@@ -1,5 +1,4 @@
 """Flax (linen) capsule layers: they hold parameters and call the pure functions."""
-import functools
 import math
 from typing import Annotated, Any, Callable, Dict, Optional, Sequence
 
@@ -287,7 +286,7 @@ class CapsuleLayer(nn.Module):
         return call_routing(self.routing, shared, iterations, max_iterations, unroll, shared=True, **options)
       prediction_vectors = shared_votes(*shared)                                 # [batch, in, out, dim]
     elif self._routes_without_votes(options, iterations, max_iterations, dtype):
-      parents = _routed_without_votes(self.routing, weights, capsules.astype(jnp.float32), options, iterations, unroll)
+      parents = ROUTINGS[self.routing].per_capsule(weights, capsules.astype(jnp.float32), iterations, **options)
       return RoutingResult(parents, vector_norm(parents))
     else:   # û_{j|i} = W_ij u_i                           # [batch, in_caps, out_caps, out_dim]
       prediction_vectors = ops.prediction_vectors(weights.astype(dtype), capsules.astype(dtype),
@@ -300,30 +299,12 @@ class CapsuleLayer(nn.Module):
 
 
   def _routes_without_votes(self, options, iterations, max_iterations, dtype) -> bool:
-    """Whether the paper's layer routes without û where nothing differentiates it
-    (prediction_vectors 'factored_inference'): a routing with a per-capsule form that takes
-    the options given (Procedure 1 with at most a bias), r a Python int, float32."""
+    """Whether the paper's layer routes without û (prediction_vectors 'factored'): a routing
+    with a per-capsule form that takes the options given (Procedure 1 with at most a bias),
+    r a Python int, float32."""
     return (self.transforms == 'per_capsule' and shared_form(self.routing, options, 'per_capsule') is not None
-            and formulations.resolve('prediction_vectors', self.formulation.prediction_vectors) == 'factored_inference'
+            and formulations.resolve('prediction_vectors', self.formulation.prediction_vectors) == 'factored'
             and jnp.dtype(dtype) == jnp.float32 and is_int(iterations) and max_iterations is None)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 4, 5))
-def _routed_without_votes(routing: str, weights: Array, capsules: Array, options: Dict[str, Any], iterations: int,
-                          unroll) -> Array:
-  """Routing `routing`'s parents [batch, out, dim] from W and u: without û where nothing
-  differentiates them (its registered per-capsule form), and where something does, the
-  derivatives of û's multiply-adds and the routing on û (`unroll` as the layer's): a
-  training step differentiates what it trains with under 'multiply_adds'."""
-  return ROUTINGS[routing].per_capsule(weights, capsules, iterations, **options)
-
-
-@_routed_without_votes.defjvp
-def _routed_with_votes(routing, iterations, unroll, primals, tangents):
-  def with_votes(weights, capsules, options):
-    votes = ops.prediction_vectors(weights, capsules, 'multiply_adds')      # [batch, in, out, dim]
-    return call_routing(routing, (votes, vector_norm(capsules)), iterations, None, unroll, **options).parents
-  return jax.jvp(with_votes, primals, tangents)
 
 
 class Decoder(nn.Module):

@@ -55,10 +55,10 @@ def prediction_vectors(weights: Array, capsules: Array, form: str = 'auto') -> A
   """û_{j|i} = W_ij u_i: weights [in_caps, out_caps, out_dim, in_dim], capsules [batch,
   in_caps, in_dim] → [batch, in_caps, out_caps, out_dim], as `form`
   (formulations.PREDICTION_VECTORS) says: one einsum, or in_dim multiply-adds in one
-  elementwise pass (`multiply_adds`, also what `factored_inference` computes where a layer
-  needs û), the same values to float32 rounding; 'auto' as formulations.FASTEST has it for
-  JAX's default backend."""
-  if formulations.resolve('prediction_vectors', form) in ('multiply_adds', 'factored_inference'):
+  elementwise pass (`multiply_adds`, also what `factored` computes where a layer needs û),
+  the same values to float32 rounding; 'auto' as formulations.FASTEST has it for JAX's
+  default backend."""
+  if formulations.resolve('prediction_vectors', form) in ('multiply_adds', 'factored'):
     return _multiply_adds(weights, capsules)
   return _votes(weights, capsules)
 

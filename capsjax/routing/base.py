@@ -46,9 +46,8 @@ from capsjax.routing.core import Array, check_flags, check_prediction_vectors
 #   per_capsule      for the paper's per-capsule transforms (û_{j|i} = W_ij u_i): the same
 #                    routing written without û, `per_capsule(weights [in, out, dim, in_dim],
 #                    capsules [batch, in, in_dim], routing_iterations (an int), **options)`
-#                    → parents [batch, out, dim]; the layer calls it where nothing
-#                    differentiates it (model.formulation.prediction_vectors
-#                    'factored_inference'), and differentiates the routing on û
+#                    → parents [batch, out, dim], which the layer calls in its place
+#                    (model.formulation.prediction_vectors 'factored')
 # Every other keyword argument with a default is an option a config may set, in the
 # routing's own section (config.model.routing_options.NAME.OPTION). Activations are what
 # the margin loss, the explorer and predict read.
