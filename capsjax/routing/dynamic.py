@@ -260,9 +260,10 @@ def per_capsule_dynamic_routing(weights: Array, capsules: Array, routing_iterati
   parents = squash(jnp.swapaxes(total_input.reshape(batch, out_caps, out_dim), 0, 1) + bias)
   logits = 0.0
   for _ in range(1, routing_iterations):
-    # b_ij += u_i·(W_ijᵀ v_j)                                                   # [out, batch, in]
+    # b_ij += u_i·(W_ijᵀ v_j), the dot as a product and sum (an einsum's batched matvecs
+    # made XLA transpose W_ijᵀ v_j to [batch, in, in_dim, out] first)          # [out, batch, in]
     pulled_back = jnp.einsum('jbd,jnd->jbn', parents, by_parent).reshape(out_caps, batch, in_caps, in_dim)
-    logits = logits + jnp.einsum('jbik,bik->jbi', pulled_back, capsules)
+    logits = logits + jnp.sum(pulled_back * capsules, axis=-1)
     coupled = jax.nn.softmax(logits, axis=0)[..., None] * capsules              # c_ij u_i [out, batch, in, in_dim]
     # s_j = Σ_i c_ij W_ij u_i                                                   # [out, batch, out_dim]
     total_input = jnp.einsum('jbn,jnd->jbd', coupled.reshape(out_caps, batch, in_caps * in_dim), by_parent)
