@@ -297,7 +297,6 @@ class CapsuleLayer(nn.Module):
     return call_routing(self.routing, (prediction_vectors.astype(jnp.float32), input_activations), iterations,
                         max_iterations, unroll, **options)
 
-
   def _routes_without_votes(self, options, iterations, max_iterations, dtype) -> bool:
     """Whether the paper's layer routes without û (prediction_vectors 'factored'): a routing
     with a per-capsule form that takes the options given (Procedure 1 with at most a bias),

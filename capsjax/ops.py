@@ -71,10 +71,12 @@ def _votes(weights: Array, capsules: Array) -> Array:
 def _multiply_adds(weights: Array, capsules: Array) -> Array:
   """û as Σ_k u_ik W_ij[:, k], in float32 (an einsum's accumulation), in the inputs' dtype.
 
-  Why: XLA fuses this pass with the routing's parent-major transpose of û, where the
-  einsum's output (its matmul's layout) is transposed by a pass of its own over 94 MB at
-  batch 128. Its derivatives are the einsum's (two matmuls the gradient transposes well;
-  the elementwise form's would be in_dim reductions over û)."""
+  Why: the einsum's output (its matmul's layout) is transposed to the routing's
+  parent-major layout by a pass of its own over 94 MB at batch 128; this pass writes û
+  parent-major (transposed back for the API, a transpose the routing's own cancels), so
+  XLA writes û once, in the routing's layout. Its derivatives are the einsum's (two
+  matmuls the gradient transposes well; the elementwise form's would be in_dim reductions
+  over û)."""
   dtype = jnp.result_type(weights, capsules)
   weights, capsules = weights.astype(jnp.float32), capsules.astype(jnp.float32)
   by_parent = jnp.transpose(weights, (1, 0, 2, 3))          # [out_caps, in_caps, out_dim, in_dim]
