@@ -293,8 +293,8 @@ FASTEST = {
         # its gradient 10-15 % slower, below the 32 images where a CPU leaves patches (Zen 3,
         # 2026-11-29: docs/results.md, "CPU speed").
         'patch_extraction': 'gather',
-        # Without û: the paper model's training step 1.09x (rounds 1.07-1.16) and inference
-        # 1.06x (1.04-1.08) the multiply-adds' (which had been 1.10x and 1.04x the einsum's;
+        # Without û: the paper model's training step 1.07x (rounds 1.00-1.16) and inference
+        # 1.05x (1.04-1.09) the multiply-adds' (which had been 1.10x and 1.04x the einsum's;
         # Intel Xeon, 2026-12-03: docs/results.md, "CPU speed").
         'prediction_vectors': 'factored',
     },
