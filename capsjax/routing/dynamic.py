@@ -234,8 +234,6 @@ def shared_dynamic_routing(capsules: Array, transforms: Array, offsets: Array, r
   return parents
 
 
-
-
 def per_capsule_dynamic_routing(weights: Array, capsules: Array, routing_iterations: int, *,
                                 bias: Optional[Array] = None) -> Array:
   """Procedure 1 on the paper's votes û_{j|i} = W_ij u_i without materialising û: the same
@@ -246,28 +244,34 @@ def per_capsule_dynamic_routing(weights: Array, capsules: Array, routing_iterati
     û_{j|i}·v_j = u_i·(W_ijᵀ v_j)
   so the largest tensors are [out, batch, in, in_dim] (half û's for 8-D inputs and 16-D
   outputs), and the first iteration, c = 1/out, is one matmul of u [batch, in·in_dim] by
-  W [in·in_dim, out·out_dim]. The iterations are straight-line code (r a Python int) and
-  the last one's agreement is never computed. weights [in, out, out_dim, in_dim],
-  capsules [batch, in, in_dim] → parents v [batch, out, out_dim].
+  W [in·in_dim, out·out_dim]. The iterations are straight-line code (r a Python int), so
+  the last one's unused agreement is dropped when jitted. weights [in, out, out_dim,
+  in_dim], capsules [batch, in, in_dim] → parents v [batch, out, out_dim].
   """
   in_caps, out_caps, out_dim, in_dim = weights.shape
   batch = capsules.shape[0]
-  bias = 0.0 if bias is None else jnp.swapaxes(jnp.broadcast_to(bias, (batch, out_caps, out_dim)), 0, 1)
+  if bias is not None:   # in the parents' layout [out, batch, out_dim]
+    bias = jnp.swapaxes(jnp.broadcast_to(bias, (batch, out_caps, out_dim)), 0, 1)
   by_input = jnp.transpose(weights, (0, 3, 1, 2)).reshape(in_caps * in_dim, out_caps * out_dim)  # [in·in_dim, out·out_dim]
   by_parent = jnp.transpose(weights, (1, 0, 3, 2)).reshape(out_caps, in_caps * in_dim, out_dim)  # [out, in·in_dim, out_dim]
-  # s_j = Σ_i û_{j|i} / out                                                     # [out, batch, out_dim]
-  total_input = jnp.einsum('bn,nm->bm', capsules.reshape(batch, in_caps * in_dim), by_input) / out_caps
-  parents = squash(jnp.swapaxes(total_input.reshape(batch, out_caps, out_dim), 0, 1) + bias)
-  logits = 0.0
-  for _ in range(1, routing_iterations):
-    # b_ij += u_i·(W_ijᵀ v_j), the dot as a product and sum (an einsum's batched matvecs
-    # made XLA transpose W_ijᵀ v_j to [batch, in, in_dim, out] first)          # [out, batch, in]
+
+  def uniform_total_input(_):   # s_j = Σ_i û_{j|i} / out                        # [out, batch, out_dim]
+    total = jnp.einsum('bn,nm->bm', capsules.reshape(batch, in_caps * in_dim), by_input) / out_caps
+    return jnp.swapaxes(total.reshape(batch, out_caps, out_dim), 0, 1)
+
+  def total_input(coupling):   # s_j = Σ_i c_ij W_ij u_i                        # [out, batch, out_dim]
+    coupled = (coupling[..., None] * capsules).reshape(out_caps, batch, in_caps * in_dim)   # c_ij u_i
+    return jnp.einsum('jbn,jnd->jbd', coupled, by_parent)
+
+  def agreement(parents):   # u_i·(W_ijᵀ v_j), the dot as a product and sum (an einsum's batched
+    # matvecs made XLA transpose W_ijᵀ v_j to [batch, in, in_dim, out] first)   # [out, batch, in]
     pulled_back = jnp.einsum('jbd,jnd->jbn', parents, by_parent).reshape(out_caps, batch, in_caps, in_dim)
-    logits = logits + jnp.sum(pulled_back * capsules, axis=-1)
-    coupled = jax.nn.softmax(logits, axis=0)[..., None] * capsules              # c_ij u_i [out, batch, in, in_dim]
-    # s_j = Σ_i c_ij W_ij u_i                                                   # [out, batch, out_dim]
-    total_input = jnp.einsum('jbn,jnd->jbd', coupled.reshape(out_caps, batch, in_caps * in_dim), by_parent)
-    parents = squash(total_input + bias)
+    return jnp.sum(pulled_back * capsules, axis=-1)
+
+  parents, logits = procedure1_iteration(0.0, lambda logits: None, uniform_total_input, agreement, bias)
+  for _ in range(1, routing_iterations):
+    parents, logits = procedure1_iteration(logits, lambda logits: jax.nn.softmax(logits, axis=0),
+                                           total_input, agreement, bias)
   return jnp.swapaxes(parents, 0, 1)
 
 
